@@ -1,0 +1,233 @@
+//! The `tracing` layer that keeps each thread's span context equal to the local root of the
+//! span it is running.
+//!
+//! On every enter (every poll of an instrumented future) the layer writes the entered span's
+//! local root into the thread's [`SpanContextCell`](crate::SpanContextCell) and remembers
+//! what was there; on exit it restores exactly that. Exits in non-LIFO order are handled
+//! by splicing the per-thread stack, so a child ending never clears its parent's context.
+//!
+//! The local root of a span is worked out once, on its first enter, and kept in the span's
+//! extensions: switches afterwards cost a registry lookup and five stores.
+
+use std::cell::RefCell;
+use std::sync::OnceLock;
+
+use opentelemetry::trace::TraceContextExt;
+use tracing_core::field::{Field, Visit};
+use tracing_core::span::{Attributes, Id, Record};
+use tracing_core::{Dispatch, Subscriber};
+use tracing_subscriber::layer::Context;
+use tracing_subscriber::registry::{LookupSpan, SpanRef};
+use tracing_subscriber::Layer;
+
+use crate::local_root::{ResolvedRoot, UnsampledTraces};
+use crate::span_context::{self, LocalRoot};
+use crate::span_name::SpanName;
+
+/// A [`tracing_subscriber::Layer`] that labels the running thread with the local root span
+/// of the entered span, for the CPU sampler.
+///
+/// It works beside [`tracing_opentelemetry::OpenTelemetryLayer`] in either registration
+/// order: it asks that layer for the span's OpenTelemetry context directly instead of
+/// relying on what it has made current. Without an OpenTelemetry layer it still labels
+/// samples with the root span's name.
+///
+/// ```
+/// use opentelemetry::trace::TracerProvider as _;
+/// use opentelemetry_sdk::trace::SdkTracerProvider;
+/// use otel_profiling::{current_local_root, ProfileIdSpanProcessor, ProfilingLayer};
+/// use tracing_subscriber::layer::SubscriberExt;
+///
+/// let provider = SdkTracerProvider::builder()
+///     .with_span_processor(ProfileIdSpanProcessor::default())
+///     .build();
+/// let subscriber = tracing_subscriber::registry()
+///     .with(tracing_opentelemetry::layer().with_tracer(provider.tracer("doc")))
+///     .with(ProfilingLayer::default());
+///
+/// tracing::subscriber::with_default(subscriber, || {
+///     let root = tracing::info_span!("GET /report");
+///     let _entered = root.enter();
+///     let here = current_local_root().expect("inside a span");
+///     assert_eq!(&*here.name().unwrap().resolve(), "GET /report");
+///     tracing::info_span!("serialize").in_scope(|| {
+///         // A child keeps its local root's labels.
+///         assert_eq!(current_local_root(), Some(here));
+///     });
+/// });
+/// assert_eq!(current_local_root(), None);
+/// ```
+#[derive(Debug, Default)]
+pub struct ProfilingLayer {
+    unsampled: UnsampledTraces,
+    dispatch: OnceLock<tracing_core::dispatcher::WeakDispatch>,
+}
+
+impl ProfilingLayer {
+    /// A layer with the default options.
+    pub fn new() -> ProfilingLayer {
+        ProfilingLayer::default()
+    }
+
+    /// What to label under traces that were not sampled (default: the root's name only).
+    pub fn with_unsampled(mut self, unsampled: UnsampledTraces) -> ProfilingLayer {
+        self.unsampled = unsampled;
+        self
+    }
+
+    /// The local root of `span`, worked out on first use and cached in its extensions.
+    fn root_of<S>(&self, span: &SpanRef<'_, S>) -> ResolvedRoot
+    where
+        S: Subscriber + for<'a> LookupSpan<'a>,
+    {
+        if let Some(RootExt(root)) = span.extensions().get::<RootExt>() {
+            return *root;
+        }
+        let root = self.resolve(span);
+        span.extensions_mut().insert(RootExt(root));
+        root
+    }
+
+    fn resolve<S>(&self, span: &SpanRef<'_, S>) -> ResolvedRoot
+    where
+        S: Subscriber + for<'a> LookupSpan<'a>,
+    {
+        let parent = span.parent().map(|parent| self.root_of(&parent));
+        let name = || {
+            span.extensions()
+                .get::<OtelName>()
+                .map(|n| n.0)
+                .unwrap_or_else(|| SpanName::intern(span.name()))
+        };
+        let Some(otel) = self.otel_context(&span.id()) else {
+            // No OpenTelemetry layer: only names are known.
+            return parent.unwrap_or_else(|| ResolvedRoot::name_only(name()));
+        };
+        let otel_span = otel.span();
+        let span_context = otel_span.span_context();
+        if !span_context.is_valid() {
+            return parent.unwrap_or_else(|| ResolvedRoot::name_only(name()));
+        }
+        // The parent's root only if the span stayed in the parent's trace: a span given a
+        // remote parent with `set_parent` starts a new local root.
+        if let Some(parent) = parent.filter(|p| p.covers(span_context.trace_id())) {
+            return parent;
+        }
+        // A tracing root span opened under a plain-API span wrapped by this crate.
+        if let Some(root) = ResolvedRoot::from_context(&otel) {
+            return root;
+        }
+        ResolvedRoot::root(span_context, Some(name()), self.unsampled)
+    }
+
+    /// The span's OpenTelemetry context, started if it was not yet, straight from the
+    /// OpenTelemetry layer (so registration order does not matter).
+    fn otel_context(&self, id: &Id) -> Option<opentelemetry::Context> {
+        let dispatch = self.dispatch.get()?.upgrade()?;
+        tracing_opentelemetry::get_otel_context(id, &dispatch)
+    }
+}
+
+/// The cached local root of a span.
+#[derive(Clone, Copy)]
+struct RootExt(ResolvedRoot);
+
+/// The span's `otel.name` field, which names the OpenTelemetry span instead of the
+/// `tracing` span name.
+#[derive(Clone, Copy)]
+struct OtelName(SpanName);
+
+const OTEL_NAME_FIELD: &str = "otel.name";
+
+struct OtelNameVisitor(Option<SpanName>);
+
+impl Visit for OtelNameVisitor {
+    fn record_str(&mut self, field: &Field, value: &str) {
+        if field.name() == OTEL_NAME_FIELD {
+            self.0 = Some(SpanName::intern(value));
+        }
+    }
+
+    fn record_debug(&mut self, field: &Field, value: &dyn std::fmt::Debug) {
+        if field.name() == OTEL_NAME_FIELD {
+            self.0 = Some(SpanName::intern(&format!("{value:?}")));
+        }
+    }
+}
+
+thread_local! {
+    /// Entered spans on this thread, each with the context that was current before it.
+    static ENTERED: RefCell<Vec<(Id, Option<LocalRoot>)>> = const { RefCell::new(Vec::new()) };
+}
+
+impl<S> Layer<S> for ProfilingLayer
+where
+    S: Subscriber + for<'a> LookupSpan<'a>,
+{
+    fn on_register_dispatch(&self, subscriber: &Dispatch) {
+        let _ = self.dispatch.set(subscriber.downgrade());
+    }
+
+    fn on_new_span(&self, attrs: &Attributes<'_>, id: &Id, ctx: Context<'_, S>) {
+        if attrs.metadata().fields().field(OTEL_NAME_FIELD).is_none() {
+            return;
+        }
+        let mut visitor = OtelNameVisitor(None);
+        attrs.record(&mut visitor);
+        if let (Some(name), Some(span)) = (visitor.0, ctx.span(id)) {
+            span.extensions_mut().insert(OtelName(name));
+        }
+    }
+
+    fn on_record(&self, id: &Id, values: &Record<'_>, ctx: Context<'_, S>) {
+        let Some(span) = ctx.span(id) else { return };
+        let Some(field) = span.metadata().fields().field(OTEL_NAME_FIELD) else {
+            return;
+        };
+        if !values.contains(&field) {
+            return;
+        }
+        let mut visitor = OtelNameVisitor(None);
+        values.record(&mut visitor);
+        let Some(name) = visitor.0 else { return };
+        let mut extensions = span.extensions_mut();
+        // Renaming only matters until the root is resolved (the label is then fixed).
+        if extensions.get_mut::<RootExt>().is_none() {
+            extensions.replace(OtelName(name));
+        }
+    }
+
+    fn on_enter(&self, id: &Id, ctx: Context<'_, S>) {
+        let Some(span) = ctx.span(id) else { return };
+        let root = self.root_of(&span).label();
+        let previous = span_context::replace(root);
+        ENTERED.with(|entered| {
+            if let Ok(mut entered) = entered.try_borrow_mut() {
+                entered.push((id.clone(), previous));
+            }
+        });
+    }
+
+    fn on_exit(&self, id: &Id, _ctx: Context<'_, S>) {
+        ENTERED.with(|entered| {
+            let Ok(mut entered) = entered.try_borrow_mut() else {
+                return;
+            };
+            let Some(pos) = entered.iter().rposition(|(entered_id, _)| entered_id == id) else {
+                return;
+            };
+            let (_, previous) = entered.remove(pos);
+            match entered.get_mut(pos) {
+                // Exited out of order: the span entered after it now restores what this one
+                // would have, and the current value (the later span's) stays.
+                Some(later) => later.1 = previous,
+                None => {
+                    span_context::replace(previous);
+                }
+            }
+        });
+    }
+}
+
+#[cfg(test)]
+mod tests;

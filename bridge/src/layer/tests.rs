@@ -1,0 +1,290 @@
+use super::*;
+use crate::{current_local_root, ProfileIdSpanProcessor, PROFILE_ID_ATTRIBUTE};
+use opentelemetry::trace::{
+    SpanContext, SpanId, TraceFlags, TraceId, TraceState, TracerProvider as _,
+};
+use opentelemetry_sdk::trace::{InMemorySpanExporter, Sampler, SdkTracerProvider, SpanData};
+use tracing_opentelemetry::OpenTelemetrySpanExt;
+use tracing_subscriber::layer::SubscriberExt;
+
+#[derive(Clone, Copy, Debug)]
+enum Order {
+    OtelFirst,
+    ProfilingFirst,
+}
+
+struct Setup {
+    exporter: InMemorySpanExporter,
+    _provider: SdkTracerProvider,
+    dispatch: tracing::Dispatch,
+}
+
+fn setup(order: Order, sampler: Sampler, layer: ProfilingLayer) -> Setup {
+    let exporter = InMemorySpanExporter::default();
+    let provider = SdkTracerProvider::builder()
+        .with_sampler(sampler)
+        .with_span_processor(ProfileIdSpanProcessor::default())
+        .with_simple_exporter(exporter.clone())
+        .build();
+    let tracer = provider.tracer("test");
+    let dispatch = match order {
+        Order::OtelFirst => tracing::Dispatch::new(
+            tracing_subscriber::registry()
+                .with(tracing_opentelemetry::layer().with_tracer(tracer))
+                .with(layer),
+        ),
+        Order::ProfilingFirst => tracing::Dispatch::new(
+            tracing_subscriber::registry()
+                .with(layer)
+                .with(tracing_opentelemetry::layer().with_tracer(tracer)),
+        ),
+    };
+    Setup {
+        exporter,
+        _provider: provider,
+        dispatch,
+    }
+}
+
+fn exported(setup: &Setup, name: &str) -> SpanData {
+    setup
+        .exporter
+        .get_finished_spans()
+        .expect("spans")
+        .into_iter()
+        .find(|s| s.name == name)
+        .unwrap_or_else(|| panic!("span {name} not exported"))
+}
+
+fn profile_id(span: &SpanData) -> Option<String> {
+    span.attributes
+        .iter()
+        .find(|kv| kv.key.as_str() == PROFILE_ID_ATTRIBUTE)
+        .map(|kv| kv.value.to_string())
+}
+
+fn seen_id() -> Option<String> {
+    current_local_root()
+        .and_then(|r| r.span_id())
+        .map(|id| id.to_string())
+}
+
+#[test]
+fn nested_spans_carry_the_local_root_in_either_order() {
+    for order in [Order::OtelFirst, Order::ProfilingFirst] {
+        let setup = setup(order, Sampler::AlwaysOn, ProfilingLayer::default());
+        let mut seen = Vec::new();
+        tracing::dispatcher::with_default(&setup.dispatch, || {
+            let root = tracing::info_span!("root");
+            let _r = root.enter();
+            seen.push(current_local_root());
+            let child = tracing::info_span!("child");
+            child.in_scope(|| {
+                seen.push(current_local_root());
+                tracing::info_span!("grandchild").in_scope(|| seen.push(current_local_root()));
+                seen.push(current_local_root());
+            });
+            drop(child);
+            // The child ended (closed): the parent's context is still there.
+            seen.push(current_local_root());
+        });
+        assert_eq!(current_local_root(), None, "{order:?}: left a value behind");
+        let root = exported(&setup, "root");
+        let id = profile_id(&root).expect("root marked");
+        for value in &seen {
+            let value = value.expect("inside a span");
+            assert_eq!(
+                value.span_id().map(|s| s.to_string()),
+                Some(id.clone()),
+                "{order:?}"
+            );
+            assert_eq!(value.trace_id(), Some(root.span_context.trace_id()));
+            assert_eq!(&*value.name().expect("name").resolve(), "root");
+        }
+        assert_eq!(profile_id(&exported(&setup, "child")), None);
+    }
+}
+
+#[test]
+fn exits_out_of_order_leave_the_right_value() {
+    let setup = setup(
+        Order::OtelFirst,
+        Sampler::AlwaysOn,
+        ProfilingLayer::default(),
+    );
+    tracing::dispatcher::with_default(&setup.dispatch, || {
+        let a = tracing::info_span!("a");
+        let b = tracing::info_span!(parent: None, "b");
+        let c = tracing::info_span!(parent: None, "c");
+        let ga = a.enter();
+        let id_a = seen_id();
+        let gb = b.enter();
+        let id_b = seen_id();
+        let gc = c.enter();
+        let id_c = seen_id();
+        assert!(id_a.is_some() && id_b.is_some() && id_c.is_some());
+        assert_ne!(id_a, id_b);
+        drop(gb); // out of order: c is still entered
+        assert_eq!(seen_id(), id_c);
+        drop(gc); // c restores what b found: a
+        assert_eq!(seen_id(), id_a);
+        let again = b.enter(); // re-entering works after the splice
+        assert_eq!(seen_id(), id_b);
+        drop(ga); // out of order again
+        assert_eq!(seen_id(), id_b);
+        drop(again);
+        assert_eq!(seen_id(), None);
+    });
+}
+
+#[test]
+fn same_span_entered_twice_restores_step_by_step() {
+    let setup = setup(
+        Order::OtelFirst,
+        Sampler::AlwaysOn,
+        ProfilingLayer::default(),
+    );
+    tracing::dispatcher::with_default(&setup.dispatch, || {
+        let a = tracing::info_span!("a");
+        let outer = a.enter();
+        let id = seen_id();
+        let inner = a.enter();
+        drop(inner);
+        assert_eq!(seen_id(), id);
+        drop(outer);
+        assert_eq!(seen_id(), None);
+    });
+}
+
+#[test]
+fn remote_parent_starts_a_new_local_root() {
+    let setup = setup(
+        Order::ProfilingFirst,
+        Sampler::AlwaysOn,
+        ProfilingLayer::default(),
+    );
+    let remote = SpanContext::new(
+        TraceId::from(0xabc_u128),
+        SpanId::from(0xdef_u64),
+        TraceFlags::SAMPLED,
+        true,
+        TraceState::default(),
+    );
+    let mut seen = None;
+    let mut outer_seen = None;
+    tracing::dispatcher::with_default(&setup.dispatch, || {
+        let outer = tracing::info_span!("outer");
+        let _o = outer.enter();
+        outer_seen = current_local_root();
+        let server = tracing::info_span!("server");
+        let _ = server.set_parent(opentelemetry::Context::new().with_remote_span_context(remote));
+        server.in_scope(|| seen = current_local_root());
+    });
+    let server = exported(&setup, "server");
+    let seen = seen.expect("inside server");
+    assert_eq!(seen.trace_id(), Some(TraceId::from(0xabc_u128)));
+    assert_eq!(seen.span_id(), Some(server.span_context.span_id()));
+    assert_eq!(
+        profile_id(&server),
+        Some(server.span_context.span_id().to_string())
+    );
+    assert_ne!(outer_seen, Some(seen));
+}
+
+#[test]
+fn otel_name_field_names_the_root() {
+    let setup = setup(
+        Order::OtelFirst,
+        Sampler::AlwaysOn,
+        ProfilingLayer::default(),
+    );
+    tracing::dispatcher::with_default(&setup.dispatch, || {
+        let span = tracing::info_span!("request", otel.name = "GET /report");
+        span.in_scope(|| {
+            let name = current_local_root().and_then(|r| r.name()).expect("name");
+            assert_eq!(&*name.resolve(), "GET /report");
+        });
+        let later = tracing::info_span!("request", otel.name = tracing::field::Empty);
+        later.record("otel.name", "POST /upload");
+        later.in_scope(|| {
+            let name = current_local_root().and_then(|r| r.name()).expect("name");
+            assert_eq!(&*name.resolve(), "POST /upload");
+        });
+    });
+}
+
+#[test]
+fn unsampled_traces_keep_the_name_or_nothing() {
+    let keep = setup(
+        Order::OtelFirst,
+        Sampler::AlwaysOff,
+        ProfilingLayer::default(),
+    );
+    tracing::dispatcher::with_default(&keep.dispatch, || {
+        tracing::info_span!("unsampled").in_scope(|| {
+            tracing::info_span!("child").in_scope(|| {
+                let root = current_local_root().expect("name kept");
+                assert_eq!((root.span_id(), root.trace_id()), (None, None));
+                assert_eq!(&*root.name().expect("name").resolve(), "unsampled");
+            })
+        });
+    });
+    let ignore = setup(
+        Order::OtelFirst,
+        Sampler::AlwaysOff,
+        ProfilingLayer::new().with_unsampled(UnsampledTraces::Ignore),
+    );
+    tracing::dispatcher::with_default(&ignore.dispatch, || {
+        tracing::info_span!("unsampled").in_scope(|| assert_eq!(current_local_root(), None));
+    });
+    assert!(keep
+        .exporter
+        .get_finished_spans()
+        .expect("spans")
+        .is_empty());
+}
+
+#[test]
+fn without_an_opentelemetry_layer_names_are_still_labelled() {
+    let dispatch =
+        tracing::Dispatch::new(tracing_subscriber::registry().with(ProfilingLayer::default()));
+    tracing::dispatcher::with_default(&dispatch, || {
+        tracing::info_span!("plain").in_scope(|| {
+            tracing::info_span!("inner").in_scope(|| {
+                let root = current_local_root().expect("labelled");
+                assert_eq!(root.span_id(), None);
+                assert_eq!(&*root.name().expect("name").resolve(), "plain");
+            })
+        });
+    });
+}
+
+#[test]
+fn tracing_root_under_a_plain_api_root_inherits_it() {
+    use crate::ProfilingContext;
+    use opentelemetry::trace::{Span as _, TraceContextExt, Tracer};
+    let setup = setup(
+        Order::OtelFirst,
+        Sampler::AlwaysOn,
+        ProfilingLayer::default(),
+    );
+    let tracer = setup._provider.tracer("plain");
+    let root = tracer.start("plain-root");
+    let root_id = root.span_context().span_id();
+    let pcx = ProfilingContext::new(
+        opentelemetry::Context::current_with_span(root),
+        "plain-root",
+    );
+    tracing::dispatcher::with_default(&setup.dispatch, || {
+        pcx.in_scope(|| {
+            tracing::info_span!("tracing-child").in_scope(|| {
+                assert_eq!(
+                    current_local_root().and_then(|r| r.span_id()),
+                    Some(root_id)
+                );
+            });
+        });
+    });
+    drop(pcx);
+    assert_eq!(exported(&setup, "tracing-child").parent_span_id, root_id);
+}

@@ -1,0 +1,45 @@
+//! # otel-profiling
+//!
+//! Ties OpenTelemetry spans to continuous CPU profiles, so that a slow span in Grafana
+//! links to the CPU samples taken while it ran, and to nothing else.
+//!
+//! Two halves meet in one per-thread record:
+//!
+//! ```text
+//!  span hooks (every enter/exit, every poll)         CPU sampler (signal, same thread)
+//!  ─────────────────────────────────────────         ─────────────────────────────────
+//!  ProfilingLayer (tracing)        ─┐                 reads SpanContextCell::read()
+//!  ProfilingContext (plain OTel)   ─┼─► SpanContextCell ──► span_id / trace_id / span_name
+//!  SpanContextGuard (by hand)      ─┘   (seqlock, TLS)      labels on that sample
+//!
+//!  ProfileIdSpanProcessor (opentelemetry_sdk): local root spans get
+//!  `pyroscope.profile.id` = their span id, which Grafana uses to find those samples.
+//! ```
+//!
+//! * [`ProfileIdSpanProcessor`] marks local root spans (parent absent or remote) with
+//!   [`PROFILE_ID_ATTRIBUTE`]; [`ProfileIdScope`] chooses none / local roots / all spans.
+//! * [`ProfilingLayer`] follows `tracing` spans, beside `tracing-opentelemetry`, in either
+//!   registration order.
+//! * [`ProfilingContext`] and [`ProfilingFutureExt`] follow spans of the plain
+//!   OpenTelemetry API on every poll or call.
+//! * [`current_local_root`] tells what a sample taken now on this thread would carry.
+//!
+//! Labels are always the thread's *local root* span: the span whose id Grafana's link
+//! queries. Unsampled traces keep only the root's name by default ([`UnsampledTraces`]).
+#![warn(missing_docs, unreachable_pub)]
+
+mod layer;
+mod local_root;
+mod otel_scope;
+mod processor;
+mod span_context;
+mod span_name;
+
+pub use layer::ProfilingLayer;
+pub use local_root::UnsampledTraces;
+pub use otel_scope::{ProfiledFuture, ProfilingContext, ProfilingFutureExt};
+pub use processor::{ProfileIdScope, ProfileIdSpanProcessor, PROFILE_ID_ATTRIBUTE};
+pub use span_context::{
+    current_local_root, thread_cell, LocalRoot, SpanContextCell, SpanContextGuard,
+};
+pub use span_name::{span_names_overflowed, SpanName, MAX_SPAN_NAMES};

@@ -1,0 +1,90 @@
+//! Deciding which span is the local root of a span, and what of it to label.
+//!
+//! A local root is a span whose parent is absent or remote: the entry point of this process
+//! into a trace. All samples taken under it (and under its local children) carry its ids,
+//! which is what Grafana's "Profiles for this span" link selects.
+
+use opentelemetry::trace::{SpanContext, TraceContextExt, TraceId};
+use opentelemetry::Context;
+
+use crate::span_context::LocalRoot;
+use crate::span_name::SpanName;
+
+/// What to label for spans of traces that were not sampled.
+///
+/// An unsampled span is never exported, so its id would point at nothing. Dropping its
+/// samples entirely would bias per-endpoint CPU by the sampling rate (at 1 % trace sampling,
+/// 99 % of the CPU would lose its endpoint). The default therefore keeps the root span's
+/// name (the `span_name` label) and leaves out its span and trace ids.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+#[non_exhaustive]
+pub enum UnsampledTraces {
+    /// Label samples with the root span's name only (default).
+    #[default]
+    KeepName,
+    /// Label nothing: samples under unsampled traces look like samples outside any span.
+    Ignore,
+}
+
+/// The local root a span belongs to: the trace it is in, and the label its samples get.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub(crate) struct ResolvedRoot {
+    trace_id: TraceId,
+    label: Option<LocalRoot>,
+}
+
+impl ResolvedRoot {
+    /// `span` (with `name`) is a local root.
+    pub(crate) fn root(
+        span: &SpanContext,
+        name: Option<SpanName>,
+        unsampled: UnsampledTraces,
+    ) -> ResolvedRoot {
+        let label = if span.is_sampled() {
+            Some(LocalRoot::new(span.span_id(), span.trace_id(), name))
+        } else {
+            match (unsampled, name) {
+                (UnsampledTraces::KeepName, Some(name)) => Some(LocalRoot::name_only(name)),
+                _ => None,
+            }
+        };
+        ResolvedRoot {
+            trace_id: span.trace_id(),
+            label,
+        }
+    }
+
+    /// A root known only by name, for spans with no OpenTelemetry data at all.
+    pub(crate) fn name_only(name: SpanName) -> ResolvedRoot {
+        ResolvedRoot {
+            trace_id: TraceId::INVALID,
+            label: Some(LocalRoot::name_only(name)),
+        }
+    }
+
+    /// Whether a span in `trace_id` can belong to this root (same trace).
+    pub(crate) fn covers(&self, trace_id: TraceId) -> bool {
+        self.trace_id == trace_id
+    }
+
+    /// What samples under this root are labelled with.
+    pub(crate) fn label(&self) -> Option<LocalRoot> {
+        self.label
+    }
+
+    /// The root recorded in `cx` by this crate, if it belongs to the span active in `cx`.
+    pub(crate) fn from_context(cx: &Context) -> Option<ResolvedRoot> {
+        let marker = cx.get::<ResolvedRoot>()?;
+        let span = cx.span();
+        let trace_id = span.span_context().trace_id();
+        marker.covers(trace_id).then_some(*marker)
+    }
+}
+
+/// Whether a span whose parent context is `parent` is a local root (the rule every
+/// OpenTelemetry profiling bridge uses: parent absent or remote).
+pub(crate) fn is_local_root(parent: &Context) -> bool {
+    let span = parent.span();
+    let parent = span.span_context();
+    !parent.is_valid() || parent.is_remote()
+}

@@ -1,0 +1,162 @@
+//! Following spans of the plain OpenTelemetry API (no `tracing`): a future wrapper and a
+//! closure helper that set the thread's span context on every poll / call.
+//!
+//! A [`ProfilingContext`] is an OpenTelemetry [`Context`] plus the local root its span
+//! belongs to. The root is recorded as a value inside the context, so contexts derived
+//! from it (`cx.with_span(child)`, or `Context::current()` inside a scope it attached)
+//! inherit the root without any shared table.
+
+use std::future::Future;
+use std::pin::Pin;
+use std::task::{Context as TaskContext, Poll};
+
+use opentelemetry::trace::TraceContextExt;
+use opentelemetry::Context;
+
+use crate::local_root::{ResolvedRoot, UnsampledTraces};
+use crate::span_context::{LocalRoot, SpanContextGuard};
+use crate::span_name::SpanName;
+
+/// An OpenTelemetry [`Context`] together with the local root span its samples are
+/// labelled with.
+///
+/// The local root is, in order: the root already recorded in `cx` by this crate (when `cx`
+/// derives from a `ProfilingContext`'s context and is in the same trace), else the span
+/// active in `cx` itself. A context with no local span (none, or only a remote parent)
+/// labels nothing.
+///
+/// ```
+/// use opentelemetry::trace::{TraceContextExt, Tracer, TracerProvider as _};
+/// use opentelemetry::Context;
+/// use opentelemetry_sdk::trace::SdkTracerProvider;
+/// use otel_profiling::{current_local_root, ProfilingContext};
+///
+/// let provider = SdkTracerProvider::builder().build();
+/// let tracer = provider.tracer("doc");
+/// let root_span = tracer.start("GET /report");
+/// let root_id = root_span.span_context().span_id();
+/// let pcx = ProfilingContext::new(Context::current_with_span(root_span), "GET /report");
+///
+/// pcx.in_scope(|| {
+///     assert_eq!(current_local_root().unwrap().span_id(), Some(root_id));
+///     // A child started inside the scope inherits the root.
+///     let child = ProfilingContext::inherit(Context::current_with_span(tracer.start("db")));
+///     child.in_scope(|| assert_eq!(current_local_root().unwrap().span_id(), Some(root_id)));
+/// });
+/// assert_eq!(current_local_root(), None);
+/// ```
+#[derive(Clone, Debug)]
+pub struct ProfilingContext {
+    cx: Context,
+    label: Option<LocalRoot>,
+}
+
+impl ProfilingContext {
+    /// Wraps `cx`; if its span is a local root, `root_name` is its `span_name` label.
+    pub fn new(cx: Context, root_name: &str) -> ProfilingContext {
+        ProfilingContext::with_options(cx, Some(root_name), UnsampledTraces::default())
+    }
+
+    /// Wraps `cx`, whose root was already recorded by an enclosing `ProfilingContext`
+    /// (the usual case for child spans). If none was, the span of `cx` is the root, with no
+    /// name.
+    pub fn inherit(cx: Context) -> ProfilingContext {
+        ProfilingContext::with_options(cx, None, UnsampledTraces::default())
+    }
+
+    /// Wraps `cx`, choosing what unsampled traces are labelled with.
+    pub fn with_options(
+        cx: Context,
+        root_name: Option<&str>,
+        unsampled: UnsampledTraces,
+    ) -> ProfilingContext {
+        let root = {
+            let span = cx.span();
+            let span_context = span.span_context();
+            if !span_context.is_valid() || span_context.is_remote() {
+                None
+            } else {
+                Some(ResolvedRoot::from_context(&cx).unwrap_or_else(|| {
+                    ResolvedRoot::root(span_context, root_name.map(SpanName::intern), unsampled)
+                }))
+            }
+        };
+        match root {
+            None => ProfilingContext { cx, label: None },
+            Some(root) => {
+                let cx = if cx.get::<ResolvedRoot>() == Some(&root) {
+                    cx
+                } else {
+                    cx.with_value(root)
+                };
+                ProfilingContext {
+                    cx,
+                    label: root.label(),
+                }
+            }
+        }
+    }
+
+    /// The OpenTelemetry context (with the root recorded in it).
+    pub fn context(&self) -> &Context {
+        &self.cx
+    }
+
+    /// The label samples taken in this context carry.
+    pub fn local_root(&self) -> Option<LocalRoot> {
+        self.label
+    }
+
+    /// Runs `f` with this context current: both the OpenTelemetry context
+    /// (`Context::current()`) and the thread's span context, restored afterwards.
+    pub fn in_scope<R>(&self, f: impl FnOnce() -> R) -> R {
+        let _otel = self.cx.clone().attach();
+        let _profiling = SpanContextGuard::enter(self.label);
+        f()
+    }
+
+    /// Wraps `future` so that every poll runs in this context.
+    pub fn instrument<F: Future>(self, future: F) -> ProfiledFuture<F> {
+        ProfiledFuture {
+            inner: future,
+            scope: self,
+        }
+    }
+}
+
+/// A future that runs every poll in a [`ProfilingContext`]: the OpenTelemetry context is
+/// attached and the thread's span context set for the poll, then both are restored, so
+/// the labels follow the task across worker threads and interleavings.
+///
+/// Use it in place of `opentelemetry::trace::FutureExt::with_context`.
+#[derive(Debug)]
+#[must_use = "futures do nothing unless polled"]
+pub struct ProfiledFuture<F> {
+    inner: F,
+    scope: ProfilingContext,
+}
+
+impl<F: Future> Future for ProfiledFuture<F> {
+    type Output = F::Output;
+
+    fn poll(self: Pin<&mut Self>, task: &mut TaskContext<'_>) -> Poll<F::Output> {
+        // SAFETY: `inner` is structurally pinned: it is never moved out of `self`, and
+        // `ProfiledFuture` has no `Drop` impl and is not `Unpin` unless `F` is. `scope` is
+        // only read.
+        let (inner, scope) = unsafe {
+            let this = self.get_unchecked_mut();
+            (Pin::new_unchecked(&mut this.inner), &this.scope)
+        };
+        scope.in_scope(|| inner.poll(task))
+    }
+}
+
+/// Wrapping futures in a [`ProfilingContext`].
+pub trait ProfilingFutureExt: Future + Sized {
+    /// Runs every poll of this future in `cx`.
+    fn with_profiling_context(self, cx: ProfilingContext) -> ProfiledFuture<Self> {
+        cx.instrument(self)
+    }
+}
+
+impl<F: Future> ProfilingFutureExt for F {}

@@ -1,0 +1,245 @@
+//! The per-thread span context: which local root span is running on this thread right now.
+//!
+//! Every thread has one [`SpanContextCell`], a fixed record of atomics in a `const`
+//! thread-local (no lazy initialisation, no destructor). Span hooks write it; the CPU
+//! sampler's signal handler reads it on the same thread at the moment a sample is taken.
+//!
+//! The record is a sequence lock. A write is: bump the sequence to odd, store the fields,
+//! bump it to even. A read that finds an odd sequence, or a sequence that changed while it
+//! read, reports "no span": a read racing a write never returns a mix of two spans. On the
+//! owning thread a signal can only interrupt the writer, never run beside it, so the odd
+//! check alone is exact there; the second check makes reads from other threads safe too.
+//! Writes are five relaxed stores and two fences that compile to nothing on x86-64: no
+//! allocation, no lock, no syscall.
+
+use std::sync::atomic::{fence, AtomicU32, AtomicU64, Ordering};
+
+use opentelemetry::trace::{SpanId, TraceId};
+
+use crate::span_name::SpanName;
+
+/// The local root span a thread is working for, as the profiler labels its samples.
+///
+/// For a sampled trace it carries the root's span id and trace id; for an unsampled trace
+/// (see [`UnsampledTraces`](crate::UnsampledTraces)) only the root's name.
+#[derive(Clone, Copy, PartialEq, Eq, Hash, Debug)]
+pub struct LocalRoot {
+    span_id: u64,
+    trace_id: u128,
+    name: Option<SpanName>,
+}
+
+impl LocalRoot {
+    /// A root with ids (a sampled trace). Invalid (all-zero) ids count as absent.
+    pub fn new(span_id: SpanId, trace_id: TraceId, name: Option<SpanName>) -> LocalRoot {
+        LocalRoot {
+            span_id: u64::from_be_bytes(span_id.to_bytes()),
+            trace_id: u128::from_be_bytes(trace_id.to_bytes()),
+            name,
+        }
+    }
+
+    /// A root known only by name (an unsampled trace).
+    pub fn name_only(name: SpanName) -> LocalRoot {
+        LocalRoot {
+            span_id: 0,
+            trace_id: 0,
+            name: Some(name),
+        }
+    }
+
+    /// The root span's id, if the trace was sampled.
+    pub fn span_id(&self) -> Option<SpanId> {
+        (self.span_id != 0).then(|| SpanId::from_bytes(self.span_id.to_be_bytes()))
+    }
+
+    /// The trace id, if the trace was sampled.
+    pub fn trace_id(&self) -> Option<TraceId> {
+        (self.trace_id != 0).then(|| TraceId::from_bytes(self.trace_id.to_be_bytes()))
+    }
+
+    /// The root span's interned name, if known.
+    pub fn name(&self) -> Option<SpanName> {
+        self.name
+    }
+
+    /// The span id as a number (0 when absent): the form the sampler copies into samples.
+    pub fn span_id_u64(&self) -> u64 {
+        self.span_id
+    }
+
+    /// The trace id as a number (0 when absent).
+    pub fn trace_id_u128(&self) -> u128 {
+        self.trace_id
+    }
+
+    fn is_empty(&self) -> bool {
+        self.span_id == 0 && self.trace_id == 0 && self.name.is_none()
+    }
+}
+
+/// One thread's span context record. See the [module docs](self) for the protocol.
+#[repr(C, align(64))]
+#[derive(Debug)]
+pub struct SpanContextCell {
+    seq: AtomicU32,
+    name: AtomicU32,
+    span_id: AtomicU64,
+    trace_hi: AtomicU64,
+    trace_lo: AtomicU64,
+}
+
+impl SpanContextCell {
+    /// An empty record ("no span").
+    pub const fn new() -> SpanContextCell {
+        SpanContextCell {
+            seq: AtomicU32::new(0),
+            name: AtomicU32::new(0),
+            span_id: AtomicU64::new(0),
+            trace_hi: AtomicU64::new(0),
+            trace_lo: AtomicU64::new(0),
+        }
+    }
+
+    /// Reads the record. Async-signal-safe: loads only, no allocation, no lock.
+    ///
+    /// Returns `None` for "no span", and also when the read raced a write.
+    #[inline]
+    pub fn read(&self) -> Option<LocalRoot> {
+        let before = self.seq.load(Ordering::Acquire);
+        if before & 1 == 1 {
+            return None;
+        }
+        let name = self.name.load(Ordering::Relaxed);
+        let span_id = self.span_id.load(Ordering::Relaxed);
+        let hi = self.trace_hi.load(Ordering::Relaxed);
+        let lo = self.trace_lo.load(Ordering::Relaxed);
+        fence(Ordering::Acquire);
+        if self.seq.load(Ordering::Relaxed) != before {
+            return None;
+        }
+        let root = LocalRoot {
+            span_id,
+            trace_id: (u128::from(hi) << 64) | u128::from(lo),
+            name: SpanName::from_raw(name),
+        };
+        (!root.is_empty()).then_some(root)
+    }
+
+    /// Writes the record. Only the owning thread may call this (single writer).
+    #[inline]
+    fn write(&self, root: Option<LocalRoot>) {
+        let root = root.unwrap_or(LocalRoot {
+            span_id: 0,
+            trace_id: 0,
+            name: None,
+        });
+        let seq = self.seq.load(Ordering::Relaxed);
+        self.seq.store(seq.wrapping_add(1), Ordering::Relaxed);
+        fence(Ordering::Release);
+        self.name
+            .store(root.name.map_or(0, SpanName::to_raw), Ordering::Relaxed);
+        self.span_id.store(root.span_id, Ordering::Relaxed);
+        self.trace_hi
+            .store((root.trace_id >> 64) as u64, Ordering::Relaxed);
+        self.trace_lo.store(root.trace_id as u64, Ordering::Relaxed);
+        self.seq.store(seq.wrapping_add(2), Ordering::Release);
+    }
+
+    /// The value last written, read by the writer itself (no race possible).
+    #[inline]
+    fn own_value(&self) -> Option<LocalRoot> {
+        let root = LocalRoot {
+            span_id: self.span_id.load(Ordering::Relaxed),
+            trace_id: (u128::from(self.trace_hi.load(Ordering::Relaxed)) << 64)
+                | u128::from(self.trace_lo.load(Ordering::Relaxed)),
+            name: SpanName::from_raw(self.name.load(Ordering::Relaxed)),
+        };
+        (!root.is_empty()).then_some(root)
+    }
+}
+
+impl Default for SpanContextCell {
+    fn default() -> Self {
+        SpanContextCell::new()
+    }
+}
+
+thread_local! {
+    // `const` initialisation and no `Drop`: access is a plain TLS offset, never a lazy-init
+    // call, so the signal handler may touch it, and the memory lives as long as the thread.
+    static CELL: SpanContextCell = const { SpanContextCell::new() };
+}
+
+/// The local root span running on the calling thread, as a sample taken now would see it.
+///
+/// ```
+/// assert_eq!(otel_profiling::current_local_root(), None);
+/// ```
+pub fn current_local_root() -> Option<LocalRoot> {
+    CELL.with(SpanContextCell::read)
+}
+
+/// The calling thread's record, for the sampler to read from its signal handler. The
+/// pointer is valid until the thread exits.
+pub fn thread_cell() -> *const SpanContextCell {
+    CELL.with(|cell| cell as *const SpanContextCell)
+}
+
+/// Sets the calling thread's context and returns what was there before.
+#[inline]
+pub(crate) fn replace(root: Option<LocalRoot>) -> Option<LocalRoot> {
+    CELL.with(|cell| {
+        let previous = cell.own_value();
+        if previous != root {
+            cell.write(root);
+        }
+        previous
+    })
+}
+
+/// Sets the calling thread's span context for as long as the guard lives, then restores
+/// exactly what was there before.
+///
+/// This is the primitive the `tracing` layer and the OpenTelemetry wrappers are built on;
+/// use it directly to follow a span through code the other integrations do not see.
+///
+/// ```
+/// use opentelemetry::trace::{SpanId, TraceId};
+/// use otel_profiling::{current_local_root, LocalRoot, SpanContextGuard};
+///
+/// let root = LocalRoot::new(SpanId::from(7), TraceId::from(9), None);
+/// {
+///     let _guard = SpanContextGuard::enter(Some(root));
+///     assert_eq!(current_local_root(), Some(root));
+/// }
+/// assert_eq!(current_local_root(), None);
+/// ```
+#[derive(Debug)]
+#[must_use = "the context is restored when the guard is dropped"]
+pub struct SpanContextGuard {
+    previous: Option<LocalRoot>,
+    // Restoring must happen on the thread that set the value.
+    _not_send: std::marker::PhantomData<*const ()>,
+}
+
+impl SpanContextGuard {
+    /// Sets `root` as the calling thread's context until the guard is dropped.
+    #[inline]
+    pub fn enter(root: Option<LocalRoot>) -> SpanContextGuard {
+        SpanContextGuard {
+            previous: replace(root),
+            _not_send: std::marker::PhantomData,
+        }
+    }
+}
+
+impl Drop for SpanContextGuard {
+    #[inline]
+    fn drop(&mut self) {
+        replace(self.previous);
+    }
+}
+
+#[cfg(test)]
+mod tests;

@@ -1,0 +1,170 @@
+use super::*;
+use std::sync::atomic::{AtomicBool, AtomicUsize};
+use std::sync::Arc;
+
+fn root(n: u64) -> LocalRoot {
+    // Every field differs between roots, so a torn read would be visible as a mix.
+    LocalRoot::new(
+        SpanId::from(n),
+        TraceId::from(u128::from(n) << 64 | u128::from(n)),
+        Some(SpanName::intern(&format!("span-context-test/{n}"))),
+    )
+}
+
+#[test]
+fn guards_nest_and_restore() {
+    let (a, b) = (root(1), root(2));
+    assert_eq!(current_local_root(), None);
+    let outer = SpanContextGuard::enter(Some(a));
+    {
+        let _inner = SpanContextGuard::enter(Some(b));
+        assert_eq!(current_local_root(), Some(b));
+        {
+            let _cleared = SpanContextGuard::enter(None);
+            assert_eq!(current_local_root(), None);
+        }
+        assert_eq!(current_local_root(), Some(b));
+    }
+    assert_eq!(current_local_root(), Some(a));
+    drop(outer);
+    assert_eq!(current_local_root(), None);
+}
+
+#[test]
+fn ids_round_trip() {
+    let r = root(0xdead_beef);
+    assert_eq!(r.span_id(), Some(SpanId::from(0xdead_beef)));
+    assert_eq!(
+        r.span_id().map(|s| s.to_string()).as_deref(),
+        Some("00000000deadbeef")
+    );
+    assert_eq!(r.trace_id_u128(), 0xdead_beef_u128 << 64 | 0xdead_beef);
+    let n = LocalRoot::name_only(SpanName::intern("x"));
+    assert_eq!((n.span_id(), n.trace_id()), (None, None));
+    let _g = SpanContextGuard::enter(Some(n));
+    assert_eq!(current_local_root(), Some(n));
+}
+
+/// A reader on another thread, racing a writer that alternates two roots as fast as it can,
+/// sees only the two roots or "no span", never a mix.
+#[test]
+fn cross_thread_reads_are_never_torn() {
+    let cell = Arc::new(SpanContextCell::new());
+    let stop = Arc::new(AtomicBool::new(false));
+    let (a, b) = (root(11), root(22));
+    let writer = {
+        let (cell, stop) = (cell.clone(), stop.clone());
+        std::thread::spawn(move || {
+            let mut i = 0u64;
+            while !stop.load(Ordering::Relaxed) {
+                cell.write(Some(if i % 2 == 0 { a } else { b }));
+                i += 1;
+            }
+            i
+        })
+    };
+    let (mut seen, mut none) = (0u64, 0u64);
+    for _ in 0..2_000_000 {
+        match cell.read() {
+            Some(r) => {
+                assert!(r == a || r == b, "torn read: {r:?}");
+                seen += 1;
+            }
+            None => none += 1,
+        }
+    }
+    stop.store(true, Ordering::Relaxed);
+    let writes = writer.join().expect("writer");
+    assert!(
+        writes > 0 && seen > 0,
+        "writes {writes}, seen {seen}, none {none}"
+    );
+}
+
+static HANDLER_CELL: AtomicUsize = AtomicUsize::new(0);
+static SEEN_A: AtomicU64 = AtomicU64::new(0);
+static SEEN_B: AtomicU64 = AtomicU64::new(0);
+static SEEN_NONE: AtomicU64 = AtomicU64::new(0);
+static SEEN_TORN: AtomicU64 = AtomicU64::new(0);
+static A_SPAN: AtomicU64 = AtomicU64::new(0);
+static B_SPAN: AtomicU64 = AtomicU64::new(0);
+
+extern "C" fn on_sigusr2(_: libc::c_int) {
+    // Same reads the sampler's handler does: through the thread's own cell, loads only.
+    let cell = HANDLER_CELL.load(Ordering::Relaxed) as *const SpanContextCell;
+    if cell.is_null() {
+        return;
+    }
+    // SAFETY: the pointer is the interrupted thread's own live cell (set before signals start).
+    let read = unsafe { (*cell).read() };
+    let counter = match read {
+        None => &SEEN_NONE,
+        Some(r)
+            if r.span_id == A_SPAN.load(Ordering::Relaxed)
+                && r.trace_id >> 64 == u128::from(r.span_id)
+                && r.trace_id as u64 == r.span_id =>
+        {
+            &SEEN_A
+        }
+        Some(r)
+            if r.span_id == B_SPAN.load(Ordering::Relaxed)
+                && r.trace_id >> 64 == u128::from(r.span_id)
+                && r.trace_id as u64 == r.span_id =>
+        {
+            &SEEN_B
+        }
+        Some(_) => &SEEN_TORN,
+    };
+    counter.fetch_add(1, Ordering::Relaxed);
+}
+
+/// A signal handler that interrupts the writing thread mid-write sees a whole root or
+/// "no span", never a mix: the sampler's exact situation.
+#[test]
+fn signal_handler_reads_are_never_torn() {
+    let (a, b) = (root(33), root(44));
+    A_SPAN.store(33, Ordering::Relaxed);
+    B_SPAN.store(44, Ordering::Relaxed);
+    // SAFETY: installing a handler that only does atomic loads and stores.
+    unsafe {
+        let mut action: libc::sigaction = std::mem::zeroed();
+        action.sa_sigaction = on_sigusr2 as extern "C" fn(libc::c_int) as usize;
+        action.sa_flags = libc::SA_RESTART;
+        libc::sigemptyset(&mut action.sa_mask);
+        assert_eq!(
+            libc::sigaction(libc::SIGUSR2, &action, std::ptr::null_mut()),
+            0
+        );
+    }
+    let stop = Arc::new(AtomicBool::new(false));
+    let (ready_tx, ready_rx) = std::sync::mpsc::channel();
+    let writer = {
+        let stop = stop.clone();
+        std::thread::spawn(move || {
+            HANDLER_CELL.store(thread_cell() as usize, Ordering::SeqCst);
+            // SAFETY: pthread_self has no preconditions.
+            let _ = ready_tx.send(unsafe { libc::pthread_self() });
+            let mut i = 0u64;
+            while !stop.load(Ordering::Relaxed) {
+                replace(Some(if i % 2 == 0 { a } else { b }));
+                i += 1;
+            }
+        })
+    };
+    let thread = ready_rx.recv().expect("writer started");
+    for _ in 0..20_000 {
+        // SAFETY: the writer thread is alive until `stop` is set and it is joined below.
+        unsafe { libc::pthread_kill(thread, libc::SIGUSR2) };
+        std::thread::yield_now();
+    }
+    stop.store(true, Ordering::Relaxed);
+    writer.join().expect("writer");
+    let (sa, sb, sn, st) = (
+        SEEN_A.load(Ordering::Relaxed),
+        SEEN_B.load(Ordering::Relaxed),
+        SEEN_NONE.load(Ordering::Relaxed),
+        SEEN_TORN.load(Ordering::Relaxed),
+    );
+    assert_eq!(st, 0, "torn reads: a {sa}, b {sb}, none {sn}, torn {st}");
+    assert!(sa > 0 && sb > 0, "a {sa}, b {sb}, none {sn}");
+}

@@ -1,0 +1,149 @@
+//! Interned root-span names.
+//!
+//! The per-thread span context must be writable with a handful of stores, so it holds a
+//! small integer instead of a string. Names are interned once per distinct name: each
+//! thread keeps a cache, and only a miss in that cache takes the process-wide interner
+//! lock (once per name per thread, never per context switch).
+
+use std::cell::RefCell;
+use std::collections::HashMap;
+use std::num::NonZeroU32;
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::{Arc, LazyLock, Mutex, PoisonError};
+
+/// Most distinct root-span names kept. Root span names are normally endpoints (a bounded
+/// set); past this bound new names share [`SpanName::OVERFLOW_NAME`] so that a service
+/// that puts ids in span names cannot grow memory or label cardinality without bound.
+pub const MAX_SPAN_NAMES: usize = 4096;
+
+/// A handle to an interned root-span name.
+///
+/// Cheap to copy and compare; [`SpanName::resolve`] gives the text back.
+#[derive(Clone, Copy, PartialEq, Eq, Hash, PartialOrd, Ord)]
+pub struct SpanName(NonZeroU32);
+
+impl SpanName {
+    /// The text shared by every name interned after [`MAX_SPAN_NAMES`] was reached.
+    pub const OVERFLOW_NAME: &'static str = "<other>";
+
+    /// Interns `name` and returns its handle.
+    ///
+    /// ```
+    /// use otel_profiling::SpanName;
+    /// let a = SpanName::intern("GET /report");
+    /// assert_eq!(a, SpanName::intern("GET /report"));
+    /// assert_eq!(&*a.resolve(), "GET /report");
+    /// ```
+    pub fn intern(name: &str) -> SpanName {
+        let cached = LOCAL_CACHE.with(|cache| cache.borrow().get(name).copied());
+        if let Some(id) = cached {
+            return id;
+        }
+        let id = global_intern(name);
+        LOCAL_CACHE.with(|cache| {
+            let mut cache = cache.borrow_mut();
+            // The local cache only ever holds names the global table has, so it is bounded
+            // by the same limit.
+            cache.insert(Box::from(name), id);
+        });
+        id
+    }
+
+    /// The interned text.
+    pub fn resolve(self) -> Arc<str> {
+        let table = INTERNER.lock().unwrap_or_else(PoisonError::into_inner);
+        table
+            .names
+            .get(self.index())
+            .cloned()
+            .unwrap_or_else(|| Arc::from(Self::OVERFLOW_NAME))
+    }
+
+    /// The raw value stored in the per-thread context (never 0).
+    pub(crate) fn to_raw(self) -> u32 {
+        self.0.get()
+    }
+
+    /// Rebuilds a handle from [`SpanName::to_raw`]; 0 means "no name".
+    pub(crate) fn from_raw(raw: u32) -> Option<SpanName> {
+        NonZeroU32::new(raw).map(SpanName)
+    }
+
+    fn index(self) -> usize {
+        (self.0.get() - 1) as usize
+    }
+}
+
+impl std::fmt::Debug for SpanName {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_tuple("SpanName").field(&self.resolve()).finish()
+    }
+}
+
+/// How many names were folded into [`SpanName::OVERFLOW_NAME`] because the table was full.
+pub fn span_names_overflowed() -> u64 {
+    OVERFLOWED.load(Ordering::Relaxed)
+}
+
+#[derive(Default)]
+struct Interner {
+    names: Vec<Arc<str>>,
+    ids: HashMap<Arc<str>, SpanName>,
+    overflow: Option<SpanName>,
+}
+
+static INTERNER: LazyLock<Mutex<Interner>> = LazyLock::new(Mutex::default);
+static OVERFLOWED: AtomicU64 = AtomicU64::new(0);
+
+thread_local! {
+    static LOCAL_CACHE: RefCell<HashMap<Box<str>, SpanName>> = RefCell::new(HashMap::new());
+}
+
+fn global_intern(name: &str) -> SpanName {
+    let mut table = INTERNER.lock().unwrap_or_else(PoisonError::into_inner);
+    if let Some(id) = table.ids.get(name) {
+        return *id;
+    }
+    if table.names.len() >= MAX_SPAN_NAMES {
+        OVERFLOWED.fetch_add(1, Ordering::Relaxed);
+        if let Some(id) = table.overflow {
+            return id;
+        }
+        let id = push(&mut table, SpanName::OVERFLOW_NAME);
+        table.overflow = Some(id);
+        return id;
+    }
+    push(&mut table, name)
+}
+
+fn push(table: &mut Interner, name: &str) -> SpanName {
+    let text: Arc<str> = Arc::from(name);
+    table.names.push(text.clone());
+    let raw = u32::try_from(table.names.len()).unwrap_or(u32::MAX);
+    let id = SpanName(NonZeroU32::new(raw).unwrap_or(NonZeroU32::MIN));
+    table.ids.insert(text, id);
+    id
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn same_name_same_handle_across_threads() {
+        let a = SpanName::intern("span-name-test/a");
+        let b = std::thread::spawn(|| SpanName::intern("span-name-test/a"))
+            .join()
+            .expect("thread");
+        assert_eq!(a, b);
+        assert_ne!(a, SpanName::intern("span-name-test/b"));
+        assert_eq!(&*a.resolve(), "span-name-test/a");
+    }
+
+    #[test]
+    fn raw_round_trip() {
+        let a = SpanName::intern("span-name-test/raw");
+        assert_eq!(SpanName::from_raw(a.to_raw()), Some(a));
+        assert_eq!(SpanName::from_raw(0), None);
+    }
+}
