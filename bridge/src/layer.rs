@@ -9,7 +9,6 @@
 //! The local root of a span is worked out once, on its first enter, and kept in the span's
 //! extensions: switches afterwards cost a registry lookup and five stores.
 
-use std::cell::RefCell;
 use std::sync::OnceLock;
 
 use opentelemetry::trace::TraceContextExt;
@@ -21,7 +20,7 @@ use tracing_subscriber::registry::{LookupSpan, SpanRef};
 use tracing_subscriber::Layer;
 
 use crate::local_root::{ResolvedRoot, UnsampledTraces};
-use crate::span_context::{self, LocalRoot};
+use crate::span_context;
 use crate::span_name::SpanName;
 
 /// A [`tracing_subscriber::Layer`] that labels the running thread with the local root span
@@ -155,11 +154,6 @@ impl Visit for OtelNameVisitor {
     }
 }
 
-thread_local! {
-    /// Entered spans on this thread, each with the context that was current before it.
-    static ENTERED: RefCell<Vec<(Id, Option<LocalRoot>)>> = const { RefCell::new(Vec::new()) };
-}
-
 impl<S> Layer<S> for ProfilingLayer
 where
     S: Subscriber + for<'a> LookupSpan<'a>,
@@ -200,34 +194,16 @@ where
     fn on_enter(&self, id: &Id, ctx: Context<'_, S>) {
         let Some(span) = ctx.span(id) else { return };
         let root = self.root_of(&span).label();
-        let previous = span_context::replace(root);
-        ENTERED.with(|entered| {
-            if let Ok(mut entered) = entered.try_borrow_mut() {
-                entered.push((id.clone(), previous));
-            }
-        });
+        entered::push(id.into_u64(), span_context::replace(root));
     }
 
     fn on_exit(&self, id: &Id, _ctx: Context<'_, S>) {
-        ENTERED.with(|entered| {
-            let Ok(mut entered) = entered.try_borrow_mut() else {
-                return;
-            };
-            let Some(pos) = entered.iter().rposition(|(entered_id, _)| entered_id == id) else {
-                return;
-            };
-            let (_, previous) = entered.remove(pos);
-            match entered.get_mut(pos) {
-                // Exited out of order: the span entered after it now restores what this one
-                // would have, and the current value (the later span's) stays.
-                Some(later) => later.1 = previous,
-                None => {
-                    span_context::replace(previous);
-                }
-            }
-        });
+        if let Some(previous) = entered::pop(id.into_u64()) {
+            span_context::replace(previous);
+        }
     }
 }
 
+mod entered;
 #[cfg(test)]
 mod tests;

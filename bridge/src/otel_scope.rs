@@ -26,7 +26,7 @@ use crate::span_name::SpanName;
 /// labels nothing.
 ///
 /// ```
-/// use opentelemetry::trace::{TraceContextExt, Tracer, TracerProvider as _};
+/// use opentelemetry::trace::{Span as _, TraceContextExt, Tracer, TracerProvider as _};
 /// use opentelemetry::Context;
 /// use opentelemetry_sdk::trace::SdkTracerProvider;
 /// use otel_profiling::{current_local_root, ProfilingContext};

@@ -110,7 +110,10 @@ fn none_scope_marks_nothing() {
 /// Records, from inside the pipeline, whether any span reached processors carrying the
 /// attribute, so non-recording spans can be checked even though nothing exports them.
 #[derive(Debug, Default, Clone)]
-struct Probe(std::sync::Arc<std::sync::Mutex<Vec<(bool, Option<String>)>>>);
+struct Probe(std::sync::Arc<std::sync::Mutex<Vec<Seen>>>);
+
+/// (recording, profile id attribute) of one span as it started.
+type Seen = (bool, Option<String>);
 
 impl SpanProcessor for Probe {
     fn on_start(&self, span: &mut Span, _cx: &Context) {

@@ -1,0 +1,214 @@
+//! What following spans costs, measured in one run against the alternatives:
+//!
+//! * `enter_exit`: one enter+exit of an existing span, `tracing-opentelemetry` alone vs
+//!   with `ProfilingLayer` beside it (target: at most +25 %);
+//! * `new_root_span`: create, enter, exit and close a root span, same two set-ups;
+//! * `context_switch`: this crate's context switch (set + restore) vs the `pyroscope`
+//!   crate's `tag_wrapper` add+remove with its pprof backend running at 100 Hz
+//!   (target: at least 100x cheaper).
+//!
+//! Run: `cargo bench -p otel-profiling --bench span_switch`. The ratios are printed at
+//! the end from criterion's own estimates.
+
+use std::hint::black_box;
+use std::path::PathBuf;
+use std::time::Duration;
+
+use criterion::Criterion;
+use opentelemetry::trace::{SpanId, TraceId, TracerProvider as _};
+use opentelemetry_sdk::trace::SdkTracerProvider;
+use otel_profiling::{
+    LocalRoot, ProfileIdSpanProcessor, ProfilingLayer, SpanContextGuard, SpanName,
+};
+use tracing_subscriber::layer::SubscriberExt;
+
+fn provider() -> SdkTracerProvider {
+    // No exporter: the cost measured is the span hooks', not an exporter's.
+    SdkTracerProvider::builder()
+        .with_span_processor(ProfileIdSpanProcessor::default())
+        .build()
+}
+
+fn otel_only(provider: &SdkTracerProvider) -> tracing::Dispatch {
+    tracing::Dispatch::new(
+        tracing_subscriber::registry()
+            .with(tracing_opentelemetry::layer().with_tracer(provider.tracer("bench"))),
+    )
+}
+
+fn otel_and_profiling(provider: &SdkTracerProvider) -> tracing::Dispatch {
+    tracing::Dispatch::new(
+        tracing_subscriber::registry()
+            .with(tracing_opentelemetry::layer().with_tracer(provider.tracer("bench")))
+            .with(ProfilingLayer::default()),
+    )
+}
+
+fn bench_enter_exit(c: &mut Criterion) {
+    let provider = provider();
+    let mut group = c.benchmark_group("enter_exit");
+    for (name, dispatch) in [
+        (
+            "registry",
+            tracing::Dispatch::new(tracing_subscriber::registry()),
+        ),
+        (
+            "registry+profiling",
+            tracing::Dispatch::new(tracing_subscriber::registry().with(ProfilingLayer::default())),
+        ),
+        ("otel", otel_only(&provider)),
+        ("otel+profiling", otel_and_profiling(&provider)),
+    ] {
+        tracing::dispatcher::with_default(&dispatch, || {
+            let root = tracing::info_span!("GET /report");
+            let _root = root.enter();
+            let child = tracing::info_span!("serialize");
+            group.bench_function(name, |b| {
+                b.iter(|| {
+                    let entered = black_box(&child).enter();
+                    drop(black_box(entered));
+                })
+            });
+        });
+    }
+    group.finish();
+
+    let mut group = c.benchmark_group("new_root_span");
+    for (name, dispatch) in [
+        ("otel", otel_only(&provider)),
+        ("otel+profiling", otel_and_profiling(&provider)),
+    ] {
+        tracing::dispatcher::with_default(&dispatch, || {
+            group.bench_function(name, |b| {
+                b.iter(|| {
+                    let span = tracing::info_span!("GET /report");
+                    drop(black_box(span.enter()));
+                })
+            });
+        });
+    }
+    group.finish();
+}
+
+fn bench_context_switch(c: &mut Criterion) {
+    let mut group = c.benchmark_group("context_switch");
+    let root = LocalRoot::new(
+        SpanId::from(0x0123_4567_89ab_cdef),
+        TraceId::from(0x0123_4567_89ab_cdef_0123_4567_89ab_cdef),
+        Some(SpanName::intern("GET /report")),
+    );
+    group.bench_function("otel-profiling", |b| {
+        b.iter(|| drop(black_box(SpanContextGuard::enter(Some(black_box(root))))))
+    });
+
+    // The pyroscope crate's own tagging, with its pprof backend sampling at 100 Hz. Its
+    // server is an unused local port: uploads fail off the measured thread.
+    let agent = pyroscope::pyroscope::PyroscopeAgentBuilder::new(
+        "http://127.0.0.1:9",
+        "bench",
+        100,
+        "pyroscope-rs",
+        "bench",
+        pyroscope::backend::pprof_backend(
+            pyroscope::backend::PprofConfig { sample_rate: 100 },
+            pyroscope::backend::BackendConfig::default(),
+        ),
+    )
+    .build()
+    .and_then(|agent| agent.start());
+    match agent {
+        Ok(agent) => {
+            let (add, remove) = agent.tag_wrapper();
+            let span_id = "0123456789abcdef".to_string();
+            group.bench_function("pyroscope-tag_wrapper", |b| {
+                b.iter(|| {
+                    let _ = add("span_id".to_string(), span_id.clone());
+                    let _ = remove("span_id".to_string(), span_id.clone());
+                })
+            });
+            if let Ok(ready) = agent.stop() {
+                ready.shutdown();
+            }
+        }
+        Err(err) => eprintln!("pyroscope agent did not start, skipping its benchmark: {err}"),
+    }
+    group.finish();
+}
+
+/// Criterion's point estimate of the mean, in nanoseconds, from its saved results.
+fn mean_ns(group: &str, id: &str) -> Option<f64> {
+    let dir = std::env::var_os("CARGO_TARGET_DIR")
+        .map(PathBuf::from)
+        .unwrap_or_else(|| PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("../target"));
+    let path = dir
+        .join("criterion")
+        .join(group)
+        .join(id)
+        .join("new/estimates.json");
+    let text = std::fs::read_to_string(path).ok()?;
+    let json: serde_json::Value = serde_json::from_str(&text).ok()?;
+    json["mean"]["point_estimate"].as_f64()
+}
+
+fn print_ratios() {
+    let row = |label: &str, group: &str, base: &str, other: &str| match (
+        mean_ns(group, base),
+        mean_ns(group, other),
+    ) {
+        (Some(b), Some(o)) => println!("{label:<58} {b:>10.1} ns {o:>12.1} ns   {:>8.2}x", o / b),
+        _ => println!("{label:<58} (no estimate: benchmark filtered out or skipped)"),
+    };
+    println!("\n=== ratios from this run (criterion mean estimates) ===");
+    println!(
+        "{:<58} {:>13} {:>15} {:>11}",
+        "comparison", "baseline", "other", "other/base"
+    );
+    row(
+        "enter+exit: otel+profiling vs otel alone",
+        "enter_exit",
+        "otel",
+        "otel+profiling",
+    );
+    row(
+        "enter+exit: registry+profiling vs registry alone",
+        "enter_exit",
+        "registry",
+        "registry+profiling",
+    );
+    if let (Some(r), Some(rp), Some(o)) = (
+        mean_ns("enter_exit", "registry"),
+        mean_ns("enter_exit", "registry+profiling"),
+        mean_ns("enter_exit", "otel"),
+    ) {
+        println!(
+            "profiling layer's own enter+exit: {:.1} ns = {:.1} % of the OpenTelemetry layer's own {:.1} ns (target <= 25 %)",
+            rp - r,
+            100.0 * (rp - r) / (o - r),
+            o - r
+        );
+    }
+    row(
+        "new root span: otel+profiling vs otel alone",
+        "new_root_span",
+        "otel",
+        "otel+profiling",
+    );
+    row(
+        "switch: pyroscope tag_wrapper add+remove vs otel-profiling",
+        "context_switch",
+        "otel-profiling",
+        "pyroscope-tag_wrapper",
+    );
+}
+
+fn main() {
+    let mut c = Criterion::default()
+        .warm_up_time(Duration::from_millis(500))
+        .measurement_time(Duration::from_secs(3))
+        .configure_from_args();
+    bench_enter_exit(&mut c);
+    // Last: the pyroscope agent installs a SIGPROF handler that would disturb the others.
+    bench_context_switch(&mut c);
+    c.final_summary();
+    print_ratios();
+}
