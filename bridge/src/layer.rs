@@ -193,6 +193,7 @@ where
 
     fn on_enter(&self, id: &Id, ctx: Context<'_, S>) {
         let Some(span) = ctx.span(id) else { return };
+        crate::sampler::on_span_enter();
         let root = self.root_of(&span).label();
         entered::push(id.into_u64(), span_context::replace(root));
     }

@@ -32,6 +32,7 @@ mod layer;
 mod local_root;
 mod otel_scope;
 mod processor;
+pub mod sampler;
 mod span_context;
 mod span_name;
 

@@ -110,6 +110,7 @@ impl ProfilingContext {
     /// Runs `f` with this context current: both the OpenTelemetry context
     /// (`Context::current()`) and the thread's span context, restored afterwards.
     pub fn in_scope<R>(&self, f: impl FnOnce() -> R) -> R {
+        crate::sampler::on_span_enter();
         let _otel = self.cx.clone().attach();
         let _profiling = SpanContextGuard::enter(self.label);
         f()

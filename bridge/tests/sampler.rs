@@ -1,0 +1,338 @@
+//! The CPU sampler on real threads: attribution of samples to the span that was running,
+//! configuration errors, single ownership, and a stress run with thread churn. The sampler
+//! is process-wide, so these tests take turns.
+
+use std::collections::HashMap;
+use std::sync::{Arc, Mutex, MutexGuard};
+use std::time::{Duration, Instant};
+
+use opentelemetry::trace::TraceContextExt;
+use opentelemetry::trace::TracerProvider as _;
+use opentelemetry_sdk::trace::SdkTracerProvider;
+use otel_profiling::sampler::{self, SampleRecord, Sampler, SamplerConfig, SamplerError};
+use otel_profiling::{LocalRoot, ProfileIdSpanProcessor, ProfilingLayer};
+use tracing::Instrument;
+use tracing_opentelemetry::OpenTelemetrySpanExt;
+use tracing_subscriber::layer::SubscriberExt;
+
+static TURN: Mutex<()> = Mutex::new(());
+
+/// A drained sample: its span label and its frames.
+type Sample = (Option<LocalRoot>, Vec<u64>);
+
+fn turn() -> MutexGuard<'static, ()> {
+    TURN.lock().unwrap_or_else(|p| p.into_inner())
+}
+
+macro_rules! cpu_work_functions {
+    ($($name:ident = $k:literal),*) => {
+        $(
+            /// CPU work that stays in this function (no calls in its loop, even in debug
+            /// builds), so the interrupted instruction names it.
+            #[inline(never)]
+            fn $name(duration: Duration) -> u64 {
+                let start = thread_cpu_time();
+                let mut x = 0x9e37_79b9_7f4a_7c15_u64 ^ $k;
+                loop {
+                    let mut i = 0u32;
+                    while i < 10_000 {
+                        x ^= x << 13;
+                        x ^= x >> 7;
+                        x ^= x << 17;
+                        i += 1;
+                    }
+                    if thread_cpu_time() - start >= duration {
+                        return x;
+                    }
+                }
+            }
+        )*
+        fn run_cpu(k: usize, d: Duration) -> u64 {
+            match k {
+                $($k => $name(d),)*
+                _ => unreachable!("k out of range"),
+            }
+        }
+    };
+}
+
+/// CPU time of the calling thread, so the work is the same whatever else the machine runs.
+fn thread_cpu_time() -> Duration {
+    let mut ts = libc::timespec {
+        tv_sec: 0,
+        tv_nsec: 0,
+    };
+    // SAFETY: plain FFI with an out-parameter.
+    unsafe { libc::clock_gettime(libc::CLOCK_THREAD_CPUTIME_ID, &mut ts) };
+    Duration::new(ts.tv_sec as u64, ts.tv_nsec as u32)
+}
+
+cpu_work_functions!(
+    cpu_work_0 = 0,
+    cpu_work_1 = 1,
+    cpu_work_2 = 2,
+    cpu_work_3 = 3,
+    cpu_work_4 = 4,
+    cpu_work_5 = 5,
+    cpu_work_6 = 6,
+    cpu_work_7 = 7
+);
+
+/// The `cpu_work_K` a frame is in, if any (symbolized off the sampling path).
+fn work_function(addr: u64, cache: &mut HashMap<u64, Option<usize>>) -> Option<usize> {
+    *cache.entry(addr).or_insert_with(|| {
+        let mut found = None;
+        backtrace::resolve(addr as *mut std::ffi::c_void, |symbol| {
+            if let Some(name) = symbol.name() {
+                let name = name.to_string();
+                if let Some(rest) = name.split("cpu_work_").nth(1) {
+                    found = rest.get(..1).and_then(|k| k.parse().ok());
+                }
+            }
+        });
+        found
+    })
+}
+
+#[test]
+fn config_errors_name_the_field() {
+    let _turn = turn();
+    let err = Sampler::start(SamplerConfig::default().with_frequency_hz(0)).unwrap_err();
+    assert!(err.to_string().contains("sampler.frequency_hz"), "{err}");
+    let err = Sampler::start(SamplerConfig::default().with_frequency_hz(5000)).unwrap_err();
+    assert!(matches!(err, SamplerError::InvalidFrequency(5000)), "{err}");
+    let err = Sampler::start(SamplerConfig::default().with_ring_capacity(0)).unwrap_err();
+    assert!(err.to_string().contains("sampler.ring_capacity"), "{err}");
+    assert!(matches!(
+        sampler::register_current_thread(),
+        Err(SamplerError::NotRunning)
+    ));
+}
+
+#[test]
+fn a_second_sampler_is_refused_and_a_restart_works() {
+    let _turn = turn();
+    let first = Sampler::start(SamplerConfig::default()).expect("first");
+    assert!(matches!(
+        Sampler::start(SamplerConfig::default()),
+        Err(SamplerError::AlreadyRunning)
+    ));
+    drop(first);
+    let again = Sampler::start(SamplerConfig::default()).expect("restart after stop");
+    again.register_current_thread().expect("register");
+    run_cpu(0, Duration::from_millis(100));
+    assert!(again.stats().taken > 0, "the restarted sampler samples");
+}
+
+/// Samples are labelled with the span that was running when they were taken: concurrent
+/// CPU-bound root spans on a 2-worker runtime, each in its own function, mixed with
+/// I/O-bound root spans that mostly wait.
+#[test]
+fn samples_carry_the_span_that_was_running() {
+    let _turn = turn();
+    let provider = SdkTracerProvider::builder()
+        .with_span_processor(ProfileIdSpanProcessor::default())
+        .build();
+    let dispatch = tracing::Dispatch::new(
+        tracing_subscriber::registry()
+            .with(tracing_opentelemetry::layer().with_tracer(provider.tracer("attribution")))
+            .with(ProfilingLayer::default()),
+    );
+    let sampler = Sampler::start(SamplerConfig::default().with_frequency_hz(250)).expect("start");
+    // Records left by earlier tests (other spans, other work) are not this test's.
+    sampler.drain(|_| {});
+    let records: Arc<Mutex<Vec<Sample>>> = Arc::default();
+    let stop = Arc::new(std::sync::atomic::AtomicBool::new(false));
+    let collector = {
+        let (records, stop) = (records.clone(), stop.clone());
+        std::thread::spawn(move || {
+            // `Sampler` is a handle to process-wide state; draining needs no reference.
+            while !stop.load(std::sync::atomic::Ordering::Relaxed) {
+                std::thread::sleep(Duration::from_millis(20));
+                let mut out = records.lock().expect("records");
+                otel_profiling::sampler::drain_into(|r: &SampleRecord| {
+                    out.push((r.root, r.frames().to_vec()))
+                });
+            }
+        })
+    };
+    let runtime = tokio::runtime::Builder::new_multi_thread()
+        .worker_threads(2)
+        .enable_all()
+        .on_thread_start(sampler::tokio_on_thread_start())
+        .on_thread_stop(sampler::tokio_on_thread_stop())
+        .build()
+        .expect("runtime");
+    let _default = tracing::dispatcher::set_default(&dispatch);
+    let (cpu_ids, io_ids) = runtime.block_on(async {
+        let mut cpu = Vec::new();
+        let mut io = Vec::new();
+        for k in 0..8usize {
+            let span = tracing::info_span!(parent: None, "cpu", k);
+            let id = span.context().span().span_context().span_id();
+            cpu.push((
+                k,
+                id,
+                tokio::spawn(
+                    async move {
+                        for _ in 0..10 {
+                            run_cpu(k, Duration::from_millis(20));
+                            tokio::task::yield_now().await;
+                        }
+                    }
+                    .instrument(span)
+                    .with_subscriber_default(dispatch.clone()),
+                ),
+            ));
+            let span = tracing::info_span!(parent: None, "io", k);
+            let id = span.context().span().span_context().span_id();
+            io.push((
+                id,
+                tokio::spawn(
+                    async move {
+                        for _ in 0..5 {
+                            tokio::time::sleep(Duration::from_millis(30)).await;
+                        }
+                    }
+                    .instrument(span)
+                    .with_subscriber_default(dispatch.clone()),
+                ),
+            ));
+        }
+        let mut cpu_ids = HashMap::new();
+        for (k, id, handle) in cpu {
+            handle.await.expect("cpu task");
+            cpu_ids.insert(k, id);
+        }
+        let mut io_ids = Vec::new();
+        for (id, handle) in io {
+            handle.await.expect("io task");
+            io_ids.push(id);
+        }
+        (cpu_ids, io_ids)
+    });
+    drop(runtime);
+    stop.store(true, std::sync::atomic::Ordering::Relaxed);
+    collector.join().expect("collector");
+    let stats_before_stop = sampler.stats();
+    drop(sampler);
+    otel_profiling::sampler::drain_into(|r| {
+        records
+            .lock()
+            .expect("records")
+            .push((r.root, r.frames().to_vec()))
+    });
+    let records = records.lock().expect("records");
+
+    let mut cache = HashMap::new();
+    let mut per_k: HashMap<usize, (u64, u64)> = HashMap::new(); // (right, wrong)
+    let mut io_samples = 0u64;
+    for (root, frames) in records.iter() {
+        let span = root.and_then(|r| r.span_id());
+        if span.is_some_and(|s| io_ids.contains(&s)) {
+            io_samples += 1;
+        }
+        let Some(k) = frames
+            .iter()
+            .take(4)
+            .find_map(|&pc| work_function(pc, &mut cache))
+        else {
+            continue;
+        };
+        let entry = per_k.entry(k).or_default();
+        if span == Some(cpu_ids[&k]) {
+            entry.0 += 1;
+        } else {
+            entry.1 += 1;
+        }
+    }
+    let (right, wrong): (u64, u64) = per_k.values().fold((0, 0), |a, v| (a.0 + v.0, a.1 + v.1));
+    eprintln!("attribution: {right} right, {wrong} wrong, {io_samples} under I/O spans, per k {per_k:?}, stats {stats_before_stop:?}");
+    assert_eq!(per_k.len(), 8, "every CPU span was sampled: {per_k:?}");
+    assert!(right >= 100, "too few samples to judge: {right}");
+    assert!(
+        wrong * 100 <= right + wrong,
+        "under 99 % right: {right} right, {wrong} wrong"
+    );
+    assert!(io_samples <= 5, "I/O-bound spans got {io_samples} samples");
+}
+
+/// Allocation-heavy threads that come and go while the sampler runs at its highest rate:
+/// no crash, no deadlock, and every sample is either drained or counted as dropped.
+#[test]
+fn stress_thread_churn_at_the_highest_rate() {
+    let _turn = turn();
+    let sampler = Sampler::start(
+        SamplerConfig::default()
+            .with_frequency_hz(sampler::MAX_FREQUENCY_HZ)
+            .with_ring_capacity(1),
+    )
+    .expect("start");
+    let drained = Arc::new(std::sync::atomic::AtomicU64::new(0));
+    let stop = Arc::new(std::sync::atomic::AtomicBool::new(false));
+    let collector = {
+        let (drained, stop) = (drained.clone(), stop.clone());
+        std::thread::spawn(move || {
+            while !stop.load(std::sync::atomic::Ordering::Relaxed) {
+                std::thread::sleep(Duration::from_millis(50));
+                let n = otel_profiling::sampler::drain_into(|_| {});
+                drained.fetch_add(n as u64, std::sync::atomic::Ordering::Relaxed);
+            }
+        })
+    };
+    let deadline = Instant::now() + Duration::from_secs(3);
+    let mut generations = 0;
+    while Instant::now() < deadline {
+        let threads: Vec<_> = (0..4)
+            .map(|i| {
+                std::thread::spawn(move || {
+                    sampler::register_current_thread().expect("register");
+                    let mut keep = Vec::new();
+                    let start = Instant::now();
+                    while start.elapsed() < Duration::from_millis(40 + 10 * i) {
+                        let v: Vec<u8> = vec![i as u8; 1 + (keep.len() * 97) % 8192];
+                        keep.push(v);
+                        if keep.len() > 256 {
+                            keep.clear();
+                        }
+                    }
+                    keep.len()
+                })
+            })
+            .collect();
+        for t in threads {
+            t.join().expect("worker");
+        }
+        generations += 1;
+    }
+    stop.store(true, std::sync::atomic::Ordering::Relaxed);
+    collector.join().expect("collector");
+    drop(sampler);
+    let last = otel_profiling::sampler::drain_into(|_| {}) as u64;
+    let drained = drained.load(std::sync::atomic::Ordering::Relaxed) + last;
+    let stats = otel_profiling::sampler::stats();
+    eprintln!("stress: {generations} generations, {stats:?}, drained here {drained}");
+    assert!(generations >= 10);
+    assert!(stats.taken > 100, "{stats:?}");
+    assert!(
+        stats.dropped > 0,
+        "a 1-record ring drained every 50 ms must overflow: {stats:?}"
+    );
+    assert_eq!(stats.taken, stats.drained + stats.dropped, "{stats:?}");
+    assert_eq!(stats.threads, 0, "exited threads are retired: {stats:?}");
+}
+
+trait WithDefault: Sized {
+    fn with_subscriber_default(
+        self,
+        d: tracing::Dispatch,
+    ) -> tracing::instrument::WithDispatch<Self>;
+}
+impl<F: std::future::Future> WithDefault for F {
+    fn with_subscriber_default(
+        self,
+        d: tracing::Dispatch,
+    ) -> tracing::instrument::WithDispatch<Self> {
+        tracing::instrument::WithSubscriber::with_subscriber(self, d)
+    }
+}
