@@ -322,6 +322,44 @@ fn stress_thread_churn_at_the_highest_rate() {
     assert_eq!(stats.threads, 0, "exited threads are retired: {stats:?}");
 }
 
+/// `fork()` while sampling: the child (no timers, only the forking thread) runs and exits
+/// normally, and the parent keeps sampling.
+#[test]
+fn fork_while_sampling_is_safe() {
+    let _turn = turn();
+    let sampler = Sampler::start(SamplerConfig::default().with_frequency_hz(250)).expect("start");
+    sampler.register_current_thread().expect("register");
+    run_cpu(1, Duration::from_millis(30));
+    // SAFETY: the child only computes, checks the sampler state and calls _exit.
+    let pid = unsafe { libc::fork() };
+    assert!(pid >= 0, "fork failed");
+    if pid == 0 {
+        run_cpu(2, Duration::from_millis(50));
+        // In the child the parent's sampler is not running: a new one may start.
+        let code = match Sampler::start(SamplerConfig::default()) {
+            Ok(_) => 0,
+            Err(_) => 3,
+        };
+        // SAFETY: leaving the child without running the parent's destructors.
+        unsafe { libc::_exit(code) };
+    }
+    let mut status = 0;
+    // SAFETY: waiting for our own child.
+    assert_eq!(unsafe { libc::waitpid(pid, &mut status, 0) }, pid);
+    assert!(libc::WIFEXITED(status), "child died: status {status:#x}");
+    assert_eq!(
+        libc::WEXITSTATUS(status),
+        0,
+        "child could not start its own sampler"
+    );
+    let before = sampler.stats().taken;
+    run_cpu(3, Duration::from_millis(60));
+    assert!(
+        sampler.stats().taken > before,
+        "the parent still samples after fork"
+    );
+}
+
 trait WithDefault: Sized {
     fn with_subscriber_default(
         self,
