@@ -274,3 +274,59 @@ fn interleaving_on_one_thread_keeps_each_tasks_root() {
     });
     assert_eq!(wrong, 0);
 }
+
+#[tracing::instrument(skip(obs))]
+async fn instrumented_request(task: usize, obs: Shared) -> Option<LocalRoot> {
+    let me = current_local_root();
+    for _ in 0..STEPS {
+        check(&obs, task, me, "#[instrument] fn");
+        instrumented_child(task, obs.clone(), me).await;
+        check(&obs, task, me, "after #[instrument] child");
+    }
+    me
+}
+
+#[tracing::instrument(skip(obs, me))]
+async fn instrumented_child(task: usize, obs: Shared, me: Option<LocalRoot>) {
+    tokio::task::yield_now().await;
+    check(&obs, task, me, "#[instrument] child");
+}
+
+#[test]
+fn instrument_attribute_async_fns_follow_tasks() {
+    let (provider, _exporter) = provider();
+    let dispatch = tracing::Dispatch::new(
+        tracing_subscriber::registry()
+            .with(ProfilingLayer::default())
+            .with(tracing_opentelemetry::layer().with_tracer(provider.tracer("instrument"))),
+    );
+    let obs: Shared = Arc::default();
+    let rt = runtime(2);
+    let roots = rt.block_on(async {
+        let handles: Vec<_> = (0..TASKS)
+            .map(|task| {
+                tokio::spawn(
+                    instrumented_request(task, obs.clone()).with_subscriber(dispatch.clone()),
+                )
+            })
+            .collect();
+        let mut roots = HashSet::new();
+        for h in handles {
+            roots.insert(
+                h.await
+                    .expect("task")
+                    .and_then(|r| r.span_id())
+                    .expect("labelled"),
+            );
+        }
+        roots
+    });
+    assert_eq!(roots.len(), TASKS, "each request is its own local root");
+    let obs = obs.lock().expect("observations");
+    assert!(
+        obs.wrong.is_empty(),
+        "{:#?}",
+        &obs.wrong[..obs.wrong.len().min(10)]
+    );
+    assert!(obs.checks >= TASKS * STEPS * 3);
+}
