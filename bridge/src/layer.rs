@@ -20,7 +20,7 @@ use tracing_subscriber::registry::{LookupSpan, SpanRef};
 use tracing_subscriber::Layer;
 
 use crate::local_root::{ResolvedRoot, UnsampledTraces};
-use crate::span_context;
+use crate::span_context::{self, LocalRoot};
 use crate::span_name::SpanName;
 
 /// A [`tracing_subscriber::Layer`] that labels the running thread with the local root span
@@ -80,11 +80,22 @@ impl ProfilingLayer {
         S: Subscriber + for<'a> LookupSpan<'a>,
     {
         if let Some(RootExt(root)) = span.extensions().get::<RootExt>() {
-            return *root;
+            return root.clone();
         }
         let root = self.resolve(span);
-        span.extensions_mut().insert(RootExt(root));
+        span.extensions_mut().insert(RootExt(root.clone()));
         root
+    }
+
+    /// The label of `span`'s local root: the per-enter path, no reference counting.
+    fn label_of<S>(&self, span: &SpanRef<'_, S>) -> Option<LocalRoot>
+    where
+        S: Subscriber + for<'a> LookupSpan<'a>,
+    {
+        if let Some(RootExt(root)) = span.extensions().get::<RootExt>() {
+            return root.label();
+        }
+        self.root_of(span).label()
     }
 
     fn resolve<S>(&self, span: &SpanRef<'_, S>) -> ResolvedRoot
@@ -128,7 +139,6 @@ impl ProfilingLayer {
 }
 
 /// The cached local root of a span.
-#[derive(Clone, Copy)]
 struct RootExt(ResolvedRoot);
 
 /// The span's `otel.name` field, which names the OpenTelemetry span instead of the
@@ -194,7 +204,7 @@ where
     fn on_enter(&self, id: &Id, ctx: Context<'_, S>) {
         let Some(span) = ctx.span(id) else { return };
         crate::sampler::on_span_enter();
-        let root = self.root_of(&span).label();
+        let root = self.label_of(&span);
         entered::push(id.into_u64(), span_context::replace(root));
     }
 

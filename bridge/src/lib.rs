@@ -28,6 +28,7 @@
 //! queries. Unsampled traces keep only the root's name by default ([`UnsampledTraces`]).
 #![warn(missing_docs, unreachable_pub)]
 
+mod evidence;
 mod layer;
 mod local_root;
 mod otel_scope;
@@ -36,11 +37,12 @@ pub mod sampler;
 mod span_context;
 mod span_name;
 
+pub use evidence::{CpuEvidenceProcessor, CPU_SAMPLES_ATTRIBUTE, CPU_TIME_ATTRIBUTE, ORPHAN_AGE};
 pub use layer::ProfilingLayer;
 pub use local_root::UnsampledTraces;
 pub use otel_scope::{ProfiledFuture, ProfilingContext, ProfilingFutureExt};
 pub use processor::{ProfileIdScope, ProfileIdSpanProcessor, PROFILE_ID_ATTRIBUTE};
 pub use span_context::{
-    current_local_root, thread_cell, LocalRoot, SpanContextCell, SpanContextGuard,
+    current_local_root, thread_cell, LocalRoot, RootCpu, SpanContextCell, SpanContextGuard,
 };
 pub use span_name::{span_names_overflowed, SpanName, MAX_SPAN_NAMES};

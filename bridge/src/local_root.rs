@@ -7,7 +7,10 @@
 use opentelemetry::trace::{SpanContext, TraceContextExt, TraceId};
 use opentelemetry::Context;
 
-use crate::span_context::LocalRoot;
+use std::sync::Arc;
+
+use crate::evidence;
+use crate::span_context::{LocalRoot, RootCpu};
 use crate::span_name::SpanName;
 
 /// What to label for spans of traces that were not sampled.
@@ -26,11 +29,21 @@ pub enum UnsampledTraces {
     Ignore,
 }
 
-/// The local root a span belongs to: the trace it is in, and the label its samples get.
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+/// The local root a span belongs to: the trace it is in, the label its samples get, and
+/// (for sampled roots, while a sampler and an evidence processor run) its CPU counters.
+#[derive(Clone, Debug)]
 pub(crate) struct ResolvedRoot {
     trace_id: TraceId,
     label: Option<LocalRoot>,
+    // Keeps the counters the label points at alive as long as any span or context of
+    // this root does.
+    _cpu: Option<Arc<RootCpu>>,
+}
+
+impl PartialEq for ResolvedRoot {
+    fn eq(&self, other: &Self) -> bool {
+        self.trace_id == other.trace_id && self.label == other.label
+    }
 }
 
 impl ResolvedRoot {
@@ -40,8 +53,14 @@ impl ResolvedRoot {
         name: Option<SpanName>,
         unsampled: UnsampledTraces,
     ) -> ResolvedRoot {
+        let mut cpu = None;
         let label = if span.is_sampled() {
-            Some(LocalRoot::new(span.span_id(), span.trace_id(), name))
+            let label = LocalRoot::new(span.span_id(), span.trace_id(), name);
+            cpu = evidence::track(span.span_id());
+            Some(match &cpu {
+                Some(cpu) => label.with_cpu(cpu),
+                None => label,
+            })
         } else {
             match (unsampled, name) {
                 (UnsampledTraces::KeepName, Some(name)) => Some(LocalRoot::name_only(name)),
@@ -51,6 +70,7 @@ impl ResolvedRoot {
         ResolvedRoot {
             trace_id: span.trace_id(),
             label,
+            _cpu: cpu,
         }
     }
 
@@ -59,6 +79,7 @@ impl ResolvedRoot {
         ResolvedRoot {
             trace_id: TraceId::INVALID,
             label: Some(LocalRoot::name_only(name)),
+            _cpu: None,
         }
     }
 
@@ -77,7 +98,7 @@ impl ResolvedRoot {
         let marker = cx.get::<ResolvedRoot>()?;
         let span = cx.span();
         let trace_id = span.span_context().trace_id();
-        marker.covers(trace_id).then_some(*marker)
+        marker.covers(trace_id).then(|| marker.clone())
     }
 }
 

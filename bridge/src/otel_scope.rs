@@ -84,15 +84,13 @@ impl ProfilingContext {
         match root {
             None => ProfilingContext { cx, label: None },
             Some(root) => {
+                let label = root.label();
                 let cx = if cx.get::<ResolvedRoot>() == Some(&root) {
                     cx
                 } else {
                     cx.with_value(root)
                 };
-                ProfilingContext {
-                    cx,
-                    label: root.label(),
-                }
+                ProfilingContext { cx, label }
             }
         }
     }

@@ -12,7 +12,7 @@
 //! Writes are five relaxed stores and two fences that compile to nothing on x86-64: no
 //! allocation, no lock, no syscall.
 
-use std::sync::atomic::{fence, AtomicU32, AtomicU64, Ordering};
+use std::sync::atomic::{fence, AtomicU32, AtomicU64, AtomicUsize, Ordering};
 
 use opentelemetry::trace::{SpanId, TraceId};
 
@@ -27,6 +27,37 @@ pub struct LocalRoot {
     span_id: u64,
     trace_id: u128,
     name: Option<SpanName>,
+    /// Address of the root's [`RootCpu`] counters (0: none). The owner of the `Arc` (the
+    /// root span's extension or `ProfilingContext`) outlives every thread's use of it: a
+    /// thread's record stops naming the root before the root span can close.
+    cpu: usize,
+}
+
+/// CPU samples counted for one local root span by the sampler's signal handler, at the
+/// moment each sample is taken, so the totals are complete when the span ends.
+#[derive(Debug, Default)]
+pub struct RootCpu {
+    samples: AtomicU64,
+    time_ns: AtomicU64,
+}
+
+impl RootCpu {
+    /// Samples taken while a thread ran under this root.
+    pub fn samples(&self) -> u64 {
+        self.samples.load(Ordering::Relaxed)
+    }
+
+    /// CPU time those samples stand for (each sample is one sampling period).
+    pub fn time_ns(&self) -> u64 {
+        self.time_ns.load(Ordering::Relaxed)
+    }
+
+    /// Counts one sample. Async-signal-safe.
+    #[inline]
+    pub(crate) fn record(&self, period_ns: u64) {
+        self.samples.fetch_add(1, Ordering::Relaxed);
+        self.time_ns.fetch_add(period_ns, Ordering::Relaxed);
+    }
 }
 
 impl LocalRoot {
@@ -36,7 +67,24 @@ impl LocalRoot {
             span_id: u64::from_be_bytes(span_id.to_bytes()),
             trace_id: u128::from_be_bytes(trace_id.to_bytes()),
             name,
+            cpu: 0,
         }
+    }
+
+    /// The same root, with samples under it counted into `cpu`.
+    pub(crate) fn with_cpu(mut self, cpu: &std::sync::Arc<RootCpu>) -> LocalRoot {
+        self.cpu = std::sync::Arc::as_ptr(cpu) as usize;
+        self
+    }
+
+    /// The root's counters, for the signal handler.
+    ///
+    /// # Safety
+    /// Only valid while the root is some thread's current context (see the `cpu` field).
+    #[inline]
+    pub(crate) unsafe fn cpu(&self) -> Option<&RootCpu> {
+        // SAFETY: per the contract above, the address is 0 or a live `RootCpu`.
+        unsafe { (self.cpu as *const RootCpu).as_ref() }
     }
 
     /// A root known only by name (an unsampled trace).
@@ -45,6 +93,7 @@ impl LocalRoot {
             span_id: 0,
             trace_id: 0,
             name: Some(name),
+            cpu: 0,
         }
     }
 
@@ -87,6 +136,7 @@ pub struct SpanContextCell {
     span_id: AtomicU64,
     trace_hi: AtomicU64,
     trace_lo: AtomicU64,
+    cpu: AtomicUsize,
 }
 
 impl SpanContextCell {
@@ -98,6 +148,7 @@ impl SpanContextCell {
             span_id: AtomicU64::new(0),
             trace_hi: AtomicU64::new(0),
             trace_lo: AtomicU64::new(0),
+            cpu: AtomicUsize::new(0),
         }
     }
 
@@ -114,6 +165,7 @@ impl SpanContextCell {
         let span_id = self.span_id.load(Ordering::Relaxed);
         let hi = self.trace_hi.load(Ordering::Relaxed);
         let lo = self.trace_lo.load(Ordering::Relaxed);
+        let cpu = self.cpu.load(Ordering::Relaxed);
         fence(Ordering::Acquire);
         if self.seq.load(Ordering::Relaxed) != before {
             return None;
@@ -122,6 +174,7 @@ impl SpanContextCell {
             span_id,
             trace_id: (u128::from(hi) << 64) | u128::from(lo),
             name: SpanName::from_raw(name),
+            cpu,
         };
         (!root.is_empty()).then_some(root)
     }
@@ -133,6 +186,7 @@ impl SpanContextCell {
             span_id: 0,
             trace_id: 0,
             name: None,
+            cpu: 0,
         });
         let seq = self.seq.load(Ordering::Relaxed);
         self.seq.store(seq.wrapping_add(1), Ordering::Relaxed);
@@ -143,6 +197,7 @@ impl SpanContextCell {
         self.trace_hi
             .store((root.trace_id >> 64) as u64, Ordering::Relaxed);
         self.trace_lo.store(root.trace_id as u64, Ordering::Relaxed);
+        self.cpu.store(root.cpu, Ordering::Relaxed);
         self.seq.store(seq.wrapping_add(2), Ordering::Release);
     }
 
@@ -154,6 +209,7 @@ impl SpanContextCell {
             trace_id: (u128::from(self.trace_hi.load(Ordering::Relaxed)) << 64)
                 | u128::from(self.trace_lo.load(Ordering::Relaxed)),
             name: SpanName::from_raw(self.name.load(Ordering::Relaxed)),
+            cpu: self.cpu.load(Ordering::Relaxed),
         };
         (!root.is_empty()).then_some(root)
     }

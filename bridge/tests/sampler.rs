@@ -9,8 +9,12 @@ use std::time::{Duration, Instant};
 use opentelemetry::trace::TraceContextExt;
 use opentelemetry::trace::TracerProvider as _;
 use opentelemetry_sdk::trace::SdkTracerProvider;
+use opentelemetry_sdk::trace::{InMemorySpanExporter, SimpleSpanProcessor};
 use otel_profiling::sampler::{self, SampleRecord, Sampler, SamplerConfig, SamplerError};
-use otel_profiling::{LocalRoot, ProfileIdSpanProcessor, ProfilingLayer};
+use otel_profiling::{
+    CpuEvidenceProcessor, LocalRoot, ProfileIdSpanProcessor, ProfilingLayer, CPU_SAMPLES_ATTRIBUTE,
+    CPU_TIME_ATTRIBUTE,
+};
 use tracing::Instrument;
 use tracing_opentelemetry::OpenTelemetrySpanExt;
 use tracing_subscriber::layer::SubscriberExt;
@@ -130,8 +134,12 @@ fn a_second_sampler_is_refused_and_a_restart_works() {
 #[test]
 fn samples_carry_the_span_that_was_running() {
     let _turn = turn();
+    let exporter = InMemorySpanExporter::default();
     let provider = SdkTracerProvider::builder()
         .with_span_processor(ProfileIdSpanProcessor::default())
+        .with_span_processor(CpuEvidenceProcessor::new(SimpleSpanProcessor::new(
+            exporter.clone(),
+        )))
         .build();
     let dispatch = tracing::Dispatch::new(
         tracing_subscriber::registry()
@@ -255,6 +263,51 @@ fn samples_carry_the_span_that_was_running() {
         "under 99 % right: {right} right, {wrong} wrong"
     );
     assert!(io_samples <= 5, "I/O-bound spans got {io_samples} samples");
+
+    // CPU evidence on the exported spans equals the samples labelled with each span.
+    let mut labelled: HashMap<opentelemetry::trace::SpanId, i64> = HashMap::new();
+    for (root, _) in records.iter() {
+        if let Some(id) = root.and_then(|r| r.span_id()) {
+            *labelled.entry(id).or_default() += 1;
+        }
+    }
+    let spans = exporter.get_finished_spans().expect("spans");
+    let attr = |span: &opentelemetry_sdk::trace::SpanData, key: &str| {
+        span.attributes
+            .iter()
+            .find(|kv| kv.key.as_str() == key)
+            .and_then(|kv| match kv.value {
+                opentelemetry::Value::I64(v) => Some(v),
+                _ => None,
+            })
+    };
+    let period_ns = 1_000_000_000 / 250;
+    for span in spans.iter().filter(|s| s.name == "cpu" || s.name == "io") {
+        let id = span.span_context.span_id();
+        let samples = attr(span, CPU_SAMPLES_ATTRIBUTE).expect("evidence attribute");
+        let time_ns = attr(span, CPU_TIME_ATTRIBUTE).expect("evidence attribute");
+        assert_eq!(time_ns, samples * period_ns, "{}", span.name);
+        assert_eq!(
+            samples,
+            labelled.get(&id).copied().unwrap_or(0),
+            "{} {id}",
+            span.name
+        );
+        let wall = span
+            .end_time
+            .duration_since(span.start_time)
+            .map(|d| d.as_nanos() as i64)
+            .unwrap_or(0);
+        if span.name == "io" {
+            // Slow (150 ms of sleeps) with near-zero CPU: visibly waiting.
+            assert!(
+                samples <= 2 && time_ns * 10 < wall,
+                "io span: {samples} samples over {wall} ns"
+            );
+        } else {
+            assert!(samples >= 5, "cpu span sampled: {samples}");
+        }
+    }
 }
 
 /// Allocation-heavy threads that come and go while the sampler runs at its highest rate:

@@ -159,6 +159,12 @@ impl ThreadState {
         self.taken.fetch_add(1, Ordering::Relaxed);
         // SAFETY: `cell` is the owning thread's live record (this runs on that thread).
         let root = unsafe { (*self.cell).read() };
+        if let Some(root) = &root {
+            // SAFETY: the root is this thread's current context, so its counters are alive.
+            if let Some(cpu) = unsafe { root.cpu() } {
+                cpu.record(PERIOD_NS.load(Ordering::Relaxed));
+            }
+        }
         // SAFETY: `ucontext` is the kernel's handler argument.
         let regs = unsafe { Registers::from_ucontext(ucontext) };
         let stack_hi = self.stack_hi;
@@ -221,6 +227,8 @@ static ENABLED: AtomicBool = AtomicBool::new(false);
 /// Bumped at every start, so a registration from an earlier run is redone.
 static GENERATION: AtomicU64 = AtomicU64::new(0);
 static FREQUENCY_HZ: AtomicU32 = AtomicU32::new(0);
+/// Sampling period in nanoseconds (what one sample stands for).
+static PERIOD_NS: AtomicU64 = AtomicU64::new(0);
 static RING_CAPACITY: AtomicUsize = AtomicUsize::new(0);
 static AT_FORK: Once = Once::new();
 
@@ -277,6 +285,10 @@ impl Sampler {
             unsafe { libc::pthread_atfork(None, None, Some(after_fork_in_child)) };
         });
         FREQUENCY_HZ.store(config.frequency_hz, Ordering::Relaxed);
+        PERIOD_NS.store(
+            1_000_000_000 / u64::from(config.frequency_hz),
+            Ordering::Relaxed,
+        );
         RING_CAPACITY.store(config.ring_capacity, Ordering::Relaxed);
         GENERATION.fetch_add(1, Ordering::AcqRel);
         ENABLED.store(true, Ordering::Release);
@@ -341,6 +353,11 @@ impl Drop for Sampler {
         // would kill the process); it records nothing while disabled.
         RUNNING.store(false, Ordering::Release);
     }
+}
+
+/// Whether a sampler is running in this process.
+pub fn is_running() -> bool {
+    RUNNING.load(Ordering::Acquire)
 }
 
 /// Starts sampling the calling thread, if a sampler runs (idempotent).

@@ -1,0 +1,155 @@
+//! CPU evidence on spans: when a local root span ends, its exported data carries the CPU
+//! samples taken under it and the CPU time they stand for, so a slow span with almost no
+//! CPU reads as "waiting" without opening a profile.
+//!
+//! The sampler's signal handler counts into the root's [`RootCpu`] as it samples.
+//! [`CpuEvidenceProcessor`] wraps the exporting span processor and adds the totals to
+//! each local root span as it ends. The counters are found by span id in a sharded table
+//! (an entry is added once per local root span and removed when it ends; entries of spans
+//! that never end through the processor are purged after [`ORPHAN_AGE`]).
+
+use std::collections::HashMap;
+use std::sync::atomic::{AtomicUsize, Ordering};
+use std::sync::{Arc, LazyLock, Mutex, PoisonError};
+use std::time::{Duration, Instant};
+
+use opentelemetry::trace::SpanId;
+use opentelemetry::{Context, KeyValue};
+use opentelemetry_sdk::error::OTelSdkResult;
+use opentelemetry_sdk::trace::{Span, SpanData, SpanProcessor};
+use opentelemetry_sdk::Resource;
+
+use crate::span_context::RootCpu;
+
+/// Samples taken while the span (or its local children) ran on some thread.
+pub const CPU_SAMPLES_ATTRIBUTE: &str = "profiling.cpu.samples";
+/// The CPU time those samples stand for, in nanoseconds (samples × sampling period).
+pub const CPU_TIME_ATTRIBUTE: &str = "profiling.cpu.time_ns";
+
+/// Entries whose span is gone without having ended through a processor are purged
+/// after this long.
+pub const ORPHAN_AGE: Duration = Duration::from_secs(120);
+
+const SHARDS: usize = 64;
+/// Inserts into a shard between two sweeps for orphans.
+const SWEEP_EVERY: u32 = 1024;
+
+struct Entry {
+    cpu: Arc<RootCpu>,
+    since: Instant,
+}
+
+#[derive(Default)]
+struct Shard {
+    entries: HashMap<u64, Entry>,
+    inserts: u32,
+}
+
+static TABLE: LazyLock<Vec<Mutex<Shard>>> =
+    LazyLock::new(|| (0..SHARDS).map(|_| Mutex::default()).collect());
+/// Live `CpuEvidenceProcessor`s: without one, nothing would ever read the counters.
+static PROCESSORS: AtomicUsize = AtomicUsize::new(0);
+
+fn shard(span_id: u64) -> &'static Mutex<Shard> {
+    // Span ids are random: their low bits spread evenly.
+    &TABLE[(span_id as usize) % SHARDS]
+}
+
+/// Counters for a new local root span, if anything will report them.
+pub(crate) fn track(span_id: SpanId) -> Option<Arc<RootCpu>> {
+    if PROCESSORS.load(Ordering::Relaxed) == 0 || !crate::sampler::is_running() {
+        return None;
+    }
+    let key = u64::from_be_bytes(span_id.to_bytes());
+    let cpu = Arc::new(RootCpu::default());
+    let mut shard = shard(key).lock().unwrap_or_else(PoisonError::into_inner);
+    shard.inserts = shard.inserts.wrapping_add(1);
+    if shard.inserts % SWEEP_EVERY == 0 {
+        let now = Instant::now();
+        // Only the table holds the counters: the span and its contexts are gone.
+        shard.entries.retain(|_, e| {
+            Arc::strong_count(&e.cpu) > 1 || now.duration_since(e.since) < ORPHAN_AGE
+        });
+    }
+    shard.entries.insert(
+        key,
+        Entry {
+            cpu: cpu.clone(),
+            since: Instant::now(),
+        },
+    );
+    Some(cpu)
+}
+
+fn take(span_id: SpanId) -> Option<Arc<RootCpu>> {
+    let key = u64::from_be_bytes(span_id.to_bytes());
+    let mut shard = shard(key).lock().unwrap_or_else(PoisonError::into_inner);
+    shard.entries.remove(&key).map(|e| e.cpu)
+}
+
+/// Wraps the exporting span processor and adds [`CPU_SAMPLES_ATTRIBUTE`] and
+/// [`CPU_TIME_ATTRIBUTE`] to local root spans as they end.
+///
+/// Spans that started while no sampler ran carry no evidence attributes (rather than a
+/// misleading zero).
+///
+/// ```
+/// use opentelemetry_sdk::trace::{InMemorySpanExporter, SdkTracerProvider, SimpleSpanProcessor};
+/// use otel_profiling::{CpuEvidenceProcessor, ProfileIdSpanProcessor};
+///
+/// let exporter = InMemorySpanExporter::default();
+/// let provider = SdkTracerProvider::builder()
+///     .with_span_processor(ProfileIdSpanProcessor::default())
+///     .with_span_processor(CpuEvidenceProcessor::new(SimpleSpanProcessor::new(exporter)))
+///     .build();
+/// ```
+#[derive(Debug)]
+pub struct CpuEvidenceProcessor<P> {
+    inner: P,
+}
+
+impl<P: SpanProcessor> CpuEvidenceProcessor<P> {
+    /// Adds the evidence to what `inner` receives.
+    pub fn new(inner: P) -> CpuEvidenceProcessor<P> {
+        PROCESSORS.fetch_add(1, Ordering::Relaxed);
+        CpuEvidenceProcessor { inner }
+    }
+}
+
+impl<P> Drop for CpuEvidenceProcessor<P> {
+    fn drop(&mut self) {
+        PROCESSORS.fetch_sub(1, Ordering::Relaxed);
+    }
+}
+
+impl<P: SpanProcessor> SpanProcessor for CpuEvidenceProcessor<P> {
+    fn on_start(&self, span: &mut Span, cx: &Context) {
+        self.inner.on_start(span, cx);
+    }
+
+    fn on_end(&self, mut span: SpanData) {
+        if let Some(cpu) = take(span.span_context.span_id()) {
+            span.attributes.push(KeyValue::new(
+                CPU_SAMPLES_ATTRIBUTE,
+                i64::try_from(cpu.samples()).unwrap_or(i64::MAX),
+            ));
+            span.attributes.push(KeyValue::new(
+                CPU_TIME_ATTRIBUTE,
+                i64::try_from(cpu.time_ns()).unwrap_or(i64::MAX),
+            ));
+        }
+        self.inner.on_end(span);
+    }
+
+    fn force_flush(&self) -> OTelSdkResult {
+        self.inner.force_flush()
+    }
+
+    fn shutdown_with_timeout(&self, timeout: Duration) -> OTelSdkResult {
+        self.inner.shutdown_with_timeout(timeout)
+    }
+
+    fn set_resource(&mut self, resource: &Resource) {
+        self.inner.set_resource(resource);
+    }
+}
