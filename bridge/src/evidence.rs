@@ -64,7 +64,7 @@ pub(crate) fn track(span_id: SpanId) -> Option<Arc<RootCpu>> {
     let cpu = Arc::new(RootCpu::default());
     let mut shard = shard(key).lock().unwrap_or_else(PoisonError::into_inner);
     shard.inserts = shard.inserts.wrapping_add(1);
-    if shard.inserts % SWEEP_EVERY == 0 {
+    if shard.inserts.is_multiple_of(SWEEP_EVERY) {
         let now = Instant::now();
         // Only the table holds the counters: the span and its contexts are gone.
         shard.entries.retain(|_, e| {

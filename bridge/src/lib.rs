@@ -28,20 +28,26 @@
 //! queries. Unsampled traces keep only the root's name by default ([`UnsampledTraces`]).
 #![warn(missing_docs, unreachable_pub)]
 
+pub mod collector;
 mod evidence;
 mod layer;
 mod local_root;
+pub mod local_sink;
 mod otel_scope;
+pub mod pprof;
 mod processor;
+mod profiler;
 pub mod sampler;
 mod span_context;
 mod span_name;
+mod symbolize;
 
 pub use evidence::{CpuEvidenceProcessor, CPU_SAMPLES_ATTRIBUTE, CPU_TIME_ATTRIBUTE, ORPHAN_AGE};
 pub use layer::ProfilingLayer;
 pub use local_root::UnsampledTraces;
 pub use otel_scope::{ProfiledFuture, ProfilingContext, ProfilingFutureExt};
 pub use processor::{ProfileIdScope, ProfileIdSpanProcessor, PROFILE_ID_ATTRIBUTE};
+pub use profiler::{Profiler, ProfilerBuilder, ProfilerError, ProfilerStats};
 pub use span_context::{
     current_local_root, thread_cell, LocalRoot, RootCpu, SpanContextCell, SpanContextGuard,
 };

@@ -57,7 +57,7 @@ fn cross_thread_reads_are_never_torn() {
         std::thread::spawn(move || {
             let mut i = 0u64;
             while !stop.load(Ordering::Relaxed) {
-                cell.write(Some(if i % 2 == 0 { a } else { b }));
+                cell.write(Some(if i.is_multiple_of(2) { a } else { b }));
                 i += 1;
             }
             i
@@ -146,7 +146,7 @@ fn signal_handler_reads_are_never_torn() {
             let _ = ready_tx.send(unsafe { libc::pthread_self() });
             let mut i = 0u64;
             while !stop.load(Ordering::Relaxed) {
-                replace(Some(if i % 2 == 0 { a } else { b }));
+                replace(Some(if i.is_multiple_of(2) { a } else { b }));
                 i += 1;
             }
         })

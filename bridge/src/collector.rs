@@ -1,0 +1,308 @@
+//! The collector thread: drains the sampler's per-thread buffers, aggregates samples by
+//! (stack, span labels), and every interval turns them into one pprof CPU profile for the
+//! sinks.
+//!
+//! ```text
+//!  every drain tick (100 ms)            every interval (10 s)             sinks
+//!  sampler::drain_into ─► counts by ──► symbolize (cached) ─► pprof ─► gzip ─► local dir,
+//!                         (stack, root)                                        Pyroscope, …
+//! ```
+//!
+//! Symbolization, encoding and compression happen here, on a named thread that never
+//! holds a lock the sampler or the application needs.
+
+use std::collections::HashMap;
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::mpsc::{self, Receiver, RecvTimeoutError, Sender};
+use std::sync::Arc;
+use std::thread::JoinHandle;
+use std::time::{Duration, Instant, SystemTime};
+
+use crate::pprof::{self, ProfileBuilder, SampleLabels};
+use crate::sampler::{self, SampleRecord};
+use crate::span_name::SpanName;
+use crate::symbolize::Symbolizer;
+
+/// One finished profile interval, encoded.
+#[derive(Clone, Debug)]
+pub struct EncodedProfile {
+    /// Start of the interval.
+    pub start: SystemTime,
+    /// Length of the interval.
+    pub duration: Duration,
+    /// Samples in the profile.
+    pub samples: u64,
+    /// The gzipped pprof bytes.
+    pub gzip_pprof: Vec<u8>,
+}
+
+/// Where finished profiles go (the local directory, Pyroscope, a test double).
+///
+/// Called on the collector thread; it may block briefly (file I/O) but should hand
+/// network work to its own thread.
+pub trait ProfileSink: Send + 'static {
+    /// Takes one profile.
+    fn export(&mut self, profile: &EncodedProfile) -> std::io::Result<()>;
+}
+
+/// Collector settings.
+#[derive(Clone, Debug)]
+#[non_exhaustive]
+pub struct CollectorConfig {
+    /// Length of one profile (default 10 s).
+    pub interval: Duration,
+    /// How often the per-thread buffers are drained (default 100 ms).
+    pub drain_every: Duration,
+    /// Whether samples carry the `span_name` label (default true). Pyroscope turns it into
+    /// a series label, so switch it off if root span names are unbounded.
+    pub span_name_label: bool,
+}
+
+impl Default for CollectorConfig {
+    fn default() -> Self {
+        CollectorConfig {
+            interval: Duration::from_secs(10),
+            drain_every: Duration::from_millis(100),
+            span_name_label: true,
+        }
+    }
+}
+
+/// Collector counters.
+#[derive(Debug, Default)]
+pub struct CollectorStats {
+    /// Profiles handed to the sinks successfully.
+    pub profiles_exported: AtomicU64,
+    /// Profiles a sink failed to take.
+    pub profiles_failed: AtomicU64,
+    /// Samples put into profiles.
+    pub samples_in_profiles: AtomicU64,
+}
+
+enum Command {
+    Flush(Sender<()>),
+    Stop,
+}
+
+/// A running collector thread. Dropping it (or [`Collector::shutdown`]) writes the last
+/// profile and stops the thread.
+pub struct Collector {
+    commands: Sender<Command>,
+    thread: Option<JoinHandle<()>>,
+    stats: Arc<CollectorStats>,
+}
+
+impl std::fmt::Debug for Collector {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Collector")
+            .field("stats", &self.stats)
+            .finish_non_exhaustive()
+    }
+}
+
+impl Collector {
+    /// Starts the collector thread (`otel-profiling-collector`).
+    pub fn start(
+        config: CollectorConfig,
+        period_ns: i64,
+        sinks: Vec<Box<dyn ProfileSink>>,
+    ) -> std::io::Result<Collector> {
+        let (commands, receiver) = mpsc::channel();
+        let stats = Arc::new(CollectorStats::default());
+        let state = State {
+            config,
+            period_ns,
+            sinks,
+            stats: stats.clone(),
+            counts: HashMap::new(),
+            interval_start: SystemTime::now(),
+            symbolizer: None,
+        };
+        let thread = std::thread::Builder::new()
+            .name("otel-profiling-collector".into())
+            .spawn(move || state.run(receiver))?;
+        Ok(Collector {
+            commands,
+            thread: Some(thread),
+            stats,
+        })
+    }
+
+    /// Ends the current interval now and waits (up to `timeout`) until its profile has
+    /// been handed to the sinks.
+    pub fn flush(&self, timeout: Duration) -> bool {
+        let (done, wait) = mpsc::channel();
+        if self.commands.send(Command::Flush(done)).is_err() {
+            return false;
+        }
+        wait.recv_timeout(timeout).is_ok()
+    }
+
+    /// Counters.
+    pub fn stats(&self) -> &CollectorStats {
+        &self.stats
+    }
+
+    /// Writes the last profile and stops the thread, waiting at most `timeout`.
+    pub fn shutdown(mut self, timeout: Duration) -> bool {
+        self.stop(timeout)
+    }
+
+    fn stop(&mut self, timeout: Duration) -> bool {
+        let Some(thread) = self.thread.take() else {
+            return true;
+        };
+        let _ = self.commands.send(Command::Stop);
+        let deadline = Instant::now() + timeout;
+        while !thread.is_finished() {
+            if Instant::now() >= deadline {
+                // Never hang the host: the thread is left to finish on its own.
+                return false;
+            }
+            std::thread::sleep(Duration::from_millis(5));
+        }
+        thread.join().is_ok()
+    }
+}
+
+impl Drop for Collector {
+    fn drop(&mut self) {
+        self.stop(Duration::from_secs(5));
+    }
+}
+
+/// Aggregation key: the labels of a sample, before name resolution.
+#[derive(Clone, Copy, PartialEq, Eq, Hash)]
+struct LabelKey {
+    span_id: u64,
+    trace_id: u128,
+    name: Option<SpanName>,
+}
+
+struct State {
+    config: CollectorConfig,
+    period_ns: i64,
+    sinks: Vec<Box<dyn ProfileSink>>,
+    stats: Arc<CollectorStats>,
+    counts: HashMap<(Box<[u64]>, LabelKey), u64>,
+    interval_start: SystemTime,
+    /// Created on first use, so starting costs nothing.
+    symbolizer: Option<Symbolizer>,
+}
+
+impl State {
+    fn run(mut self, commands: Receiver<Command>) {
+        let mut next_profile = Instant::now() + self.config.interval;
+        loop {
+            let wait = self
+                .config
+                .drain_every
+                .min(next_profile.saturating_duration_since(Instant::now()));
+            match commands.recv_timeout(wait) {
+                Ok(Command::Flush(done)) => {
+                    self.drain();
+                    self.finish_interval();
+                    next_profile = Instant::now() + self.config.interval;
+                    let _ = done.send(());
+                }
+                Ok(Command::Stop) | Err(RecvTimeoutError::Disconnected) => {
+                    self.drain();
+                    self.finish_interval();
+                    return;
+                }
+                Err(RecvTimeoutError::Timeout) => {
+                    self.drain();
+                    if Instant::now() >= next_profile {
+                        self.finish_interval();
+                        next_profile += self.config.interval;
+                        if next_profile < Instant::now() {
+                            next_profile = Instant::now() + self.config.interval;
+                        }
+                    }
+                }
+            }
+        }
+    }
+
+    fn drain(&mut self) {
+        let counts = &mut self.counts;
+        sampler::drain_into(|record: &SampleRecord| {
+            let labels = match record.root {
+                Some(root) => LabelKey {
+                    span_id: root.span_id_u64(),
+                    trace_id: root.trace_id_u128(),
+                    name: root.name(),
+                },
+                None => LabelKey {
+                    span_id: 0,
+                    trace_id: 0,
+                    name: None,
+                },
+            };
+            *counts
+                .entry((Box::from(record.frames()), labels))
+                .or_default() += 1;
+        });
+    }
+
+    fn finish_interval(&mut self) {
+        let start = self.interval_start;
+        let now = SystemTime::now();
+        self.interval_start = now;
+        let duration = now.duration_since(start).unwrap_or_default();
+        let counts = std::mem::take(&mut self.counts);
+        let symbolizer = self.symbolizer.get_or_insert_with(Symbolizer::new);
+        // Modules loaded since the last interval (dlopen) become nameable.
+        symbolizer.refresh();
+        let mut builder = ProfileBuilder::new(self.period_ns, start, duration);
+        let mut names: HashMap<SpanName, Arc<str>> = HashMap::new();
+        let mut samples = 0u64;
+        let mut stack = Vec::new();
+        for ((frames, key), count) in counts {
+            stack.clear();
+            for (i, &address) in frames.iter().enumerate() {
+                stack.push(symbolizer.frame(address, i > 0));
+            }
+            let span_name = if self.config.span_name_label {
+                key.name
+                    .map(|n| names.entry(n).or_insert_with(|| n.resolve()).clone())
+            } else {
+                None
+            };
+            let labels = SampleLabels {
+                span_id: (key.span_id != 0).then_some(key.span_id),
+                trace_id: (key.trace_id != 0).then_some(key.trace_id),
+                span_name,
+            };
+            builder.add_sample(&stack, &labels, count);
+            samples += count;
+        }
+        if samples == 0 {
+            // Nothing ran on a sampled thread: no file, no upload.
+            return;
+        }
+        let profile = builder.build();
+        let gzip_pprof = match pprof::encode_gzip(&profile) {
+            Ok(bytes) => bytes,
+            Err(_) => {
+                self.stats.profiles_failed.fetch_add(1, Ordering::Relaxed);
+                return;
+            }
+        };
+        let encoded = EncodedProfile {
+            start,
+            duration,
+            samples,
+            gzip_pprof,
+        };
+        self.stats
+            .samples_in_profiles
+            .fetch_add(samples, Ordering::Relaxed);
+        for sink in &mut self.sinks {
+            match sink.export(&encoded) {
+                Ok(()) => self.stats.profiles_exported.fetch_add(1, Ordering::Relaxed),
+                Err(_) => self.stats.profiles_failed.fetch_add(1, Ordering::Relaxed),
+            };
+        }
+    }
+}

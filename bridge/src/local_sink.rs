@@ -1,0 +1,205 @@
+//! The embedded default sink: profiles and spans as files in a local directory.
+//!
+//! * every profile interval: `<start>_cpu.pb.gz`, a gzipped pprof (`go tool pprof` reads it);
+//! * finished spans: `<start>_spans.jsonl`, one OTLP `ExportTraceServiceRequest` in JSON per
+//!   line, as the OpenTelemetry Collector's file exporter writes them.
+//!
+//! `<start>` is a UTC timestamp like `2026-11-29T23-50-12.345Z`, so a directory listing
+//! reads as a timeline. The directory is, in order: the one given to the builder,
+//! `OTEL_PROFILING_OUTPUT_DIR`, or `otel-profiling/` inside the Cargo `target` directory the
+//! program runs from (else `./target/otel-profiling`).
+
+use std::fs::{File, OpenOptions};
+use std::io::{self, Write};
+use std::path::{Path, PathBuf};
+use std::sync::{Mutex, PoisonError};
+use std::time::SystemTime;
+
+use opentelemetry_proto::tonic::collector::trace::v1::ExportTraceServiceRequest;
+use opentelemetry_proto::transform::common::tonic::ResourceAttributesWithSchema;
+use opentelemetry_proto::transform::trace::tonic::group_spans_by_resource_and_scope;
+use opentelemetry_sdk::error::{OTelSdkError, OTelSdkResult};
+use opentelemetry_sdk::trace::{SpanData, SpanExporter};
+use opentelemetry_sdk::Resource;
+
+use crate::collector::{EncodedProfile, ProfileSink};
+
+/// The environment variable that overrides the default output directory.
+pub const OUTPUT_DIR_ENV: &str = "OTEL_PROFILING_OUTPUT_DIR";
+
+/// The output directory: `explicit`, else `OTEL_PROFILING_OUTPUT_DIR`, else
+/// `<cargo target dir>/otel-profiling`.
+pub fn output_dir(explicit: Option<&Path>) -> PathBuf {
+    if let Some(dir) = explicit {
+        return dir.to_path_buf();
+    }
+    if let Some(dir) = std::env::var_os(OUTPUT_DIR_ENV).filter(|d| !d.is_empty()) {
+        return PathBuf::from(dir);
+    }
+    let target = std::env::current_exe().ok().and_then(|exe| {
+        exe.ancestors()
+            .find(|p| p.file_name().is_some_and(|n| n == "target"))
+            .map(Path::to_path_buf)
+    });
+    target
+        .unwrap_or_else(|| PathBuf::from("target"))
+        .join("otel-profiling")
+}
+
+/// `2026-11-29T23-50-12.345Z`: sortable, and valid in file names everywhere.
+pub fn timeline_stamp(t: SystemTime) -> String {
+    let since = t.duration_since(SystemTime::UNIX_EPOCH).unwrap_or_default();
+    let secs = since.as_secs();
+    let (days, rem) = (secs / 86_400, secs % 86_400);
+    let (y, m, d) = civil_from_days(days as i64);
+    format!(
+        "{y:04}-{m:02}-{d:02}T{:02}-{:02}-{:02}.{:03}Z",
+        rem / 3600,
+        rem % 3600 / 60,
+        rem % 60,
+        since.subsec_millis()
+    )
+}
+
+/// Days since 1970-01-01 to (year, month, day), proleptic Gregorian.
+fn civil_from_days(z: i64) -> (i64, u32, u32) {
+    let z = z + 719_468;
+    let era = z.div_euclid(146_097);
+    let doe = z.rem_euclid(146_097);
+    let yoe = (doe - doe / 1460 + doe / 36_524 - doe / 146_096) / 365;
+    let doy = doe - (365 * yoe + yoe / 4 - yoe / 100);
+    let mp = (5 * doy + 2) / 153;
+    let d = (doy - (153 * mp + 2) / 5 + 1) as u32;
+    let m = if mp < 10 { mp + 3 } else { mp - 9 } as u32;
+    let y = yoe + era * 400 + i64::from(m <= 2);
+    (y, m, d)
+}
+
+/// Writes each profile as `<start>_cpu.pb.gz` into a directory.
+#[derive(Debug)]
+pub struct LocalProfileSink {
+    dir: PathBuf,
+}
+
+impl LocalProfileSink {
+    /// A sink writing into `dir` (created if missing).
+    pub fn new(dir: impl Into<PathBuf>) -> io::Result<LocalProfileSink> {
+        let dir = dir.into();
+        std::fs::create_dir_all(&dir)?;
+        Ok(LocalProfileSink { dir })
+    }
+
+    /// The directory written to.
+    pub fn dir(&self) -> &Path {
+        &self.dir
+    }
+}
+
+impl ProfileSink for LocalProfileSink {
+    fn export(&mut self, profile: &EncodedProfile) -> io::Result<()> {
+        let name = format!("{}_cpu.pb.gz", timeline_stamp(profile.start));
+        // Write then rename, so a reader never sees half a file.
+        let tmp = self.dir.join(format!(".{name}.tmp"));
+        std::fs::write(&tmp, &profile.gzip_pprof)?;
+        std::fs::rename(&tmp, self.dir.join(name))
+    }
+}
+
+/// A span exporter writing OTLP JSON lines into `<start>_spans.jsonl`.
+#[derive(Debug)]
+pub struct LocalSpanExporter {
+    path: PathBuf,
+    file: Mutex<Option<File>>,
+    resource: ResourceAttributesWithSchema,
+}
+
+impl LocalSpanExporter {
+    /// An exporter writing into `dir` (created if missing); the file is named by the time
+    /// the exporter was created.
+    pub fn new(dir: impl AsRef<Path>) -> io::Result<LocalSpanExporter> {
+        std::fs::create_dir_all(dir.as_ref())?;
+        let path = dir
+            .as_ref()
+            .join(format!("{}_spans.jsonl", timeline_stamp(SystemTime::now())));
+        Ok(LocalSpanExporter {
+            path,
+            file: Mutex::new(None),
+            resource: ResourceAttributesWithSchema::from(&Resource::builder_empty().build()),
+        })
+    }
+
+    /// The file written to.
+    pub fn path(&self) -> &Path {
+        &self.path
+    }
+
+    fn write_line(&self, line: &[u8]) -> io::Result<()> {
+        let mut file = self.file.lock().unwrap_or_else(PoisonError::into_inner);
+        if file.is_none() {
+            *file = Some(
+                OpenOptions::new()
+                    .create(true)
+                    .append(true)
+                    .open(&self.path)?,
+            );
+        }
+        match file.as_mut() {
+            Some(f) => {
+                f.write_all(line)?;
+                f.flush()
+            }
+            None => Err(io::Error::other("span file not open")),
+        }
+    }
+}
+
+impl SpanExporter for LocalSpanExporter {
+    async fn export(&self, batch: Vec<SpanData>) -> OTelSdkResult {
+        if batch.is_empty() {
+            return Ok(());
+        }
+        let request = ExportTraceServiceRequest {
+            resource_spans: group_spans_by_resource_and_scope(batch, &self.resource),
+        };
+        let mut line = serde_json::to_vec(&request)
+            .map_err(|e| OTelSdkError::InternalFailure(format!("encoding spans as JSON: {e}")))?;
+        line.push(b'\n');
+        self.write_line(&line).map_err(|e| {
+            OTelSdkError::InternalFailure(format!("writing {}: {e}", self.path.display()))
+        })
+    }
+
+    fn set_resource(&mut self, resource: &Resource) {
+        self.resource = ResourceAttributesWithSchema::from(resource);
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use std::time::Duration;
+
+    #[test]
+    fn stamps_sort_as_a_timeline() {
+        let t = SystemTime::UNIX_EPOCH + Duration::from_millis(1_796_000_000_123);
+        assert_eq!(timeline_stamp(t), "2026-11-30T01-33-20.123Z");
+        assert_eq!(
+            timeline_stamp(SystemTime::UNIX_EPOCH),
+            "1970-01-01T00-00-00.000Z"
+        );
+        let leap = SystemTime::UNIX_EPOCH + Duration::from_secs(951_782_400); // 2000-02-29
+        assert_eq!(&timeline_stamp(leap)[..10], "2000-02-29");
+        let a = timeline_stamp(t);
+        let b = timeline_stamp(t + Duration::from_secs(10));
+        assert!(a < b);
+    }
+
+    #[test]
+    fn explicit_dir_wins_then_default_is_under_target() {
+        assert_eq!(output_dir(Some(Path::new("/x/y"))), PathBuf::from("/x/y"));
+        if std::env::var_os(OUTPUT_DIR_ENV).is_none() {
+            let dir = output_dir(None);
+            assert!(dir.ends_with("target/otel-profiling"), "{}", dir.display());
+        }
+    }
+}

@@ -1,0 +1,441 @@
+//! pprof profile encoding: symbolized CPU samples in, a `profile.proto` message out.
+//!
+//! [`ProfileBuilder`] collects symbolized stacks with their span labels and produces the
+//! shape Grafana Pyroscope expects from a CPU profile:
+//!
+//! * one sample type and period type, `cpu`/`nanoseconds`, each value = samples × period;
+//! * string labels `span_id` (16 lowercase hex digits), `trace_id` (32) and `span_name`,
+//!   each only when known;
+//! * functions, locations and identical samples deduplicated, one mapping covering all
+//!   addresses (the stacks arrive already symbolized, so viewers must not re-symbolize).
+//!
+//! [`encode_gzip`] gives the bytes Pyroscope's ingest endpoint and `go tool pprof` read;
+//! [`decode`] reads them back.
+
+pub mod proto;
+
+#[cfg(test)]
+mod tests;
+
+use std::collections::hash_map::Entry;
+use std::collections::HashMap;
+use std::io::{self, Read, Write};
+use std::sync::Arc;
+use std::time::{Duration, SystemTime};
+
+use prost::Message;
+
+/// One source-level frame of a symbolized address (an address can expand to several when
+/// functions were inlined; innermost first).
+#[derive(Clone, Debug, PartialEq, Eq, Hash)]
+pub struct FrameLine {
+    /// Demangled function name.
+    pub function: Arc<str>,
+    /// Source file, when debug info had it.
+    pub file: Option<Arc<str>>,
+    /// Line number, when debug info had it.
+    pub line: Option<u32>,
+}
+
+/// A symbolized address.
+#[derive(Clone, Debug)]
+pub struct SymbolizedFrame {
+    /// Instruction address.
+    pub address: u64,
+    /// The source frames of this address, innermost (most deeply inlined) first.
+    pub lines: Vec<FrameLine>,
+}
+
+/// Labels of one sample.
+#[derive(Clone, Debug, Default, PartialEq, Eq, Hash)]
+pub struct SampleLabels {
+    /// Span id of the local root span, written as 16 lowercase hex digits.
+    pub span_id: Option<u64>,
+    /// Trace id, written as 32 lowercase hex digits.
+    pub trace_id: Option<u128>,
+    /// Span name, written as is.
+    pub span_name: Option<Arc<str>>,
+}
+
+/// Label key of the span id: the one Pyroscope joins with `pyroscope.profile.id`.
+const SPAN_ID_KEY: &str = "span_id";
+/// Label key of the trace id.
+const TRACE_ID_KEY: &str = "trace_id";
+/// Label key of the span name.
+const SPAN_NAME_KEY: &str = "span_name";
+
+/// Collects symbolized samples into one pprof CPU profile.
+///
+/// Stacks are interned as they arrive, so memory grows with the number of distinct
+/// stacks × labels, not with the number of samples.
+#[derive(Debug)]
+pub struct ProfileBuilder {
+    period_ns: i64,
+    time_nanos: i64,
+    duration_nanos: i64,
+    strings: StringTable,
+    functions: Vec<proto::Function>,
+    function_ids: HashMap<(Arc<str>, Option<Arc<str>>), u64>,
+    locations: Vec<proto::Location>,
+    location_ids: HashMap<u64, u64>,
+    samples: Vec<PendingSample>,
+    sample_index: HashMap<(Vec<u64>, SampleLabels), usize>,
+    has_filenames: bool,
+    has_line_numbers: bool,
+    has_inline_frames: bool,
+}
+
+/// A deduplicated sample: values are multiplied by the period only in `build`.
+#[derive(Debug)]
+struct PendingSample {
+    location_ids: Vec<u64>,
+    labels: SampleLabels,
+    count: u64,
+}
+
+impl ProfileBuilder {
+    /// Starts an empty profile.
+    ///
+    /// `period_ns` = 1e9 / sampling rate (Hz); `start` and `duration` describe the
+    /// interval the samples were taken in.
+    pub fn new(period_ns: i64, start: SystemTime, duration: Duration) -> ProfileBuilder {
+        ProfileBuilder {
+            period_ns,
+            time_nanos: unix_nanos(start),
+            duration_nanos: saturating_nanos(duration),
+            strings: StringTable::new(),
+            functions: Vec::new(),
+            function_ids: HashMap::new(),
+            locations: Vec::new(),
+            location_ids: HashMap::new(),
+            samples: Vec::new(),
+            sample_index: HashMap::new(),
+            has_filenames: false,
+            has_line_numbers: false,
+            has_inline_frames: false,
+        }
+    }
+
+    /// Adds `count` samples of `stack` (innermost frame first) carrying `labels`.
+    ///
+    /// Samples with the same stack and labels are merged. An address seen before keeps
+    /// the lines it was first added with. `count == 0` adds nothing.
+    pub fn add_sample(&mut self, stack: &[SymbolizedFrame], labels: &SampleLabels, count: u64) {
+        if count == 0 {
+            return;
+        }
+        let location_ids: Vec<u64> = stack.iter().map(|f| self.location_id(f)).collect();
+        match self.sample_index.entry((location_ids, labels.clone())) {
+            Entry::Occupied(entry) => {
+                let sample = &mut self.samples[*entry.get()];
+                sample.count = sample.count.saturating_add(count);
+            }
+            Entry::Vacant(entry) => {
+                let (location_ids, labels) = entry.key().clone();
+                entry.insert(self.samples.len());
+                self.samples.push(PendingSample {
+                    location_ids,
+                    labels,
+                    count,
+                });
+            }
+        }
+    }
+
+    /// Finishes the profile.
+    pub fn build(mut self) -> proto::Profile {
+        let cpu = proto::ValueType {
+            r#type: self.strings.intern("cpu"),
+            unit: self.strings.intern("nanoseconds"),
+        };
+        let samples = std::mem::take(&mut self.samples);
+        let sample = samples
+            .into_iter()
+            .map(|s| proto::Sample {
+                value: vec![sample_value(s.count, self.period_ns)],
+                label: self.labels(&s.labels),
+                location_id: s.location_ids,
+            })
+            .collect();
+        // Without an executable path the mapping is still needed: it is what carries
+        // has_functions, which tells pprof the locations are already symbolized.
+        let exe = std::env::current_exe()
+            .map(|p| p.to_string_lossy().into_owned())
+            .unwrap_or_default();
+        let mapping = proto::Mapping {
+            id: MAPPING_ID,
+            memory_start: 0,
+            memory_limit: u64::MAX,
+            file_offset: 0,
+            filename: self.strings.intern(&exe),
+            build_id: 0,
+            has_functions: true,
+            has_filenames: self.has_filenames,
+            has_line_numbers: self.has_line_numbers,
+            has_inline_frames: self.has_inline_frames,
+        };
+        proto::Profile {
+            sample_type: vec![cpu.clone()],
+            sample,
+            mapping: vec![mapping],
+            location: self.locations,
+            function: self.functions,
+            string_table: self.strings.strings,
+            drop_frames: 0,
+            keep_frames: 0,
+            time_nanos: self.time_nanos,
+            duration_nanos: self.duration_nanos,
+            period_type: Some(cpu),
+            period: self.period_ns,
+            comment: Vec::new(),
+            default_sample_type: 0,
+            doc_url: 0,
+        }
+    }
+
+    /// Id of the location of `frame.address`, created on first sight.
+    fn location_id(&mut self, frame: &SymbolizedFrame) -> u64 {
+        if let Some(&id) = self.location_ids.get(&frame.address) {
+            return id;
+        }
+        let line = frame
+            .lines
+            .iter()
+            .map(|l| proto::Line {
+                function_id: self.function_id(l),
+                line: l.line.map_or(0, i64::from),
+                column: 0,
+            })
+            .collect();
+        self.has_inline_frames |= frame.lines.len() > 1;
+        let id = self.locations.len() as u64 + 1;
+        self.locations.push(proto::Location {
+            id,
+            mapping_id: MAPPING_ID,
+            address: frame.address,
+            line,
+            is_folded: false,
+        });
+        self.location_ids.insert(frame.address, id);
+        id
+    }
+
+    /// Id of the function of (`line.function`, `line.file`), created on first sight.
+    fn function_id(&mut self, line: &FrameLine) -> u64 {
+        self.has_filenames |= line.file.is_some();
+        self.has_line_numbers |= line.line.is_some();
+        let key = (line.function.clone(), line.file.clone());
+        if let Some(&id) = self.function_ids.get(&key) {
+            return id;
+        }
+        let name = self.strings.intern(&line.function);
+        let filename = self.strings.intern(line.file.as_deref().unwrap_or(""));
+        let id = self.functions.len() as u64 + 1;
+        self.functions.push(proto::Function {
+            id,
+            name,
+            // Names arrive demangled and the mangled form is gone by then.
+            system_name: name,
+            filename,
+            start_line: 0,
+        });
+        self.function_ids.insert(key, id);
+        id
+    }
+
+    /// The pprof labels of `labels`, in a fixed order.
+    fn labels(&mut self, labels: &SampleLabels) -> Vec<proto::Label> {
+        let mut out = Vec::with_capacity(3);
+        if let Some(span_id) = labels.span_id {
+            out.push(self.string_label(SPAN_ID_KEY, &format!("{span_id:016x}")));
+        }
+        if let Some(trace_id) = labels.trace_id {
+            out.push(self.string_label(TRACE_ID_KEY, &format!("{trace_id:032x}")));
+        }
+        if let Some(name) = &labels.span_name {
+            out.push(self.string_label(SPAN_NAME_KEY, name));
+        }
+        out
+    }
+
+    fn string_label(&mut self, key: &str, value: &str) -> proto::Label {
+        proto::Label {
+            key: self.strings.intern(key),
+            str: self.strings.intern(value),
+            num: 0,
+            num_unit: 0,
+        }
+    }
+}
+
+/// The single mapping every location points at.
+const MAPPING_ID: u64 = 1;
+
+/// Serialized, gzip-compressed profile bytes (what Pyroscope and `go tool pprof` read).
+pub fn encode_gzip(profile: &proto::Profile) -> io::Result<Vec<u8>> {
+    let raw = profile.encode_to_vec();
+    let mut gz = flate2::write::GzEncoder::new(
+        Vec::with_capacity(raw.len() / 4 + 64),
+        flate2::Compression::default(),
+    );
+    gz.write_all(&raw)?;
+    gz.finish()
+}
+
+/// Decodes plain or gzipped pprof bytes (for tests and the report tool); errors are
+/// `io::ErrorKind::InvalidData` with a message.
+///
+/// Besides the protobuf decoding, checks what readers would otherwise index blindly:
+/// `string_table[0] == ""`, every string index in range, and every location, function
+/// and mapping id referenced is defined.
+pub fn decode(bytes: &[u8]) -> io::Result<proto::Profile> {
+    let inflated;
+    let raw = if bytes.starts_with(&GZIP_MAGIC) {
+        let mut out = Vec::new();
+        // Multi-member, as Go's gzip reader (and so `go tool pprof`) accepts.
+        flate2::read::MultiGzDecoder::new(bytes)
+            .read_to_end(&mut out)
+            .map_err(|e| invalid(format!("pprof: bad gzip stream: {e}")))?;
+        inflated = out;
+        &inflated[..]
+    } else {
+        bytes
+    };
+    let profile = proto::Profile::decode(raw)
+        .map_err(|e| invalid(format!("pprof: not a profile.proto message: {e}")))?;
+    validate(&profile).map_err(|e| invalid(format!("pprof: malformed profile: {e}")))?;
+    Ok(profile)
+}
+
+const GZIP_MAGIC: [u8; 2] = [0x1f, 0x8b];
+
+fn invalid(message: String) -> io::Error {
+    io::Error::new(io::ErrorKind::InvalidData, message)
+}
+
+/// Structural checks of a decoded profile; the message names the first problem found.
+fn validate(p: &proto::Profile) -> Result<(), String> {
+    if let Some(first) = p.string_table.first() {
+        if !first.is_empty() {
+            return Err(format!("string_table[0] is {first:?}, must be \"\""));
+        }
+    }
+    let strings = p.string_table.len();
+    let check = |what: &str, index: i64| -> Result<(), String> {
+        // Index 0 is "" and allowed even in an empty table (all fields default to 0).
+        match usize::try_from(index) {
+            Ok(i) if i == 0 || i < strings => Ok(()),
+            _ => Err(format!(
+                "{what} string index {index} outside table of {strings}"
+            )),
+        }
+    };
+    for v in p.sample_type.iter().chain(&p.period_type) {
+        check("value type", v.r#type)?;
+        check("value type unit", v.unit)?;
+    }
+    for &i in [
+        p.drop_frames,
+        p.keep_frames,
+        p.default_sample_type,
+        p.doc_url,
+    ]
+    .iter()
+    .chain(&p.comment)
+    {
+        check("profile", i)?;
+    }
+    for m in &p.mapping {
+        check("mapping filename", m.filename)?;
+        check("mapping build id", m.build_id)?;
+    }
+    for f in &p.function {
+        check("function name", f.name)?;
+        check("function system name", f.system_name)?;
+        check("function filename", f.filename)?;
+    }
+    let mappings: std::collections::HashSet<u64> = p.mapping.iter().map(|m| m.id).collect();
+    let functions: std::collections::HashSet<u64> = p.function.iter().map(|f| f.id).collect();
+    let locations: std::collections::HashSet<u64> = p.location.iter().map(|l| l.id).collect();
+    for l in &p.location {
+        if l.mapping_id != 0 && !mappings.contains(&l.mapping_id) {
+            return Err(format!(
+                "location {} has unknown mapping {}",
+                l.id, l.mapping_id
+            ));
+        }
+        if let Some(line) = l
+            .line
+            .iter()
+            .find(|ln| !functions.contains(&ln.function_id))
+        {
+            return Err(format!(
+                "location {} has unknown function {}",
+                l.id, line.function_id
+            ));
+        }
+    }
+    for s in &p.sample {
+        if let Some(id) = s.location_id.iter().find(|id| !locations.contains(id)) {
+            return Err(format!("sample refers to unknown location {id}"));
+        }
+        if s.value.len() != p.sample_type.len() {
+            return Err(format!(
+                "sample has {} values for {} sample types",
+                s.value.len(),
+                p.sample_type.len()
+            ));
+        }
+        for label in &s.label {
+            check("label key", label.key)?;
+            check("label value", label.str)?;
+            check("label unit", label.num_unit)?;
+        }
+    }
+    Ok(())
+}
+
+/// The string table under construction: entry 0 is always "".
+#[derive(Debug)]
+struct StringTable {
+    strings: Vec<String>,
+    index: HashMap<String, i64>,
+}
+
+impl StringTable {
+    fn new() -> StringTable {
+        StringTable {
+            strings: vec![String::new()],
+            index: HashMap::from([(String::new(), 0)]),
+        }
+    }
+
+    fn intern(&mut self, s: &str) -> i64 {
+        if let Some(&i) = self.index.get(s) {
+            return i;
+        }
+        let i = self.strings.len() as i64;
+        self.strings.push(s.to_owned());
+        self.index.insert(s.to_owned(), i);
+        i
+    }
+}
+
+/// Nanoseconds since the Unix epoch, negative before it, saturating at the i64 range.
+fn unix_nanos(t: SystemTime) -> i64 {
+    match t.duration_since(SystemTime::UNIX_EPOCH) {
+        Ok(after) => saturating_nanos(after),
+        Err(before) => saturating_nanos(before.duration()).saturating_neg(),
+    }
+}
+
+fn saturating_nanos(d: Duration) -> i64 {
+    i64::try_from(d.as_nanos()).unwrap_or(i64::MAX)
+}
+
+/// `count` × `period_ns`, saturating rather than wrapping on absurd inputs.
+fn sample_value(count: u64, period_ns: i64) -> i64 {
+    i64::try_from(count)
+        .unwrap_or(i64::MAX)
+        .saturating_mul(period_ns)
+}

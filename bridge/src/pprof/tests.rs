@@ -1,0 +1,336 @@
+use super::*;
+use std::time::UNIX_EPOCH;
+
+const PERIOD: i64 = 10_101_010; // 99 Hz
+
+fn line(function: &str, file: Option<&str>, line: Option<u32>) -> FrameLine {
+    FrameLine {
+        function: function.into(),
+        file: file.map(Into::into),
+        line,
+    }
+}
+
+fn frame(address: u64, lines: Vec<FrameLine>) -> SymbolizedFrame {
+    SymbolizedFrame { address, lines }
+}
+
+fn labels(span_id: u64, trace_id: u128, name: &str) -> SampleLabels {
+    SampleLabels {
+        span_id: Some(span_id),
+        trace_id: Some(trace_id),
+        span_name: Some(name.into()),
+    }
+}
+
+/// `main` ← `render` (with `to_string` inlined into it), innermost first.
+fn stack() -> Vec<SymbolizedFrame> {
+    vec![
+        frame(
+            0x2000,
+            vec![
+                line("serde_json::ser::to_string", Some("ser.rs"), Some(10)),
+                line("app::render_report", Some("report.rs"), Some(42)),
+            ],
+        ),
+        frame(0x1000, vec![line("app::main", Some("main.rs"), Some(3))]),
+    ]
+}
+
+fn builder() -> ProfileBuilder {
+    ProfileBuilder::new(
+        PERIOD,
+        UNIX_EPOCH + Duration::from_secs(1_700_000_000),
+        Duration::from_secs(10),
+    )
+}
+
+fn s(p: &proto::Profile, index: i64) -> &str {
+    &p.string_table[usize::try_from(index).expect("string index")]
+}
+
+/// Labels of a sample as (key, value) strings.
+fn label_strings(p: &proto::Profile, sample: &proto::Sample) -> Vec<(String, String)> {
+    sample
+        .label
+        .iter()
+        .map(|l| (s(p, l.key).to_owned(), s(p, l.str).to_owned()))
+        .collect()
+}
+
+/// Function names of a sample's stack, innermost first, inlined frames expanded.
+fn stack_names(p: &proto::Profile, sample: &proto::Sample) -> Vec<String> {
+    let mut names = Vec::new();
+    for id in &sample.location_id {
+        let loc = p.location.iter().find(|l| l.id == *id).expect("location");
+        for ln in &loc.line {
+            let f = p
+                .function
+                .iter()
+                .find(|f| f.id == ln.function_id)
+                .expect("function");
+            names.push(s(p, f.name).to_owned());
+        }
+    }
+    names
+}
+
+#[test]
+fn header_follows_pyroscope_cpu_contract() {
+    let p = builder().build();
+    assert_eq!(p.string_table[0], "");
+    assert_eq!(p.sample_type.len(), 1);
+    assert_eq!(s(&p, p.sample_type[0].r#type), "cpu");
+    assert_eq!(s(&p, p.sample_type[0].unit), "nanoseconds");
+    let period_type = p.period_type.as_ref().expect("period_type");
+    assert_eq!(s(&p, period_type.r#type), "cpu");
+    assert_eq!(s(&p, period_type.unit), "nanoseconds");
+    assert_eq!(p.period, PERIOD);
+    assert_eq!(p.time_nanos, 1_700_000_000_000_000_000);
+    assert_eq!(p.duration_nanos, 10_000_000_000);
+    assert_eq!(p.mapping.len(), 1);
+    let m = &p.mapping[0];
+    assert_eq!((m.id, m.memory_start, m.memory_limit), (1, 0, u64::MAX));
+    assert!(m.has_functions);
+    // No lines yet, so nothing claims file names or line numbers.
+    assert!(!m.has_filenames && !m.has_line_numbers);
+    if let Ok(exe) = std::env::current_exe() {
+        assert_eq!(s(&p, m.filename), exe.to_string_lossy());
+    }
+}
+
+#[test]
+fn round_trip_through_gzip_keeps_samples_and_labels() {
+    let mut b = builder();
+    b.add_sample(&stack(), &labels(0xab, 0x1234, "GET /report"), 3);
+    b.add_sample(&stack()[1..], &SampleLabels::default(), 1);
+    let built = b.build();
+
+    let bytes = encode_gzip(&built).expect("encode");
+    assert_eq!(&bytes[..2], &GZIP_MAGIC, "gzip output");
+    let decoded = decode(&bytes).expect("decode gzip");
+    assert_eq!(decoded, built);
+    // Plain (not gzipped) bytes decode too.
+    assert_eq!(decode(&built.encode_to_vec()).expect("decode plain"), built);
+
+    assert_eq!(decoded.sample.len(), 2);
+    let first = &decoded.sample[0];
+    assert_eq!(first.value, vec![3 * PERIOD]);
+    assert_eq!(
+        stack_names(&decoded, first),
+        [
+            "serde_json::ser::to_string",
+            "app::render_report",
+            "app::main"
+        ]
+    );
+    assert_eq!(
+        label_strings(&decoded, first),
+        [
+            ("span_id".to_owned(), "00000000000000ab".to_owned()),
+            (
+                "trace_id".to_owned(),
+                "00000000000000000000000000001234".to_owned()
+            ),
+            ("span_name".to_owned(), "GET /report".to_owned()),
+        ]
+    );
+    let second = &decoded.sample[1];
+    assert_eq!(second.value, vec![PERIOD]);
+    assert_eq!(stack_names(&decoded, second), ["app::main"]);
+    assert!(second.label.is_empty());
+
+    let m = &decoded.mapping[0];
+    assert!(m.has_functions && m.has_filenames && m.has_line_numbers && m.has_inline_frames);
+}
+
+#[test]
+fn identical_samples_merge_and_different_labels_do_not() {
+    let mut b = builder();
+    let a = labels(1, 2, "a");
+    b.add_sample(&stack(), &a, 2);
+    b.add_sample(&stack(), &a, 5);
+    b.add_sample(&stack(), &labels(1, 2, "b"), 1);
+    b.add_sample(&stack()[1..], &a, 1);
+    b.add_sample(&stack(), &a, 0); // adds nothing
+    let p = b.build();
+    let values: Vec<i64> = p.sample.iter().map(|s| s.value[0]).collect();
+    assert_eq!(values, [7 * PERIOD, PERIOD, PERIOD]);
+}
+
+#[test]
+fn label_formats_are_fixed_width_lowercase_hex() {
+    let mut b = builder();
+    b.add_sample(
+        &stack(),
+        &SampleLabels {
+            span_id: Some(0xab),
+            ..SampleLabels::default()
+        },
+        1,
+    );
+    b.add_sample(
+        &stack(),
+        &SampleLabels {
+            span_id: Some(u64::MAX),
+            trace_id: Some(0xABCDEF << 64 | 1),
+            span_name: None,
+        },
+        1,
+    );
+    b.add_sample(
+        &stack(),
+        &SampleLabels {
+            span_name: Some("only name".into()),
+            ..SampleLabels::default()
+        },
+        1,
+    );
+    let p = b.build();
+    let got: Vec<_> = p.sample.iter().map(|x| label_strings(&p, x)).collect();
+    let pair = |k: &str, v: &str| (k.to_owned(), v.to_owned());
+    assert_eq!(got[0], [pair("span_id", "00000000000000ab")]);
+    assert_eq!(
+        got[1],
+        [
+            pair("span_id", "ffffffffffffffff"),
+            pair("trace_id", "0000000000abcdef0000000000000001"),
+        ]
+    );
+    assert_eq!(got[2], [pair("span_name", "only name")]);
+}
+
+#[test]
+fn functions_and_locations_are_deduplicated() {
+    let mut b = builder();
+    // Same function at two addresses, plus the same name in another file.
+    let other = vec![
+        frame(0x3000, vec![line("app::main", Some("main.rs"), Some(7))]),
+        frame(0x4000, vec![line("app::main", Some("other.rs"), None)]),
+    ];
+    b.add_sample(&stack(), &SampleLabels::default(), 1);
+    b.add_sample(&other, &SampleLabels::default(), 1);
+    b.add_sample(&stack(), &labels(9, 9, "x"), 1);
+    let p = b.build();
+
+    let addresses: Vec<u64> = p.location.iter().map(|l| l.address).collect();
+    assert_eq!(addresses, [0x2000, 0x1000, 0x3000, 0x4000]);
+    let ids: Vec<u64> = p.location.iter().map(|l| l.id).collect();
+    assert_eq!(ids, [1, 2, 3, 4]);
+    assert!(p.location.iter().all(|l| l.mapping_id == 1));
+    assert_eq!(p.sample[0].location_id, [1, 2]);
+    assert_eq!(p.sample[2].location_id, [1, 2]);
+
+    let functions: Vec<(u64, &str, &str)> = p
+        .function
+        .iter()
+        .map(|f| {
+            assert_eq!(f.system_name, f.name);
+            (f.id, s(&p, f.name), s(&p, f.filename))
+        })
+        .collect();
+    assert_eq!(
+        functions,
+        [
+            (1, "serde_json::ser::to_string", "ser.rs"),
+            (2, "app::render_report", "report.rs"),
+            (3, "app::main", "main.rs"),
+            (4, "app::main", "other.rs"),
+        ]
+    );
+    // Inlined lines keep their order and line numbers; a missing line number is 0.
+    let lines = |i: usize| -> Vec<(u64, i64)> {
+        p.location[i]
+            .line
+            .iter()
+            .map(|l| (l.function_id, l.line))
+            .collect()
+    };
+    assert_eq!(lines(0), [(1, 10), (2, 42)]);
+    assert_eq!(lines(2), [(3, 7)]);
+    assert_eq!(lines(3), [(4, 0)]);
+
+    // Every string once.
+    let mut table = p.string_table.clone();
+    table.sort();
+    table.dedup();
+    assert_eq!(table.len(), p.string_table.len());
+}
+
+#[test]
+fn missing_file_becomes_empty_filename() {
+    let mut b = builder();
+    b.add_sample(
+        &[frame(0x10, vec![line("no_debug_info", None, None)])],
+        &SampleLabels::default(),
+        1,
+    );
+    let p = b.build();
+    assert_eq!(s(&p, p.function[0].filename), "");
+    assert!(!p.mapping[0].has_filenames && !p.mapping[0].has_line_numbers);
+    assert!(!p.mapping[0].has_inline_frames);
+}
+
+#[test]
+fn values_saturate_instead_of_wrapping() {
+    let mut b = builder();
+    b.add_sample(&stack(), &SampleLabels::default(), u64::MAX);
+    b.add_sample(&stack(), &SampleLabels::default(), u64::MAX);
+    assert_eq!(b.build().sample[0].value, [i64::MAX]);
+}
+
+#[test]
+fn decode_rejects_garbage_with_invalid_data() {
+    let mut truncated = encode_gzip(&{
+        let mut b = builder();
+        b.add_sample(&stack(), &labels(1, 2, "x"), 1);
+        b.build()
+    })
+    .expect("encode");
+    truncated.truncate(truncated.len() / 2);
+
+    let bad_string_zero = proto::Profile {
+        string_table: vec!["x".into()],
+        ..Default::default()
+    }
+    .encode_to_vec();
+    let bad_index = proto::Profile {
+        string_table: vec![String::new()],
+        function: vec![proto::Function {
+            id: 1,
+            name: 5,
+            ..Default::default()
+        }],
+        ..Default::default()
+    }
+    .encode_to_vec();
+    let bad_location = proto::Profile {
+        sample: vec![proto::Sample {
+            location_id: vec![7],
+            ..Default::default()
+        }],
+        ..Default::default()
+    }
+    .encode_to_vec();
+
+    let cases: [(&str, &[u8]); 6] = [
+        ("text", b"this is not a profile"),
+        ("gzip magic only", &[0x1f, 0x8b]),
+        (
+            "gzip header then junk",
+            &[0x1f, 0x8b, 8, 0, 0, 0, 0, 0, 0, 3, 1, 2, 3],
+        ),
+        ("truncated gzip", &truncated),
+        ("string_table[0] not empty", &bad_string_zero),
+        ("string index out of range", &bad_index),
+    ];
+    for (what, bytes) in cases
+        .iter()
+        .copied()
+        .chain([("unknown location", &bad_location[..])])
+    {
+        let err = decode(bytes).expect_err(what);
+        assert_eq!(err.kind(), io::ErrorKind::InvalidData, "{what}: {err}");
+        assert!(err.to_string().starts_with("pprof: "), "{what}: {err}");
+    }
+}

@@ -1,0 +1,214 @@
+//! The CPU profiler as one piece: the sampler, the collector thread and its sinks.
+
+use std::path::{Path, PathBuf};
+use std::sync::atomic::Ordering;
+use std::time::Duration;
+
+use crate::collector::{Collector, CollectorConfig, ProfileSink};
+use crate::local_sink::{output_dir, LocalProfileSink};
+use crate::sampler::{self, Sampler, SamplerConfig, SamplerError, SamplerStats};
+
+/// Errors starting the profiler.
+#[derive(Debug, thiserror::Error)]
+#[non_exhaustive]
+pub enum ProfilerError {
+    /// The sampler could not start (its message names the field or the conflict).
+    #[error(transparent)]
+    Sampler(#[from] SamplerError),
+    /// `interval` must be at least `drain_every` and non-zero.
+    #[error("profiler.interval must be at least 100 ms, got {0:?}")]
+    InvalidInterval(Duration),
+    /// A file or thread could not be created.
+    #[error("{what}: {source}")]
+    Io {
+        /// What was being done.
+        what: String,
+        /// The error.
+        source: std::io::Error,
+    },
+}
+
+/// Counters of the whole profiler.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct ProfilerStats {
+    /// The sampler's counters.
+    pub sampler: SamplerStats,
+    /// Profiles handed to sinks.
+    pub profiles_exported: u64,
+    /// Profiles a sink refused.
+    pub profiles_failed: u64,
+    /// Samples that went into profiles.
+    pub samples_in_profiles: u64,
+}
+
+/// Builds a [`Profiler`].
+///
+/// With no sink given, profiles go to the local directory (see
+/// [`local_sink`](crate::local_sink)).
+#[derive(Default)]
+#[must_use]
+pub struct ProfilerBuilder {
+    sampler: SamplerConfig,
+    collector: CollectorConfig,
+    output_dir: Option<PathBuf>,
+    sinks: Vec<Box<dyn ProfileSink>>,
+    local_files: Option<bool>,
+}
+
+impl std::fmt::Debug for ProfilerBuilder {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("ProfilerBuilder")
+            .field("sampler", &self.sampler)
+            .field("collector", &self.collector)
+            .field("output_dir", &self.output_dir)
+            .field("sinks", &self.sinks.len())
+            .finish()
+    }
+}
+
+impl ProfilerBuilder {
+    /// Samples per second of each thread's CPU time (default 100).
+    pub fn frequency_hz(mut self, hz: u32) -> Self {
+        self.sampler.frequency_hz = hz;
+        self
+    }
+
+    /// Length of one profile (default 10 s).
+    pub fn interval(mut self, interval: Duration) -> Self {
+        self.collector.interval = interval;
+        self
+    }
+
+    /// Whether samples carry the `span_name` label (default true).
+    pub fn span_name_label(mut self, on: bool) -> Self {
+        self.collector.span_name_label = on;
+        self
+    }
+
+    /// Records buffered per thread between drains (default 256).
+    pub fn ring_capacity(mut self, capacity: usize) -> Self {
+        self.sampler.ring_capacity = capacity;
+        self
+    }
+
+    /// Where local files go (overrides `OTEL_PROFILING_OUTPUT_DIR`).
+    pub fn output_dir(mut self, dir: impl Into<PathBuf>) -> Self {
+        self.output_dir = Some(dir.into());
+        self
+    }
+
+    /// Adds a sink. Once a sink is added, local files are written only if
+    /// [`local_files(true)`](Self::local_files) is also set.
+    pub fn sink(mut self, sink: impl ProfileSink) -> Self {
+        self.sinks.push(Box::new(sink));
+        self
+    }
+
+    /// Whether profiles are also written to the local directory.
+    pub fn local_files(mut self, on: bool) -> Self {
+        self.local_files = Some(on);
+        self
+    }
+
+    /// Starts sampling (the calling thread is registered) and the collector thread.
+    pub fn start(mut self) -> Result<Profiler, ProfilerError> {
+        if self.collector.interval < Duration::from_millis(100) {
+            return Err(ProfilerError::InvalidInterval(self.collector.interval));
+        }
+        self.collector.drain_every = self.collector.drain_every.min(self.collector.interval);
+        let mut output = None;
+        if self.local_files.unwrap_or(self.sinks.is_empty()) {
+            let dir = output_dir(self.output_dir.as_deref());
+            let sink = LocalProfileSink::new(&dir).map_err(|source| ProfilerError::Io {
+                what: format!("creating the output directory {}", dir.display()),
+                source,
+            })?;
+            self.sinks.push(Box::new(sink));
+            output = Some(dir);
+        }
+        let period_ns = 1_000_000_000 / i64::from(self.sampler.frequency_hz.max(1));
+        let sampler = Sampler::start(self.sampler)?;
+        let collector =
+            Collector::start(self.collector, period_ns, self.sinks).map_err(|source| {
+                ProfilerError::Io {
+                    what: "starting the collector thread".into(),
+                    source,
+                }
+            })?;
+        let _ = sampler.register_current_thread();
+        Ok(Profiler {
+            sampler: Some(sampler),
+            collector: Some(collector),
+            output_dir: output,
+        })
+    }
+}
+
+/// A running CPU profiler. Dropping it stops sampling, writes the last profile and stops
+/// the collector (waiting at most 5 s).
+///
+/// ```no_run
+/// let profiler = otel_profiling::Profiler::builder()
+///     .interval(std::time::Duration::from_secs(10))
+///     .start()?;
+/// println!("profiles go to {}", profiler.output_dir().unwrap().display());
+/// # Ok::<(), otel_profiling::ProfilerError>(())
+/// ```
+#[derive(Debug)]
+pub struct Profiler {
+    sampler: Option<Sampler>,
+    collector: Option<Collector>,
+    output_dir: Option<PathBuf>,
+}
+
+impl Profiler {
+    /// A builder with the defaults (100 Hz, 10 s profiles, local files).
+    pub fn builder() -> ProfilerBuilder {
+        ProfilerBuilder::default()
+    }
+
+    /// The local directory profiles are written to, if local files are on.
+    pub fn output_dir(&self) -> Option<&Path> {
+        self.output_dir.as_deref()
+    }
+
+    /// Ends the current profile now and waits until the sinks have it.
+    pub fn flush(&self, timeout: Duration) -> bool {
+        self.collector.as_ref().is_some_and(|c| c.flush(timeout))
+    }
+
+    /// Counters.
+    pub fn stats(&self) -> ProfilerStats {
+        let mut stats = ProfilerStats {
+            sampler: sampler::stats(),
+            ..ProfilerStats::default()
+        };
+        if let Some(c) = &self.collector {
+            let s = c.stats();
+            stats.profiles_exported = s.profiles_exported.load(Ordering::Relaxed);
+            stats.profiles_failed = s.profiles_failed.load(Ordering::Relaxed);
+            stats.samples_in_profiles = s.samples_in_profiles.load(Ordering::Relaxed);
+        }
+        stats
+    }
+
+    /// Stops sampling and writes the last profile, waiting at most `timeout`; returns
+    /// whether everything finished in time.
+    pub fn shutdown(mut self, timeout: Duration) -> bool {
+        self.stop(timeout)
+    }
+
+    fn stop(&mut self, timeout: Duration) -> bool {
+        drop(self.sampler.take());
+        match self.collector.take() {
+            Some(c) => c.shutdown(timeout),
+            None => true,
+        }
+    }
+}
+
+impl Drop for Profiler {
+    fn drop(&mut self) {
+        self.stop(Duration::from_secs(5));
+    }
+}
