@@ -30,10 +30,14 @@ pub const OUTPUT_DIR_ENV: &str = "OTEL_PROFILING_OUTPUT_DIR";
 /// The output directory: `explicit`, else `OTEL_PROFILING_OUTPUT_DIR`, else
 /// `<cargo target dir>/otel-profiling`.
 pub fn output_dir(explicit: Option<&Path>) -> PathBuf {
+    choose_output_dir(explicit, std::env::var_os(OUTPUT_DIR_ENV))
+}
+
+fn choose_output_dir(explicit: Option<&Path>, env: Option<std::ffi::OsString>) -> PathBuf {
     if let Some(dir) = explicit {
         return dir.to_path_buf();
     }
-    if let Some(dir) = std::env::var_os(OUTPUT_DIR_ENV).filter(|d| !d.is_empty()) {
+    if let Some(dir) = env.filter(|d| !d.is_empty()) {
         return PathBuf::from(dir);
     }
     let target = std::env::current_exe().ok().and_then(|exe| {
@@ -195,11 +199,38 @@ mod tests {
     }
 
     #[test]
-    fn explicit_dir_wins_then_default_is_under_target() {
-        assert_eq!(output_dir(Some(Path::new("/x/y"))), PathBuf::from("/x/y"));
-        if std::env::var_os(OUTPUT_DIR_ENV).is_none() {
-            let dir = output_dir(None);
-            assert!(dir.ends_with("target/otel-profiling"), "{}", dir.display());
-        }
+    fn builder_then_environment_then_target_dir() {
+        let env = Some(std::ffi::OsString::from("/from/env"));
+        assert_eq!(
+            choose_output_dir(Some(Path::new("/x/y")), env.clone()),
+            PathBuf::from("/x/y")
+        );
+        assert_eq!(choose_output_dir(None, env), PathBuf::from("/from/env"));
+        let empty = Some(std::ffi::OsString::new());
+        let dir = choose_output_dir(None, empty);
+        // Test binaries run from target/<profile>/deps.
+        assert!(dir.ends_with("target/otel-profiling"), "{}", dir.display());
+    }
+
+    #[test]
+    fn profile_files_are_whole_and_named_by_interval_start() {
+        let dir = std::env::temp_dir().join(format!("otel-profiling-sink-{}", std::process::id()));
+        let mut sink = LocalProfileSink::new(&dir).expect("sink");
+        let start = SystemTime::UNIX_EPOCH + Duration::from_secs(1_796_000_000);
+        let profile = EncodedProfile {
+            start,
+            duration: Duration::from_secs(10),
+            samples: 3,
+            gzip_pprof: vec![1, 2, 3],
+        };
+        sink.export(&profile).expect("export");
+        let written = std::fs::read(dir.join("2026-11-30T01-33-20.000Z_cpu.pb.gz")).expect("file");
+        assert_eq!(written, [1, 2, 3]);
+        let leftovers = std::fs::read_dir(&dir)
+            .expect("dir")
+            .filter(|e| e.as_ref().is_ok_and(|e| e.file_name().to_string_lossy().ends_with(".tmp")))
+            .count();
+        assert_eq!(leftovers, 0);
+        let _ = std::fs::remove_dir_all(&dir);
     }
 }
