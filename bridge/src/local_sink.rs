@@ -186,7 +186,7 @@ mod tests {
     #[test]
     fn stamps_sort_as_a_timeline() {
         let t = SystemTime::UNIX_EPOCH + Duration::from_millis(1_796_000_000_123);
-        assert_eq!(timeline_stamp(t), "2026-11-30T01-33-20.123Z");
+        assert_eq!(timeline_stamp(t), "2026-11-30T00-53-20.123Z");
         assert_eq!(
             timeline_stamp(SystemTime::UNIX_EPOCH),
             "1970-01-01T00-00-00.000Z"
@@ -224,7 +224,7 @@ mod tests {
             gzip_pprof: vec![1, 2, 3],
         };
         sink.export(&profile).expect("export");
-        let written = std::fs::read(dir.join("2026-11-30T01-33-20.000Z_cpu.pb.gz")).expect("file");
+        let written = std::fs::read(dir.join("2026-11-30T00-53-20.000Z_cpu.pb.gz")).expect("file");
         assert_eq!(written, [1, 2, 3]);
         let leftovers = std::fs::read_dir(&dir)
             .expect("dir")
