@@ -225,6 +225,9 @@ impl State {
     }
 
     fn drain(&mut self) {
+        // Libraries loaded or unloaded since the last tick become unwindable (cheap when
+        // nothing changed: two counters compared).
+        sampler::refresh_modules();
         let counts = &mut self.counts;
         sampler::drain_into(|record: &SampleRecord| {
             let labels = match record.root {

@@ -228,7 +228,10 @@ mod tests {
         assert_eq!(written, [1, 2, 3]);
         let leftovers = std::fs::read_dir(&dir)
             .expect("dir")
-            .filter(|e| e.as_ref().is_ok_and(|e| e.file_name().to_string_lossy().ends_with(".tmp")))
+            .filter(|e| {
+                e.as_ref()
+                    .is_ok_and(|e| e.file_name().to_string_lossy().ends_with(".tmp"))
+            })
             .count();
         assert_eq!(leftovers, 0);
         let _ = std::fs::remove_dir_all(&dir);

@@ -93,7 +93,13 @@ impl SpanProcessor for PrintRoots {
         };
         let cpu = Duration::from_nanos(cpu_ns.max(0) as u64);
         let ratio = cpu.as_secs_f64() / wall.as_secs_f64().max(1e-9);
-        let verdict = if ratio > 0.5 { "CPU-bound" } else if ratio < 0.1 { "waiting" } else { "mixed" };
+        let verdict = if ratio > 0.5 {
+            "CPU-bound"
+        } else if ratio < 0.1 {
+            "waiting"
+        } else {
+            "mixed"
+        };
         println!(
             "  {:<12} pyroscope.profile.id={profile_id}  wall {:>6.1} ms  CPU {:>6.1} ms  -> {verdict}",
             span.name,
@@ -151,7 +157,8 @@ fn main() {
         .output_dir()
         .map(|d| d.to_path_buf())
         .unwrap_or_default();
-    let spans = LocalSpanExporter::new(&dir).unwrap_or_else(|e| fail("could not create the span file", e));
+    let spans =
+        LocalSpanExporter::new(&dir).unwrap_or_else(|e| fail("could not create the span file", e));
     let spans_path = spans.path().to_path_buf();
     let provider = SdkTracerProvider::builder()
         .with_span_processor(ProfileIdSpanProcessor::default())

@@ -7,16 +7,35 @@
 //!               SIGEV_THREAD_ID → T,               └─ each thread's Ring, oldest first
 //!               si_value = &ThreadState)
 //!  SIGPROF on T ─► handler: SpanContextCell::read()
-//!                          + stack walk ─► Ring::push (full: dropped += 1)
+//!                          + DWARF unwind ─► Ring::push (full: dropped += 1)
 //! ```
 //!
 //! The timer is per thread and counts that thread's CPU time, as Go does, so samples are
 //! neither merged across cores nor delivered to an idle thread. The handler finds its
 //! thread's state through the timer's `si_value`: it touches no thread-local, takes no
 //! lock and allocates nothing. Everything it needs is allocated at registration.
+//!
+//! Stacks are unwound with the `.eh_frame` call-frame information of every loaded object
+//! (framehop), so they are complete in ordinary release builds, which keep no frame
+//! pointers. The unwind tables are copied from memory at [`Sampler::start`] and again by
+//! [`refresh_modules`] after a `dlopen`/`dlclose`; see `unwind.rs` for how a new unwinder
+//! is published to running handlers. On architectures other than x86_64 and aarch64 no
+//! stack is recorded.
 
+#[cfg(any(target_arch = "x86_64", target_arch = "aarch64"))]
+mod modules;
 mod ring;
+// Without an unwinder nothing reads the stack or the registers past the pc.
+#[cfg_attr(
+    not(any(target_arch = "x86_64", target_arch = "aarch64")),
+    allow(dead_code)
+)]
 mod stack;
+#[cfg(any(target_arch = "x86_64", target_arch = "aarch64"))]
+mod unwind;
+#[cfg(not(any(target_arch = "x86_64", target_arch = "aarch64")))]
+#[path = "unwind_unsupported.rs"]
+mod unwind;
 
 use std::cell::RefCell;
 use std::sync::atomic::{AtomicBool, AtomicU32, AtomicU64, AtomicUsize, Ordering};
@@ -27,7 +46,8 @@ pub use ring::{SampleRecord, MAX_FRAMES};
 
 use crate::span_context::{thread_cell, SpanContextCell};
 use ring::Ring;
-use stack::Registers;
+use stack::{Registers, StackBounds};
+use unwind::{UnwindCache, Wait, WalkEnd};
 
 /// Highest sampling rate accepted. CPU-time timers expire on the kernel tick (250 Hz on
 /// common kernels), so rates above that are delivered at the tick rate anyway.
@@ -131,23 +151,52 @@ pub struct SamplerStats {
     pub drained: u64,
     /// Threads registered now.
     pub threads: usize,
+    /// Recorded samples whose stack is incomplete ([`SampleRecord::truncated`]): the
+    /// unwinder met an address in no known object (counted in `unknown_pc` too), a
+    /// stack word it may not read, unusable call-frame information or more than
+    /// [`MAX_FRAMES`] frames, or the interrupted stack pointer was not on the thread's
+    /// stack. Their innermost frames are still recorded.
+    pub truncated: u64,
+    /// Of `truncated`: walks that stopped at an address outside every loaded object
+    /// known to the unwinder (JIT code, or a library `dlopen`ed since the last
+    /// [`refresh_modules`]).
+    pub unknown_pc: u64,
+}
+
+/// The unwinder's view of the loaded objects.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+#[non_exhaustive]
+pub struct ModuleStats {
+    /// Loaded objects (executable, vDSO, shared libraries) whose unwind tables are known.
+    pub objects: usize,
+    /// Bytes of `.eh_frame` and `.eh_frame_hdr` copied for them.
+    pub table_bytes: usize,
+    /// Unwinders published since the process started (one at the first start, one per
+    /// change in the set of loaded objects seen by [`refresh_modules`]).
+    pub published: u64,
 }
 
 /// What the signal handler needs for one thread, allocated at registration.
 struct ThreadState {
     magic: u64,
     cell: *const SpanContextCell,
-    stack_hi: u64,
+    /// The thread's stack, the only memory the unwinder reads besides its tables.
+    stack: StackBounds,
+    /// framehop's cache, used only by this thread's handler.
+    cache: UnwindCache,
     ring: Ring,
     taken: AtomicU64,
     dropped: AtomicU64,
+    truncated: AtomicU64,
+    unknown_pc: AtomicU64,
     timer: Mutex<Option<Timer>>,
 }
 
 const MAGIC: u64 = 0x6f74_656c_7072_6f66; // "otelprof"
 
 // SAFETY: `cell` points at the owning thread's span context record, which is only read
-// through atomics; the rest is atomics, a mutex and the SPSC ring.
+// through atomics; `cache` is used only by the owning thread's signal handler, which
+// does not nest; the rest is atomics, a mutex and the SPSC ring.
 unsafe impl Send for ThreadState {}
 // SAFETY: as above.
 unsafe impl Sync for ThreadState {}
@@ -167,14 +216,16 @@ impl ThreadState {
         }
         // SAFETY: `ucontext` is the kernel's handler argument.
         let regs = unsafe { Registers::from_ucontext(ucontext) };
-        let stack_hi = self.stack_hi;
+        let mut end = WalkEnd::Truncated;
         // SAFETY: only this thread's handler produces into its ring; SIGPROF is blocked
         // while the handler runs, so it never nests.
         let stored = unsafe {
             self.ring.push_with(|record| {
                 record.root = root;
                 match regs {
-                    Some(regs) => stack::walk(regs, stack_hi, record),
+                    // SAFETY: this is the owning thread's handler (the timer signals only
+                    // this thread), the sole user of `cache`, and it does not nest.
+                    Some(regs) => end = unwind::walk(&regs, self.stack, &self.cache, record),
                     None => {
                         record.depth = 0;
                         record.truncated = true;
@@ -184,6 +235,13 @@ impl ThreadState {
         };
         if !stored {
             self.dropped.fetch_add(1, Ordering::Relaxed);
+            return;
+        }
+        if end != WalkEnd::Complete {
+            self.truncated.fetch_add(1, Ordering::Relaxed);
+            if end == WalkEnd::UnknownPc {
+                self.unknown_pc.fetch_add(1, Ordering::Relaxed);
+            }
         }
     }
 
@@ -210,6 +268,8 @@ struct Registry {
     /// Counters of threads that exited and were drained for the last time.
     retired_taken: u64,
     retired_dropped: u64,
+    retired_truncated: u64,
+    retired_unknown_pc: u64,
     drained: u64,
 }
 
@@ -218,6 +278,8 @@ static REGISTRY: LazyLock<Mutex<Registry>> = LazyLock::new(|| {
         threads: Vec::new(),
         retired_taken: 0,
         retired_dropped: 0,
+        retired_truncated: 0,
+        retired_unknown_pc: 0,
         drained: 0,
     })
 });
@@ -266,6 +328,10 @@ pub struct Sampler {
 impl Sampler {
     /// Installs the `SIGPROF` handler and starts sampling threads as they register.
     ///
+    /// Copies the unwind tables of every loaded object from memory (0.3–0.7 ms and about
+    /// 300 KB for a small release binary with libc; a restart only checks whether objects
+    /// were loaded since).
+    ///
     /// Fails if a sampler already runs, if another profiler owns `SIGPROF`, or if the
     /// config is invalid (the error names the field).
     pub fn start(config: SamplerConfig) -> Result<Sampler, SamplerError> {
@@ -290,6 +356,8 @@ impl Sampler {
             Ordering::Relaxed,
         );
         RING_CAPACITY.store(config.ring_capacity, Ordering::Relaxed);
+        // Before any thread registers, so its first samples are unwound.
+        unwind::refresh(Wait::Upto(Duration::from_millis(100)));
         GENERATION.fetch_add(1, Ordering::AcqRel);
         ENABLED.store(true, Ordering::Release);
         Ok(Sampler { _not_clone: () })
@@ -329,10 +397,14 @@ pub fn stats() -> SamplerStats {
             dropped: registry.retired_dropped,
             drained: registry.drained,
             threads: 0,
+            truncated: registry.retired_truncated,
+            unknown_pc: registry.retired_unknown_pc,
         };
         for state in &registry.threads {
             stats.taken += state.taken.load(Ordering::Relaxed);
             stats.dropped += state.dropped.load(Ordering::Relaxed);
+            stats.truncated += state.truncated.load(Ordering::Relaxed);
+            stats.unknown_pc += state.unknown_pc.load(Ordering::Relaxed);
             if state.timer.lock().map(|t| t.is_some()).unwrap_or(false) {
                 stats.threads += 1;
             }
@@ -360,6 +432,31 @@ pub fn is_running() -> bool {
     RUNNING.load(Ordering::Acquire)
 }
 
+/// Updates the unwinder after shared objects were loaded or unloaded (`dlopen`,
+/// `dlclose`). The collector thread calls it periodically; it costs one
+/// `dl_iterate_phdr` step (tens of nanoseconds) when nothing changed, and copies only the
+/// new objects' unwind tables otherwise. Until then, samples in a newly loaded object
+/// are truncated at its first frame and counted in [`SamplerStats::unknown_pc`].
+///
+/// Returns whether a new unwinder was published. Does nothing while no sampler runs.
+/// Not for signal handlers.
+pub fn refresh_modules() -> bool {
+    if !RUNNING.load(Ordering::Acquire) {
+        return false;
+    }
+    unwind::refresh(Wait::Upto(Duration::from_millis(100)))
+}
+
+/// The loaded objects the unwinder knows and the memory their copied tables take.
+pub fn module_stats() -> ModuleStats {
+    let (objects, table_bytes, published) = unwind::published_stats();
+    ModuleStats {
+        objects,
+        table_bytes,
+        published,
+    }
+}
+
 /// Starts sampling the calling thread, if a sampler runs (idempotent).
 pub fn register_current_thread() -> Result<(), SamplerError> {
     if !RUNNING.load(Ordering::Acquire) {
@@ -370,6 +467,9 @@ pub fn register_current_thread() -> Result<(), SamplerError> {
     if current == Some(generation) {
         return Ok(());
     }
+    // A thread may start with libraries loaded since the last refresh; skipped if
+    // another thread is refreshing.
+    unwind::refresh(Wait::No);
     let registration = new_registration(generation)?;
     REGISTRATION.with(|r| *r.borrow_mut() = Some(registration));
     Ok(())
@@ -423,13 +523,20 @@ pub(crate) fn on_span_enter() {
 fn new_registration(generation: u64) -> Result<Registration, SamplerError> {
     let capacity = RING_CAPACITY.load(Ordering::Relaxed).max(1);
     let hz = u64::from(FREQUENCY_HZ.load(Ordering::Relaxed).max(1));
+    let stack = StackBounds::current().map_err(|source| SamplerError::Os {
+        call: "pthread_getattr_np",
+        source,
+    })?;
     let state = Arc::new(ThreadState {
         magic: MAGIC,
         cell: thread_cell(),
-        stack_hi: current_stack_top()?,
+        stack,
+        cache: UnwindCache::new(),
         ring: Ring::new(capacity),
         taken: AtomicU64::new(0),
         dropped: AtomicU64::new(0),
+        truncated: AtomicU64::new(0),
+        unknown_pc: AtomicU64::new(0),
         timer: Mutex::new(None),
     });
     // SAFETY: plain FFI; `sev` is fully initialised and `timer` is an out-parameter.
@@ -480,7 +587,7 @@ fn new_registration(generation: u64) -> Result<Registration, SamplerError> {
 pub fn drain_into(mut f: impl FnMut(&SampleRecord)) -> usize {
     let mut registry = REGISTRY.lock().unwrap_or_else(PoisonError::into_inner);
     let mut total = 0;
-    let mut retired = (0, 0);
+    let mut retired = (0, 0, 0, 0);
     registry.threads.retain(|state| {
         // Read liveness before draining: a state whose timer was already gone gets no
         // more samples, so this drain is its last and it can be retired. (The thread's
@@ -491,32 +598,17 @@ pub fn drain_into(mut f: impl FnMut(&SampleRecord)) -> usize {
         if !live {
             retired.0 += state.taken.load(Ordering::Relaxed);
             retired.1 += state.dropped.load(Ordering::Relaxed);
+            retired.2 += state.truncated.load(Ordering::Relaxed);
+            retired.3 += state.unknown_pc.load(Ordering::Relaxed);
         }
         live
     });
     registry.drained += total as u64;
     registry.retired_taken += retired.0;
     registry.retired_dropped += retired.1;
+    registry.retired_truncated += retired.2;
+    registry.retired_unknown_pc += retired.3;
     total
-}
-
-/// The highest address of the calling thread's stack.
-fn current_stack_top() -> Result<u64, SamplerError> {
-    // SAFETY: plain FFI with out-parameters; the attr is destroyed before returning.
-    unsafe {
-        let mut attr: libc::pthread_attr_t = std::mem::zeroed();
-        if libc::pthread_getattr_np(libc::pthread_self(), &mut attr) != 0 {
-            return Err(SamplerError::last_os("pthread_getattr_np"));
-        }
-        let mut addr: *mut libc::c_void = std::ptr::null_mut();
-        let mut size: libc::size_t = 0;
-        let rc = libc::pthread_attr_getstack(&attr, &mut addr, &mut size);
-        libc::pthread_attr_destroy(&mut attr);
-        if rc != 0 {
-            return Err(SamplerError::last_os("pthread_attr_getstack"));
-        }
-        Ok(addr as u64 + size as u64)
-    }
 }
 
 extern "C" fn after_fork_in_child() {
@@ -524,6 +616,7 @@ extern "C" fn after_fork_in_child() {
     // registry may be used. A new sampler can be started in the child.
     ENABLED.store(false, Ordering::Relaxed);
     RUNNING.store(false, Ordering::Relaxed);
+    unwind::after_fork_in_child();
 }
 
 fn install_handler() -> Result<(), SamplerError> {
@@ -552,8 +645,9 @@ fn install_handler() -> Result<(), SamplerError> {
     Ok(())
 }
 
-/// The `SIGPROF` handler. Async-signal-safe: atomics, bounded stack reads and a copy into
-/// a preallocated ring; `errno` is preserved.
+/// The `SIGPROF` handler. Async-signal-safe: atomics, a DWARF unwind with preallocated
+/// state and validated stack reads, and a copy into a preallocated ring; `errno` is
+/// preserved.
 extern "C" fn on_sigprof(_: libc::c_int, info: *mut libc::siginfo_t, ucontext: *mut libc::c_void) {
     // SAFETY: __errno_location is async-signal-safe and returns this thread's errno.
     let errno_slot = unsafe { libc::__errno_location() };

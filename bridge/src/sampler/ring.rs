@@ -21,10 +21,17 @@ pub struct SampleRecord {
     pub root: Option<LocalRoot>,
     /// Number of valid entries in `frames`.
     pub depth: u16,
-    /// Whether the walk stopped before reaching the outermost frame.
+    /// Whether the stack is incomplete: the unwinder stopped before the outermost frame
+    /// (see [`SamplerStats::truncated`](super::SamplerStats::truncated) for the causes).
+    /// The frames it did find are kept.
     pub truncated: bool,
-    /// Instruction addresses, innermost first. Entry 0 is the interrupted instruction;
-    /// the others are return addresses.
+    /// Instruction addresses, innermost first, as runtime (load-biased) addresses.
+    ///
+    /// Entry 0 is the interrupted instruction itself. Every later entry is a return
+    /// address exactly as read from the stack: it points *after* its call instruction,
+    /// possibly already into the next function or line when the call was the last
+    /// instruction of a function. A symbolizer must look up `entry - 1` for entries 1 and
+    /// beyond (and entry 0 as is).
     pub frames: [u64; MAX_FRAMES],
 }
 

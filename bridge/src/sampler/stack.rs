@@ -1,20 +1,26 @@
-//! Stack capture from the interrupted register state, for the signal handler.
+//! The interrupted register state and the stack memory the unwinder may read, for the
+//! signal handler.
 //!
-//! Walks the frame-pointer chain. Every read is validated against the thread's stack
-//! bounds (taken once at registration) and alignment before it happens, and frames must
-//! move strictly outward, so a corrupt or absent chain ends the walk instead of faulting.
-//! Binaries built without frame pointers give the interrupted instruction plus whatever
-//! valid-looking chain `rbp` leads to; the DWARF (`.eh_frame`) unwinder replaces this walk
-//! in a later step (see `docs/unwinding-notes.md`).
+//! The unwinder (`unwind.rs`) reads saved registers and return addresses from the
+//! interrupted thread's stack. Every such read goes through [`StackReader`], which accepts
+//! only 8-byte aligned words inside `[interrupted sp, stack top)` of the sampled thread:
+//! that range is mapped (it is the live part of the thread's stack), so a corrupt or
+//! garbage address ends the walk instead of faulting.
 
-use super::ring::{SampleRecord, MAX_FRAMES};
-
-/// Registers the walk starts from.
+/// Registers the unwind starts from.
 #[derive(Clone, Copy, Debug)]
 pub(crate) struct Registers {
+    /// The interrupted instruction.
     pub(crate) pc: u64,
+    /// The stack pointer at the interruption.
     pub(crate) sp: u64,
+    /// The frame pointer register (`rbp` / `x29`); framehop uses it only where the CFI
+    /// says the caller's value lives there, or for code without CFI.
     pub(crate) fp: u64,
+    /// The link register (`x30`): the return address of a leaf function that has not
+    /// saved it yet.
+    #[cfg(target_arch = "aarch64")]
+    pub(crate) lr: u64,
 }
 
 impl Registers {
@@ -45,137 +51,141 @@ impl Registers {
                 pc: m.pc,
                 sp: m.sp,
                 fp: m.regs[29],
+                lr: m.regs[30],
             })
         }
         #[cfg(not(any(target_arch = "x86_64", target_arch = "aarch64")))]
         {
+            // No unwinder for this architecture; the interrupted pc is not read either
+            // (the context layout is not verified here), so the record stays empty.
             let _ = uc;
             None
         }
     }
 }
 
-/// Fills `record` with the stack starting at `regs`, reading only inside
-/// `[regs.sp, stack_hi)`. Async-signal-safe: no allocation, no calls.
-#[inline]
-pub(crate) fn walk(regs: Registers, stack_hi: u64, record: &mut SampleRecord) {
-    let mut depth = 0usize;
-    record.frames[depth] = regs.pc;
-    depth += 1;
-    let mut fp = regs.fp;
-    let mut truncated = true;
-    while depth < MAX_FRAMES {
-        // A frame record is [saved fp, return address]; both words must be on this stack.
-        let in_bounds = fp >= regs.sp && fp.checked_add(16).is_some_and(|end| end <= stack_hi);
-        if !in_bounds || fp % 8 != 0 {
-            // The outermost frame has fp = 0: a clean end, not a truncation.
-            truncated = fp != 0;
-            break;
+/// The calling thread's stack, `[lo, hi)`, taken once at registration.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub(crate) struct StackBounds {
+    pub(crate) lo: u64,
+    pub(crate) hi: u64,
+}
+
+impl StackBounds {
+    /// The calling thread's stack as glibc reports it (for the main thread this reads
+    /// `/proc/self/maps` and allocates: never call it from the signal handler).
+    pub(crate) fn current() -> std::io::Result<StackBounds> {
+        // SAFETY: plain FFI with out-parameters; the attr is destroyed before returning.
+        unsafe {
+            let mut attr: libc::pthread_attr_t = std::mem::zeroed();
+            let rc = libc::pthread_getattr_np(libc::pthread_self(), &mut attr);
+            if rc != 0 {
+                return Err(std::io::Error::from_raw_os_error(rc));
+            }
+            let mut addr: *mut libc::c_void = std::ptr::null_mut();
+            let mut size: libc::size_t = 0;
+            let rc = libc::pthread_attr_getstack(&attr, &mut addr, &mut size);
+            libc::pthread_attr_destroy(&mut attr);
+            if rc != 0 {
+                return Err(std::io::Error::from_raw_os_error(rc));
+            }
+            Ok(StackBounds {
+                lo: addr as u64,
+                hi: addr as u64 + size as u64,
+            })
         }
-        // SAFETY: `fp` and `fp + 8` were just checked to lie inside this thread's stack,
-        // which is mapped, and to be 8-byte aligned.
-        let (next_fp, ret) = unsafe { (*(fp as *const u64), *((fp + 8) as *const u64)) };
-        if ret == 0 {
-            truncated = false;
-            break;
-        }
-        record.frames[depth] = ret;
-        depth += 1;
-        if next_fp <= fp {
-            truncated = next_fp != 0;
-            break;
-        }
-        fp = next_fp;
     }
-    record.depth = depth as u16;
-    record.truncated = truncated;
+
+    /// A reader for the part of this stack that is live at `sp`, or `None` when `sp` is
+    /// not on this stack (an alternate signal stack, a coroutine's own stack): then no
+    /// stack word may be read at all.
+    #[inline]
+    pub(crate) fn reader_from(&self, sp: u64) -> Option<StackReader> {
+        (sp >= self.lo && sp < self.hi).then_some(StackReader { sp, hi: self.hi })
+    }
+}
+
+/// Reads words of the live stack `[sp, hi)` of the interrupted thread.
+#[derive(Clone, Copy, Debug)]
+pub(crate) struct StackReader {
+    sp: u64,
+    hi: u64,
+}
+
+impl StackReader {
+    /// Whether the 8-byte word at `addr` may be read: aligned and inside `[sp, hi)`.
+    #[inline]
+    pub(crate) fn is_readable(&self, addr: u64) -> bool {
+        addr.is_multiple_of(8)
+            && addr >= self.sp
+            && addr.checked_add(8).is_some_and(|end| end <= self.hi)
+    }
+
+    /// The word at `addr`, or `Err(())` (what framehop's `read_stack` expects) for any
+    /// address [`is_readable`](Self::is_readable) refuses. Async-signal-safe.
+    #[inline]
+    pub(crate) fn read(&self, addr: u64) -> Result<u64, ()> {
+        if !self.is_readable(addr) {
+            return Err(());
+        }
+        // SAFETY: `addr` is 8-byte aligned and inside `[sp, hi)`, the live part of the
+        // interrupted thread's own stack, which is mapped and readable.
+        Ok(unsafe { std::ptr::read_volatile(addr as *const u64) })
+    }
 }
 
 #[cfg(test)]
 mod tests {
     use super::*;
 
-    /// A fake stack whose words are written through the same raw pointer the walk reads.
-    struct FakeStack {
-        words: Vec<u64>,
-    }
-
-    impl FakeStack {
-        fn new(len: usize) -> FakeStack {
-            FakeStack {
-                words: vec![0; len],
-            }
-        }
-        fn at(&mut self, i: usize) -> u64 {
-            self.words.as_mut_ptr() as u64 + 8 * i as u64
-        }
-        fn set(&mut self, i: usize, value: u64) {
-            self.words[i] = value;
-        }
-        fn top(&mut self) -> u64 {
-            let len = self.words.len();
-            self.at(len)
-        }
-    }
-
-    /// Three frame records chained outward, then a zero frame pointer.
     #[test]
-    fn walks_a_synthetic_chain_and_stops_cleanly() {
-        let mut stack = FakeStack::new(16);
-        let (f6, f10) = (stack.at(6), stack.at(10));
-        stack.set(2, f6);
-        stack.set(3, 0x1111);
-        stack.set(6, f10);
-        stack.set(7, 0x2222);
-        stack.set(10, 0);
-        stack.set(11, 0x3333);
-        let regs = Registers {
-            pc: 0x9999,
-            sp: stack.at(0),
-            fp: stack.at(2),
+    fn reads_only_aligned_words_between_sp_and_the_top() {
+        let words: Vec<u64> = (0..8).map(|i| 0x1000 + i).collect();
+        let base = words.as_ptr() as u64;
+        let bounds = StackBounds {
+            lo: base,
+            hi: base + 64,
         };
-        let mut record = SampleRecord::EMPTY;
-        walk(regs, stack.top(), &mut record);
-        assert_eq!(record.frames(), &[0x9999, 0x1111, 0x2222, 0x3333]);
-        assert!(!record.truncated);
-    }
-
-    #[test]
-    fn never_reads_outside_the_stack() {
-        let mut stack = FakeStack::new(4);
-        let (base, top) = (stack.at(0), stack.top());
-        for fp in [0x10, base - 8, stack.at(3), base + 3, u64::MAX - 4] {
-            let mut record = SampleRecord::EMPTY;
-            walk(
-                Registers {
-                    pc: 1,
-                    sp: base,
-                    fp,
-                },
-                top,
-                &mut record,
-            );
-            assert_eq!(record.frames(), &[1], "fp {fp:#x}");
+        // sp two words up: the words below it are dead stack.
+        let reader = bounds.reader_from(base + 16).expect("sp on the stack");
+        assert_eq!(reader.read(base + 16), Ok(0x1002));
+        assert_eq!(reader.read(base + 56), Ok(0x1007), "last word");
+        for bad in [
+            base,         // below sp
+            base + 8,     // below sp
+            base + 20,    // unaligned
+            base + 57,    // unaligned, crosses the top
+            base + 64,    // at the top
+            base + 4096,  // far above
+            0,            // null
+            u64::MAX - 7, // would wrap
+            !7,           // aligned, wraps on + 8
+        ] {
+            assert!(!reader.is_readable(bad), "{bad:#x}");
+            assert_eq!(reader.read(bad), Err(()), "{bad:#x}");
         }
     }
 
     #[test]
-    fn a_loop_in_the_chain_ends_the_walk() {
-        let mut stack = FakeStack::new(8);
-        let f2 = stack.at(2);
-        stack.set(2, f2); // points at itself
-        stack.set(3, 0x42);
-        let mut record = SampleRecord::EMPTY;
-        walk(
-            Registers {
-                pc: 1,
-                sp: stack.at(0),
-                fp: f2,
-            },
-            stack.top(),
-            &mut record,
-        );
-        assert_eq!(record.frames(), &[1, 0x42]);
-        assert!(record.truncated);
+    fn an_sp_off_the_stack_reads_nothing() {
+        let bounds = StackBounds {
+            lo: 0x10_000,
+            hi: 0x20_000,
+        };
+        assert!(bounds.reader_from(0x0_fff8).is_none());
+        assert!(bounds.reader_from(0x20_000).is_none());
+        assert!(bounds.reader_from(0).is_none());
+        assert!(bounds.reader_from(0x10_000).is_some());
+        assert!(bounds.reader_from(0x1f_ff8).is_some());
+    }
+
+    #[test]
+    fn the_current_thread_has_a_stack_around_its_locals() {
+        let bounds = StackBounds::current().expect("stack bounds");
+        let local = 0u64;
+        let addr = &local as *const u64 as u64;
+        assert!(bounds.lo < addr && addr < bounds.hi, "{bounds:?} {addr:#x}");
+        let reader = bounds.reader_from(addr & !7).expect("on the stack");
+        assert_eq!(reader.read(addr), Ok(0));
     }
 }

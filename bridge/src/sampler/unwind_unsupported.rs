@@ -1,0 +1,56 @@
+//! Architectures without a framehop unwinder: the handler records at most the
+//! interrupted pc, marked truncated, and there are no unwind tables to load.
+#![allow(dead_code)] // the same items as `unwind.rs`, not all of them used here
+
+use std::time::Duration;
+
+use super::ring::SampleRecord;
+use super::stack::{Registers, StackBounds};
+
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub(crate) enum WalkEnd {
+    Complete,
+    UnknownPc,
+    Truncated,
+}
+
+#[derive(Clone, Copy, Debug)]
+pub(crate) enum Wait {
+    No,
+    Upto(Duration),
+}
+
+pub(crate) struct UnwindCache;
+
+impl UnwindCache {
+    pub(crate) fn new() -> UnwindCache {
+        UnwindCache
+    }
+}
+
+pub(crate) fn refresh(_: Wait) -> bool {
+    false
+}
+
+pub(crate) fn published_stats() -> (usize, usize, u64) {
+    (0, 0, 0)
+}
+
+pub(crate) fn after_fork_in_child() {}
+
+/// Records only the interrupted pc.
+///
+/// # Safety
+/// None needed here; `unsafe` to match the unwinding version.
+#[inline]
+pub(crate) unsafe fn walk(
+    regs: &Registers,
+    _: StackBounds,
+    _: &UnwindCache,
+    record: &mut SampleRecord,
+) -> WalkEnd {
+    record.frames[0] = regs.pc;
+    record.depth = 1;
+    record.truncated = true;
+    WalkEnd::Truncated
+}
