@@ -83,6 +83,10 @@ impl SpanProcessor for PrintRoots {
         let Some(profile_id) = attr(PROFILE_ID_ATTRIBUTE) else {
             return;
         };
+        static HEADER: std::sync::Once = std::sync::Once::new();
+        HEADER.call_once(|| {
+            println!("\nfinished requests (CPU from the samples taken under each span):")
+        });
         let wall = span
             .end_time
             .duration_since(span.start_time)
@@ -186,13 +190,12 @@ fn main() {
         let mut handles = Vec::new();
         for i in 0..3u64 {
             handles.push(tokio::spawn(
-                report(60 + i).instrument(tracing::info_span!("GET /report")),
+                report(8 + i).instrument(tracing::info_span!("GET /report")),
             ));
             handles.push(tokio::spawn(
                 orders().instrument(tracing::info_span!("GET /orders")),
             ));
         }
-        println!("\nfinished requests (CPU from the samples taken under each span):");
         for handle in handles {
             let _ = handle.await;
         }
