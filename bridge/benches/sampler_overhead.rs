@@ -15,7 +15,7 @@ use std::time::{Duration, Instant};
 const MODES: [&str; 3] = ["none", "otel-profiling", "pyroscope"];
 const ROUNDS: usize = 5;
 /// Work units per thread (each unit is a deep call chain doing arithmetic).
-const UNITS: u64 = 3_000;
+const UNITS: u64 = 600_000;
 
 #[inline(never)]
 fn leaf(mut x: u64) -> u64 {
