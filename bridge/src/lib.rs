@@ -30,6 +30,7 @@
 
 pub mod collector;
 mod evidence;
+pub mod export;
 mod layer;
 mod local_root;
 pub mod local_sink;

@@ -1,0 +1,3 @@
+//! Shipping profiles and traces to the real backends.
+
+pub mod pyroscope;

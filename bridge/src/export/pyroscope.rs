@@ -1,0 +1,1 @@
+//! Pyroscope push exporter (being written).
