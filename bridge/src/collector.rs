@@ -117,6 +117,7 @@ impl Collector {
             counts: HashMap::new(),
             interval_start: SystemTime::now(),
             symbolizer: None,
+            health: HealthLog::default(),
         };
         let thread = std::thread::Builder::new()
             .name("otel-profiling-collector".into())
@@ -188,6 +189,43 @@ struct State {
     interval_start: SystemTime,
     /// Created on first use, so starting costs nothing.
     symbolizer: Option<Symbolizer>,
+    health: HealthLog,
+}
+
+/// Logs losses (dropped samples, truncated stacks, failed profiles) to stderr: the first at
+/// once, then at most one line a minute, and only when something new was lost.
+#[derive(Default)]
+struct HealthLog {
+    last: Option<Instant>,
+    reported: (u64, u64, u64),
+}
+
+/// Minimum time between two health lines.
+const HEALTH_LOG_EVERY: Duration = Duration::from_secs(60);
+
+impl HealthLog {
+    fn check(&mut self, stats: &CollectorStats) {
+        if self.last.is_some_and(|t| t.elapsed() < HEALTH_LOG_EVERY) {
+            return;
+        }
+        let sampler = sampler::stats();
+        let failed = stats.profiles_failed.load(Ordering::Relaxed);
+        let now = (sampler.dropped, sampler.truncated, failed);
+        if now.0 <= self.reported.0 && now.1 <= self.reported.1 && now.2 <= self.reported.2 {
+            return;
+        }
+        eprintln!(
+            "otel-profiling: samples taken {}, dropped {} (buffer full), truncated stacks {}; \
+             profiles exported {}, failed {}",
+            sampler.taken,
+            sampler.dropped,
+            sampler.truncated,
+            stats.profiles_exported.load(Ordering::Relaxed),
+            failed
+        );
+        self.reported = now;
+        self.last = Some(Instant::now());
+    }
 }
 
 impl State {
@@ -212,6 +250,7 @@ impl State {
                 }
                 Err(RecvTimeoutError::Timeout) => {
                     self.drain();
+                    self.health.check(&self.stats);
                     if Instant::now() >= next_profile {
                         self.finish_interval();
                         next_profile += self.config.interval;

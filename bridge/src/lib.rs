@@ -29,6 +29,7 @@
 #![warn(missing_docs, unreachable_pub)]
 
 pub mod collector;
+pub mod config;
 mod evidence;
 pub mod export;
 mod layer;
@@ -39,6 +40,7 @@ pub mod pprof;
 mod processor;
 mod profiler;
 pub mod sampler;
+mod setup;
 mod span_context;
 mod span_name;
 mod symbolize;
@@ -49,6 +51,9 @@ pub use local_root::UnsampledTraces;
 pub use otel_scope::{ProfiledFuture, ProfilingContext, ProfilingFutureExt};
 pub use processor::{ProfileIdScope, ProfileIdSpanProcessor, PROFILE_ID_ATTRIBUTE};
 pub use profiler::{Profiler, ProfilerBuilder, ProfilerError, ProfilerStats};
+pub use setup::{
+    series_labels, HealthStats, SetupError, Telemetry, TelemetryGuard, RESOURCE_SERIES_LABELS,
+};
 pub use span_context::{
     current_local_root, thread_cell, LocalRoot, RootCpu, SpanContextCell, SpanContextGuard,
 };

@@ -104,6 +104,12 @@ impl ProfilerBuilder {
         self
     }
 
+    /// Adds an already boxed sink (see [`sink`](Self::sink)).
+    pub fn sink_boxed(mut self, sink: Box<dyn ProfileSink>) -> Self {
+        self.sinks.push(sink);
+        self
+    }
+
     /// Whether profiles are also written to the local directory.
     pub fn local_files(mut self, on: bool) -> Self {
         self.local_files = Some(on);

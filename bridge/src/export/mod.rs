@@ -1,3 +1,4 @@
 //! Shipping profiles and traces to the real backends.
 
+pub mod otlp;
 pub mod pyroscope;

@@ -1,0 +1,366 @@
+//! Configuration from the environment, following both ecosystems' conventions.
+//!
+//! | variable | meaning | accepted form |
+//! |---|---|---|
+//! | `OTEL_SERVICE_NAME` | service name (wins over `PYROSCOPE_APPLICATION_NAME`) | non-empty text |
+//! | `OTEL_RESOURCE_ATTRIBUTES` | resource attributes | `key=value,key2=value2` (values percent-decoded) |
+//! | `OTEL_EXPORTER_OTLP_ENDPOINT` | OTLP receiver for traces (Tempo) | `http(s)://host:port` |
+//! | `OTEL_EXPORTER_OTLP_PROTOCOL` | OTLP protocol | `http/protobuf` (default) or `grpc` |
+//! | `PYROSCOPE_SERVER_ADDRESS` | Pyroscope server for profiles | `http(s)://host:port` |
+//! | `PYROSCOPE_APPLICATION_NAME` | service name when `OTEL_SERVICE_NAME` is unset | non-empty text |
+//! | `PYROSCOPE_BASIC_AUTH_USER`, `PYROSCOPE_BASIC_AUTH_PASSWORD` | basic auth (both or neither) | text |
+//! | `PYROSCOPE_AUTH_TOKEN` | bearer token (instead of basic auth) | text |
+//! | `PYROSCOPE_TENANT_ID` | `X-Scope-OrgID` header | text |
+//! | `PYROSCOPE_SAMPLE_RATE` | samples per second | integer 1–1000 |
+//! | `PYROSCOPE_UPLOAD_INTERVAL` | profile length | `10s`, `500ms`, `1m` or whole seconds |
+//! | `OTEL_PROFILING_OUTPUT_DIR` | local files directory (no backend configured) | a path |
+//!
+//! An empty variable counts as unset. A malformed one fails setup with an error naming the
+//! variable and the accepted form. Secrets never appear in `Debug` output or errors.
+
+use std::fmt;
+use std::path::PathBuf;
+use std::time::Duration;
+
+/// A configuration value that was malformed.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+#[error("{field}: {problem} (got {value:?}; expected {expected})")]
+pub struct ConfigError {
+    /// The variable or builder field.
+    pub field: &'static str,
+    /// What is wrong.
+    pub problem: &'static str,
+    /// The offending value (redacted for secrets).
+    pub value: String,
+    /// The accepted form.
+    pub expected: &'static str,
+}
+
+impl ConfigError {
+    pub(crate) fn new(
+        field: &'static str,
+        problem: &'static str,
+        value: &str,
+        expected: &'static str,
+    ) -> ConfigError {
+        ConfigError {
+            field,
+            problem,
+            value: value.to_string(),
+            expected,
+        }
+    }
+}
+
+/// OTLP transport.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+#[non_exhaustive]
+pub enum OtlpProtocol {
+    /// OTLP over HTTP with protobuf bodies (port 4318, path `/v1/traces`).
+    #[default]
+    HttpProtobuf,
+    /// OTLP over gRPC (port 4317).
+    Grpc,
+}
+
+/// Where traces go.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct OtlpTarget {
+    /// Base endpoint, e.g. `http://localhost:4318` (HTTP) or `http://localhost:4317` (gRPC).
+    pub endpoint: String,
+    /// Transport.
+    pub protocol: OtlpProtocol,
+}
+
+impl OtlpTarget {
+    /// The URL the exporter is given: for HTTP the signal path `/v1/traces` is appended
+    /// (a programmatic endpoint is used verbatim by `opentelemetry-otlp`).
+    pub fn traces_url(&self) -> String {
+        match self.protocol {
+            OtlpProtocol::HttpProtobuf => {
+                format!("{}/v1/traces", self.endpoint.trim_end_matches('/'))
+            }
+            OtlpProtocol::Grpc => self.endpoint.clone(),
+        }
+    }
+}
+
+/// Credentials for Pyroscope.
+#[derive(Clone, PartialEq, Eq)]
+pub enum Credentials {
+    /// HTTP basic auth.
+    Basic {
+        /// User name.
+        user: String,
+        /// Password.
+        password: String,
+    },
+    /// `Authorization: Bearer <token>`.
+    Bearer(String),
+}
+
+impl fmt::Debug for Credentials {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        match self {
+            Credentials::Basic { user, .. } => f
+                .debug_struct("Basic")
+                .field("user", user)
+                .field("password", &"***")
+                .finish(),
+            Credentials::Bearer(_) => f.debug_tuple("Bearer").field(&"***").finish(),
+        }
+    }
+}
+
+/// Where profiles go.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct PyroscopeTarget {
+    /// Server address, e.g. `http://localhost:4040`.
+    pub server: String,
+    /// Credentials, if any.
+    pub credentials: Option<Credentials>,
+    /// Tenant (`X-Scope-OrgID`), if any.
+    pub tenant_id: Option<String>,
+}
+
+/// Everything the environment said.
+#[derive(Clone, Debug, Default, PartialEq, Eq)]
+#[non_exhaustive]
+pub struct EnvConfig {
+    /// `OTEL_SERVICE_NAME` or `PYROSCOPE_APPLICATION_NAME`.
+    pub service_name: Option<String>,
+    /// `OTEL_RESOURCE_ATTRIBUTES`, in order.
+    pub resource_attributes: Vec<(String, String)>,
+    /// `OTEL_EXPORTER_OTLP_ENDPOINT` / `_PROTOCOL`.
+    pub otlp: Option<OtlpTarget>,
+    /// `PYROSCOPE_*`.
+    pub pyroscope: Option<PyroscopeTarget>,
+    /// `PYROSCOPE_SAMPLE_RATE`.
+    pub sample_rate_hz: Option<u32>,
+    /// `PYROSCOPE_UPLOAD_INTERVAL`.
+    pub upload_interval: Option<Duration>,
+    /// `OTEL_PROFILING_OUTPUT_DIR`.
+    pub output_dir: Option<PathBuf>,
+}
+
+impl EnvConfig {
+    /// Reads the process environment.
+    pub fn from_env() -> Result<EnvConfig, ConfigError> {
+        EnvConfig::from_lookup(|name| std::env::var(name).ok())
+    }
+
+    /// Reads variables through `lookup` (for tests and embedding).
+    pub fn from_lookup(lookup: impl Fn(&str) -> Option<String>) -> Result<EnvConfig, ConfigError> {
+        let get = |name: &str| lookup(name).filter(|v| !v.trim().is_empty());
+        let mut config = EnvConfig {
+            service_name: get("OTEL_SERVICE_NAME").or_else(|| get("PYROSCOPE_APPLICATION_NAME")),
+            ..EnvConfig::default()
+        };
+        if let Some(v) = get("OTEL_RESOURCE_ATTRIBUTES") {
+            config.resource_attributes = parse_resource_attributes(&v)?;
+        }
+        if let Some(endpoint) = get("OTEL_EXPORTER_OTLP_ENDPOINT") {
+            let protocol = match get("OTEL_EXPORTER_OTLP_PROTOCOL").as_deref() {
+                None | Some("http/protobuf") => OtlpProtocol::HttpProtobuf,
+                Some("grpc") => OtlpProtocol::Grpc,
+                Some(other) => {
+                    return Err(ConfigError::new(
+                        "OTEL_EXPORTER_OTLP_PROTOCOL",
+                        "unsupported protocol",
+                        other,
+                        "`http/protobuf` or `grpc`",
+                    ))
+                }
+            };
+            config.otlp = Some(OtlpTarget {
+                endpoint: parse_url("OTEL_EXPORTER_OTLP_ENDPOINT", &endpoint)?,
+                protocol,
+            });
+        } else if let Some(protocol) = get("OTEL_EXPORTER_OTLP_PROTOCOL") {
+            if protocol != "http/protobuf" && protocol != "grpc" {
+                return Err(ConfigError::new(
+                    "OTEL_EXPORTER_OTLP_PROTOCOL",
+                    "unsupported protocol",
+                    &protocol,
+                    "`http/protobuf` or `grpc`",
+                ));
+            }
+        }
+        let user = get("PYROSCOPE_BASIC_AUTH_USER");
+        let password = get("PYROSCOPE_BASIC_AUTH_PASSWORD");
+        let token = get("PYROSCOPE_AUTH_TOKEN");
+        let credentials =
+            match (user, password, token) {
+                (Some(user), Some(password), None) => Some(Credentials::Basic { user, password }),
+                (None, None, Some(token)) => Some(Credentials::Bearer(token)),
+                (None, None, None) => None,
+                (Some(_), None, _) => return Err(ConfigError::new(
+                    "PYROSCOPE_BASIC_AUTH_PASSWORD",
+                    "missing while PYROSCOPE_BASIC_AUTH_USER is set",
+                    "",
+                    "both PYROSCOPE_BASIC_AUTH_USER and PYROSCOPE_BASIC_AUTH_PASSWORD, or neither",
+                )),
+                (None, Some(_), _) => return Err(ConfigError::new(
+                    "PYROSCOPE_BASIC_AUTH_USER",
+                    "missing while PYROSCOPE_BASIC_AUTH_PASSWORD is set",
+                    "",
+                    "both PYROSCOPE_BASIC_AUTH_USER and PYROSCOPE_BASIC_AUTH_PASSWORD, or neither",
+                )),
+                (Some(_), Some(_), Some(_)) => {
+                    return Err(ConfigError::new(
+                        "PYROSCOPE_AUTH_TOKEN",
+                        "set together with basic auth",
+                        "***",
+                        "either a bearer token or basic auth, not both",
+                    ))
+                }
+            };
+        let tenant_id = get("PYROSCOPE_TENANT_ID");
+        match get("PYROSCOPE_SERVER_ADDRESS") {
+            Some(server) => {
+                config.pyroscope = Some(PyroscopeTarget {
+                    server: parse_url("PYROSCOPE_SERVER_ADDRESS", &server)?,
+                    credentials,
+                    tenant_id,
+                });
+            }
+            None if credentials.is_some() || tenant_id.is_some() => {
+                return Err(ConfigError::new(
+                    "PYROSCOPE_SERVER_ADDRESS",
+                    "missing while Pyroscope credentials or tenant are set",
+                    "",
+                    "the server URL, e.g. http://localhost:4040",
+                ))
+            }
+            None => {}
+        }
+        if let Some(v) = get("PYROSCOPE_SAMPLE_RATE") {
+            let rate = v
+                .trim()
+                .parse::<u32>()
+                .ok()
+                .filter(|r| (1..=1000).contains(r));
+            config.sample_rate_hz = Some(rate.ok_or_else(|| {
+                ConfigError::new(
+                    "PYROSCOPE_SAMPLE_RATE",
+                    "not a sampling rate",
+                    &v,
+                    "an integer from 1 to 1000 (samples per second)",
+                )
+            })?);
+        }
+        if let Some(v) = get("PYROSCOPE_UPLOAD_INTERVAL") {
+            let interval = parse_duration(&v).filter(|d| *d >= Duration::from_millis(100));
+            config.upload_interval = Some(interval.ok_or_else(|| {
+                ConfigError::new(
+                    "PYROSCOPE_UPLOAD_INTERVAL",
+                    "not a duration of at least 100 ms",
+                    &v,
+                    "a duration like `10s`, `500ms`, `1m`, or whole seconds",
+                )
+            })?);
+        }
+        config.output_dir = get("OTEL_PROFILING_OUTPUT_DIR").map(PathBuf::from);
+        Ok(config)
+    }
+}
+
+/// `http(s)://host[:port][/path]`, without query or fragment; returned without a
+/// trailing slash.
+pub(crate) fn parse_url(field: &'static str, value: &str) -> Result<String, ConfigError> {
+    const EXPECTED: &str = "an http:// or https:// URL such as http://localhost:4040";
+    let v = value.trim();
+    let rest = v
+        .strip_prefix("http://")
+        .or_else(|| v.strip_prefix("https://"))
+        .ok_or_else(|| ConfigError::new(field, "not an http(s) URL", value, EXPECTED))?;
+    let host = rest.split('/').next().unwrap_or("");
+    if host.is_empty() || host.contains(char::is_whitespace) || host.contains('@') {
+        return Err(ConfigError::new(field, "no valid host", value, EXPECTED));
+    }
+    if let Some((_, port)) = host.rsplit_once(':').filter(|_| !host.ends_with(']')) {
+        if port.parse::<u16>().is_err() {
+            return Err(ConfigError::new(field, "invalid port", value, EXPECTED));
+        }
+    }
+    if v.contains('?') || v.contains('#') {
+        return Err(ConfigError::new(
+            field,
+            "query or fragment not allowed",
+            value,
+            EXPECTED,
+        ));
+    }
+    Ok(v.trim_end_matches('/').to_string())
+}
+
+/// `key=value,key2=value2` with percent-encoded values (the OpenTelemetry spec form).
+pub(crate) fn parse_resource_attributes(value: &str) -> Result<Vec<(String, String)>, ConfigError> {
+    const EXPECTED: &str =
+        "comma-separated key=value pairs, e.g. service.version=1.2,deployment.environment=prod";
+    let mut out = Vec::new();
+    for pair in value.split(',').map(str::trim).filter(|p| !p.is_empty()) {
+        let (key, val) = pair.split_once('=').ok_or_else(|| {
+            ConfigError::new(
+                "OTEL_RESOURCE_ATTRIBUTES",
+                "a pair without `=`",
+                value,
+                EXPECTED,
+            )
+        })?;
+        let key = key.trim();
+        if key.is_empty() {
+            return Err(ConfigError::new(
+                "OTEL_RESOURCE_ATTRIBUTES",
+                "an empty key",
+                value,
+                EXPECTED,
+            ));
+        }
+        let val = percent_decode(val.trim()).ok_or_else(|| {
+            ConfigError::new(
+                "OTEL_RESOURCE_ATTRIBUTES",
+                "a malformed percent-encoding",
+                value,
+                EXPECTED,
+            )
+        })?;
+        out.push((key.to_string(), val));
+    }
+    Ok(out)
+}
+
+fn percent_decode(s: &str) -> Option<String> {
+    let bytes = s.as_bytes();
+    let mut out = Vec::with_capacity(bytes.len());
+    let mut i = 0;
+    while i < bytes.len() {
+        if bytes[i] == b'%' {
+            let hex = s.get(i + 1..i + 3)?;
+            out.push(u8::from_str_radix(hex, 16).ok()?);
+            i += 3;
+        } else {
+            out.push(bytes[i]);
+            i += 1;
+        }
+    }
+    String::from_utf8(out).ok()
+}
+
+/// `10s`, `500ms`, `1m`, `2h`, or a bare number of seconds.
+pub(crate) fn parse_duration(s: &str) -> Option<Duration> {
+    let s = s.trim();
+    let split = s.find(|c: char| !c.is_ascii_digit()).unwrap_or(s.len());
+    let (num, unit) = s.split_at(split);
+    let n: u64 = num.parse().ok()?;
+    match unit.trim() {
+        "" | "s" => Some(Duration::from_secs(n)),
+        "ms" => Some(Duration::from_millis(n)),
+        "m" => n.checked_mul(60).map(Duration::from_secs),
+        "h" => n.checked_mul(3600).map(Duration::from_secs),
+        _ => None,
+    }
+}
+
+#[cfg(test)]
+mod tests;

@@ -1,0 +1,191 @@
+use super::*;
+use std::collections::HashMap;
+
+fn env(pairs: &[(&str, &str)]) -> Result<EnvConfig, ConfigError> {
+    let map: HashMap<String, String> = pairs
+        .iter()
+        .map(|(k, v)| (k.to_string(), v.to_string()))
+        .collect();
+    EnvConfig::from_lookup(|name| map.get(name).cloned())
+}
+
+fn err_field(pairs: &[(&str, &str)]) -> &'static str {
+    match env(pairs) {
+        Err(e) => e.field,
+        Ok(c) => panic!("expected an error for {pairs:?}, got {c:?}"),
+    }
+}
+
+#[test]
+fn nothing_set_means_nothing_configured() {
+    assert_eq!(env(&[]).expect("empty env"), EnvConfig::default());
+    // Empty counts as unset.
+    assert_eq!(
+        env(&[("PYROSCOPE_SERVER_ADDRESS", " ")]).expect("blank"),
+        EnvConfig::default()
+    );
+}
+
+#[test]
+fn service_name_prefers_otel_then_pyroscope() {
+    let c = env(&[
+        ("OTEL_SERVICE_NAME", "checkout"),
+        ("PYROSCOPE_APPLICATION_NAME", "x"),
+    ])
+    .expect("ok");
+    assert_eq!(c.service_name.as_deref(), Some("checkout"));
+    let c = env(&[("PYROSCOPE_APPLICATION_NAME", "ride-sharing")]).expect("ok");
+    assert_eq!(c.service_name.as_deref(), Some("ride-sharing"));
+}
+
+#[test]
+fn resource_attributes_valid_and_malformed() {
+    let c = env(&[(
+        "OTEL_RESOURCE_ATTRIBUTES",
+        "service.version=1.2.3, deployment.environment=prod,team=a%2Cb",
+    )])
+    .expect("ok");
+    assert_eq!(
+        c.resource_attributes,
+        vec![
+            ("service.version".into(), "1.2.3".into()),
+            ("deployment.environment".into(), "prod".into()),
+            ("team".into(), "a,b".into()),
+        ]
+    );
+    for bad in ["novalue", "=x", "k=%zz", "k=%4"] {
+        let e = env(&[("OTEL_RESOURCE_ATTRIBUTES", bad)]).expect_err(bad);
+        assert_eq!(e.field, "OTEL_RESOURCE_ATTRIBUTES", "{bad}");
+        assert!(e.to_string().contains("key=value"), "{e}");
+    }
+}
+
+#[test]
+fn otlp_endpoint_and_protocol() {
+    let c = env(&[("OTEL_EXPORTER_OTLP_ENDPOINT", "http://tempo:4318/")]).expect("ok");
+    let otlp = c.otlp.expect("otlp");
+    assert_eq!(otlp.protocol, OtlpProtocol::HttpProtobuf);
+    assert_eq!(otlp.traces_url(), "http://tempo:4318/v1/traces");
+    let c = env(&[
+        ("OTEL_EXPORTER_OTLP_ENDPOINT", "http://tempo:4317"),
+        ("OTEL_EXPORTER_OTLP_PROTOCOL", "grpc"),
+    ])
+    .expect("ok");
+    assert_eq!(c.otlp.expect("otlp").traces_url(), "http://tempo:4317");
+    assert_eq!(
+        err_field(&[("OTEL_EXPORTER_OTLP_ENDPOINT", "tempo:4318")]),
+        "OTEL_EXPORTER_OTLP_ENDPOINT"
+    );
+    assert_eq!(
+        err_field(&[("OTEL_EXPORTER_OTLP_ENDPOINT", "http://tempo:99999")]),
+        "OTEL_EXPORTER_OTLP_ENDPOINT"
+    );
+    assert_eq!(
+        err_field(&[
+            ("OTEL_EXPORTER_OTLP_ENDPOINT", "http://t:4318"),
+            ("OTEL_EXPORTER_OTLP_PROTOCOL", "http/json")
+        ]),
+        "OTEL_EXPORTER_OTLP_PROTOCOL"
+    );
+    assert_eq!(
+        err_field(&[("OTEL_EXPORTER_OTLP_PROTOCOL", "thrift")]),
+        "OTEL_EXPORTER_OTLP_PROTOCOL"
+    );
+}
+
+#[test]
+fn pyroscope_server_auth_and_tenant() {
+    let c = env(&[
+        ("PYROSCOPE_SERVER_ADDRESS", "https://profiles.example.com"),
+        ("PYROSCOPE_BASIC_AUTH_USER", "123"),
+        ("PYROSCOPE_BASIC_AUTH_PASSWORD", "s3cret"),
+        ("PYROSCOPE_TENANT_ID", "team-a"),
+    ])
+    .expect("ok");
+    let p = c.pyroscope.expect("pyroscope");
+    assert_eq!(p.server, "https://profiles.example.com");
+    assert_eq!(p.tenant_id.as_deref(), Some("team-a"));
+    let debug = format!("{p:?}");
+    assert!(
+        !debug.contains("s3cret") && debug.contains("***"),
+        "{debug}"
+    );
+    let c = env(&[
+        ("PYROSCOPE_SERVER_ADDRESS", "http://p:4040"),
+        ("PYROSCOPE_AUTH_TOKEN", "tok"),
+    ])
+    .expect("ok");
+    assert_eq!(
+        c.pyroscope.expect("p").credentials,
+        Some(Credentials::Bearer("tok".into()))
+    );
+
+    assert_eq!(
+        err_field(&[("PYROSCOPE_SERVER_ADDRESS", "ftp://p")]),
+        "PYROSCOPE_SERVER_ADDRESS"
+    );
+    assert_eq!(
+        err_field(&[("PYROSCOPE_SERVER_ADDRESS", "http://p:4040?x=1")]),
+        "PYROSCOPE_SERVER_ADDRESS"
+    );
+    assert_eq!(
+        err_field(&[
+            ("PYROSCOPE_SERVER_ADDRESS", "http://p"),
+            ("PYROSCOPE_BASIC_AUTH_USER", "u")
+        ]),
+        "PYROSCOPE_BASIC_AUTH_PASSWORD"
+    );
+    assert_eq!(
+        err_field(&[
+            ("PYROSCOPE_SERVER_ADDRESS", "http://p"),
+            ("PYROSCOPE_BASIC_AUTH_PASSWORD", "pw")
+        ]),
+        "PYROSCOPE_BASIC_AUTH_USER"
+    );
+    let e = env(&[
+        ("PYROSCOPE_SERVER_ADDRESS", "http://p"),
+        ("PYROSCOPE_BASIC_AUTH_USER", "u"),
+        ("PYROSCOPE_BASIC_AUTH_PASSWORD", "pw-secret"),
+        ("PYROSCOPE_AUTH_TOKEN", "tok-secret"),
+    ])
+    .expect_err("both");
+    assert_eq!(e.field, "PYROSCOPE_AUTH_TOKEN");
+    assert!(!e.to_string().contains("secret"), "{e}");
+    assert_eq!(
+        err_field(&[("PYROSCOPE_TENANT_ID", "t")]),
+        "PYROSCOPE_SERVER_ADDRESS"
+    );
+}
+
+#[test]
+fn sample_rate_and_upload_interval() {
+    let c = env(&[
+        ("PYROSCOPE_SAMPLE_RATE", "250"),
+        ("PYROSCOPE_UPLOAD_INTERVAL", "15s"),
+    ])
+    .expect("ok");
+    assert_eq!(c.sample_rate_hz, Some(250));
+    assert_eq!(c.upload_interval, Some(Duration::from_secs(15)));
+    for (v, d) in [("500ms", 500), ("1m", 60_000), ("20", 20_000)] {
+        let c = env(&[("PYROSCOPE_UPLOAD_INTERVAL", v)]).expect(v);
+        assert_eq!(c.upload_interval, Some(Duration::from_millis(d)), "{v}");
+    }
+    for bad in ["0", "1001", "fast", "-5", "99.5"] {
+        let e = env(&[("PYROSCOPE_SAMPLE_RATE", bad)]).expect_err(bad);
+        assert_eq!(e.field, "PYROSCOPE_SAMPLE_RATE");
+        assert!(e.to_string().contains("1 to 1000"), "{e}");
+    }
+    for bad in ["10 parsecs", "ms", "50ms", "1.5s"] {
+        assert_eq!(
+            err_field(&[("PYROSCOPE_UPLOAD_INTERVAL", bad)]),
+            "PYROSCOPE_UPLOAD_INTERVAL",
+            "{bad}"
+        );
+    }
+}
+
+#[test]
+fn output_dir() {
+    let c = env(&[("OTEL_PROFILING_OUTPUT_DIR", "/tmp/prof")]).expect("ok");
+    assert_eq!(c.output_dir, Some(PathBuf::from("/tmp/prof")));
+}

@@ -1,0 +1,103 @@
+//! OTLP span export for the one-call setup.
+//!
+//! HTTP/protobuf uses `opentelemetry-otlp`'s blocking reqwest client and runs on the batch
+//! span processor's own thread. gRPC (tonic) needs a Tokio reactor for its connection, and
+//! the batch processor's thread has none, so [`GrpcSpanExporter`] owns a one-worker Tokio
+//! runtime: the channel is created inside it and every export is driven on it. The host
+//! application's own runtime is never used (nor required).
+
+use std::fmt;
+use std::sync::{Mutex, PoisonError};
+use std::time::Duration;
+
+use opentelemetry_sdk::error::{OTelSdkError, OTelSdkResult};
+use opentelemetry_sdk::trace::{SpanData, SpanExporter};
+use opentelemetry_sdk::Resource;
+
+/// The tonic OTLP exporter, driven on a runtime of its own.
+pub struct GrpcSpanExporter {
+    inner: opentelemetry_otlp::SpanExporter,
+    runtime: Mutex<Option<tokio::runtime::Runtime>>,
+}
+
+impl fmt::Debug for GrpcSpanExporter {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("GrpcSpanExporter").finish_non_exhaustive()
+    }
+}
+
+impl GrpcSpanExporter {
+    /// Connects (lazily) to `endpoint`, e.g. `http://localhost:4317`.
+    pub fn new(endpoint: &str) -> Result<GrpcSpanExporter, String> {
+        use opentelemetry_otlp::WithExportConfig;
+        let runtime = tokio::runtime::Builder::new_multi_thread()
+            .worker_threads(1)
+            .thread_name("otel-profiling-otlp-grpc")
+            .enable_all()
+            .build()
+            .map_err(|e| format!("starting the gRPC runtime: {e}"))?;
+        let inner = {
+            let _entered = runtime.enter();
+            opentelemetry_otlp::SpanExporter::builder()
+                .with_tonic()
+                .with_endpoint(endpoint)
+                .build()
+                .map_err(|e| e.to_string())?
+        };
+        Ok(GrpcSpanExporter {
+            inner,
+            runtime: Mutex::new(Some(runtime)),
+        })
+    }
+
+    fn handle(&self) -> Option<tokio::runtime::Handle> {
+        self.runtime
+            .lock()
+            .unwrap_or_else(PoisonError::into_inner)
+            .as_ref()
+            .map(|r| r.handle().clone())
+    }
+
+    fn stop_runtime(&self) {
+        let runtime = self
+            .runtime
+            .lock()
+            .unwrap_or_else(PoisonError::into_inner)
+            .take();
+        if let Some(runtime) = runtime {
+            // Never wait for a connection attempt that may hang.
+            runtime.shutdown_background();
+        }
+    }
+}
+
+impl SpanExporter for GrpcSpanExporter {
+    async fn export(&self, batch: Vec<SpanData>) -> OTelSdkResult {
+        match self.handle() {
+            Some(handle) => handle.block_on(self.inner.export(batch)),
+            None => Err(OTelSdkError::AlreadyShutdown),
+        }
+    }
+
+    fn shutdown_with_timeout(&self, timeout: Duration) -> OTelSdkResult {
+        let result = match self.handle() {
+            Some(handle) => {
+                let _entered = handle.enter();
+                self.inner.shutdown_with_timeout(timeout)
+            }
+            None => Ok(()),
+        };
+        self.stop_runtime();
+        result
+    }
+
+    fn set_resource(&mut self, resource: &Resource) {
+        self.inner.set_resource(resource);
+    }
+}
+
+impl Drop for GrpcSpanExporter {
+    fn drop(&mut self) {
+        self.stop_runtime();
+    }
+}

@@ -1,1 +1,0 @@
-//! Pyroscope push exporter (being written).

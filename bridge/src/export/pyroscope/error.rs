@@ -1,0 +1,48 @@
+//! Errors of the Pyroscope exporter's construction.
+
+/// Why a [`PyroscopeExporter`](super::PyroscopeExporter) could not be built. Each message
+/// starts with the setting at fault (`pyroscope.server_address: …`) and never contains a
+/// credential.
+#[derive(Debug, thiserror::Error)]
+#[non_exhaustive]
+pub enum PyroscopeError {
+    /// The server address is not an `http`/`https` URL without query and credentials.
+    #[error("pyroscope.server_address: {reason}")]
+    ServerAddress {
+        /// What is wrong.
+        reason: String,
+    },
+    /// The application name (the `service_name` label) is empty.
+    #[error("pyroscope.application_name: must not be empty")]
+    EmptyApplicationName,
+    /// An extra series label has an unusable name.
+    #[error("pyroscope.labels: invalid label name {name:?}: {reason}")]
+    LabelName {
+        /// The label name.
+        name: String,
+        /// What is wrong.
+        reason: &'static str,
+    },
+    /// An extra HTTP header is malformed or reserved.
+    #[error("pyroscope.headers: header {name:?}: {reason}")]
+    Header {
+        /// The header name.
+        name: String,
+        /// What is wrong (the value is never shown).
+        reason: String,
+    },
+    /// Another setting is out of range.
+    #[error("{field}: {reason}")]
+    Setting {
+        /// The setting, e.g. `pyroscope.request_timeout`.
+        field: &'static str,
+        /// What is wrong.
+        reason: String,
+    },
+    /// The HTTP client could not be built (TLS setup).
+    #[error("pyroscope: cannot build the HTTP client: {0}")]
+    HttpClient(#[source] reqwest::Error),
+    /// The uploader thread could not be started.
+    #[error("pyroscope: cannot start the uploader thread: {0}")]
+    Thread(#[source] std::io::Error),
+}

@@ -1,0 +1,215 @@
+//! Pushes finished CPU profiles to Grafana Pyroscope (`push.v1.PusherService/Push`).
+//!
+//! ```text
+//!  collector thread                          otel-profiling-uploader thread
+//!  ───────────────                           ──────────────────────────────
+//!  ProfileSink::export ─► encode PushRequest ─► bounded queue (bytes) ─► gzip ─► POST
+//!  (never waits on the network)               oldest dropped on overflow   retry with backoff
+//! ```
+//!
+//! # Wire protocol
+//!
+//! One HTTP/1.1 `POST {server}/push.v1.PusherService/Push` per profile, in the order the
+//! collector produced them: a Connect unary call whose body is the protobuf
+//! `push.v1.PushRequest` with one `RawProfileSeries` (the series labels) holding one
+//! `RawSample` (`raw_profile` = the gzipped pprof as the collector encoded it, `ID` = a random
+//! UUID v4). Field numbers follow `api/push/v1/push.proto` and `api/types/v1/types.proto` of
+//! grafana/pyroscope.
+//!
+//! Headers: `Content-Type: application/proto`, `Content-Encoding: gzip`,
+//! `Connect-Protocol-Version: 1`, `User-Agent: otel-profiling/<version>`, the credentials
+//! (`Authorization: Basic …` or `Bearer …`), `X-Scope-OrgID` when a tenant is set, and any
+//! extra headers.
+//!
+//! **Why the body is gzipped:** Pyroscope registers its Connect handlers with
+//! `connectapi.DefaultHandlerOptions()`, which installs a gzip decompressor
+//! (`pkg/api/connect/compression.go`, `connect.go`; `pkg/api/api.go` registers the pusher with
+//! them), and Connect unary requests name their compression in `Content-Encoding`. The pprof
+//! inside is already gzipped (Pyroscope sniffs the gzip header of `raw_profile` itself, see
+//! `pkg/pprof/pprof.go`), so the outer gzip saves little; it runs at the fastest level, on the
+//! uploader thread, once per profile (retries resend the same bytes), and keeps the request
+//! shaped like those of Pyroscope's own SDKs.
+//!
+//! # Delivery
+//!
+//! * Series labels: `__name__=process_cpu`, `service_name=<application>`, then the extra
+//!   labels (a later duplicate replaces an earlier one), sorted by name.
+//! * 2xx: sent. 5xx, 429 and network errors or timeouts: retried with exponential backoff
+//!   and full jitter (a 429's `Retry-After` seconds are honoured, capped by the maximum
+//!   backoff), up to [`PyroscopeBackoff::max_attempts`] attempts, then dropped. Any other
+//!   status (4xx, 3xx: redirects are not followed) is a permanent failure: not retried.
+//! * The queue holds at most [`PyroscopeConfig::max_queue_bytes`] of encoded requests. A
+//!   profile that does not fit pushes the oldest queued ones out (the one being sent at that
+//!   moment stays); a profile larger than the whole queue is refused. Both count as dropped.
+//! * Dropping the exporter (the collector drops its sinks after the last profile) lets the
+//!   uploader send what is queued for up to [`PyroscopeConfig::shutdown_timeout`]; then the
+//!   rest is dropped and `drop` returns, even if the server never answers (the thread is
+//!   then left to finish its last request on its own).
+//! * Failures are written to stderr, prefixed `otel-profiling:`: the first one, then at most
+//!   one line per minute. Credentials never appear in logs, errors or `Debug` output.
+//!
+//! # HTTP client
+//!
+//! [`reqwest`]'s blocking client, created, used and dropped on the uploader thread only, so
+//! the exporter works the same inside or outside an async runtime. TLS is rustls with the
+//! aws-lc-rs provider (reqwest's `rustls` feature); certificates are checked with the
+//! platform's verifier.
+
+mod config;
+mod error;
+mod proto;
+mod queue;
+mod stats;
+mod uploader;
+
+use std::sync::mpsc::{self, RecvTimeoutError};
+use std::sync::Arc;
+use std::thread::JoinHandle;
+use std::time::{Duration, Instant};
+
+pub use config::{PyroscopeAuth, PyroscopeBackoff, PyroscopeConfig};
+pub use error::PyroscopeError;
+pub use stats::{PyroscopeSnapshot, PyroscopeStats};
+
+use crate::collector::{EncodedProfile, ProfileSink};
+use queue::{Enqueued, Shared};
+
+/// Name of the uploader thread.
+pub const UPLOADER_THREAD_NAME: &str = "otel-profiling-uploader";
+
+/// How much longer than the shutdown timeout `drop` waits for the uploader to finish on its
+/// own before leaving it behind.
+const DROP_SLACK: Duration = Duration::from_millis(200);
+
+/// A [`ProfileSink`] that pushes profiles to Pyroscope from its own thread.
+///
+/// ```no_run
+/// use otel_profiling::export::pyroscope::{PyroscopeConfig, PyroscopeExporter};
+///
+/// let config = PyroscopeConfig::new("http://localhost:4040", "checkout")
+///     .with_label("service_version", "1.4.2");
+/// let exporter = PyroscopeExporter::new(config)?;
+/// let stats = exporter.stats(); // keep a handle before giving the exporter away
+/// // Profiler::builder().sink(exporter)…
+/// # Ok::<(), otel_profiling::export::pyroscope::PyroscopeError>(())
+/// ```
+pub struct PyroscopeExporter {
+    shared: Arc<Shared>,
+    labels: Vec<proto::LabelPair>,
+    endpoint: String,
+    shutdown_timeout: Duration,
+    thread: Option<JoinHandle<()>>,
+    done: mpsc::Receiver<()>,
+}
+
+impl std::fmt::Debug for PyroscopeExporter {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("PyroscopeExporter")
+            .field("endpoint", &self.endpoint)
+            .field("stats", &self.shared.stats.snapshot())
+            .finish_non_exhaustive()
+    }
+}
+
+impl PyroscopeExporter {
+    /// Validates `config`, builds the HTTP client and starts the `otel-profiling-uploader`
+    /// thread.
+    pub fn new(config: PyroscopeConfig) -> Result<PyroscopeExporter, PyroscopeError> {
+        let valid = config.validate_into()?;
+        let shared = Arc::new(Shared::new(valid.max_queue_bytes));
+        let labels = valid
+            .labels
+            .iter()
+            .map(|(name, value)| proto::LabelPair {
+                name: name.clone(),
+                value: value.clone(),
+            })
+            .collect();
+        let endpoint = valid.endpoint.to_string();
+        let shutdown_timeout = valid.shutdown_timeout;
+        let (ready_tx, ready_rx) = mpsc::sync_channel(1);
+        let (done_tx, done) = mpsc::sync_channel(1);
+        let thread_shared = shared.clone();
+        let thread = std::thread::Builder::new()
+            .name(UPLOADER_THREAD_NAME.into())
+            .spawn(move || uploader::run(valid, thread_shared, ready_tx, done_tx))
+            .map_err(PyroscopeError::Thread)?;
+        match ready_rx.recv() {
+            Ok(Ok(())) => {}
+            Ok(Err(e)) => {
+                let _ = thread.join();
+                return Err(PyroscopeError::HttpClient(e));
+            }
+            Err(_) => {
+                let _ = thread.join();
+                return Err(PyroscopeError::Thread(std::io::Error::other(
+                    "the uploader thread ended while starting",
+                )));
+            }
+        }
+        Ok(PyroscopeExporter {
+            shared,
+            labels,
+            endpoint,
+            shutdown_timeout,
+            thread: Some(thread),
+            done,
+        })
+    }
+
+    /// The counters, shared with the uploader thread. Clone the `Arc` before handing the
+    /// exporter to the profiler; it stays readable after the exporter is gone.
+    pub fn stats(&self) -> Arc<PyroscopeStats> {
+        self.shared.stats.clone()
+    }
+
+    /// The URL profiles are posted to.
+    pub fn endpoint(&self) -> &str {
+        &self.endpoint
+    }
+}
+
+impl ProfileSink for PyroscopeExporter {
+    /// Encodes the push request and queues it; never waits for the network.
+    ///
+    /// Fails only when the profile is larger than the whole queue or the uploader has
+    /// stopped; the profile is then counted as dropped.
+    fn export(&mut self, profile: &EncodedProfile) -> std::io::Result<()> {
+        let id = uuid::Uuid::new_v4().to_string();
+        let body = proto::encode_push(&self.labels, &profile.gzip_pprof, id);
+        match self.shared.enqueue(body) {
+            Enqueued::Queued => Ok(()),
+            Enqueued::TooLarge { size, max } => Err(std::io::Error::other(format!(
+                "pyroscope: profile request of {size} bytes exceeds max_queue_bytes ({max}); dropped"
+            ))),
+            Enqueued::Stopped => Err(std::io::Error::other(
+                "pyroscope: the uploader has stopped; profile dropped",
+            )),
+        }
+    }
+}
+
+impl Drop for PyroscopeExporter {
+    fn drop(&mut self) {
+        let deadline = Instant::now() + self.shutdown_timeout;
+        self.shared.begin_shutdown(deadline);
+        match self.done.recv_timeout(self.shutdown_timeout + DROP_SLACK) {
+            Ok(()) | Err(RecvTimeoutError::Disconnected) => {
+                if let Some(thread) = self.thread.take() {
+                    // The thread signals `done` as its very last step: this join is short.
+                    let _ = thread.join();
+                }
+            }
+            Err(RecvTimeoutError::Timeout) => {
+                // Stuck in a request that started before the shutdown: leave it behind.
+                let dropped = self.shared.abandon();
+                eprintln!(
+                    "otel-profiling: pyroscope uploader did not finish within the shutdown \
+                     timeout ({:?}); {dropped} queued profile(s) dropped",
+                    self.shutdown_timeout
+                );
+                self.thread.take();
+            }
+        }
+    }
+}

@@ -1,0 +1,420 @@
+//! The uploader thread: takes requests off the queue in order and posts them.
+
+use std::io::{Read, Write};
+use std::sync::mpsc::SyncSender;
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+use bytes::Bytes;
+use reqwest::StatusCode;
+
+use super::config::ValidConfig;
+use super::queue::{Outcome, Shared, Take};
+
+/// At most one failure line per this long (the first failure is always logged).
+const LOG_EVERY: Duration = Duration::from_secs(60);
+
+/// How much of an error response is read (for the message) or drained (for reuse).
+const MAX_RESPONSE_READ: u64 = 64 * 1024;
+
+/// Longest error message kept in the counters and logs.
+const MAX_MESSAGE: usize = 512;
+
+/// Runs on the `otel-profiling-uploader` thread until the exporter shuts it down.
+///
+/// Reports on `ready` whether the HTTP client could be built, and on `done` that it has
+/// finished, as its very last step (after the client and its connections are gone).
+pub(crate) fn run(
+    config: ValidConfig,
+    shared: Arc<Shared>,
+    ready: SyncSender<Result<(), reqwest::Error>>,
+    done: SyncSender<()>,
+) {
+    let exit = ExitGuard {
+        shared: shared.clone(),
+        done,
+    };
+    let client = match build_client(&config) {
+        Ok(client) => client,
+        Err(e) => {
+            let _ = ready.send(Err(e));
+            return;
+        }
+    };
+    let _ = ready.send(Ok(()));
+    drop(ready);
+    let mut uploader = Uploader {
+        config,
+        client,
+        shared,
+        log: LogLimiter::default(),
+        jitter: Jitter::new(),
+    };
+    uploader.run();
+    drop(uploader);
+    drop(exit);
+}
+
+/// Marks the queue stopped and signals `done` when the thread ends, even by a panic.
+struct ExitGuard {
+    shared: Arc<Shared>,
+    done: SyncSender<()>,
+}
+
+impl Drop for ExitGuard {
+    fn drop(&mut self) {
+        self.shared.mark_stopped();
+        let _ = self.done.try_send(());
+    }
+}
+
+/// The HTTP client.
+///
+/// reqwest 0.13 without default features: HTTP/1.1 only, rustls (aws-lc-rs provider, the
+/// `rustls` feature) for `https`, platform certificate verification. Redirects are not
+/// followed: a push answered with a redirect is a misconfigured address, and following it
+/// could hand the credentials to another host.
+fn build_client(config: &ValidConfig) -> Result<reqwest::blocking::Client, reqwest::Error> {
+    reqwest::blocking::Client::builder()
+        .user_agent(concat!("otel-profiling/", env!("CARGO_PKG_VERSION")))
+        .redirect(reqwest::redirect::Policy::none())
+        .connect_timeout(config.request_timeout)
+        .timeout(config.request_timeout)
+        .build()
+}
+
+/// Why an attempt failed.
+#[derive(Debug)]
+enum Failure {
+    /// Not worth retrying (4xx other than 429, 3xx).
+    Permanent(String),
+    /// 5xx, 429, network error or timeout.
+    Retryable {
+        message: String,
+        retry_after: Option<Duration>,
+    },
+}
+
+struct Uploader {
+    config: ValidConfig,
+    client: reqwest::blocking::Client,
+    shared: Arc<Shared>,
+    log: LogLimiter,
+    jitter: Jitter,
+}
+
+impl Uploader {
+    fn run(&mut self) {
+        loop {
+            let (body, compressed, attempts, deadline) = match self.shared.take() {
+                Take::Exit { dropped } => {
+                    if dropped > 0 {
+                        eprintln!(
+                            "otel-profiling: pyroscope: {dropped} profile(s) still queued at the \
+                             end of the shutdown timeout were dropped"
+                        );
+                    }
+                    return;
+                }
+                Take::Send {
+                    body,
+                    compressed,
+                    attempts,
+                    deadline,
+                } => (body, compressed, attempts, deadline),
+            };
+            let (body, gzipped) = if compressed {
+                (body, None)
+            } else {
+                match gzip(&body) {
+                    Ok(gz) => {
+                        let gz = Bytes::from(gz);
+                        (gz.clone(), Some(gz))
+                    }
+                    Err(e) => {
+                        self.report(&format!("cannot compress the request: {e}"));
+                        self.shared.complete(Outcome::Failed, None);
+                        continue;
+                    }
+                }
+            };
+            let mut timeout = self.config.request_timeout;
+            if let Some(deadline) = deadline {
+                timeout = timeout.min(deadline.saturating_duration_since(Instant::now()));
+            }
+            let timeout = timeout.max(Duration::from_millis(1));
+            let outcome = match self.attempt(body, timeout) {
+                Ok(()) => Outcome::Sent,
+                Err(Failure::Permanent(message)) => {
+                    self.report(&format!("{message} (not retried; profile dropped)"));
+                    Outcome::Failed
+                }
+                Err(Failure::Retryable {
+                    message,
+                    retry_after,
+                }) => {
+                    let made = attempts.saturating_add(1);
+                    if made >= self.config.backoff.max_attempts {
+                        self.report(&format!(
+                            "{message} (attempt {made} of {made}; profile dropped)"
+                        ));
+                        Outcome::GaveUp
+                    } else {
+                        let delay = match retry_after {
+                            Some(asked) => asked.min(self.config.backoff.max),
+                            None => self.jitter.up_to(self.config.backoff.cap(made)),
+                        };
+                        self.report(&format!(
+                            "{message} (attempt {made} of {}; retrying in {} ms)",
+                            self.config.backoff.max_attempts,
+                            delay.as_millis()
+                        ));
+                        Outcome::Retry(Instant::now() + delay)
+                    }
+                }
+            };
+            self.shared.complete(outcome, gzipped);
+        }
+    }
+
+    /// One POST of `body`.
+    fn attempt(&self, body: Bytes, timeout: Duration) -> Result<(), Failure> {
+        let response = self
+            .client
+            .post(self.config.endpoint.clone())
+            .headers(self.config.headers.clone())
+            .timeout(timeout)
+            .body(body)
+            .send();
+        let mut response = match response {
+            Ok(response) => response,
+            Err(e) => {
+                return Err(Failure::Retryable {
+                    message: describe(&e, timeout),
+                    retry_after: None,
+                })
+            }
+        };
+        let status = response.status();
+        if status.is_success() {
+            // Read the (empty) answer so the connection can be reused.
+            let _ = std::io::copy(
+                &mut (&mut response).take(MAX_RESPONSE_READ),
+                &mut std::io::sink(),
+            );
+            return Ok(());
+        }
+        let retry_after = if status == StatusCode::TOO_MANY_REQUESTS {
+            response
+                .headers()
+                .get(reqwest::header::RETRY_AFTER)
+                .and_then(|v| v.to_str().ok())
+                .and_then(parse_retry_after)
+        } else {
+            None
+        };
+        let mut text = Vec::new();
+        let _ = (&mut response)
+            .take(MAX_RESPONSE_READ)
+            .read_to_end(&mut text);
+        let message = truncate(format!("HTTP {status}{}", error_detail(&text)));
+        if status.is_server_error() || status == StatusCode::TOO_MANY_REQUESTS {
+            Err(Failure::Retryable {
+                message,
+                retry_after,
+            })
+        } else {
+            Err(Failure::Permanent(message))
+        }
+    }
+
+    /// Records `message` as the last error and logs it, rate-limited.
+    fn report(&mut self, message: &str) {
+        self.shared.stats.set_last_error(message);
+        if let Some(suppressed) = self.log.permit(Instant::now()) {
+            let tail = if suppressed > 0 {
+                format!(" [{suppressed} similar message(s) suppressed]")
+            } else {
+                String::new()
+            };
+            eprintln!(
+                "otel-profiling: pyroscope push to {} failed: {message}{tail}",
+                self.config.endpoint
+            );
+        }
+    }
+}
+
+/// gzip at the fastest level: the pprof inside is compressed already.
+fn gzip(data: &[u8]) -> std::io::Result<Vec<u8>> {
+    let mut encoder = flate2::write::GzEncoder::new(
+        Vec::with_capacity(data.len() + 64),
+        flate2::Compression::fast(),
+    );
+    encoder.write_all(data)?;
+    encoder.finish()
+}
+
+/// A network error with its causes (reqwest's own message hides them). The URL in it
+/// carries no credentials: the address is refused if it has any.
+fn describe(error: &reqwest::Error, timeout: Duration) -> String {
+    if error.is_timeout() {
+        return format!("no answer within {timeout:?}");
+    }
+    // reqwest's own message only repeats the URL; the causes say what happened.
+    let mut message = String::new();
+    let mut source = std::error::Error::source(error);
+    while let Some(cause) = source {
+        let text = cause.to_string();
+        if !message.contains(&text) {
+            if !message.is_empty() {
+                message.push_str(": ");
+            }
+            message.push_str(&text);
+        }
+        source = cause.source();
+    }
+    if message.is_empty() {
+        message = error.to_string();
+    }
+    truncate(message)
+}
+
+/// `: <code>: <message>` of a Connect error body (`{"code": …, "message": …}`), else the
+/// start of the body as text.
+fn error_detail(body: &[u8]) -> String {
+    if body.is_empty() {
+        return String::new();
+    }
+    if let Ok(serde_json::Value::Object(map)) = serde_json::from_slice::<serde_json::Value>(body) {
+        let field = |name: &str| map.get(name).and_then(|v| v.as_str()).unwrap_or_default();
+        let (code, message) = (field("code"), field("message"));
+        if !code.is_empty() || !message.is_empty() {
+            return format!(": {code}: {message}");
+        }
+    }
+    let text: String = String::from_utf8_lossy(body)
+        .chars()
+        .map(|c| if c.is_control() { ' ' } else { c })
+        .take(200)
+        .collect();
+    format!(": {}", text.trim())
+}
+
+/// `Retry-After` in seconds; the HTTP-date form is not used (the backoff applies).
+fn parse_retry_after(value: &str) -> Option<Duration> {
+    value.trim().parse::<u64>().ok().map(Duration::from_secs)
+}
+
+fn truncate(mut message: String) -> String {
+    if message.len() > MAX_MESSAGE {
+        let mut end = MAX_MESSAGE;
+        while !message.is_char_boundary(end) {
+            end -= 1;
+        }
+        message.truncate(end);
+        message.push('…');
+    }
+    message
+}
+
+/// The first failure, then at most one line per [`LOG_EVERY`].
+#[derive(Debug, Default)]
+struct LogLimiter {
+    last: Option<Instant>,
+    suppressed: u64,
+}
+
+impl LogLimiter {
+    /// `Some(lines suppressed since the last one)` if a line may be written now.
+    fn permit(&mut self, now: Instant) -> Option<u64> {
+        match self.last {
+            Some(last) if now.saturating_duration_since(last) < LOG_EVERY => {
+                self.suppressed += 1;
+                None
+            }
+            _ => {
+                self.last = Some(now);
+                Some(std::mem::take(&mut self.suppressed))
+            }
+        }
+    }
+}
+
+/// SplitMix64 seeded from the standard library's per-process random hash keys: enough
+/// to spread retries, not for secrets.
+#[derive(Debug)]
+struct Jitter(u64);
+
+impl Jitter {
+    fn new() -> Jitter {
+        use std::hash::{BuildHasher, Hasher};
+        let mut hasher = std::collections::hash_map::RandomState::new().build_hasher();
+        hasher.write_u128(
+            std::time::SystemTime::now()
+                .duration_since(std::time::UNIX_EPOCH)
+                .unwrap_or_default()
+                .as_nanos(),
+        );
+        Jitter(hasher.finish())
+    }
+
+    fn next(&mut self) -> u64 {
+        self.0 = self.0.wrapping_add(0x9E37_79B9_7F4A_7C15);
+        let mut z = self.0;
+        z = (z ^ (z >> 30)).wrapping_mul(0xBF58_476D_1CE4_E5B9);
+        z = (z ^ (z >> 27)).wrapping_mul(0x94D0_49BB_1331_11EB);
+        z ^ (z >> 31)
+    }
+
+    /// Uniform in `[0, cap]` (full jitter).
+    fn up_to(&mut self, cap: Duration) -> Duration {
+        let cap = u64::try_from(cap.as_nanos()).unwrap_or(u64::MAX);
+        let n = match cap.checked_add(1) {
+            Some(range) => self.next() % range,
+            None => self.next(),
+        };
+        Duration::from_nanos(n)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn log_limiter_allows_the_first_then_one_a_minute() {
+        let mut log = LogLimiter::default();
+        let t0 = Instant::now();
+        assert_eq!(log.permit(t0), Some(0));
+        assert_eq!(log.permit(t0 + Duration::from_secs(1)), None);
+        assert_eq!(log.permit(t0 + Duration::from_secs(59)), None);
+        assert_eq!(log.permit(t0 + Duration::from_secs(61)), Some(2));
+        assert_eq!(log.permit(t0 + Duration::from_secs(62)), None);
+    }
+
+    #[test]
+    fn jitter_stays_within_the_cap() {
+        let mut jitter = Jitter::new();
+        let cap = Duration::from_millis(10);
+        let draws: Vec<Duration> = (0..1000).map(|_| jitter.up_to(cap)).collect();
+        assert!(draws.iter().all(|d| *d <= cap));
+        assert!(draws.iter().any(|d| *d < cap / 2) && draws.iter().any(|d| *d > cap / 2));
+        assert_eq!(jitter.up_to(Duration::ZERO), Duration::ZERO);
+    }
+
+    #[test]
+    fn connect_errors_and_retry_after_are_read() {
+        assert_eq!(
+            error_detail(br#"{"code":"invalid_argument","message":"bad labels"}"#),
+            ": invalid_argument: bad labels"
+        );
+        assert_eq!(
+            error_detail(b"upstream\nconnect error"),
+            ": upstream connect error"
+        );
+        assert_eq!(error_detail(b""), "");
+        assert_eq!(parse_retry_after(" 7 "), Some(Duration::from_secs(7)));
+        assert_eq!(parse_retry_after("Wed, 21 Oct 2015 07:28:00 GMT"), None);
+    }
+}

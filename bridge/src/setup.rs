@@ -1,0 +1,472 @@
+//! One-call setup: tracer provider with the span processors, the `tracing` layers, the CPU
+//! profiler and the exporters, configured from code and the environment, behind one guard
+//! that flushes and stops everything when dropped.
+//!
+//! ```no_run
+//! // Reads OTEL_* and PYROSCOPE_* (see `config`); with no backend configured, profiles and
+//! // spans go to local files.
+//! let telemetry = otel_profiling::Telemetry::from_env()?.service_name("checkout").init()?;
+//! tracing::info_span!("GET /report").in_scope(|| { /* ... */ });
+//! drop(telemetry); // last profile written, spans flushed
+//! # Ok::<(), otel_profiling::SetupError>(())
+//! ```
+
+use std::path::{Path, PathBuf};
+use std::sync::Arc;
+use std::time::Duration;
+
+use opentelemetry::trace::TracerProvider as _;
+use opentelemetry::KeyValue;
+use opentelemetry_sdk::trace::{BatchSpanProcessor, SdkTracerProvider};
+use opentelemetry_sdk::Resource;
+use tracing_core::Subscriber;
+use tracing_subscriber::registry::LookupSpan;
+use tracing_subscriber::Layer;
+
+use crate::collector::ProfileSink;
+use crate::config::{
+    ConfigError, Credentials, EnvConfig, OtlpProtocol, OtlpTarget, PyroscopeTarget,
+};
+use crate::export::otlp::GrpcSpanExporter;
+use crate::export::pyroscope::{PyroscopeAuth, PyroscopeConfig, PyroscopeExporter, PyroscopeStats};
+use crate::local_sink::{output_dir, LocalSpanExporter};
+use crate::{
+    CpuEvidenceProcessor, ProfileIdScope, ProfileIdSpanProcessor, Profiler, ProfilerError,
+    ProfilerStats, ProfilingLayer, UnsampledTraces,
+};
+
+/// OpenTelemetry resource attributes that become Pyroscope series labels (dots become
+/// underscores). The Grafana provisioning maps the same keys, so a span's "Profiles for
+/// this span" link selects the same running workload.
+pub const RESOURCE_SERIES_LABELS: &[(&str, &str)] = &[
+    ("service.name", "service_name"),
+    ("service.version", "service_version"),
+    ("service.namespace", "service_namespace"),
+    ("service.instance.id", "service_instance_id"),
+    ("deployment.environment", "deployment_environment"),
+    ("deployment.environment.name", "deployment_environment"),
+];
+
+/// Errors of the one-call setup.
+#[derive(Debug, thiserror::Error)]
+#[non_exhaustive]
+pub enum SetupError {
+    /// A configuration value was malformed (names the variable or field).
+    #[error(transparent)]
+    Config(#[from] ConfigError),
+    /// The profiler could not start.
+    #[error(transparent)]
+    Profiler(#[from] ProfilerError),
+    /// An exporter could not be built.
+    #[error("{what}: {message}")]
+    Exporter {
+        /// Which exporter.
+        what: &'static str,
+        /// Why.
+        message: String,
+    },
+    /// A global subscriber was already installed.
+    #[error("a global tracing subscriber is already installed; use `build()` and compose `layer()` instead")]
+    GlobalSubscriber,
+}
+
+/// Builds the whole telemetry pipeline. Code settings win over the environment.
+#[derive(Debug, Default)]
+#[must_use]
+pub struct Telemetry {
+    env: EnvConfig,
+    service_name: Option<String>,
+    resource: Vec<(String, String)>,
+    tags: Vec<(String, String)>,
+    otlp: Option<OtlpTarget>,
+    pyroscope: Option<PyroscopeTarget>,
+    frequency_hz: Option<u32>,
+    interval: Option<Duration>,
+    output_dir: Option<PathBuf>,
+    span_name_label: Option<bool>,
+    scope: ProfileIdScope,
+    unsampled: UnsampledTraces,
+    shutdown_timeout: Option<Duration>,
+}
+
+impl Telemetry {
+    /// A builder with nothing configured (local files for both profiles and spans).
+    pub fn builder() -> Telemetry {
+        Telemetry::default()
+    }
+
+    /// A builder seeded from the environment (see [`crate::config`]).
+    pub fn from_env() -> Result<Telemetry, SetupError> {
+        Ok(Telemetry::from_env_config(EnvConfig::from_env()?))
+    }
+
+    /// A builder seeded from an already-read environment.
+    pub fn from_env_config(env: EnvConfig) -> Telemetry {
+        Telemetry {
+            env,
+            ..Telemetry::default()
+        }
+    }
+
+    /// The service name (`service.name`, and `service_name` on profiles).
+    pub fn service_name(mut self, name: impl Into<String>) -> Self {
+        self.service_name = Some(name.into());
+        self
+    }
+
+    /// Adds a resource attribute (e.g. `service.version`).
+    pub fn resource_attribute(mut self, key: impl Into<String>, value: impl Into<String>) -> Self {
+        self.resource.push((key.into(), value.into()));
+        self
+    }
+
+    /// Adds a series label to every profile.
+    pub fn profile_tag(mut self, name: impl Into<String>, value: impl Into<String>) -> Self {
+        self.tags.push((name.into(), value.into()));
+        self
+    }
+
+    /// Sends traces over OTLP to `endpoint` (e.g. `http://localhost:4318`).
+    pub fn otlp(mut self, endpoint: &str, protocol: OtlpProtocol) -> Result<Self, SetupError> {
+        self.otlp = Some(OtlpTarget {
+            endpoint: crate::config::parse_url("otlp.endpoint", endpoint)?,
+            protocol,
+        });
+        Ok(self)
+    }
+
+    /// Sends profiles to the Pyroscope server at `server` (e.g. `http://localhost:4040`).
+    pub fn pyroscope(
+        mut self,
+        server: &str,
+        credentials: Option<Credentials>,
+        tenant_id: Option<String>,
+    ) -> Result<Self, SetupError> {
+        self.pyroscope = Some(PyroscopeTarget {
+            server: crate::config::parse_url("pyroscope.server_address", server)?,
+            credentials,
+            tenant_id,
+        });
+        Ok(self)
+    }
+
+    /// Samples per second (default 100).
+    pub fn frequency_hz(mut self, hz: u32) -> Self {
+        self.frequency_hz = Some(hz);
+        self
+    }
+
+    /// Profile length / upload interval (default 10 s).
+    pub fn upload_interval(mut self, interval: Duration) -> Self {
+        self.interval = Some(interval);
+        self
+    }
+
+    /// Directory for local files.
+    pub fn output_dir(mut self, dir: impl Into<PathBuf>) -> Self {
+        self.output_dir = Some(dir.into());
+        self
+    }
+
+    /// Whether samples carry `span_name` (default true).
+    pub fn span_name_label(mut self, on: bool) -> Self {
+        self.span_name_label = Some(on);
+        self
+    }
+
+    /// Which spans get `pyroscope.profile.id` (default: local roots).
+    pub fn profile_id_scope(mut self, scope: ProfileIdScope) -> Self {
+        self.scope = scope;
+        self
+    }
+
+    /// What unsampled traces label (default: the root's name).
+    pub fn unsampled_traces(mut self, unsampled: UnsampledTraces) -> Self {
+        self.unsampled = unsampled;
+        self
+    }
+
+    /// How long dropping the guard may take (default 5 s).
+    pub fn shutdown_timeout(mut self, timeout: Duration) -> Self {
+        self.shutdown_timeout = Some(timeout);
+        self
+    }
+
+    /// Starts everything and returns the guard; compose [`TelemetryGuard::layer`] into
+    /// your own subscriber.
+    pub fn build(self) -> Result<TelemetryGuard, SetupError> {
+        let service_name = self
+            .service_name
+            .clone()
+            .or_else(|| self.env.service_name.clone())
+            .unwrap_or_else(|| "unknown_service".to_string());
+        let mut attributes: Vec<(String, String)> = self.env.resource_attributes.clone();
+        attributes.extend(self.resource.iter().cloned());
+        attributes.retain(|(k, _)| k != "service.name");
+        attributes.push(("service.name".into(), service_name.clone()));
+        let resource = Resource::builder_empty()
+            .with_attributes(
+                attributes
+                    .iter()
+                    .map(|(k, v)| KeyValue::new(k.clone(), v.clone())),
+            )
+            .build();
+        let dir = output_dir(
+            self.output_dir
+                .as_deref()
+                .or(self.env.output_dir.as_deref()),
+        );
+        let timeout = self.shutdown_timeout.unwrap_or(Duration::from_secs(5));
+
+        // Profiles: Pyroscope if configured, else local files.
+        let mut profiler = Profiler::builder().output_dir(&dir);
+        if let Some(hz) = self.frequency_hz.or(self.env.sample_rate_hz) {
+            profiler = profiler.frequency_hz(hz);
+        }
+        if let Some(interval) = self.interval.or(self.env.upload_interval) {
+            profiler = profiler.interval(interval);
+        }
+        if let Some(on) = self.span_name_label {
+            profiler = profiler.span_name_label(on);
+        }
+        let mut pyroscope_stats = None;
+        if let Some(target) = self.pyroscope.as_ref().or(self.env.pyroscope.as_ref()) {
+            let mut labels = series_labels(&attributes);
+            labels.extend(self.tags.iter().cloned());
+            let (sink, stats) = pyroscope_sink(target, &service_name, labels, timeout)?;
+            pyroscope_stats = Some(stats);
+            profiler = profiler.sink_boxed(sink);
+        }
+
+        // Spans: OTLP if configured, else local files; both with CPU evidence.
+        let mut provider = SdkTracerProvider::builder()
+            .with_resource(resource)
+            .with_span_processor(ProfileIdSpanProcessor::new(self.scope));
+        let mut spans_file = None;
+        match self.otlp.as_ref().or(self.env.otlp.as_ref()) {
+            Some(target) => provider = with_otlp(provider, target)?,
+            None => {
+                let exporter = LocalSpanExporter::new(&dir).map_err(|e| SetupError::Exporter {
+                    what: "local span file",
+                    message: format!("{}: {e}", dir.display()),
+                })?;
+                spans_file = Some(exporter.path().to_path_buf());
+                provider = provider.with_span_processor(CpuEvidenceProcessor::new(
+                    BatchSpanProcessor::builder(exporter).build(),
+                ));
+            }
+        }
+        let provider = provider.build();
+        let profiler = profiler.start()?;
+        Ok(TelemetryGuard {
+            provider,
+            profiler: Some(profiler),
+            pyroscope_stats,
+            spans_file,
+            unsampled: self.unsampled,
+            timeout,
+            service_name,
+        })
+    }
+
+    /// [`build`](Self::build), then installs the layers as the global `tracing`
+    /// subscriber and the provider as the global OpenTelemetry tracer provider.
+    pub fn init(self) -> Result<TelemetryGuard, SetupError> {
+        use tracing_subscriber::layer::SubscriberExt;
+        let guard = self.build()?;
+        let subscriber = tracing_subscriber::registry().with(guard.layer());
+        tracing_core::dispatcher::set_global_default(tracing_core::Dispatch::new(subscriber))
+            .map_err(|_| SetupError::GlobalSubscriber)?;
+        opentelemetry::global::set_tracer_provider(guard.provider.clone());
+        Ok(guard)
+    }
+}
+
+/// Series labels from resource attributes, per [`RESOURCE_SERIES_LABELS`].
+pub fn series_labels(attributes: &[(String, String)]) -> Vec<(String, String)> {
+    let mut labels: Vec<(String, String)> = Vec::new();
+    for (key, label) in RESOURCE_SERIES_LABELS {
+        if let Some((_, value)) = attributes.iter().rev().find(|(k, _)| k == key) {
+            labels.retain(|(l, _)| l != label);
+            labels.push((label.to_string(), value.clone()));
+        }
+    }
+    labels
+}
+
+fn pyroscope_sink(
+    target: &PyroscopeTarget,
+    service_name: &str,
+    labels: Vec<(String, String)>,
+    timeout: Duration,
+) -> Result<(Box<dyn ProfileSink>, Arc<PyroscopeStats>), SetupError> {
+    let mut config = PyroscopeConfig::new(&target.server, service_name)
+        .with_labels(labels.into_iter().filter(|(k, _)| k != "service_name"))
+        .with_shutdown_timeout(timeout);
+    config = match &target.credentials {
+        Some(Credentials::Basic { user, password }) => config.with_auth(PyroscopeAuth::Basic {
+            user: user.clone(),
+            password: password.clone(),
+        }),
+        Some(Credentials::Bearer(token)) => config.with_auth(PyroscopeAuth::Bearer(token.clone())),
+        None => config,
+    };
+    if let Some(tenant) = &target.tenant_id {
+        config = config.with_tenant_id(tenant.clone());
+    }
+    let exporter = PyroscopeExporter::new(config).map_err(|e| SetupError::Exporter {
+        what: "pyroscope",
+        message: e.to_string(),
+    })?;
+    let stats = exporter.stats();
+    Ok((Box::new(exporter), stats))
+}
+
+/// Adds the OTLP exporter for `target` (behind the CPU evidence processor and a batch
+/// processor) to `provider`.
+fn with_otlp(
+    provider: opentelemetry_sdk::trace::TracerProviderBuilder,
+    target: &OtlpTarget,
+) -> Result<opentelemetry_sdk::trace::TracerProviderBuilder, SetupError> {
+    use opentelemetry_otlp::WithExportConfig;
+    let err = |message: String| SetupError::Exporter {
+        what: "otlp",
+        message,
+    };
+    Ok(match target.protocol {
+        OtlpProtocol::HttpProtobuf => {
+            let exporter = opentelemetry_otlp::SpanExporter::builder()
+                .with_http()
+                .with_protocol(opentelemetry_otlp::Protocol::HttpBinary)
+                .with_endpoint(target.traces_url())
+                .build()
+                .map_err(|e| err(e.to_string()))?;
+            provider.with_span_processor(CpuEvidenceProcessor::new(
+                BatchSpanProcessor::builder(exporter).build(),
+            ))
+        }
+        OtlpProtocol::Grpc => {
+            let exporter = GrpcSpanExporter::new(&target.traces_url()).map_err(err)?;
+            provider.with_span_processor(CpuEvidenceProcessor::new(
+                BatchSpanProcessor::builder(exporter).build(),
+            ))
+        }
+    })
+}
+
+/// Everything running. Dropping it stops sampling, writes the last profile, uploads what
+/// is queued and flushes spans, each bounded by the shutdown timeout.
+#[derive(Debug)]
+pub struct TelemetryGuard {
+    provider: SdkTracerProvider,
+    profiler: Option<Profiler>,
+    pyroscope_stats: Option<Arc<PyroscopeStats>>,
+    spans_file: Option<PathBuf>,
+    unsampled: UnsampledTraces,
+    timeout: Duration,
+    service_name: String,
+}
+
+/// Health counters of the whole pipeline.
+#[derive(Clone, Debug, Default)]
+pub struct HealthStats {
+    /// Sampler and collector counters.
+    pub profiler: ProfilerStats,
+    /// Pyroscope upload counters, when profiles go to Pyroscope.
+    pub pyroscope: Option<crate::export::pyroscope::PyroscopeSnapshot>,
+}
+
+impl TelemetryGuard {
+    /// The `tracing` layers: `tracing-opentelemetry` with this provider's tracer, and the
+    /// profiling layer.
+    pub fn layer<S>(&self) -> impl Layer<S>
+    where
+        S: Subscriber + for<'a> LookupSpan<'a>,
+    {
+        let tracer = self.provider.tracer("otel-profiling");
+        tracing_opentelemetry::layer()
+            .with_tracer(tracer)
+            .and_then(ProfilingLayer::new().with_unsampled(self.unsampled))
+    }
+
+    /// The tracer provider (for plain OpenTelemetry API users).
+    pub fn tracer_provider(&self) -> &SdkTracerProvider {
+        &self.provider
+    }
+
+    /// The service name in use.
+    pub fn service_name(&self) -> &str {
+        &self.service_name
+    }
+
+    /// Where local profile files go, if profiles are written locally.
+    pub fn profiles_dir(&self) -> Option<&Path> {
+        self.profiler.as_ref().and_then(Profiler::output_dir)
+    }
+
+    /// The local span file, if spans are written locally.
+    pub fn spans_file(&self) -> Option<&Path> {
+        self.spans_file.as_deref()
+    }
+
+    /// Counters: samples taken/dropped, profiles exported/failed, uploads, bytes queued.
+    pub fn stats(&self) -> HealthStats {
+        HealthStats {
+            profiler: self
+                .profiler
+                .as_ref()
+                .map(Profiler::stats)
+                .unwrap_or_default(),
+            pyroscope: self.pyroscope_stats.as_ref().map(|s| s.snapshot()),
+        }
+    }
+
+    /// Ends the current profile now and flushes spans.
+    pub fn flush(&self) {
+        if let Some(p) = &self.profiler {
+            p.flush(self.timeout);
+        }
+        let _ = self.provider.force_flush();
+    }
+
+    /// Stops everything (same as dropping).
+    pub fn shutdown(self) {}
+}
+
+impl Drop for TelemetryGuard {
+    fn drop(&mut self) {
+        if let Some(profiler) = self.profiler.take() {
+            profiler.shutdown(self.timeout);
+        }
+        let _ = self.provider.shutdown_with_timeout(self.timeout);
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn resource_attributes_become_series_labels() {
+        let attrs: Vec<(String, String)> = [
+            ("service.name", "checkout"),
+            ("service.version", "2.0.1"),
+            ("deployment.environment.name", "staging"),
+            ("service.instance.id", "pod-7"),
+            ("team", "payments"),
+        ]
+        .iter()
+        .map(|(k, v)| (k.to_string(), v.to_string()))
+        .collect();
+        let labels = series_labels(&attrs);
+        assert_eq!(
+            labels,
+            vec![
+                ("service_name".to_string(), "checkout".to_string()),
+                ("service_version".to_string(), "2.0.1".to_string()),
+                ("service_instance_id".to_string(), "pod-7".to_string()),
+                ("deployment_environment".to_string(), "staging".to_string()),
+            ]
+        );
+    }
+}

@@ -1,0 +1,887 @@
+//! The Pyroscope exporter against a hand-written HTTP/1.1 receiver on 127.0.0.1.
+//!
+//! What arrives is decoded independently of the exporter: gunzipped with flate2, the
+//! `PushRequest` read with the small protobuf wire reader below (field numbers of
+//! grafana/pyroscope `api/push/v1/push.proto` and `api/types/v1/types.proto`), the inner
+//! pprof with `otel_profiling::pprof::decode`.
+
+use std::collections::HashSet;
+use std::io::{BufRead, BufReader, Read, Write};
+use std::net::{SocketAddr, TcpListener, TcpStream};
+use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
+use std::sync::{Arc, Mutex};
+use std::thread::JoinHandle;
+use std::time::{Duration, Instant, SystemTime};
+
+use otel_profiling::collector::{EncodedProfile, ProfileSink};
+use otel_profiling::export::pyroscope::{
+    PyroscopeBackoff, PyroscopeConfig, PyroscopeExporter, PyroscopeSnapshot, PyroscopeStats,
+};
+use otel_profiling::pprof::{self, FrameLine, ProfileBuilder, SampleLabels, SymbolizedFrame};
+
+// ───────────────────────────── the receiver ─────────────────────────────
+
+/// One request as received.
+#[derive(Clone, Debug)]
+struct Request {
+    method: String,
+    path: String,
+    /// Names lowercased.
+    headers: Vec<(String, String)>,
+    body: Vec<u8>,
+}
+
+impl Request {
+    fn header(&self, name: &str) -> Option<&str> {
+        self.headers
+            .iter()
+            .find(|(n, _)| n == name)
+            .map(|(_, v)| v.as_str())
+    }
+
+    /// The body, gunzipped when `Content-Encoding: gzip`.
+    fn payload(&self) -> Vec<u8> {
+        if self.header("content-encoding") == Some("gzip") {
+            let mut out = Vec::new();
+            flate2::read::GzDecoder::new(&self.body[..])
+                .read_to_end(&mut out)
+                .expect("gzip body");
+            out
+        } else {
+            self.body.clone()
+        }
+    }
+
+    fn push(&self) -> Vec<Series> {
+        decode_push(&self.payload())
+    }
+}
+
+/// The answer to one request: status, extra headers, body.
+type Answer = (u16, Vec<(&'static str, String)>, Vec<u8>);
+type Responder = Box<dyn FnMut(usize, &Request) -> Answer + Send>;
+
+/// A one-thread HTTP/1.1 server: reads `Content-Length` bodies, answers with
+/// `Connection: close`. Or a black hole that accepts connections and never reads them.
+struct Receiver {
+    addr: SocketAddr,
+    requests: Arc<Mutex<Vec<Request>>>,
+    accepted: Arc<AtomicUsize>,
+    stop: Arc<AtomicBool>,
+    thread: Option<JoinHandle<()>>,
+}
+
+impl Receiver {
+    fn answering(listener: TcpListener, responder: Responder) -> Receiver {
+        Receiver::start(listener, Some(responder))
+    }
+
+    fn ok(listener: TcpListener) -> Receiver {
+        Receiver::answering(listener, Box::new(|_, _| (200, vec![], b"{}".to_vec())))
+    }
+
+    fn black_hole(listener: TcpListener) -> Receiver {
+        Receiver::start(listener, None)
+    }
+
+    fn start(listener: TcpListener, mut responder: Option<Responder>) -> Receiver {
+        let addr = listener.local_addr().expect("addr");
+        listener.set_nonblocking(true).expect("nonblocking");
+        let requests = Arc::new(Mutex::new(Vec::new()));
+        let accepted = Arc::new(AtomicUsize::new(0));
+        let stop = Arc::new(AtomicBool::new(false));
+        let (r, a, s) = (requests.clone(), accepted.clone(), stop.clone());
+        let thread = std::thread::spawn(move || {
+            let mut held = Vec::new();
+            while !s.load(Ordering::SeqCst) {
+                let stream = match listener.accept() {
+                    Ok((stream, _)) => stream,
+                    Err(e) if e.kind() == std::io::ErrorKind::WouldBlock => {
+                        std::thread::sleep(Duration::from_millis(2));
+                        continue;
+                    }
+                    Err(e) => panic!("accept: {e}"),
+                };
+                a.fetch_add(1, Ordering::SeqCst);
+                match responder.as_mut() {
+                    None => held.push(stream),
+                    Some(responder) => {
+                        let _ = serve(stream, &r, responder);
+                    }
+                }
+            }
+        });
+        Receiver {
+            addr,
+            requests,
+            accepted,
+            stop,
+            thread: Some(thread),
+        }
+    }
+
+    fn url(&self) -> String {
+        format!("http://{}", self.addr)
+    }
+
+    fn requests(&self) -> Vec<Request> {
+        self.requests.lock().expect("requests").clone()
+    }
+
+    fn wait_for(&self, n: usize, timeout: Duration) -> Vec<Request> {
+        let until = Instant::now() + timeout;
+        loop {
+            let got = self.requests();
+            if got.len() >= n || Instant::now() >= until {
+                return got;
+            }
+            std::thread::sleep(Duration::from_millis(5));
+        }
+    }
+}
+
+impl Drop for Receiver {
+    fn drop(&mut self) {
+        self.stop.store(true, Ordering::SeqCst);
+        if let Some(t) = self.thread.take() {
+            let _ = t.join();
+        }
+    }
+}
+
+/// Reads one request from `stream`, records it and writes the answer.
+fn serve(
+    stream: TcpStream,
+    requests: &Mutex<Vec<Request>>,
+    responder: &mut Responder,
+) -> std::io::Result<()> {
+    stream.set_nonblocking(false)?;
+    stream.set_read_timeout(Some(Duration::from_secs(5)))?;
+    let mut reader = BufReader::new(stream.try_clone()?);
+    let mut line = String::new();
+    reader.read_line(&mut line)?;
+    let mut parts = line.split_whitespace();
+    let method = parts.next().unwrap_or_default().to_string();
+    let path = parts.next().unwrap_or_default().to_string();
+    let mut headers = Vec::new();
+    loop {
+        let mut line = String::new();
+        reader.read_line(&mut line)?;
+        let line = line.trim_end();
+        if line.is_empty() {
+            break;
+        }
+        let (name, value) = line.split_once(':').expect("header line");
+        headers.push((name.trim().to_ascii_lowercase(), value.trim().to_string()));
+    }
+    let length: usize = headers
+        .iter()
+        .find(|(n, _)| n == "content-length")
+        .map(|(_, v)| v.parse().expect("content-length"))
+        .unwrap_or(0);
+    let mut body = vec![0; length];
+    reader.read_exact(&mut body)?;
+    let request = Request {
+        method,
+        path,
+        headers,
+        body,
+    };
+    let index = {
+        let mut all = requests.lock().expect("requests");
+        all.push(request.clone());
+        all.len() - 1
+    };
+    let (status, extra, body) = responder(index, &request);
+    let mut out = format!(
+        "HTTP/1.1 {status} X\r\nContent-Type: application/json\r\nContent-Length: {}\r\nConnection: close\r\n",
+        body.len()
+    );
+    for (name, value) in extra {
+        out.push_str(&format!("{name}: {value}\r\n"));
+    }
+    out.push_str("\r\n");
+    let mut stream = stream;
+    stream.write_all(out.as_bytes())?;
+    stream.write_all(&body)?;
+    stream.flush()?;
+    let _ = stream.shutdown(std::net::Shutdown::Both);
+    Ok(())
+}
+
+/// A port nothing listens on (bound, then released).
+fn closed_port() -> SocketAddr {
+    let listener = TcpListener::bind("127.0.0.1:0").expect("bind");
+    listener.local_addr().expect("addr")
+}
+
+/// Listens on `addr` again (a port released by [`closed_port`]).
+fn rebind(addr: SocketAddr) -> TcpListener {
+    for _ in 0..100 {
+        if let Ok(listener) = TcpListener::bind(addr) {
+            return listener;
+        }
+        std::thread::sleep(Duration::from_millis(20));
+    }
+    panic!("cannot listen on {addr} again");
+}
+
+fn fresh_listener() -> TcpListener {
+    TcpListener::bind("127.0.0.1:0").expect("bind")
+}
+
+// ─────────────────────── protobuf wire reader (independent) ───────────────────────
+
+#[derive(Debug)]
+enum Wire<'a> {
+    Varint,
+    Len(&'a [u8]),
+    Fixed,
+}
+
+fn varint(buf: &[u8], pos: &mut usize) -> u64 {
+    let mut value = 0u64;
+    for shift in (0..64).step_by(7) {
+        let byte = buf[*pos];
+        *pos += 1;
+        value |= u64::from(byte & 0x7f) << shift;
+        if byte & 0x80 == 0 {
+            return value;
+        }
+    }
+    panic!("varint too long");
+}
+
+/// (field number, value) of every field of one message.
+fn fields(buf: &[u8]) -> Vec<(u64, Wire<'_>)> {
+    let mut pos = 0;
+    let mut out = Vec::new();
+    while pos < buf.len() {
+        let key = varint(buf, &mut pos);
+        let value = match key & 7 {
+            0 => {
+                varint(buf, &mut pos);
+                Wire::Varint
+            }
+            1 => {
+                pos += 8;
+                Wire::Fixed
+            }
+            2 => {
+                let len = varint(buf, &mut pos) as usize;
+                let bytes = &buf[pos..pos + len];
+                pos += len;
+                Wire::Len(bytes)
+            }
+            5 => {
+                pos += 4;
+                Wire::Fixed
+            }
+            t => panic!("wire type {t}"),
+        };
+        out.push((key >> 3, value));
+    }
+    assert_eq!(pos, buf.len(), "message overruns its buffer");
+    out
+}
+
+fn len_field<'a>(w: &Wire<'a>) -> &'a [u8] {
+    match w {
+        Wire::Len(b) => b,
+        other => panic!("expected a length-delimited field, got {other:?}"),
+    }
+}
+
+fn text(w: &Wire<'_>) -> String {
+    String::from_utf8(len_field(w).to_vec()).expect("utf-8")
+}
+
+/// `RawProfileSeries` as read back.
+#[derive(Debug)]
+struct Series {
+    labels: Vec<(String, String)>,
+    /// (raw_profile, ID)
+    samples: Vec<(Vec<u8>, String)>,
+}
+
+/// `PushRequest { series = 1 }`, `RawProfileSeries { labels = 1, samples = 2 }`,
+/// `LabelPair { name = 1, value = 2 }`, `RawSample { raw_profile = 1, ID = 2 }`.
+fn decode_push(buf: &[u8]) -> Vec<Series> {
+    let mut series = Vec::new();
+    for (number, value) in fields(buf) {
+        assert_eq!(number, 1, "unexpected PushRequest field");
+        let mut s = Series {
+            labels: Vec::new(),
+            samples: Vec::new(),
+        };
+        for (number, value) in fields(len_field(&value)) {
+            match number {
+                1 => {
+                    let (mut name, mut val) = (String::new(), String::new());
+                    for (n, v) in fields(len_field(&value)) {
+                        match n {
+                            1 => name = text(&v),
+                            2 => val = text(&v),
+                            n => panic!("LabelPair field {n}"),
+                        }
+                    }
+                    s.labels.push((name, val));
+                }
+                2 => {
+                    let (mut raw, mut id) = (Vec::new(), String::new());
+                    for (n, v) in fields(len_field(&value)) {
+                        match n {
+                            1 => raw = len_field(&v).to_vec(),
+                            2 => id = text(&v),
+                            n => panic!("RawSample field {n}"),
+                        }
+                    }
+                    s.samples.push((raw, id));
+                }
+                n => panic!("RawProfileSeries field {n}"),
+            }
+        }
+        series.push(s);
+    }
+    series
+}
+
+/// The single (raw_profile, ID) of a one-profile push.
+fn only_sample(request: &Request) -> (Vec<u8>, String) {
+    let series = request.push();
+    assert_eq!(series.len(), 1, "one series per push");
+    assert_eq!(series[0].samples.len(), 1, "one profile per push");
+    series[0].samples[0].clone()
+}
+
+// ───────────────────────────── helpers ─────────────────────────────
+
+const SPAN_ID: u64 = 0x00c0_ffee_0000_beef;
+const TRACE_ID: u128 = 0x0102_0304_0506_0708_090a_0b0c_0d0e_0f10;
+
+/// A real gzipped pprof with one sample labelled with a span.
+fn profile(span_id: u64) -> EncodedProfile {
+    let start = SystemTime::now();
+    let duration = Duration::from_secs(10);
+    let mut builder = ProfileBuilder::new(10_000_000, start, duration);
+    let frame = SymbolizedFrame {
+        address: 0x1000 + span_id,
+        lines: vec![FrameLine {
+            function: "checkout::render".into(),
+            file: None,
+            line: None,
+        }],
+    };
+    let labels = SampleLabels {
+        span_id: Some(span_id),
+        trace_id: Some(TRACE_ID),
+        span_name: Some("GET /cart".into()),
+    };
+    builder.add_sample(&[frame], &labels, 3);
+    EncodedProfile {
+        start,
+        duration,
+        samples: 3,
+        gzip_pprof: pprof::encode_gzip(&builder.build()).expect("encode"),
+    }
+}
+
+/// A profile of about `size` bytes of arbitrary content (the exporter does not look inside).
+fn blob(size: usize, seed: u64) -> EncodedProfile {
+    let mut x = seed | 1;
+    let gzip_pprof = (0..size)
+        .map(|_| {
+            x ^= x << 13;
+            x ^= x >> 7;
+            x ^= x << 17;
+            x as u8
+        })
+        .collect();
+    EncodedProfile {
+        start: SystemTime::now(),
+        duration: Duration::from_secs(10),
+        samples: 1,
+        gzip_pprof,
+    }
+}
+
+/// Short backoffs so the tests stay fast.
+fn config(url: &str) -> PyroscopeConfig {
+    PyroscopeConfig::new(url, "checkout")
+        .with_backoff(PyroscopeBackoff::new(
+            Duration::from_millis(10),
+            Duration::from_millis(50),
+            8,
+        ))
+        .with_request_timeout(Duration::from_secs(2))
+        .with_shutdown_timeout(Duration::from_secs(2))
+}
+
+fn wait_stats(
+    stats: &PyroscopeStats,
+    timeout: Duration,
+    done: impl Fn(&PyroscopeSnapshot) -> bool,
+) -> PyroscopeSnapshot {
+    let until = Instant::now() + timeout;
+    loop {
+        let s = stats.snapshot();
+        if done(&s) || Instant::now() >= until {
+            return s;
+        }
+        std::thread::sleep(Duration::from_millis(5));
+    }
+}
+
+fn sample_labels(raw: &[u8]) -> Vec<(String, String)> {
+    let p = pprof::decode(raw).expect("pprof");
+    let s = |i: i64| p.string_table[i as usize].clone();
+    p.sample
+        .iter()
+        .flat_map(|sample| sample.label.iter().map(|l| (s(l.key), s(l.str))))
+        .collect()
+}
+
+// ───────────────────────────── tests ─────────────────────────────
+
+#[test]
+fn push_carries_labels_headers_auth_and_span_labels() {
+    let receiver = Receiver::ok(fresh_listener());
+    let config = config(&receiver.url())
+        .with_label("service_version", "1.2.3")
+        .with_label("env", "staging")
+        .with_label("env", "dev")
+        .with_basic_auth("user", "pa:ss")
+        .with_tenant_id("tenant-1")
+        .with_header("X-Extra", "yes");
+    let mut exporter = PyroscopeExporter::new(config).expect("exporter");
+    let stats = exporter.stats();
+    let sent = profile(SPAN_ID);
+    exporter.export(&sent).expect("export");
+
+    let requests = receiver.wait_for(1, Duration::from_secs(5));
+    assert_eq!(requests.len(), 1);
+    let r = &requests[0];
+    assert_eq!(r.method, "POST");
+    assert_eq!(r.path, "/push.v1.PusherService/Push");
+    assert_eq!(r.header("content-type"), Some("application/proto"));
+    assert_eq!(r.header("content-encoding"), Some("gzip"));
+    assert!(r.body.starts_with(&[0x1f, 0x8b]), "body is gzipped");
+    assert_eq!(r.header("authorization"), Some("Basic dXNlcjpwYTpzcw=="));
+    assert_eq!(r.header("x-scope-orgid"), Some("tenant-1"));
+    assert_eq!(r.header("x-extra"), Some("yes"));
+    let agent = r.header("user-agent").expect("user-agent");
+    assert_eq!(
+        agent,
+        format!("otel-profiling/{}", env!("CARGO_PKG_VERSION"))
+    );
+
+    let series = r.push();
+    assert_eq!(series.len(), 1);
+    let labels: Vec<(&str, &str)> = series[0]
+        .labels
+        .iter()
+        .map(|(n, v)| (n.as_str(), v.as_str()))
+        .collect();
+    assert_eq!(
+        labels,
+        [
+            ("__name__", "process_cpu"),
+            ("env", "dev"),
+            ("service_name", "checkout"),
+            ("service_version", "1.2.3"),
+        ]
+    );
+    let (raw, id) = only_sample(r);
+    assert_eq!(
+        raw, sent.gzip_pprof,
+        "raw_profile is the gzipped pprof as given"
+    );
+    assert_eq!(id.len(), 36, "{id}");
+    assert_eq!(id.as_bytes()[14], b'4', "UUID v4: {id}");
+    let span_labels = sample_labels(&raw);
+    assert!(span_labels.contains(&("span_id".into(), format!("{SPAN_ID:016x}"))));
+    assert!(span_labels.contains(&("trace_id".into(), format!("{TRACE_ID:032x}"))));
+
+    let s = wait_stats(&stats, Duration::from_secs(5), |s| s.profiles_sent == 1);
+    assert_eq!(
+        (s.profiles_sent, s.profiles_queued, s.bytes_queued),
+        (1, 0, 0)
+    );
+
+    // The bearer variant, without tenant.
+    let bearer = Receiver::ok(fresh_listener());
+    let mut exporter = PyroscopeExporter::new(
+        PyroscopeConfig::new(bearer.url(), "checkout").with_bearer_token("tok-123"),
+    )
+    .expect("exporter");
+    exporter.export(&profile(SPAN_ID)).expect("export");
+    let requests = bearer.wait_for(1, Duration::from_secs(5));
+    assert_eq!(requests[0].header("authorization"), Some("Bearer tok-123"));
+    assert_eq!(requests[0].header("x-scope-orgid"), None);
+}
+
+#[test]
+fn one_request_per_export_in_order() {
+    let receiver = Receiver::ok(fresh_listener());
+    let mut exporter = PyroscopeExporter::new(config(&receiver.url())).expect("exporter");
+    let profiles: Vec<EncodedProfile> = (1..=5).map(profile).collect();
+    for p in &profiles {
+        exporter.export(p).expect("export");
+    }
+    let requests = receiver.wait_for(5, Duration::from_secs(5));
+    assert_eq!(requests.len(), 5);
+    let mut ids = HashSet::new();
+    for (request, expected) in requests.iter().zip(&profiles) {
+        let (raw, id) = only_sample(request);
+        assert_eq!(raw, expected.gzip_pprof, "in export order");
+        assert!(ids.insert(id), "each profile has its own ID");
+    }
+    drop(exporter);
+    assert_eq!(receiver.requests().len(), 5, "nothing sent twice");
+}
+
+#[test]
+fn a_503_is_retried_and_delivered_once() {
+    let receiver = Receiver::answering(
+        fresh_listener(),
+        Box::new(|i, _| match i {
+            0 => (
+                503,
+                vec![],
+                br#"{"code":"unavailable","message":"ingester restarting"}"#.to_vec(),
+            ),
+            _ => (200, vec![], b"{}".to_vec()),
+        }),
+    );
+    let mut exporter = PyroscopeExporter::new(config(&receiver.url())).expect("exporter");
+    let stats = exporter.stats();
+    exporter.export(&profile(SPAN_ID)).expect("export");
+    let s = wait_stats(&stats, Duration::from_secs(5), |s| s.profiles_sent == 1);
+    drop(exporter);
+    let requests = receiver.requests();
+    assert_eq!(requests.len(), 2, "one failure, one retry");
+    let ids: HashSet<String> = requests.iter().map(|r| only_sample(r).1).collect();
+    assert_eq!(ids.len(), 1, "the retry is the same profile");
+    assert_eq!(requests[0].body, requests[1].body);
+    assert_eq!(
+        (
+            s.profiles_sent,
+            s.retries,
+            s.profiles_failed,
+            s.profiles_dropped
+        ),
+        (1, 1, 0, 0)
+    );
+    let last = stats.last_error().expect("last error");
+    assert!(
+        last.contains("503") && last.contains("unavailable"),
+        "{last}"
+    );
+}
+
+#[test]
+fn a_429_retry_after_is_honoured_up_to_the_max_backoff() {
+    let receiver = Receiver::answering(
+        fresh_listener(),
+        Box::new(|i, _| match i {
+            0 => (429, vec![("Retry-After", "30".to_string())], vec![]),
+            _ => (200, vec![], b"{}".to_vec()),
+        }),
+    );
+    let config = config(&receiver.url()).with_backoff(PyroscopeBackoff::new(
+        Duration::from_millis(5),
+        Duration::from_millis(300),
+        8,
+    ));
+    let mut exporter = PyroscopeExporter::new(config).expect("exporter");
+    let stats = exporter.stats();
+    exporter.export(&profile(SPAN_ID)).expect("export");
+    let start = Instant::now();
+    let s = wait_stats(&stats, Duration::from_secs(5), |s| s.profiles_sent == 1);
+    let elapsed = start.elapsed();
+    assert_eq!((s.profiles_sent, s.retries), (1, 1));
+    // Retry-After 30 s, capped at the 300 ms maximum (full jitter alone would be ≤ 5 ms).
+    assert!(elapsed >= Duration::from_millis(280), "{elapsed:?}");
+    assert!(elapsed < Duration::from_secs(3), "{elapsed:?}");
+}
+
+#[test]
+fn a_400_is_not_retried() {
+    let receiver = Receiver::answering(
+        fresh_listener(),
+        Box::new(|_, _| {
+            (
+                400,
+                vec![],
+                br#"{"code":"invalid_argument","message":"invalid labels"}"#.to_vec(),
+            )
+        }),
+    );
+    let mut exporter = PyroscopeExporter::new(config(&receiver.url())).expect("exporter");
+    let stats = exporter.stats();
+    exporter.export(&profile(SPAN_ID)).expect("export");
+    let s = wait_stats(&stats, Duration::from_secs(5), |s| s.profiles_failed == 1);
+    // Several backoff periods later, still one request.
+    std::thread::sleep(Duration::from_millis(300));
+    assert_eq!(receiver.requests().len(), 1);
+    assert_eq!(
+        (
+            s.profiles_failed,
+            s.retries,
+            s.profiles_sent,
+            s.profiles_dropped
+        ),
+        (1, 0, 0, 0)
+    );
+    let last = stats.last_error().expect("last error");
+    assert!(
+        last.contains("400") && last.contains("invalid_argument"),
+        "{last}"
+    );
+}
+
+/// One timed `export` call.
+#[derive(Debug, Clone, Copy)]
+struct Timed {
+    wall: Duration,
+    /// The scheduler took the CPU away during the call (an involuntary context switch)
+    /// without the call itself ever waiting (no voluntary switch: no lock wait, no I/O).
+    preempted: bool,
+}
+
+/// Context switches of this thread so far: (voluntary, involuntary).
+fn context_switches() -> (i64, i64) {
+    // SAFETY: `rusage` is plain data, valid when zeroed; getrusage only writes into it.
+    let mut usage: libc::rusage = unsafe { std::mem::zeroed() };
+    // SAFETY: RUSAGE_THREAD with a valid out pointer.
+    let rc = unsafe { libc::getrusage(libc::RUSAGE_THREAD, &mut usage) };
+    assert_eq!(rc, 0, "getrusage");
+    (usage.ru_nvcsw, usage.ru_nivcsw)
+}
+
+/// Times `n` exports of ~10 KiB; checks the queue bound after each.
+fn export_burst(
+    exporter: &mut PyroscopeExporter,
+    stats: &PyroscopeStats,
+    n: u64,
+    max_bytes: u64,
+) -> Vec<Timed> {
+    let mut times = Vec::new();
+    for i in 0..n {
+        let p = blob(10 * 1024, i + 1);
+        let (voluntary, involuntary) = context_switches();
+        let t = Instant::now();
+        exporter.export(&p).expect("export");
+        let wall = t.elapsed();
+        let (voluntary_after, involuntary_after) = context_switches();
+        times.push(Timed {
+            wall,
+            preempted: voluntary_after == voluntary && involuntary_after > involuntary,
+        });
+        let queued = stats.snapshot().bytes_queued;
+        assert!(queued <= max_bytes, "bytes_queued {queued} > {max_bytes}");
+    }
+    times
+}
+
+/// Every call under 1 ms unless the scheduler preempted it (2 cores, several busy
+/// threads); none waited for anything; all together under 200 ms.
+fn assert_fast(times: &[Timed]) {
+    let total: Duration = times.iter().map(|t| t.wall).sum();
+    assert!(total < Duration::from_millis(200), "total {total:?}");
+    for (i, t) in times.iter().enumerate() {
+        assert!(
+            t.wall < Duration::from_millis(1)
+                || (t.preempted && t.wall < Duration::from_millis(50)),
+            "export call {i} took {:?} (preempted: {})",
+            t.wall,
+            t.preempted
+        );
+    }
+}
+
+#[test]
+fn down_then_black_holed_never_blocks_and_counts_every_loss() {
+    const MAX: usize = 64 * 1024;
+    let addr = closed_port();
+    let shutdown = Duration::from_millis(500);
+    let config = PyroscopeConfig::new(format!("http://{addr}"), "checkout")
+        .with_max_queue_bytes(MAX)
+        .with_request_timeout(Duration::from_secs(3))
+        .with_shutdown_timeout(shutdown)
+        .with_backoff(PyroscopeBackoff::new(
+            Duration::from_millis(5),
+            Duration::from_millis(20),
+            3,
+        ));
+    let mut exporter = PyroscopeExporter::new(config).expect("exporter");
+    let stats = exporter.stats();
+
+    // Down: connections refused.
+    let down = export_burst(&mut exporter, &stats, 200, MAX as u64);
+    assert_fast(&down);
+
+    // Black-holed: connections accepted, never answered.
+    let hole = Receiver::black_hole(rebind(addr));
+    let until = Instant::now() + Duration::from_secs(5);
+    let mut holed = Vec::new();
+    while hole.accepted.load(Ordering::SeqCst) == 0 && Instant::now() < until {
+        holed.extend(export_burst(&mut exporter, &stats, 1, MAX as u64));
+        std::thread::sleep(Duration::from_millis(5));
+    }
+    assert!(
+        hole.accepted.load(Ordering::SeqCst) > 0,
+        "the uploader reached the black hole"
+    );
+    holed.extend(export_burst(&mut exporter, &stats, 200, MAX as u64));
+    assert_fast(&holed[holed.len() - 200..]);
+    let exported = 200 + holed.len() as u64;
+
+    let before = stats.snapshot();
+    assert!(before.profiles_queued > 0, "{before:?}");
+    assert!(before.bytes_queued <= MAX as u64);
+
+    let t = Instant::now();
+    drop(exporter);
+    let took = t.elapsed();
+    assert!(
+        took < shutdown + Duration::from_secs(1),
+        "drop took {took:?}"
+    );
+
+    let s = stats.snapshot();
+    assert_eq!((s.profiles_queued, s.bytes_queued), (0, 0), "{s:?}");
+    assert_eq!(s.profiles_sent, 0, "nothing was answered: {s:?}");
+    assert_eq!(s.profiles_failed, 0, "{s:?}");
+    assert_eq!(
+        s.profiles_sent + s.profiles_failed + s.profiles_dropped + s.profiles_queued,
+        exported,
+        "every export is accounted for: {s:?}"
+    );
+    assert!(hole.requests().is_empty());
+}
+
+#[test]
+fn sending_resumes_when_the_receiver_comes_back() {
+    let addr = closed_port();
+    let config = PyroscopeConfig::new(format!("http://{addr}"), "checkout").with_backoff(
+        PyroscopeBackoff::new(Duration::from_millis(10), Duration::from_millis(100), 1000),
+    );
+    let mut exporter = PyroscopeExporter::new(config).expect("exporter");
+    let stats = exporter.stats();
+    let profiles: Vec<EncodedProfile> = (1..=3).map(profile).collect();
+    for p in &profiles {
+        exporter.export(p).expect("export");
+    }
+    let s = wait_stats(&stats, Duration::from_secs(5), |s| s.retries >= 2);
+    assert!(s.retries >= 2 && s.profiles_sent == 0, "{s:?}");
+    assert_eq!(s.profiles_queued, 3);
+
+    let receiver = Receiver::ok(rebind(addr));
+    let s = wait_stats(&stats, Duration::from_secs(5), |s| s.profiles_sent == 3);
+    assert_eq!(
+        (s.profiles_sent, s.profiles_dropped, s.profiles_queued),
+        (3, 0, 0)
+    );
+    let late = profile(4);
+    exporter.export(&late).expect("export");
+    let requests = receiver.wait_for(4, Duration::from_secs(5));
+    let raws: Vec<Vec<u8>> = requests.iter().map(|r| only_sample(r).0).collect();
+    let expected: Vec<Vec<u8>> = profiles
+        .iter()
+        .chain([&late])
+        .map(|p| p.gzip_pprof.clone())
+        .collect();
+    assert_eq!(
+        raws, expected,
+        "queued profiles arrive, in order, once each"
+    );
+}
+
+#[test]
+fn drop_sends_what_is_queued() {
+    let receiver = Receiver::answering(
+        fresh_listener(),
+        Box::new(|_, _| {
+            std::thread::sleep(Duration::from_millis(30));
+            (200, vec![], b"{}".to_vec())
+        }),
+    );
+    let mut exporter = PyroscopeExporter::new(config(&receiver.url())).expect("exporter");
+    let stats = exporter.stats();
+    for i in 1..=4 {
+        exporter.export(&profile(i)).expect("export");
+    }
+    drop(exporter);
+    assert_eq!(stats.snapshot().profiles_sent, 4);
+    assert_eq!(receiver.requests().len(), 4);
+}
+
+#[test]
+fn config_errors_name_the_field() {
+    let error = |config: PyroscopeConfig| {
+        PyroscopeExporter::new(config)
+            .expect_err("invalid config")
+            .to_string()
+    };
+    let e = error(PyroscopeConfig::new("ftp://localhost:4040", "app"));
+    assert!(
+        e.starts_with("pyroscope.server_address:") && e.contains("ftp"),
+        "{e}"
+    );
+    let e = error(PyroscopeConfig::new("http://localhost:4040/?x=1", "app"));
+    assert!(
+        e.starts_with("pyroscope.server_address:") && e.contains("query"),
+        "{e}"
+    );
+    let e = error(PyroscopeConfig::new("localhost:4040", "app"));
+    assert!(e.starts_with("pyroscope.server_address:"), "{e}");
+    let e = error(PyroscopeConfig::new("http://localhost:4040", ""));
+    assert!(e.starts_with("pyroscope.application_name:"), "{e}");
+    let e = error(PyroscopeConfig::new("http://localhost:4040", "app").with_label("bad-name", "x"));
+    assert!(
+        e.starts_with("pyroscope.labels:") && e.contains("bad-name"),
+        "{e}"
+    );
+    let e = error(PyroscopeConfig::new("http://localhost:4040", "app").with_label("__name__", "x"));
+    assert!(e.contains("__name__"), "{e}");
+    let e = error(
+        PyroscopeConfig::new("http://localhost:4040", "app").with_header("Content-Type", "x"),
+    );
+    assert!(e.starts_with("pyroscope.headers:"), "{e}");
+    let e = error(PyroscopeConfig::new("http://localhost:4040", "app").with_max_queue_bytes(0));
+    assert!(e.starts_with("pyroscope.max_queue_bytes:"), "{e}");
+    assert!(
+        PyroscopeConfig::new("https://profiles.example.com/prefix", "app")
+            .with_label("service_version", "1")
+            .validate()
+            .is_ok()
+    );
+}
+
+#[test]
+fn debug_redacts_secrets() {
+    let config = PyroscopeConfig::new("http://localhost:4040", "app")
+        .with_basic_auth("alice", "hunter2-password")
+        .with_header("X-Api-Key", "k3y-value")
+        .with_header("Authorization-Extra", "abc-secret-header")
+        .with_header("X-Request-Source", "visible-value")
+        .with_tenant_id("tenant-7");
+    let text = format!("{config:?}");
+    for secret in ["hunter2-password", "k3y-value", "abc-secret-header"] {
+        assert!(!text.contains(secret), "{secret} leaked: {text}");
+    }
+    assert!(text.contains("***") && text.contains("alice") && text.contains("visible-value"));
+    assert!(text.contains("tenant-7"));
+    let bearer = format!(
+        "{:?}",
+        PyroscopeConfig::new("http://localhost:4040", "app").with_bearer_token("tok-very-secret")
+    );
+    assert!(
+        !bearer.contains("tok-very-secret") && bearer.contains("***"),
+        "{bearer}"
+    );
+    let exporter = PyroscopeExporter::new(config).expect("exporter");
+    let text = format!("{exporter:?}");
+    assert!(!text.contains("hunter2") && !text.contains("k3y"), "{text}");
+}

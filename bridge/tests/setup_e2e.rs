@@ -1,0 +1,289 @@
+//! The one-call setup against local receivers: traces arrive over OTLP/HTTP with
+//! `pyroscope.profile.id` on the root span, profiles arrive at the Pyroscope push endpoint,
+//! and the span id in the trace is the `span_id` label of the profile's samples.
+
+use std::collections::HashSet;
+use std::io::{BufRead, BufReader, Read, Write};
+use std::net::TcpListener;
+use std::sync::{Arc, Mutex};
+use std::time::{Duration, Instant};
+
+use opentelemetry_proto::tonic::collector::trace::v1::ExportTraceServiceRequest;
+use otel_profiling::config::{Credentials, OtlpProtocol};
+use otel_profiling::{pprof, Telemetry};
+use prost::Message;
+use tracing_subscriber::layer::SubscriberExt;
+
+/// One HTTP request as received.
+#[derive(Clone, Debug)]
+struct Request {
+    path: String,
+    headers: Vec<(String, String)>,
+    body: Vec<u8>,
+}
+
+impl Request {
+    fn header(&self, name: &str) -> Option<&str> {
+        self.headers
+            .iter()
+            .find(|(k, _)| k.eq_ignore_ascii_case(name))
+            .map(|(_, v)| v.as_str())
+    }
+
+    /// The body, gunzipped if the request says it is gzip.
+    fn plain_body(&self) -> Vec<u8> {
+        if self.header("content-encoding") == Some("gzip") {
+            let mut out = Vec::new();
+            flate2::read::GzDecoder::new(&self.body[..])
+                .read_to_end(&mut out)
+                .expect("gzip body");
+            out
+        } else {
+            self.body.clone()
+        }
+    }
+}
+
+/// A minimal HTTP/1.1 receiver on 127.0.0.1 that answers 200 with an empty body.
+fn receiver() -> (String, Arc<Mutex<Vec<Request>>>) {
+    let listener = TcpListener::bind("127.0.0.1:0").expect("bind");
+    let url = format!("http://{}", listener.local_addr().expect("addr"));
+    let seen: Arc<Mutex<Vec<Request>>> = Arc::default();
+    let store = seen.clone();
+    std::thread::spawn(move || {
+        for stream in listener.incoming() {
+            let Ok(stream) = stream else { continue };
+            let store = store.clone();
+            std::thread::spawn(move || {
+                let mut reader = BufReader::new(stream);
+                loop {
+                    let mut line = String::new();
+                    if reader.read_line(&mut line).unwrap_or(0) == 0 {
+                        return;
+                    }
+                    let path = line.split_whitespace().nth(1).unwrap_or("").to_string();
+                    let mut headers = Vec::new();
+                    loop {
+                        let mut h = String::new();
+                        if reader.read_line(&mut h).unwrap_or(0) == 0 {
+                            return;
+                        }
+                        let h = h.trim_end();
+                        if h.is_empty() {
+                            break;
+                        }
+                        if let Some((k, v)) = h.split_once(':') {
+                            headers.push((k.trim().to_string(), v.trim().to_string()));
+                        }
+                    }
+                    let len: usize = headers
+                        .iter()
+                        .find(|(k, _)| k.eq_ignore_ascii_case("content-length"))
+                        .and_then(|(_, v)| v.parse().ok())
+                        .unwrap_or(0);
+                    let mut body = vec![0; len];
+                    if reader.read_exact(&mut body).is_err() {
+                        return;
+                    }
+                    store.lock().expect("store").push(Request {
+                        path,
+                        headers,
+                        body,
+                    });
+                    let reply = b"HTTP/1.1 200 OK\r\ncontent-type: application/proto\r\ncontent-length: 0\r\n\r\n";
+                    if reader.get_mut().write_all(reply).is_err() {
+                        return;
+                    }
+                }
+            });
+        }
+    });
+    (url, seen)
+}
+
+/// The push request's series and their raw pprof samples, decoded field by field
+/// (push.v1.PushRequest: 1 series; RawProfileSeries: 1 labels, 2 samples; LabelPair:
+/// 1 name, 2 value; RawSample: 1 raw_profile, 2 ID).
+#[derive(Clone, PartialEq, prost::Message)]
+struct PushRequest {
+    #[prost(message, repeated, tag = "1")]
+    series: Vec<RawProfileSeries>,
+}
+#[derive(Clone, PartialEq, prost::Message)]
+struct RawProfileSeries {
+    #[prost(message, repeated, tag = "1")]
+    labels: Vec<LabelPair>,
+    #[prost(message, repeated, tag = "2")]
+    samples: Vec<RawSample>,
+}
+#[derive(Clone, PartialEq, prost::Message)]
+struct LabelPair {
+    #[prost(string, tag = "1")]
+    name: String,
+    #[prost(string, tag = "2")]
+    value: String,
+}
+#[derive(Clone, PartialEq, prost::Message)]
+struct RawSample {
+    #[prost(bytes = "vec", tag = "1")]
+    raw_profile: Vec<u8>,
+    #[prost(string, tag = "2")]
+    id: String,
+}
+
+#[inline(never)]
+fn checkout_cpu(cpu: Duration) -> u64 {
+    let start = Instant::now();
+    let mut x = 1u64;
+    while start.elapsed() < cpu {
+        let mut i = 0u32;
+        while i < 10_000 {
+            x ^= x << 13;
+            x ^= x >> 7;
+            x ^= x << 17;
+            i += 1;
+        }
+    }
+    x
+}
+
+#[test]
+fn traces_and_profiles_reach_their_receivers_with_the_same_span_id() {
+    let (otlp_url, otlp_seen) = receiver();
+    let (pyro_url, pyro_seen) = receiver();
+    let telemetry = Telemetry::builder()
+        .service_name("checkout")
+        .resource_attribute("service.version", "2.0.1")
+        .resource_attribute("deployment.environment", "test")
+        .otlp(&otlp_url, OtlpProtocol::HttpProtobuf)
+        .expect("otlp url")
+        .pyroscope(
+            &pyro_url,
+            Some(Credentials::Basic {
+                user: "u".into(),
+                password: "p".into(),
+            }),
+            Some("tenant-1".into()),
+        )
+        .expect("pyroscope url")
+        .frequency_hz(250)
+        .upload_interval(Duration::from_millis(500))
+        .build()
+        .expect("telemetry");
+    let subscriber = tracing_subscriber::registry().with(telemetry.layer());
+    tracing::subscriber::with_default(subscriber, || {
+        tracing::info_span!("POST /checkout").in_scope(|| {
+            std::hint::black_box(checkout_cpu(Duration::from_millis(300)));
+        });
+    });
+    drop(telemetry);
+
+    // Traces: OTLP/HTTP protobuf at /v1/traces; the root carries pyroscope.profile.id.
+    let traces = otlp_seen.lock().expect("otlp").clone();
+    assert!(!traces.is_empty(), "no OTLP request");
+    let mut root_id = None;
+    for req in &traces {
+        assert_eq!(req.path, "/v1/traces");
+        let export =
+            ExportTraceServiceRequest::decode(&req.plain_body()[..]).expect("OTLP protobuf");
+        for rs in &export.resource_spans {
+            for ss in &rs.scope_spans {
+                for span in &ss.spans {
+                    if span.name == "POST /checkout" {
+                        let id: String = span.span_id.iter().map(|b| format!("{b:02x}")).collect();
+                        let attr = span
+                            .attributes
+                            .iter()
+                            .find(|kv| kv.key == "pyroscope.profile.id")
+                            .and_then(|kv| kv.value.as_ref())
+                            .and_then(|v| match &v.value {
+                                Some(opentelemetry_proto::tonic::common::v1::any_value::Value::StringValue(s)) => Some(s.clone()),
+                                _ => None,
+                            });
+                        assert_eq!(attr.as_deref(), Some(id.as_str()));
+                        assert!(span
+                            .attributes
+                            .iter()
+                            .any(|kv| kv.key == "profiling.cpu.samples"));
+                        root_id = Some(id);
+                    }
+                }
+            }
+        }
+    }
+    let root_id = root_id.expect("root span exported");
+
+    // Profiles: the push endpoint, the workload's labels, and samples labelled with the
+    // root's id.
+    let pushes = pyro_seen.lock().expect("pyroscope").clone();
+    assert!(!pushes.is_empty(), "no push");
+    let mut span_ids = HashSet::new();
+    for req in &pushes {
+        assert_eq!(req.path, "/push.v1.PusherService/Push");
+        assert_eq!(req.header("x-scope-orgid"), Some("tenant-1"));
+        assert!(req
+            .header("authorization")
+            .is_some_and(|a| a.starts_with("Basic ")));
+        let push = PushRequest::decode(&req.plain_body()[..]).expect("push protobuf");
+        for series in &push.series {
+            let label = |n: &str| {
+                series
+                    .labels
+                    .iter()
+                    .find(|l| l.name == n)
+                    .map(|l| l.value.as_str())
+            };
+            assert_eq!(label("__name__"), Some("process_cpu"));
+            assert_eq!(label("service_name"), Some("checkout"));
+            assert_eq!(label("service_version"), Some("2.0.1"));
+            assert_eq!(label("deployment_environment"), Some("test"));
+            for sample in &series.samples {
+                let profile = pprof::decode(&sample.raw_profile).expect("pprof");
+                let s = |i: i64| profile.string_table[i as usize].clone();
+                for smp in &profile.sample {
+                    for l in &smp.label {
+                        if s(l.key) == "span_id" {
+                            span_ids.insert(s(l.str));
+                        }
+                    }
+                }
+            }
+        }
+    }
+    assert!(span_ids.contains(&root_id), "{root_id} not in {span_ids:?}");
+}
+
+/// gRPC OTLP to an address where nothing listens: setup works, spans are attempted off the
+/// request path, and shutdown is bounded — the host is never slowed or crashed.
+#[test]
+fn an_unreachable_grpc_collector_never_blocks_the_host() {
+    let dir = std::env::temp_dir().join(format!("otel-profiling-grpc-{}", std::process::id()));
+    let telemetry = Telemetry::builder()
+        .service_name("checkout")
+        .otlp("http://127.0.0.1:9", OtlpProtocol::Grpc)
+        .expect("otlp url")
+        .output_dir(&dir)
+        .shutdown_timeout(Duration::from_secs(2))
+        .build()
+        .expect("telemetry");
+    let subscriber = tracing_subscriber::registry().with(telemetry.layer());
+    let start = Instant::now();
+    tracing::subscriber::with_default(subscriber, || {
+        for _ in 0..1000 {
+            tracing::info_span!("GET /ping").in_scope(|| {});
+        }
+    });
+    assert!(
+        start.elapsed() < Duration::from_secs(1),
+        "spans took {:?}",
+        start.elapsed()
+    );
+    let stop = Instant::now();
+    drop(telemetry);
+    assert!(
+        stop.elapsed() < Duration::from_secs(6),
+        "shutdown took {:?}",
+        stop.elapsed()
+    );
+    let _ = std::fs::remove_dir_all(&dir);
+}
