@@ -446,6 +446,30 @@ impl Drop for TelemetryGuard {
 mod tests {
     use super::*;
 
+    /// The profile type id Grafana must query is what the profiles really are: the series
+    /// name, then the pprof sample type and period type.
+    #[test]
+    fn profile_type_id_matches_the_profiles() {
+        use crate::export::pyroscope::{PROFILE_NAME, PROFILE_TYPE_ID};
+        let profile = crate::pprof::ProfileBuilder::new(
+            10_000_000,
+            std::time::SystemTime::now(),
+            Duration::from_secs(1),
+        )
+        .build();
+        let s = |i: i64| profile.string_table[i as usize].clone();
+        let sample = &profile.sample_type[0];
+        let period = profile.period_type.as_ref().expect("period type");
+        let derived = format!(
+            "{PROFILE_NAME}:{}:{}:{}:{}",
+            s(sample.r#type),
+            s(sample.unit),
+            s(period.r#type),
+            s(period.unit)
+        );
+        assert_eq!(derived, PROFILE_TYPE_ID);
+    }
+
     #[test]
     fn resource_attributes_become_series_labels() {
         let attrs: Vec<(String, String)> = [

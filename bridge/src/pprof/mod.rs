@@ -58,11 +58,11 @@ pub struct SampleLabels {
 }
 
 /// Label key of the span id: the one Pyroscope joins with `pyroscope.profile.id`.
-const SPAN_ID_KEY: &str = "span_id";
+pub const SPAN_ID_KEY: &str = "span_id";
 /// Label key of the trace id.
-const TRACE_ID_KEY: &str = "trace_id";
+pub const TRACE_ID_KEY: &str = "trace_id";
 /// Label key of the span name.
-const SPAN_NAME_KEY: &str = "span_name";
+pub const SPAN_NAME_KEY: &str = "span_name";
 
 /// Collects symbolized samples into one pprof CPU profile.
 ///

@@ -13,7 +13,11 @@ use super::error::PyroscopeError;
 pub(crate) const PUSH_PATH: &str = "push.v1.PusherService/Push";
 
 /// Value of the `__name__` series label: the profile type's name.
-pub(crate) const PROFILE_NAME: &str = "process_cpu";
+pub const PROFILE_NAME: &str = "process_cpu";
+
+/// The Pyroscope profile type id of the profiles this crate pushes (`__name__`, sample type
+/// and period type): what Grafana's `tracesToProfiles.profileTypeId` must be.
+pub const PROFILE_TYPE_ID: &str = "process_cpu:cpu:nanoseconds:cpu:nanoseconds";
 
 /// Credentials for the Pyroscope server.
 ///

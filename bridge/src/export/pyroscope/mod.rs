@@ -67,7 +67,7 @@ use std::sync::Arc;
 use std::thread::JoinHandle;
 use std::time::{Duration, Instant};
 
-pub use config::{PyroscopeAuth, PyroscopeBackoff, PyroscopeConfig};
+pub use config::{PyroscopeAuth, PyroscopeBackoff, PyroscopeConfig, PROFILE_NAME, PROFILE_TYPE_ID};
 pub use error::PyroscopeError;
 pub use stats::{PyroscopeSnapshot, PyroscopeStats};
 
