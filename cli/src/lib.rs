@@ -1,0 +1,1 @@
+//! The local span report (being written).
