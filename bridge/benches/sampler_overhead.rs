@@ -9,6 +9,8 @@
 //!
 //! Run: `cargo bench -p otel-profiling --bench sampler_overhead`
 
+mod common;
+
 use std::process::Command;
 use std::time::{Duration, Instant};
 
@@ -87,28 +89,13 @@ fn child(mode: &str) {
                 std::process::exit(2);
             }
         },
-        _ => {
-            let agent = pyroscope::pyroscope::PyroscopeAgentBuilder::new(
-                "http://127.0.0.1:9",
-                "bench",
-                100,
-                "pyroscope-rs",
-                "bench",
-                pyroscope::backend::pprof_backend(
-                    pyroscope::backend::PprofConfig { sample_rate: 100 },
-                    pyroscope::backend::BackendConfig::default(),
-                ),
-            )
-            .build()
-            .and_then(|a| a.start());
-            match agent {
-                Ok(a) => Box::new(a),
-                Err(e) => {
-                    eprintln!("pyroscope: {e}");
-                    std::process::exit(2);
-                }
+        _ => match common::start_pyroscope_agent(100) {
+            Ok(a) => Box::new(a),
+            Err(e) => {
+                eprintln!("pyroscope: {e}");
+                std::process::exit(2);
             }
-        }
+        },
     };
     let start_ns = t0.elapsed().as_nanos();
     let (cpu_before, _) = rusage();

@@ -10,6 +10,8 @@
 //! Run: `cargo bench -p otel-profiling --bench span_switch`. The ratios are printed at
 //! the end from criterion's own estimates.
 
+mod common;
+
 use std::hint::black_box;
 use std::path::PathBuf;
 use std::time::Duration;
@@ -103,20 +105,7 @@ fn bench_context_switch(c: &mut Criterion) {
 
     // The pyroscope crate's own tagging, with its pprof backend sampling at 100 Hz. Its
     // server is an unused local port: uploads fail off the measured thread.
-    let agent = pyroscope::pyroscope::PyroscopeAgentBuilder::new(
-        "http://127.0.0.1:9",
-        "bench",
-        100,
-        "pyroscope-rs",
-        "bench",
-        pyroscope::backend::pprof_backend(
-            pyroscope::backend::PprofConfig { sample_rate: 100 },
-            pyroscope::backend::BackendConfig::default(),
-        ),
-    )
-    .build()
-    .and_then(|agent| agent.start());
-    match agent {
+    match common::start_pyroscope_agent(100) {
         Ok(agent) => {
             let (add, remove) = agent.tag_wrapper();
             let span_id = "0123456789abcdef".to_string();

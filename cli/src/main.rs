@@ -1,1 +1,149 @@
-fn main() {}
+//! `otel-profiling`: the span report, flame graphs and version diffs from the directories
+//! otel-profiling's local sink writes.
+
+use std::fs::File;
+use std::io::{BufWriter, Write};
+use std::path::{Path, PathBuf};
+use std::process::ExitCode;
+
+use clap::error::ErrorKind;
+use clap::{ArgGroup, CommandFactory, Parser, Subcommand};
+use otel_profiling_cli::diff::VersionDiff;
+use otel_profiling_cli::flame::{FlameGraph, FlameSelection};
+use otel_profiling_cli::report::SpanReport;
+use otel_profiling_cli::ReportError;
+
+/// Per-span CPU against wall time, flame graphs and version diffs from otel-profiling's
+/// local files (`*_cpu.pb.gz` profiles and `*_spans.jsonl` OTLP JSON spans).
+#[derive(Parser)]
+#[command(name = "otel-profiling", version)]
+struct Cli {
+    #[command(subcommand)]
+    command: Command,
+}
+
+#[derive(Subcommand)]
+enum Command {
+    /// Per span name and service.version: count, wall p50/p95, CPU from the profile and
+    /// from the span attributes, CPU/wall, verdict and top functions.
+    Report {
+        /// Directories written by the local sink.
+        #[arg(required = true)]
+        dirs: Vec<PathBuf>,
+    },
+    /// An SVG flame graph of one span (by id) or of every span of one name.
+    #[command(group(ArgGroup::new("selection").required(true).args(["span_id", "span_name"])))]
+    Flame {
+        /// Directory written by the local sink.
+        dir: PathBuf,
+        /// Span id of a local root span (16 hex digits).
+        #[arg(long)]
+        span_id: Option<String>,
+        /// Span name.
+        #[arg(long)]
+        span_name: Option<String>,
+        /// Where to write the SVG.
+        #[arg(short, long)]
+        output: PathBuf,
+    },
+    /// One span name, per request, in two versions (one directory, --from/--to) or in two
+    /// directories: which functions' CPU grew.
+    Diff {
+        /// One directory (with --from and --to) or two (before, after).
+        #[arg(required = true, num_args = 1..=2)]
+        dirs: Vec<PathBuf>,
+        /// The span name to compare.
+        #[arg(long)]
+        span_name: String,
+        /// The old service.version.
+        #[arg(long, requires = "to")]
+        from: Option<String>,
+        /// The new service.version.
+        #[arg(long, requires = "from")]
+        to: Option<String>,
+    },
+}
+
+fn main() -> ExitCode {
+    let cli = Cli::parse();
+    match run(cli.command) {
+        Ok(()) => ExitCode::SUCCESS,
+        Err(e) => {
+            eprintln!("error: {e}");
+            ExitCode::FAILURE
+        }
+    }
+}
+
+fn run(command: Command) -> Result<(), ReportError> {
+    match command {
+        Command::Report { dirs } => {
+            print!("{}", SpanReport::from_dirs(&dirs)?);
+        }
+        Command::Flame {
+            dir,
+            span_id,
+            span_name,
+            output,
+        } => {
+            let selection = match (span_id, span_name) {
+                (Some(id), _) => FlameSelection::SpanId(id),
+                (None, Some(name)) => FlameSelection::SpanName(name),
+                (None, None) => usage_error("flame", "give --span-id or --span-name"),
+            };
+            let graph = FlameGraph::from_dirs(&[dir], &selection)?;
+            write_svg(&graph, &output)?;
+            println!(
+                "wrote {}: {} ({})",
+                output.display(),
+                graph.title,
+                graph.subtitle
+            );
+        }
+        Command::Diff {
+            dirs,
+            span_name,
+            from,
+            to,
+        } => {
+            let diff = match (dirs.as_slice(), from, to) {
+                ([dir], Some(from), Some(to)) => {
+                    VersionDiff::between_versions(dir, &span_name, &from, &to)?
+                }
+                ([_], _, _) => usage_error(
+                    "diff",
+                    "with one directory, give --from and --to (the two service.version values)",
+                ),
+                ([before, after], None, None) => {
+                    VersionDiff::between_dirs(before, after, &span_name)?
+                }
+                _ => usage_error(
+                    "diff",
+                    "give one directory with --from and --to, or two directories",
+                ),
+            };
+            print!("{diff}");
+        }
+    }
+    Ok(())
+}
+
+fn write_svg(graph: &FlameGraph, path: &Path) -> Result<(), ReportError> {
+    let io = |source| ReportError::Io {
+        path: path.to_path_buf(),
+        source,
+    };
+    let mut out = BufWriter::new(File::create(path).map_err(io)?);
+    graph.write_svg(&mut out)?;
+    out.flush().map_err(io)
+}
+
+/// Exits with clap's usage error for `subcommand`.
+fn usage_error(subcommand: &str, message: &str) -> ! {
+    let mut command = Cli::command();
+    command.build();
+    match command.find_subcommand_mut(subcommand) {
+        Some(sub) => sub.error(ErrorKind::ArgumentConflict, message).exit(),
+        None => command.error(ErrorKind::ArgumentConflict, message).exit(),
+    }
+}

@@ -1,223 +1,182 @@
-//! Demo: a small tokio service with a CPU-heavy and an I/O-bound endpoint, profiled with
-//! the embedded default (no server): CPU samples labelled with the running span go to
-//! gzipped pprof files, finished spans to OTLP JSON lines, both in a local directory.
+//! The demo, end to end on the embedded default (no server, no Docker):
 //!
-//! It prints the first span context switches the sampler sees, then each request's wall
-//! time next to the CPU time its samples stand for, and where the files are.
+//! 1. starts the slow inventory dependency (a local TCP service with 40 ms latency);
+//! 2. runs the example service twice as a child process, release `1.4.0` (healthy
+//!    serializer) then `1.5.0` (the paged serializer regression), each under load for
+//!    20 s, with the profiler writing pprof files and OTLP span lines to one directory;
+//! 3. prints the span report (wall vs CPU per endpoint and release, verdicts, top
+//!    functions) and the diff of `GET /report` between the two releases.
 //!
-//! Run: `cargo run -p otel-profiling-examples --bin demo`
+//! Run: `cargo run -p otel-profiling-examples --bin demo`. With `OTEL_EXPORTER_OTLP_ENDPOINT`
+//! and `PYROSCOPE_SERVER_ADDRESS` set (the compose stack), the services send there instead.
 
-use std::sync::atomic::{AtomicUsize, Ordering};
-use std::time::Duration;
+use std::io::{BufRead, BufReader};
+use std::path::{Path, PathBuf};
+use std::process::{Child, Command, Stdio};
+use std::sync::atomic::Ordering::Relaxed;
+use std::time::{Duration, Instant};
 
-use opentelemetry::trace::TracerProvider as _;
-use opentelemetry_sdk::error::OTelSdkResult;
-use opentelemetry_sdk::trace::{SdkTracerProvider, SimpleSpanProcessor, SpanData, SpanProcessor};
-use otel_profiling::local_sink::LocalSpanExporter;
-use otel_profiling::{
-    current_local_root, sampler, CpuEvidenceProcessor, ProfileIdSpanProcessor, Profiler,
-    ProfilingLayer, CPU_TIME_ATTRIBUTE, PROFILE_ID_ATTRIBUTE,
-};
-use tracing::Instrument;
-use tracing_core::span::Id;
-use tracing_subscriber::layer::{Context, SubscriberExt};
-use tracing_subscriber::registry::LookupSpan;
-use tracing_subscriber::Layer;
+use otel_profiling_examples::{app, inventory, load, service};
 
-/// How many context switches to print before going quiet.
-const SWITCHES_SHOWN: usize = 16;
-static SWITCHES: AtomicUsize = AtomicUsize::new(0);
+/// Set in the child processes the demo starts.
+const ROLE_VAR: &str = "OTEL_PROFILING_DEMO_ROLE";
+const RELEASES: [(&str, &str); 2] = [("1.4.0", "v1"), ("1.5.0", "paged")];
+const LOAD_FOR: Duration = Duration::from_secs(20);
 
-/// Prints what a CPU sample taken right now on this thread would be labelled with.
-/// Registered after `ProfilingLayer`, so it sees the value that layer just set.
-struct SwitchPrinter;
-
-impl<S: tracing::Subscriber + for<'a> LookupSpan<'a>> Layer<S> for SwitchPrinter {
-    fn on_enter(&self, id: &Id, ctx: Context<'_, S>) {
-        print_switch("enter", id, &ctx);
-    }
-    fn on_exit(&self, id: &Id, ctx: Context<'_, S>) {
-        print_switch("exit ", id, &ctx);
-    }
-}
-
-fn print_switch<S: tracing::Subscriber + for<'a> LookupSpan<'a>>(
-    what: &str,
-    id: &Id,
-    ctx: &Context<'_, S>,
-) {
-    let n = SWITCHES.fetch_add(1, Ordering::Relaxed);
-    if n >= SWITCHES_SHOWN {
-        if n == SWITCHES_SHOWN {
-            println!("  … (further switches not shown)");
+fn main() {
+    if std::env::var(ROLE_VAR).as_deref() == Ok("service") {
+        if let Err(err) = app::main_from_env() {
+            eprintln!("demo service: {err}");
+            std::process::exit(1);
         }
         return;
     }
-    let name = ctx.span(id).map(|s| s.name()).unwrap_or("?");
-    let labels = match current_local_root() {
-        Some(root) => format!(
-            "span_id={} span_name={}",
-            root.span_id().map_or("-".to_string(), |s| s.to_string()),
-            root.name().map_or("-".into(), |n| n.resolve()),
-        ),
-        None => "(no span)".to_string(),
-    };
-    let thread = std::thread::current();
-    let thread = format!("{}{:?}", thread.name().unwrap_or("?"), thread.id());
-    println!("  {thread:<24} {what} {name:<11} -> samples labelled {labels}");
-}
-
-/// Prints each finished local root span: wall time against the CPU its samples stand for.
-#[derive(Debug)]
-struct PrintRoots;
-
-impl SpanProcessor for PrintRoots {
-    fn on_start(&self, _span: &mut opentelemetry_sdk::trace::Span, _cx: &opentelemetry::Context) {}
-    fn on_end(&self, span: SpanData) {
-        let attr = |key: &str| {
-            span.attributes
-                .iter()
-                .find(|kv| kv.key.as_str() == key)
-                .map(|kv| kv.value.clone())
-        };
-        let Some(profile_id) = attr(PROFILE_ID_ATTRIBUTE) else {
-            return;
-        };
-        static HEADER: std::sync::Once = std::sync::Once::new();
-        HEADER.call_once(|| {
-            println!("\nfinished requests (CPU from the samples taken under each span):")
-        });
-        let wall = span
-            .end_time
-            .duration_since(span.start_time)
-            .unwrap_or_default();
-        let cpu_ns = match attr(CPU_TIME_ATTRIBUTE) {
-            Some(opentelemetry::Value::I64(ns)) => ns,
-            _ => 0,
-        };
-        let cpu = Duration::from_nanos(cpu_ns.max(0) as u64);
-        let ratio = cpu.as_secs_f64() / wall.as_secs_f64().max(1e-9);
-        let verdict = if ratio > 0.5 {
-            "CPU-bound"
-        } else if ratio < 0.1 {
-            "waiting"
-        } else {
-            "mixed"
-        };
-        println!(
-            "  {:<12} pyroscope.profile.id={profile_id}  wall {:>6.1} ms  CPU {:>6.1} ms  -> {verdict}",
-            span.name,
-            wall.as_secs_f64() * 1e3,
-            cpu.as_secs_f64() * 1e3,
-        );
-    }
-    fn force_flush(&self) -> OTelSdkResult {
-        Ok(())
-    }
-    fn shutdown_with_timeout(&self, _timeout: Duration) -> OTelSdkResult {
-        Ok(())
+    if let Err(err) = orchestrate() {
+        eprintln!("demo: {err}");
+        std::process::exit(1);
     }
 }
 
-/// The report's response serialization: pure CPU.
-#[inline(never)]
-fn serialize_report(rows: u64) -> u64 {
-    let mut x = rows;
-    for i in 0..rows * 400_000 {
-        x = x.wrapping_mul(6364136223846793005).wrapping_add(i) ^ (x >> 29);
-    }
-    x
-}
-
-async fn report(rows: u64) -> u64 {
-    let mut total = 0;
-    for _ in 0..4 {
-        total ^= serialize_report(rows);
-        tokio::task::yield_now().await;
-    }
-    total
-}
-
-async fn orders() -> u64 {
-    for _ in 0..3 {
-        tokio::time::sleep(Duration::from_millis(50))
-            .instrument(tracing::info_span!("db.query"))
-            .await;
-    }
-    0
-}
-
-fn fail(what: &str, err: impl std::fmt::Display) -> ! {
-    eprintln!("demo: {what}: {err}");
-    std::process::exit(1);
-}
-
-fn main() {
-    let profiler = Profiler::builder()
-        .interval(Duration::from_secs(2))
-        .start()
-        .unwrap_or_else(|e| fail("could not start the profiler", e));
-    let dir = profiler
-        .output_dir()
-        .map(|d| d.to_path_buf())
-        .unwrap_or_default();
-    let spans =
-        LocalSpanExporter::new(&dir).unwrap_or_else(|e| fail("could not create the span file", e));
-    let spans_path = spans.path().to_path_buf();
-    let provider = SdkTracerProvider::builder()
-        .with_span_processor(ProfileIdSpanProcessor::default())
-        .with_span_processor(CpuEvidenceProcessor::new(PrintRoots))
-        .with_span_processor(CpuEvidenceProcessor::new(SimpleSpanProcessor::new(spans)))
-        .build();
-    let subscriber = tracing_subscriber::registry()
-        .with(tracing_opentelemetry::layer().with_tracer(provider.tracer("demo")))
-        .with(ProfilingLayer::default())
-        .with(SwitchPrinter);
-    if let Err(err) = tracing::subscriber::set_global_default(subscriber) {
-        fail("could not install the tracing subscriber", err);
+fn orchestrate() -> Result<(), Box<dyn std::error::Error>> {
+    let dir = otel_profiling::local_sink::output_dir(None).join("demo");
+    clear_previous_run(&dir)?;
+    let remote = std::env::var_os("PYROSCOPE_SERVER_ADDRESS").is_some();
+    println!(
+        "otel-profiling demo: a tokio/axum service, two releases, load, CPU profiles per span"
+    );
+    if remote {
+        println!("profiles go to PYROSCOPE_SERVER_ADDRESS; traces per OTEL_EXPORTER_OTLP_ENDPOINT");
+    } else {
+        println!("files: {}", dir.display());
     }
     let runtime = tokio::runtime::Builder::new_multi_thread()
         .worker_threads(2)
-        .thread_name("tokio-worker")
         .enable_all()
-        .on_thread_start(sampler::tokio_on_thread_start())
-        .on_thread_stop(sampler::tokio_on_thread_stop())
-        .build()
-        .unwrap_or_else(|e| fail("could not start tokio", e));
+        .build()?;
+    let inventory = runtime.block_on(inventory::serve(Duration::from_millis(40)))?;
+    let rows = service::calibrate_rows(Duration::from_millis(100));
+    println!("report size: {rows} rows (a healthy serialization takes ~100 ms on this build)\n");
 
-    println!("span context switches as the sampler sees them (first {SWITCHES_SHOWN}):");
-    runtime.block_on(async {
-        let mut handles = Vec::new();
-        for i in 0..3u64 {
-            handles.push(tokio::spawn(
-                report(8 + i).instrument(tracing::info_span!("GET /report")),
-            ));
-            handles.push(tokio::spawn(
-                orders().instrument(tracing::info_span!("GET /orders")),
-            ));
+    for (version, serializer) in RELEASES {
+        println!("== release {version} (serializer `{serializer}`): starting the service");
+        let (mut child, url) = start_service(version, serializer, rows, inventory, &dir)?;
+        println!(
+            "   {url}: /report and /orders under load for {}s",
+            LOAD_FOR.as_secs()
+        );
+        let stats = runtime.block_on(load::run(
+            &url,
+            LOAD_FOR,
+            2,
+            2,
+            Duration::from_secs(5),
+            |s, t| println!("  {}", s.progress_line(t)),
+        ));
+        stop_service(&mut child)?;
+        if stats.errors.load(Relaxed) > 0 {
+            return Err(format!("{} requests failed", stats.errors.load(Relaxed)).into());
         }
-        for handle in handles {
-            let _ = handle.await;
-        }
-    });
+    }
     drop(runtime);
-    let stats = profiler.stats();
-    profiler.shutdown(Duration::from_secs(5));
-    let _ = provider.shutdown();
 
-    println!(
-        "\nsamples taken {}, dropped {}; files in {}:",
-        stats.sampler.taken,
-        stats.sampler.dropped,
-        dir.display()
-    );
-    let mut files: Vec<_> = std::fs::read_dir(&dir)
-        .map(|rd| rd.filter_map(|e| e.ok()).map(|e| e.path()).collect())
-        .unwrap_or_default();
-    files.sort();
-    for file in files.iter().rev().take(6).rev() {
+    if remote {
+        println!("\nprofiles and traces were sent to the stack: open Grafana (see docs/stack.md)");
+        return Ok(());
+    }
+    println!();
+    print_report(&dir)?;
+    println!("\nfiles of this run ({}):", dir.display());
+    for file in list(&dir)? {
         println!("  {}", file.display());
     }
-    println!("spans of this run: {}", spans_path.display());
-    println!("read a profile with: go tool pprof -traces <file>_cpu.pb.gz");
+    println!(
+        "more: `cargo run -p otel-profiling-cli -- report {}`",
+        dir.display()
+    );
+    Ok(())
+}
+
+fn print_report(dir: &Path) -> Result<(), Box<dyn std::error::Error>> {
+    let report = otel_profiling_cli::report::SpanReport::from_dirs(&[dir.to_path_buf()])?;
+    println!("{report}");
+    let diff = otel_profiling_cli::diff::VersionDiff::between_versions(
+        dir,
+        "GET /report",
+        RELEASES[0].0,
+        RELEASES[1].0,
+    )?;
+    println!("{diff}");
+    Ok(())
+}
+
+fn start_service(
+    version: &str,
+    serializer: &str,
+    rows: usize,
+    inventory: std::net::SocketAddr,
+    dir: &Path,
+) -> Result<(Child, String), Box<dyn std::error::Error>> {
+    let mut child = Command::new(std::env::current_exe()?)
+        .env(ROLE_VAR, "service")
+        .env("SERVICE_VERSION", version)
+        .env("REPORT_SERIALIZER", serializer)
+        .env("REPORT_ROWS", rows.to_string())
+        .env("BIND_ADDR", "127.0.0.1:0")
+        .env("INVENTORY_ADDR", inventory.to_string())
+        .env("SHUTDOWN_ON_STDIN_EOF", "1")
+        .env("OTEL_PROFILING_OUTPUT_DIR", dir)
+        .env("PYROSCOPE_UPLOAD_INTERVAL", "5s")
+        .stdin(Stdio::piped())
+        .stdout(Stdio::piped())
+        .spawn()?;
+    let stdout = child.stdout.take().ok_or("no stdout from the service")?;
+    let mut line = String::new();
+    BufReader::new(stdout).read_line(&mut line)?;
+    let url = line
+        .split_whitespace()
+        .find(|w| w.starts_with("http://"))
+        .ok_or_else(|| format!("the service did not start: {line:?}"))?
+        .to_string();
+    Ok((child, url))
+}
+
+/// Closes the service's standard input (its shutdown signal) and waits for it to write its
+/// last profile; kills it after 30 s.
+fn stop_service(child: &mut Child) -> Result<(), Box<dyn std::error::Error>> {
+    drop(child.stdin.take());
+    let deadline = Instant::now() + Duration::from_secs(30);
+    loop {
+        if let Some(status) = child.try_wait()? {
+            return if status.success() {
+                Ok(())
+            } else {
+                Err(format!("the service exited with {status}").into())
+            };
+        }
+        if Instant::now() >= deadline {
+            let _ = child.kill();
+            return Err("the service did not stop within 30 s".into());
+        }
+        std::thread::sleep(Duration::from_millis(50));
+    }
+}
+
+fn list(dir: &Path) -> std::io::Result<Vec<PathBuf>> {
+    let mut files: Vec<PathBuf> = std::fs::read_dir(dir)?
+        .filter_map(|e| e.ok().map(|e| e.path()))
+        .collect();
+    files.sort();
+    Ok(files)
+}
+
+/// Removes the previous demo run's files so the report covers this run only.
+fn clear_previous_run(dir: &Path) -> std::io::Result<()> {
+    std::fs::create_dir_all(dir)?;
+    for file in list(dir)? {
+        let name = file.file_name().map(|n| n.to_string_lossy().into_owned());
+        if name.is_some_and(|n| n.ends_with("_cpu.pb.gz") || n.ends_with("_spans.jsonl")) {
+            std::fs::remove_file(&file)?;
+        }
+    }
+    Ok(())
 }

@@ -1,0 +1,221 @@
+//! Flame graphs (SVG, drawn by `inferno`) of the CPU samples of one span or one span name.
+
+use std::collections::{BTreeMap, HashSet};
+use std::io::Write;
+use std::path::PathBuf;
+
+use crate::error::ReportError;
+use crate::functions::NO_STACK;
+use crate::input::{version_label, Input, Sample, Span};
+use crate::verdict::NoSamples;
+
+/// Which samples to draw.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub enum FlameSelection {
+    /// The samples of one local root span, by its span id (16 hex digits).
+    SpanId(String),
+    /// Every sample labelled with this span name or with the id of a span of this name.
+    SpanName(String),
+}
+
+/// The folded stacks of a selection, ready to draw.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct FlameGraph {
+    /// What was selected, as the graph's title says.
+    pub title: String,
+    /// Spans, samples and CPU time drawn.
+    pub subtitle: String,
+    /// Folded stacks, `outer;...;inner <CPU ns>`, sorted.
+    pub folded: Vec<String>,
+    /// Samples drawn.
+    pub samples: u64,
+    /// CPU time drawn, nanoseconds.
+    pub cpu_ns: u64,
+}
+
+impl FlameGraph {
+    /// Reads `dirs` and selects the samples.
+    ///
+    /// Fails with [`ReportError::InvalidSpanId`] for an id that is not 16 hex digits,
+    /// [`ReportError::UnknownSpanId`] / [`ReportError::UnknownSpanName`] for a selection
+    /// found nowhere, and [`ReportError::NoSamples`] (with the reason) for one that exists
+    /// but has no CPU samples.
+    pub fn from_dirs(
+        dirs: &[PathBuf],
+        selection: &FlameSelection,
+    ) -> Result<FlameGraph, ReportError> {
+        FlameGraph::from_input(&Input::load(dirs)?, selection)
+    }
+
+    /// Selects the samples from what was read.
+    pub fn from_input(
+        input: &Input,
+        selection: &FlameSelection,
+    ) -> Result<FlameGraph, ReportError> {
+        let (title, spans, samples) = match selection {
+            FlameSelection::SpanId(id) => select_span_id(input, id)?,
+            FlameSelection::SpanName(name) => select_span_name(input, name)?,
+        };
+        let mut stacks: BTreeMap<String, u64> = BTreeMap::new();
+        let (mut count, mut cpu_ns) = (0, 0);
+        for sample in &samples {
+            *stacks.entry(fold(sample)).or_default() += sample.cpu_ns;
+            count += sample.count;
+            cpu_ns += sample.cpu_ns;
+        }
+        let span_count = if spans == 1 {
+            "1 span".to_owned()
+        } else {
+            format!("{spans} spans")
+        };
+        Ok(FlameGraph {
+            subtitle: format!(
+                "{span_count}, {count} samples, {:.1} ms CPU",
+                cpu_ns as f64 / 1e6
+            ),
+            title,
+            folded: stacks
+                .into_iter()
+                .map(|(stack, ns)| format!("{stack} {ns}"))
+                .collect(),
+            samples: count,
+            cpu_ns,
+        })
+    }
+
+    /// Draws the SVG into `out`.
+    pub fn write_svg(&self, out: impl Write) -> Result<(), ReportError> {
+        let mut options = inferno::flamegraph::Options::default();
+        options.title = self.title.clone();
+        options.subtitle = Some(self.subtitle.clone());
+        options.count_name = "ns CPU".to_owned();
+        // Same colours for the same functions from one run to the next.
+        options.deterministic = true;
+        inferno::flamegraph::from_lines(&mut options, self.folded.iter().map(String::as_str), out)
+            .map_err(ReportError::Flamegraph)
+    }
+
+    /// The SVG as a string.
+    pub fn to_svg(&self) -> Result<String, ReportError> {
+        let mut out = Vec::new();
+        self.write_svg(&mut out)?;
+        String::from_utf8(out).map_err(|e| {
+            ReportError::Flamegraph(std::io::Error::new(std::io::ErrorKind::InvalidData, e))
+        })
+    }
+}
+
+/// `outer;...;inner` for a sample; `;` inside names (array types) becomes `,`.
+fn fold(sample: &Sample) -> String {
+    if sample.frames.is_empty() {
+        return NO_STACK.to_owned();
+    }
+    sample
+        .frames
+        .iter()
+        .rev()
+        .map(|f| f.replace(';', ","))
+        .collect::<Vec<_>>()
+        .join(";")
+}
+
+type Selected<'a> = (String, usize, Vec<&'a Sample>);
+
+fn select_span_id<'a>(input: &'a Input, id: &str) -> Result<Selected<'a>, ReportError> {
+    if id.len() != 16 || !id.bytes().all(|b| b.is_ascii_hexdigit()) {
+        return Err(ReportError::InvalidSpanId { id: id.to_owned() });
+    }
+    let id = id.to_ascii_lowercase();
+    let samples: Vec<&Sample> = input
+        .samples
+        .iter()
+        .filter(|s| s.span_id.as_deref() == Some(id.as_str()))
+        .collect();
+    let span = input.spans.iter().find(|s| s.span_id == id);
+    let name = span.map(|s| s.name.clone()).or_else(|| {
+        samples
+            .iter()
+            .find_map(|s| s.span_name.as_deref().map(str::to_owned))
+    });
+    let title = match (&name, span) {
+        (Some(name), Some(span)) => format!(
+            "CPU of span {id}: {name} [{}]",
+            version_label(span.service_version.as_deref())
+        ),
+        (Some(name), None) => format!("CPU of span {id}: {name}"),
+        (None, _) => format!("CPU of span {id}"),
+    };
+    if !samples.is_empty() {
+        return Ok((title, 1, samples));
+    }
+    let Some(span) = span else {
+        return Err(ReportError::UnknownSpanId { id });
+    };
+    let reason = match local_root_of(input, span) {
+        Some(root) if root.span_id != span.span_id => format!(
+            "it is not a local root span: CPU samples are labelled with its local root's id, \
+             {} ({}); draw that one",
+            root.span_id, root.name
+        ),
+        _ => NoSamples::classify(&[span], input.sampling()).explain(input.sampling()),
+    };
+    Err(ReportError::NoSamples {
+        selection: format!("span {id} ({})", span.name),
+        reason,
+    })
+}
+
+/// The local root above `span` (itself if it is one), following parents within the spans
+/// read; `None` if the chain leaves them before reaching a local root.
+fn local_root_of<'a>(input: &'a Input, span: &'a Span) -> Option<&'a Span> {
+    let roots: HashSet<&str> = input
+        .local_roots()
+        .iter()
+        .map(|s| s.span_id.as_str())
+        .collect();
+    let mut current = span;
+    for _ in 0..input.spans.len() + 1 {
+        if roots.contains(current.span_id.as_str()) {
+            return Some(current);
+        }
+        let parent = current.parent_span_id.as_deref()?;
+        current = input
+            .spans
+            .iter()
+            .find(|s| s.trace_id == current.trace_id && s.span_id == parent)?;
+    }
+    None
+}
+
+fn select_span_name<'a>(input: &'a Input, name: &str) -> Result<Selected<'a>, ReportError> {
+    let roots: Vec<&Span> = input
+        .local_roots()
+        .into_iter()
+        .filter(|s| s.name == name)
+        .collect();
+    let ids: HashSet<&str> = roots.iter().map(|s| s.span_id.as_str()).collect();
+    let samples: Vec<&Sample> = input
+        .samples
+        .iter()
+        .filter(|s| {
+            s.span_name.as_deref() == Some(name)
+                || s.span_id.as_deref().is_some_and(|id| ids.contains(id))
+        })
+        .collect();
+    let title = format!("CPU of spans named {name}");
+    if !samples.is_empty() {
+        return Ok((title, roots.len(), samples));
+    }
+    if roots.is_empty() {
+        return Err(ReportError::UnknownSpanName {
+            name: name.to_owned(),
+            place: input.dirs.first().cloned().unwrap_or_default(),
+            known: input.span_names(),
+        });
+    }
+    let sampling = input.sampling();
+    Err(ReportError::NoSamples {
+        selection: format!("spans named {name}"),
+        reason: NoSamples::classify(&roots, sampling).explain(sampling),
+    })
+}

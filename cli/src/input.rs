@@ -1,0 +1,246 @@
+//! Reading the directories otel-profiling's local sink writes: profiles and spans, merged.
+
+pub mod otlp;
+pub mod pprof;
+
+use std::collections::{HashMap, HashSet};
+use std::path::{Path, PathBuf};
+
+pub use otlp::Span;
+pub use pprof::Sample;
+
+use crate::error::ReportError;
+use crate::verdict::Sampling;
+
+/// File name ending of the profile files.
+pub const PROFILE_SUFFIX: &str = "_cpu.pb.gz";
+/// File name ending of the span files.
+pub const SPANS_SUFFIX: &str = "_spans.jsonl";
+
+/// The sampling period assumed when no profile says (100 Hz, the profiler's default).
+pub const DEFAULT_PERIOD_NS: u64 = 10_000_000;
+
+/// Everything read from one or more directories.
+#[derive(Clone, Debug, Default)]
+pub struct Input {
+    /// The directories read, each once, in the order given.
+    pub dirs: Vec<PathBuf>,
+    /// Every span, each (trace id, span id) once.
+    pub spans: Vec<Span>,
+    /// Every profile sample of every profile file.
+    pub samples: Vec<Sample>,
+    /// Number of profile files read.
+    pub profile_files: usize,
+    /// Number of span files read.
+    pub span_files: usize,
+    /// The largest sampling period of the profiles read, if any says.
+    pub period_ns: Option<u64>,
+}
+
+impl Input {
+    /// Reads every `*_cpu.pb.gz` and `*_spans.jsonl` file of `dirs`.
+    ///
+    /// Fails on a missing directory, one holding neither kind of file, a corrupt profile
+    /// or a malformed span line, naming the path.
+    pub fn load(dirs: &[PathBuf]) -> Result<Input, ReportError> {
+        if dirs.is_empty() {
+            return Err(ReportError::NoDirectories);
+        }
+        let mut input = Input::default();
+        let mut seen_dirs = HashSet::new();
+        let mut seen_spans = HashSet::new();
+        for dir in dirs {
+            if !dir.is_dir() {
+                return Err(ReportError::DirectoryMissing { path: dir.clone() });
+            }
+            let canonical = dir.canonicalize().map_err(|source| ReportError::Io {
+                path: dir.clone(),
+                source,
+            })?;
+            if !seen_dirs.insert(canonical) {
+                continue;
+            }
+            input.dirs.push(dir.clone());
+            let (profiles, span_files) = list_files(dir)?;
+            if profiles.is_empty() && span_files.is_empty() {
+                return Err(ReportError::DirectoryEmpty { path: dir.clone() });
+            }
+            for path in &profiles {
+                let profile = pprof::read_profile(path)?;
+                if profile.period_ns > 0 {
+                    input.period_ns = input.period_ns.max(Some(profile.period_ns));
+                }
+                input.samples.extend(profile.samples);
+            }
+            for path in &span_files {
+                for span in otlp::read_spans(path)? {
+                    if seen_spans.insert((span.trace_id.clone(), span.span_id.clone())) {
+                        input.spans.push(span);
+                    }
+                }
+            }
+            input.profile_files += profiles.len();
+            input.span_files += span_files.len();
+        }
+        Ok(input)
+    }
+
+    /// The sampling period of the profiles, or [`DEFAULT_PERIOD_NS`] when none says.
+    pub fn sampling_period_ns(&self) -> u64 {
+        self.period_ns.unwrap_or(DEFAULT_PERIOD_NS)
+    }
+
+    /// The local root spans: the spans whose CPU samples are labelled with their id.
+    ///
+    /// A span is a local root when it has no parent, its flags say the parent is remote,
+    /// it carries CPU evidence (`profiling.cpu.*`, set only on local roots), or it has a
+    /// `pyroscope.profile.id` and its parent is not among the spans read (with
+    /// `ProfileIdScope::All`, children carry a profile id too, but their parent is here).
+    pub fn local_roots(&self) -> Vec<&Span> {
+        let ids: HashSet<(&str, &str)> = self
+            .spans
+            .iter()
+            .map(|s| (s.trace_id.as_str(), s.span_id.as_str()))
+            .collect();
+        self.spans
+            .iter()
+            .filter(|s| match &s.parent_span_id {
+                None => true,
+                Some(parent) => {
+                    s.parent_is_remote
+                        || s.cpu_samples.is_some()
+                        || s.cpu_time_ns.is_some()
+                        || (s.profile_id.is_some()
+                            && !ids.contains(&(s.trace_id.as_str(), parent.as_str())))
+                }
+            })
+            .collect()
+    }
+
+    /// The samples of each span id label.
+    pub fn samples_by_span_id(&self) -> HashMap<&str, Vec<&Sample>> {
+        let mut map: HashMap<&str, Vec<&Sample>> = HashMap::new();
+        for sample in &self.samples {
+            if let Some(id) = &sample.span_id {
+                map.entry(id).or_default().push(sample);
+            }
+        }
+        map
+    }
+
+    /// What the sampling could have seen, to explain spans without samples.
+    pub fn sampling(&self) -> Sampling {
+        Sampling {
+            profiles_read: self.profile_files > 0,
+            period_ns: self.sampling_period_ns(),
+        }
+    }
+
+    /// The names of the local root spans and of the samples' `span_name` labels, sorted.
+    pub fn span_names(&self) -> Vec<String> {
+        let mut names: Vec<String> = self
+            .local_roots()
+            .iter()
+            .map(|s| s.name.clone())
+            .chain(
+                self.samples
+                    .iter()
+                    .filter_map(|s| s.span_name.as_deref().map(str::to_owned)),
+            )
+            .collect();
+        names.sort();
+        names.dedup();
+        names
+    }
+}
+
+/// How a span without `service.version` is shown, and how to ask for it.
+pub const NO_VERSION: &str = "(none)";
+
+/// `version` as shown: the version, or [`NO_VERSION`].
+pub fn version_label(version: Option<&str>) -> &str {
+    version.unwrap_or(NO_VERSION)
+}
+
+/// The profile files and span files of `dir`, each sorted by name (a timeline).
+fn list_files(dir: &Path) -> Result<(Vec<PathBuf>, Vec<PathBuf>), ReportError> {
+    let io_error = |source| ReportError::Io {
+        path: dir.to_path_buf(),
+        source,
+    };
+    let mut profiles = Vec::new();
+    let mut spans = Vec::new();
+    for entry in std::fs::read_dir(dir).map_err(io_error)? {
+        let entry = entry.map_err(io_error)?;
+        let name = entry.file_name();
+        let Some(name) = name.to_str() else { continue };
+        // Hidden files are the sink's half-written temporaries.
+        if name.starts_with('.') || !entry.path().is_file() {
+            continue;
+        }
+        if name.ends_with(PROFILE_SUFFIX) {
+            profiles.push(entry.path());
+        } else if name.ends_with(SPANS_SUFFIX) {
+            spans.push(entry.path());
+        }
+    }
+    profiles.sort();
+    spans.sort();
+    Ok((profiles, spans))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn span(id: &str, parent: Option<&str>, profile_id: bool) -> Span {
+        Span {
+            trace_id: "0102030405060708090a0b0c0d0e0f10".into(),
+            span_id: id.into(),
+            parent_span_id: parent.map(str::to_owned),
+            parent_is_remote: false,
+            name: id.into(),
+            start_unix_nano: 0,
+            end_unix_nano: 0,
+            service_version: None,
+            profile_id: profile_id.then(|| id.to_owned()),
+            cpu_samples: None,
+            cpu_time_ns: None,
+        }
+    }
+
+    #[test]
+    fn local_roots() {
+        let mut remote_child = span("0000000000000004", Some("00000000000000ff"), false);
+        remote_child.parent_is_remote = true;
+        let mut with_evidence = span("0000000000000005", Some("0000000000000001"), false);
+        with_evidence.cpu_samples = Some(0);
+        let input = Input {
+            spans: vec![
+                span("0000000000000001", None, true),
+                // A child with a profile id (ProfileIdScope::All): its parent is here.
+                span("0000000000000002", Some("0000000000000001"), true),
+                // A profiled span whose parent is in another process (or file).
+                span("0000000000000003", Some("00000000000000ee"), true),
+                remote_child,
+                with_evidence,
+                span("0000000000000006", Some("0000000000000001"), false),
+            ],
+            ..Input::default()
+        };
+        let roots: Vec<&str> = input
+            .local_roots()
+            .iter()
+            .map(|s| s.span_id.as_str())
+            .collect();
+        assert_eq!(
+            roots,
+            [
+                "0000000000000001",
+                "0000000000000003",
+                "0000000000000004",
+                "0000000000000005"
+            ]
+        );
+    }
+}

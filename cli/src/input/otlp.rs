@@ -1,0 +1,313 @@
+//! `*_spans.jsonl` files: one OTLP JSON `ExportTraceServiceRequest` per line.
+//!
+//! Only the fields the report needs are read; everything else is ignored. Integers are
+//! accepted as JSON strings (what OTLP JSON writes for 64-bit values) or numbers, ids as
+//! hex in either case.
+
+use std::path::Path;
+
+use otel_profiling::{CPU_SAMPLES_ATTRIBUTE, CPU_TIME_ATTRIBUTE, PROFILE_ID_ATTRIBUTE};
+use serde::Deserialize;
+use serde_json::Value;
+
+use crate::error::ReportError;
+
+/// The resource attribute holding the service version.
+pub const SERVICE_VERSION_ATTRIBUTE: &str = "service.version";
+
+/// `SpanFlags`: the `parent_is_remote` bit is set meaningfully.
+const FLAG_HAS_IS_REMOTE: u64 = 0x100;
+/// `SpanFlags`: the parent span context was received from another process.
+const FLAG_IS_REMOTE: u64 = 0x200;
+
+/// A span as the report needs it.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct Span {
+    /// Trace id, 32 lowercase hex digits.
+    pub trace_id: String,
+    /// Span id, 16 lowercase hex digits.
+    pub span_id: String,
+    /// Parent span id (16 lowercase hex digits), `None` for a trace root.
+    pub parent_span_id: Option<String>,
+    /// The span's flags say its parent is in another process.
+    pub parent_is_remote: bool,
+    /// Span name.
+    pub name: String,
+    /// Start time, nanoseconds since the Unix epoch.
+    pub start_unix_nano: u64,
+    /// End time, nanoseconds since the Unix epoch.
+    pub end_unix_nano: u64,
+    /// The resource's `service.version`, when it has one.
+    pub service_version: Option<String>,
+    /// `pyroscope.profile.id` (lowercase), set on profiled local roots.
+    pub profile_id: Option<String>,
+    /// `profiling.cpu.samples`, when the span carries CPU evidence.
+    pub cpu_samples: Option<u64>,
+    /// `profiling.cpu.time_ns`, when the span carries CPU evidence.
+    pub cpu_time_ns: Option<u64>,
+}
+
+impl Span {
+    /// Wall time: end − start (0 if the end is before the start).
+    pub fn wall_ns(&self) -> u64 {
+        self.end_unix_nano.saturating_sub(self.start_unix_nano)
+    }
+}
+
+#[derive(Deserialize)]
+#[serde(rename_all = "camelCase")]
+struct Request {
+    #[serde(default)]
+    resource_spans: Vec<ResourceSpans>,
+}
+
+#[derive(Deserialize)]
+#[serde(rename_all = "camelCase")]
+struct ResourceSpans {
+    #[serde(default)]
+    resource: Option<Resource>,
+    #[serde(default)]
+    scope_spans: Vec<ScopeSpans>,
+}
+
+#[derive(Deserialize)]
+struct Resource {
+    #[serde(default)]
+    attributes: Vec<KeyValue>,
+}
+
+#[derive(Deserialize)]
+struct ScopeSpans {
+    #[serde(default)]
+    spans: Vec<JsonSpan>,
+}
+
+#[derive(Deserialize)]
+#[serde(rename_all = "camelCase")]
+struct JsonSpan {
+    #[serde(default)]
+    trace_id: String,
+    #[serde(default)]
+    span_id: String,
+    #[serde(default)]
+    parent_span_id: String,
+    #[serde(default)]
+    flags: Value,
+    #[serde(default)]
+    name: String,
+    #[serde(default)]
+    start_time_unix_nano: Value,
+    #[serde(default)]
+    end_time_unix_nano: Value,
+    #[serde(default)]
+    attributes: Vec<KeyValue>,
+}
+
+#[derive(Deserialize)]
+struct KeyValue {
+    key: String,
+    #[serde(default)]
+    value: Value,
+}
+
+impl KeyValue {
+    /// `stringValue`, or the text of a scalar value of another type.
+    fn text(&self) -> Option<String> {
+        let v = self.value.as_object()?;
+        if let Some(s) = v.get("stringValue").and_then(Value::as_str) {
+            return Some(s.to_owned());
+        }
+        ["intValue", "doubleValue", "boolValue"]
+            .iter()
+            .find_map(|k| v.get(*k))
+            .map(|x| match x {
+                Value::String(s) => s.clone(),
+                other => other.to_string(),
+            })
+    }
+
+    /// `intValue` (string or number) as a non-negative integer.
+    fn unsigned(&self) -> Result<u64, String> {
+        self.value
+            .get("intValue")
+            .and_then(json_u64)
+            .ok_or_else(|| {
+                format!(
+                    "attribute {:?} is not a non-negative intValue: {}",
+                    self.key, self.value
+                )
+            })
+    }
+}
+
+/// A JSON string or number holding a non-negative integer.
+fn json_u64(v: &Value) -> Option<u64> {
+    match v {
+        Value::String(s) => s.parse().ok(),
+        Value::Number(n) => n.as_u64(),
+        _ => None,
+    }
+}
+
+/// Reads every span of one `*_spans.jsonl` file; blank lines are skipped.
+pub fn read_spans(path: &Path) -> Result<Vec<Span>, ReportError> {
+    let text = std::fs::read_to_string(path).map_err(|source| ReportError::Io {
+        path: path.to_path_buf(),
+        source,
+    })?;
+    let mut spans = Vec::new();
+    for (index, line) in text.lines().enumerate() {
+        if line.trim().is_empty() {
+            continue;
+        }
+        parse_line(line, &mut spans).map_err(|message| ReportError::MalformedSpanLine {
+            path: path.to_path_buf(),
+            line: index + 1,
+            message,
+        })?;
+    }
+    Ok(spans)
+}
+
+/// Appends the spans of one JSON line to `out`; the error says what is wrong.
+fn parse_line(line: &str, out: &mut Vec<Span>) -> Result<(), String> {
+    let request: Request = serde_json::from_str(line).map_err(|e| e.to_string())?;
+    for resource_spans in request.resource_spans {
+        let service_version = resource_spans
+            .resource
+            .iter()
+            .flat_map(|r| &r.attributes)
+            .find(|a| a.key == SERVICE_VERSION_ATTRIBUTE)
+            .and_then(KeyValue::text);
+        for span in resource_spans.scope_spans.into_iter().flat_map(|s| s.spans) {
+            out.push(convert(span, service_version.clone())?);
+        }
+    }
+    Ok(())
+}
+
+fn convert(span: JsonSpan, service_version: Option<String>) -> Result<Span, String> {
+    let span_id = hex_id(&span.span_id, 16, "spanId")?;
+    let trace_id = hex_id(&span.trace_id, 32, "traceId")?;
+    let parent_span_id = if span.parent_span_id.is_empty() {
+        None
+    } else {
+        Some(hex_id(&span.parent_span_id, 16, "parentSpanId")?)
+    };
+    let time = |v: &Value, field: &str| -> Result<u64, String> {
+        match v {
+            Value::Null => Ok(0),
+            v => json_u64(v).ok_or_else(|| {
+                format!("span {span_id}: {field} is not a non-negative integer: {v}")
+            }),
+        }
+    };
+    let start_unix_nano = time(&span.start_time_unix_nano, "startTimeUnixNano")?;
+    let end_unix_nano = time(&span.end_time_unix_nano, "endTimeUnixNano")?;
+    let flags = json_u64(&span.flags).unwrap_or(0);
+    let mut out = Span {
+        parent_is_remote: flags & (FLAG_HAS_IS_REMOTE | FLAG_IS_REMOTE)
+            == FLAG_HAS_IS_REMOTE | FLAG_IS_REMOTE,
+        trace_id,
+        span_id,
+        parent_span_id,
+        name: span.name,
+        start_unix_nano,
+        end_unix_nano,
+        service_version,
+        profile_id: None,
+        cpu_samples: None,
+        cpu_time_ns: None,
+    };
+    let id = out.span_id.clone();
+    let in_span = |e: String| format!("span {id}: {e}");
+    for attribute in &span.attributes {
+        match attribute.key.as_str() {
+            PROFILE_ID_ATTRIBUTE => {
+                out.profile_id = attribute.text().map(|s| s.to_ascii_lowercase());
+            }
+            CPU_SAMPLES_ATTRIBUTE => out.cpu_samples = Some(attribute.unsigned().map_err(in_span)?),
+            CPU_TIME_ATTRIBUTE => out.cpu_time_ns = Some(attribute.unsigned().map_err(in_span)?),
+            _ => {}
+        }
+    }
+    Ok(out)
+}
+
+/// `text` as a lowercase id of `digits` hex digits.
+fn hex_id(text: &str, digits: usize, field: &str) -> Result<String, String> {
+    if text.len() == digits && text.bytes().all(|b| b.is_ascii_hexdigit()) {
+        Ok(text.to_ascii_lowercase())
+    } else {
+        Err(format!("{field} {text:?} is not {digits} hex digits"))
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn parse(line: &str) -> Result<Vec<Span>, String> {
+        let mut out = Vec::new();
+        parse_line(line, &mut out)?;
+        Ok(out)
+    }
+
+    #[test]
+    fn reads_numbers_as_strings_or_numbers_and_ids_in_either_case() {
+        let spans = parse(
+            r#"{"resourceSpans":[{"resource":{"attributes":[{"key":"service.version","value":{"stringValue":"3.1"}}]},
+              "scopeSpans":[{"spans":[{"traceId":"0102030405060708090A0B0C0D0E0F10","spanId":"00000000000000AB",
+              "parentSpanId":"00000000000000cd","flags":769,"name":"GET /x","startTimeUnixNano":1000,
+              "endTimeUnixNano":"3500","attributes":[
+                {"key":"pyroscope.profile.id","value":{"stringValue":"00000000000000AB"}},
+                {"key":"profiling.cpu.samples","value":{"intValue":2}},
+                {"key":"profiling.cpu.time_ns","value":{"intValue":"20000000"}}]}]}]}]}"#,
+        )
+        .expect("parse");
+        assert_eq!(
+            spans,
+            [Span {
+                trace_id: "0102030405060708090a0b0c0d0e0f10".into(),
+                span_id: "00000000000000ab".into(),
+                parent_span_id: Some("00000000000000cd".into()),
+                parent_is_remote: true,
+                name: "GET /x".into(),
+                start_unix_nano: 1000,
+                end_unix_nano: 3500,
+                service_version: Some("3.1".into()),
+                profile_id: Some("00000000000000ab".into()),
+                cpu_samples: Some(2),
+                cpu_time_ns: Some(20_000_000),
+            }]
+        );
+        assert_eq!(spans[0].wall_ns(), 2500);
+    }
+
+    #[test]
+    fn omitted_fields_take_their_defaults() {
+        // OTLP JSON may omit empty and zero fields: no parent, no flags, no resource.
+        let spans = parse(
+            r#"{"resourceSpans":[{"scopeSpans":[{"spans":[{"traceId":"0102030405060708090a0b0c0d0e0f10","spanId":"0000000000000001"}]}]}]}"#,
+        )
+        .expect("parse");
+        assert_eq!(spans[0].parent_span_id, None);
+        assert!(!spans[0].parent_is_remote);
+        assert_eq!(spans[0].service_version, None);
+        assert_eq!(spans[0].wall_ns(), 0);
+        assert!(parse("{}").expect("empty request").is_empty());
+    }
+
+    #[test]
+    fn says_what_is_wrong() {
+        let err = parse(r#"{"resourceSpans":[{"scopeSpans":[{"spans":[{"traceId":"01","spanId":"0000000000000001"}]}]}]}"#)
+            .expect_err("short trace id");
+        assert!(err.contains("traceId \"01\" is not 32 hex digits"), "{err}");
+        let err = parse(
+            r#"{"resourceSpans":[{"scopeSpans":[{"spans":[{"traceId":"0102030405060708090a0b0c0d0e0f10","spanId":"0000000000000001","startTimeUnixNano":"soon"}]}]}]}"#,
+        )
+        .expect_err("bad time");
+        assert!(err.contains("startTimeUnixNano"), "{err}");
+        assert!(parse("[1,2]").is_err());
+    }
+}

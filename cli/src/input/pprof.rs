@@ -1,0 +1,192 @@
+//! `*_cpu.pb.gz` files: pprof profiles resolved into stacks of function names with labels.
+
+use std::collections::HashMap;
+use std::path::Path;
+use std::sync::Arc;
+
+use otel_profiling::pprof::{self, proto, SPAN_ID_KEY, SPAN_NAME_KEY, TRACE_ID_KEY};
+
+use crate::error::ReportError;
+
+/// One pprof sample, resolved: its stack as function names and its span labels.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct Sample {
+    /// Function names, innermost first (inlined functions expanded, innermost first).
+    pub frames: Vec<Arc<str>>,
+    /// CPU time this sample stands for (the sample's `cpu` value: count × period).
+    pub cpu_ns: u64,
+    /// Number of samples taken (the value divided by the profile's period).
+    pub count: u64,
+    /// The `span_id` label (16 lowercase hex digits), when present.
+    pub span_id: Option<Arc<str>>,
+    /// The `trace_id` label (32 lowercase hex digits), when present.
+    pub trace_id: Option<Arc<str>>,
+    /// The `span_name` label, when present.
+    pub span_name: Option<Arc<str>>,
+}
+
+/// A decoded profile file.
+#[derive(Clone, Debug, Default)]
+pub struct ProfileFile {
+    /// Sampling period in nanoseconds (0 when the profile does not say).
+    pub period_ns: u64,
+    /// Its samples.
+    pub samples: Vec<Sample>,
+}
+
+/// Reads and resolves one gzipped (or plain) pprof file.
+pub fn read_profile(path: &Path) -> Result<ProfileFile, ReportError> {
+    let bytes = std::fs::read(path).map_err(|source| ReportError::Io {
+        path: path.to_path_buf(),
+        source,
+    })?;
+    let profile = pprof::decode(&bytes).map_err(|e| ReportError::CorruptProfile {
+        path: path.to_path_buf(),
+        message: e.to_string(),
+    })?;
+    Ok(resolve(&profile))
+}
+
+/// Turns location and function ids into names, and label string indexes into strings.
+pub fn resolve(profile: &proto::Profile) -> ProfileFile {
+    let strings = &profile.string_table;
+    let string = |index: i64| -> &str {
+        usize::try_from(index)
+            .ok()
+            .and_then(|i| strings.get(i))
+            .map_or("", String::as_str)
+    };
+    let functions: HashMap<u64, Arc<str>> = profile
+        .function
+        .iter()
+        .map(|f| (f.id, Arc::from(string(f.name))))
+        .collect();
+    let locations: HashMap<u64, Vec<Arc<str>>> = profile
+        .location
+        .iter()
+        .map(|l| {
+            let unknown = || Arc::<str>::from(format!("0x{:x}", l.address));
+            let names = if l.line.is_empty() {
+                vec![unknown()]
+            } else {
+                l.line
+                    .iter()
+                    .map(|line| match functions.get(&line.function_id) {
+                        Some(name) if !name.is_empty() => name.clone(),
+                        _ => unknown(),
+                    })
+                    .collect()
+            };
+            (l.id, names)
+        })
+        .collect();
+    let value_index = profile
+        .sample_type
+        .iter()
+        .position(|t| string(t.r#type) == "cpu")
+        .unwrap_or(0);
+    let period_ns = u64::try_from(profile.period).unwrap_or(0);
+    // Label values repeat across samples: share one allocation per distinct string.
+    let mut interned: HashMap<i64, Arc<str>> = HashMap::new();
+    let mut label = |index: i64| -> Arc<str> {
+        interned
+            .entry(index)
+            .or_insert_with(|| Arc::from(string(index)))
+            .clone()
+    };
+    let samples = profile
+        .sample
+        .iter()
+        .map(|s| {
+            let cpu_ns = s
+                .value
+                .get(value_index)
+                .and_then(|&v| u64::try_from(v).ok())
+                .unwrap_or(0);
+            let mut sample = Sample {
+                frames: s
+                    .location_id
+                    .iter()
+                    .filter_map(|id| locations.get(id))
+                    .flatten()
+                    .cloned()
+                    .collect(),
+                cpu_ns,
+                count: cpu_ns.checked_div(period_ns).unwrap_or(1),
+                span_id: None,
+                trace_id: None,
+                span_name: None,
+            };
+            for l in &s.label {
+                let slot = match string(l.key) {
+                    SPAN_ID_KEY => &mut sample.span_id,
+                    TRACE_ID_KEY => &mut sample.trace_id,
+                    SPAN_NAME_KEY => &mut sample.span_name,
+                    _ => continue,
+                };
+                *slot = Some(label(l.str));
+            }
+            sample
+        })
+        .collect();
+    ProfileFile { period_ns, samples }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn locations_without_lines_are_named_by_address() {
+        let profile = proto::Profile {
+            sample_type: vec![proto::ValueType { r#type: 1, unit: 2 }],
+            string_table: vec![
+                "".into(),
+                "cpu".into(),
+                "nanoseconds".into(),
+                "span_id".into(),
+                "00000000000000ff".into(),
+                "f".into(),
+            ],
+            function: vec![proto::Function {
+                id: 1,
+                name: 5,
+                ..Default::default()
+            }],
+            location: vec![
+                proto::Location {
+                    id: 1,
+                    address: 0xabc,
+                    ..Default::default()
+                },
+                proto::Location {
+                    id: 2,
+                    line: vec![proto::Line {
+                        function_id: 1,
+                        ..Default::default()
+                    }],
+                    ..Default::default()
+                },
+            ],
+            sample: vec![proto::Sample {
+                location_id: vec![1, 2],
+                value: vec![30],
+                label: vec![proto::Label {
+                    key: 3,
+                    str: 4,
+                    ..Default::default()
+                }],
+            }],
+            period: 10,
+            ..Default::default()
+        };
+        let resolved = resolve(&profile);
+        assert_eq!(resolved.period_ns, 10);
+        let sample = &resolved.samples[0];
+        let frames: Vec<&str> = sample.frames.iter().map(|f| &**f).collect();
+        assert_eq!(frames, ["0xabc", "f"]);
+        assert_eq!((sample.cpu_ns, sample.count), (30, 3));
+        assert_eq!(sample.span_id.as_deref(), Some("00000000000000ff"));
+        assert_eq!(sample.span_name, None);
+    }
+}

@@ -1,0 +1,442 @@
+//! The span report: per (span name, service version), wall time against the CPU time the
+//! profiles and the span attributes record, a verdict, and the functions that used the CPU.
+
+use std::collections::{BTreeMap, HashMap};
+use std::fmt;
+use std::path::PathBuf;
+
+use crate::error::ReportError;
+use crate::format::{ms, percent, Table};
+use crate::functions::{FunctionCpu, FunctionTotals};
+use crate::input::{version_label, Input, Span};
+use crate::stats::percentile;
+use crate::verdict::{NoSamples, Sampling, Verdict};
+
+/// How many functions each top list holds.
+pub const TOP_FUNCTIONS: usize = 5;
+
+/// Spans without samples shown per group and reason in the text report.
+const EXAMPLES_SHOWN: usize = 3;
+
+/// The report over one or more directories.
+#[derive(Clone, Debug)]
+pub struct SpanReport {
+    /// The directories read.
+    pub dirs: Vec<PathBuf>,
+    /// Profile files read.
+    pub profile_files: usize,
+    /// Span files read.
+    pub span_files: usize,
+    /// The sampling the profiles were taken with.
+    pub sampling: Sampling,
+    /// One entry per (span name, service version) of the local root spans, sorted.
+    pub groups: Vec<SpanGroup>,
+    /// Every local root span without CPU samples, with the reason.
+    pub without_samples: Vec<SpanWithoutSamples>,
+    /// CPU samples not tied to any local root span read.
+    pub outside_spans: OutsideSpans,
+}
+
+/// The local root spans of one name and one `service.version`.
+#[derive(Clone, Debug)]
+pub struct SpanGroup {
+    /// Span name.
+    pub name: String,
+    /// The resource's `service.version` (`None` when absent).
+    pub version: Option<String>,
+    /// Number of spans.
+    pub count: usize,
+    /// Their span ids.
+    pub span_ids: Vec<String>,
+    /// Median wall time (nearest rank), nanoseconds.
+    pub wall_p50_ns: u64,
+    /// 95th percentile wall time (nearest rank), nanoseconds.
+    pub wall_p95_ns: u64,
+    /// Sum of the wall times, nanoseconds.
+    pub wall_total_ns: u64,
+    /// CPU time of the profile samples labelled with these span ids, nanoseconds.
+    pub profile_cpu_ns: u64,
+    /// Number of those samples.
+    pub profile_samples: u64,
+    /// Sum of `profiling.cpu.time_ns` (`None` when no span carries it).
+    pub attribute_cpu_ns: Option<u64>,
+    /// Sum of `profiling.cpu.samples` (`None` when no span carries it).
+    pub attribute_samples: Option<u64>,
+    /// Profile CPU / total wall time (0 when the wall time is 0).
+    pub cpu_ratio: f64,
+    /// Computing, waiting or mixed.
+    pub verdict: Verdict,
+    /// Why.
+    pub reason: String,
+    /// Why there are no CPU samples, when there are none.
+    pub no_samples: Option<NoSamples>,
+    /// The functions with the most self CPU (innermost frame), most first.
+    pub top_self: Vec<FunctionCpu>,
+    /// The functions with the most total CPU (anywhere on the stack), most first.
+    pub top_total: Vec<FunctionCpu>,
+}
+
+/// A local root span that has no CPU sample.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct SpanWithoutSamples {
+    /// Span name.
+    pub name: String,
+    /// The resource's `service.version`.
+    pub version: Option<String>,
+    /// Span id.
+    pub span_id: String,
+    /// Trace id.
+    pub trace_id: String,
+    /// Wall time, nanoseconds.
+    pub wall_ns: u64,
+    /// Why it has no sample.
+    pub reason: NoSamples,
+}
+
+/// CPU samples that no local root span read accounts for.
+#[derive(Clone, Debug, Default, PartialEq, Eq)]
+pub struct OutsideSpans {
+    /// CPU of samples labelled with a span name but no span id (unsampled traces keep
+    /// their root's name), per name, sorted by name.
+    pub name_only: Vec<(String, u64)>,
+    /// CPU of samples whose span id is not a local root span of the span files read
+    /// (span still open when the files were read, or its span file elsewhere).
+    pub unknown_span_ns: u64,
+    /// CPU of samples taken outside any span.
+    pub no_span_ns: u64,
+}
+
+impl SpanReport {
+    /// Reads `dirs` (see [`Input::load`]) and builds the report.
+    pub fn from_dirs(dirs: &[PathBuf]) -> Result<SpanReport, ReportError> {
+        Ok(SpanReport::from_input(&Input::load(dirs)?))
+    }
+
+    /// Builds the report from what was read.
+    pub fn from_input(input: &Input) -> SpanReport {
+        let sampling = input.sampling();
+        let by_id = input.samples_by_span_id();
+        let roots = input.local_roots();
+        let mut grouped: BTreeMap<(&str, Option<&str>), Vec<&Span>> = BTreeMap::new();
+        for span in &roots {
+            grouped
+                .entry((span.name.as_str(), span.service_version.as_deref()))
+                .or_default()
+                .push(span);
+        }
+        let mut without_samples = Vec::new();
+        let groups = grouped
+            .into_iter()
+            .map(|((name, version), spans)| {
+                for span in &spans {
+                    if !by_id.contains_key(span.span_id.as_str()) {
+                        without_samples.push(SpanWithoutSamples {
+                            name: name.to_owned(),
+                            version: version.map(str::to_owned),
+                            span_id: span.span_id.clone(),
+                            trace_id: span.trace_id.clone(),
+                            wall_ns: span.wall_ns(),
+                            reason: NoSamples::classify(&[span], sampling),
+                        });
+                    }
+                }
+                build_group(name, version, &spans, &by_id, sampling)
+            })
+            .collect();
+        SpanReport {
+            dirs: input.dirs.clone(),
+            profile_files: input.profile_files,
+            span_files: input.span_files,
+            sampling,
+            groups,
+            without_samples,
+            outside_spans: outside_spans(input, &roots),
+        }
+    }
+
+    /// The group of `name` and `version` (`None`: spans without `service.version`).
+    pub fn group(&self, name: &str, version: Option<&str>) -> Option<&SpanGroup> {
+        self.groups
+            .iter()
+            .find(|g| g.name == name && g.version.as_deref() == version)
+    }
+}
+
+fn build_group(
+    name: &str,
+    version: Option<&str>,
+    spans: &[&Span],
+    by_id: &HashMap<&str, Vec<&crate::input::Sample>>,
+    sampling: Sampling,
+) -> SpanGroup {
+    let mut walls: Vec<u64> = spans.iter().map(|s| s.wall_ns()).collect();
+    walls.sort_unstable();
+    let wall_total_ns = walls.iter().sum::<u64>();
+    let mut functions = FunctionTotals::default();
+    let (mut profile_cpu_ns, mut profile_samples) = (0u64, 0u64);
+    for sample in spans
+        .iter()
+        .filter_map(|s| by_id.get(s.span_id.as_str()))
+        .flatten()
+    {
+        profile_cpu_ns += sample.cpu_ns;
+        profile_samples += sample.count;
+        functions.add(sample);
+    }
+    let sum_of = |field: fn(&Span) -> Option<u64>| -> Option<u64> {
+        spans
+            .iter()
+            .filter_map(|s| field(s))
+            .fold(None, |acc: Option<u64>, v| Some(acc.unwrap_or(0) + v))
+    };
+    let attribute_cpu_ns = sum_of(|s| s.cpu_time_ns);
+    let attribute_samples = sum_of(|s| s.cpu_samples);
+    let ratio = |cpu: u64| {
+        if wall_total_ns == 0 {
+            0.0
+        } else {
+            cpu as f64 / wall_total_ns as f64
+        }
+    };
+    let cpu_ratio = ratio(profile_cpu_ns);
+    let (verdict, reason, no_samples) = if profile_cpu_ns > 0 {
+        let verdict = Verdict::from_ratio(cpu_ratio);
+        (verdict, verdict.reason(cpu_ratio), None)
+    } else {
+        let why = NoSamples::classify(spans, sampling);
+        let explanation = why.explain(sampling);
+        match why {
+            NoSamples::ProfileNotRead => {
+                let by_attributes = ratio(attribute_cpu_ns.unwrap_or(0));
+                let verdict = Verdict::from_ratio(by_attributes);
+                let reason = format!("{}; {explanation}", verdict.reason(by_attributes));
+                (verdict, reason, Some(why))
+            }
+            _ => (Verdict::Waiting, explanation, Some(why)),
+        }
+    };
+    SpanGroup {
+        name: name.to_owned(),
+        version: version.map(str::to_owned),
+        count: spans.len(),
+        span_ids: spans.iter().map(|s| s.span_id.clone()).collect(),
+        wall_p50_ns: percentile(&walls, 50.0),
+        wall_p95_ns: percentile(&walls, 95.0),
+        wall_total_ns,
+        profile_cpu_ns,
+        profile_samples,
+        attribute_cpu_ns,
+        attribute_samples,
+        cpu_ratio,
+        verdict,
+        reason,
+        no_samples,
+        top_self: functions.top_self(TOP_FUNCTIONS),
+        top_total: functions.top_total(TOP_FUNCTIONS),
+    }
+}
+
+fn outside_spans(input: &Input, roots: &[&Span]) -> OutsideSpans {
+    let root_ids: std::collections::HashSet<&str> =
+        roots.iter().map(|s| s.span_id.as_str()).collect();
+    let mut out = OutsideSpans::default();
+    let mut name_only: BTreeMap<&str, u64> = BTreeMap::new();
+    for sample in &input.samples {
+        match (&sample.span_id, &sample.span_name) {
+            (Some(id), _) if root_ids.contains(id.as_ref()) => {}
+            (Some(_), _) => out.unknown_span_ns += sample.cpu_ns,
+            (None, Some(name)) => *name_only.entry(name).or_default() += sample.cpu_ns,
+            (None, None) => out.no_span_ns += sample.cpu_ns,
+        }
+    }
+    out.name_only = name_only
+        .into_iter()
+        .map(|(name, ns)| (name.to_owned(), ns))
+        .collect();
+    out
+}
+
+impl fmt::Display for SpanReport {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        let period_ms = self.sampling.period_ns as f64 / 1e6;
+        writeln!(
+            f,
+            "Span report: {} local root span(s) in {} group(s); {} profile file(s) ({period_ms:.0} ms sampling period), {} span file(s)",
+            self.groups.iter().map(|g| g.count).sum::<usize>(),
+            self.groups.len(),
+            self.profile_files,
+            self.span_files,
+        )?;
+        for dir in &self.dirs {
+            writeln!(f, "  {}", dir.display())?;
+        }
+        if self.groups.is_empty() {
+            return writeln!(f, "\nNo local root spans in the span files read.");
+        }
+        writeln!(f)?;
+        let mut table = Table::new(&[
+            "SPAN",
+            "VERSION",
+            "COUNT",
+            "WALL P50",
+            "WALL P95",
+            "CPU (PROFILE)",
+            "CPU (ATTRS)",
+            "CPU/WALL",
+            "VERDICT",
+        ])
+        .left_align(1)
+        .left_align(8);
+        for g in &self.groups {
+            table.row(vec![
+                g.name.clone(),
+                version_label(g.version.as_deref()).to_owned(),
+                g.count.to_string(),
+                ms(g.wall_p50_ns),
+                ms(g.wall_p95_ns),
+                ms(g.profile_cpu_ns),
+                g.attribute_cpu_ns.map_or_else(|| "-".to_owned(), ms),
+                format!("{:.2}", g.cpu_ratio),
+                g.verdict.to_string(),
+            ]);
+        }
+        write!(f, "{table}")?;
+        for g in &self.groups {
+            write_group(f, g)?;
+        }
+        self.write_without_samples(f)?;
+        self.write_outside_spans(f)
+    }
+}
+
+fn write_group(f: &mut fmt::Formatter<'_>, g: &SpanGroup) -> fmt::Result {
+    writeln!(
+        f,
+        "\n{}, {}: {} — {}",
+        g.name,
+        version_phrase(g.version.as_deref()),
+        g.verdict,
+        g.reason
+    )?;
+    let attrs = match (g.attribute_cpu_ns, g.attribute_samples) {
+        (Some(ns), samples) => format!(
+            "{} in {} sample(s)",
+            ms(ns),
+            samples.map_or_else(|| "?".to_owned(), |n| n.to_string())
+        ),
+        (None, _) => "not recorded".to_owned(),
+    };
+    writeln!(
+        f,
+        "  {} span(s), wall total {}; CPU from the profile {} in {} sample(s), from the span attributes {attrs}",
+        g.count,
+        ms(g.wall_total_ns),
+        ms(g.profile_cpu_ns),
+        g.profile_samples,
+    )?;
+    for (title, list) in [
+        ("top functions by self CPU (innermost frame):", &g.top_self),
+        (
+            "top functions by total CPU (anywhere on the stack):",
+            &g.top_total,
+        ),
+    ] {
+        if list.is_empty() {
+            continue;
+        }
+        writeln!(f, "  {title}")?;
+        let mut table = Table::new(&["CPU", "SHARE", "FUNCTION"])
+            .left_align(2)
+            .indent(4);
+        for function in list {
+            table.row(vec![
+                ms(function.cpu_ns),
+                percent(function.cpu_ns, g.profile_cpu_ns),
+                function.function.clone(),
+            ]);
+        }
+        write!(f, "{table}")?;
+    }
+    Ok(())
+}
+
+impl SpanReport {
+    fn write_without_samples(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        if self.without_samples.is_empty() {
+            return Ok(());
+        }
+        writeln!(f, "\nSpans without CPU samples:")?;
+        let mut by_group: BTreeMap<(&str, Option<&str>, NoSamples), Vec<&SpanWithoutSamples>> =
+            BTreeMap::new();
+        for span in &self.without_samples {
+            by_group
+                .entry((span.name.as_str(), span.version.as_deref(), span.reason))
+                .or_default()
+                .push(span);
+        }
+        let mut reasons = Vec::new();
+        for ((name, version, reason), spans) in &by_group {
+            let examples: Vec<String> = spans
+                .iter()
+                .take(EXAMPLES_SHOWN)
+                .map(|s| format!("{} ({})", s.span_id, ms(s.wall_ns)))
+                .collect();
+            let more = spans.len().saturating_sub(EXAMPLES_SHOWN);
+            writeln!(
+                f,
+                "  {name}, {}: {} span(s), {}: {}{}",
+                version_phrase(*version),
+                spans.len(),
+                *reason,
+                examples.join(", "),
+                if more > 0 {
+                    format!(" and {more} more")
+                } else {
+                    String::new()
+                }
+            )?;
+            if !reasons.contains(reason) {
+                reasons.push(*reason);
+            }
+        }
+        writeln!(f, "  why:")?;
+        for reason in reasons {
+            writeln!(f, "  - {}", reason.explain(self.sampling))?;
+        }
+        Ok(())
+    }
+
+    fn write_outside_spans(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        let o = &self.outside_spans;
+        if o.name_only.is_empty() && o.unknown_span_ns == 0 && o.no_span_ns == 0 {
+            return Ok(());
+        }
+        writeln!(f, "\nCPU not tied to a local root span read here:")?;
+        for (name, ns) in &o.name_only {
+            writeln!(
+                f,
+                "  {}  span name {name:?} only (unsampled traces)",
+                ms(*ns)
+            )?;
+        }
+        if o.unknown_span_ns > 0 {
+            writeln!(
+                f,
+                "  {}  span ids in no span file read (spans still open, or their span file is elsewhere)",
+                ms(o.unknown_span_ns)
+            )?;
+        }
+        if o.no_span_ns > 0 {
+            writeln!(f, "  {}  outside any span", ms(o.no_span_ns))?;
+        }
+        Ok(())
+    }
+}
+
+/// `version 1.4.0`, or `no service.version`.
+fn version_phrase(version: Option<&str>) -> String {
+    version.map_or_else(
+        || "no service.version".to_owned(),
+        |v| format!("version {v}"),
+    )
+}

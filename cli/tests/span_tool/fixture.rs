@@ -1,0 +1,295 @@
+//! Fixture directories as otel-profiling's local sink writes them: pprof profiles built with
+//! `ProfileBuilder` and OTLP JSON span lines written by hand.
+//!
+//! Two versions of a service, 10 ms sampling period (100 Hz):
+//!
+//! | span name | version | spans | wall (ms) | CPU per span |
+//! |---|---|---|---|---|
+//! | `GET /report` | 1.0.0 | 4 | 100, 120, 140, 200 | render_rows 60 ms, encode_json 20 ms |
+//! | `GET /report` | 2.0.0 | 4 | 200, 220, 240, 300 | render_rows 60 ms, encode_json 100 ms (under a new `paginate`) |
+//! | `GET /search` | 1.0.0 | 1 | 100 | search_index (inlined in handle_search) 30 ms |
+//! | `GET /orders` | 1.0.0 | 3 | 300, 400, 500 | none (waiting), evidence 0 |
+//! | `GET /orders` | 2.0.0 | 2 | 300, 500 | none |
+//! | `GET /health` | 1.0.0 | 2 | 2, 3 | none (too short) |
+//! | `GET /legacy` | (none) | 1 | 150 | none, no profile id (unsampled) |
+//!
+//! Each `GET /orders` 1.0.0 span has a `db.query` child (not a local root). Two extra
+//! samples carry only the span name `GET /report` (an unsampled trace).
+
+use std::collections::HashMap;
+use std::path::Path;
+use std::sync::Arc;
+use std::time::{Duration, SystemTime};
+
+use otel_profiling::pprof::{
+    encode_gzip, FrameLine, ProfileBuilder, SampleLabels, SymbolizedFrame,
+};
+use serde_json::{json, Value};
+
+pub const PERIOD_NS: i64 = 10_000_000;
+pub const MS: u64 = 1_000_000;
+pub const V1: &str = "1.0.0";
+pub const V2: &str = "2.0.0";
+
+/// A stack, outermost first; `"outer>inner"` is one address whose lines are `inner`
+/// inlined into `outer`.
+pub type Stack = &'static [&'static str];
+
+pub const REPORT_RENDER: Stack = &["main", "handle_report", "render_rows"];
+pub const REPORT_ENCODE: Stack = &["main", "handle_report", "serialize", "encode_json"];
+/// 2.0.0 pages its output: a new frame between `serialize` and `encode_json`.
+pub const REPORT_PAGED: Stack = &[
+    "main",
+    "handle_report",
+    "serialize",
+    "paginate",
+    "encode_json",
+];
+pub const SEARCH: Stack = &["main", "handle_search>search_index"];
+pub const UNSAMPLED: Stack = &["main", "handle_report", "legacy_encoder"];
+
+#[derive(Clone, Debug)]
+pub struct FixtureSpan {
+    pub name: &'static str,
+    pub version: Option<&'static str>,
+    pub span_id: u64,
+    pub trace_id: u128,
+    pub parent: Option<u64>,
+    pub wall_ms: u64,
+    pub profile_id: bool,
+    /// `profiling.cpu.samples` (time = samples × period), when the span carries evidence.
+    pub evidence: Option<u64>,
+    pub stacks: Vec<(Stack, u64)>,
+}
+
+impl FixtureSpan {
+    pub fn id(&self) -> String {
+        format!("{:016x}", self.span_id)
+    }
+}
+
+fn span(
+    name: &'static str,
+    version: Option<&'static str>,
+    span_id: u64,
+    wall_ms: u64,
+    stacks: Vec<(Stack, u64)>,
+) -> FixtureSpan {
+    let samples = stacks.iter().map(|(_, n)| n).sum();
+    FixtureSpan {
+        name,
+        version,
+        span_id,
+        trace_id: 0xabc0_0000_0000_0000_0000_0000_0000_0000 | u128::from(span_id),
+        parent: None,
+        wall_ms,
+        profile_id: true,
+        evidence: Some(samples),
+        stacks,
+    }
+}
+
+/// The spans of version 1.0.0 (plus the unversioned legacy span).
+pub fn v1_spans() -> Vec<FixtureSpan> {
+    let mut spans = Vec::new();
+    for (i, wall) in [100, 120, 140, 200].into_iter().enumerate() {
+        spans.push(span(
+            "GET /report",
+            Some(V1),
+            0x1000 + i as u64,
+            wall,
+            vec![(REPORT_RENDER, 6), (REPORT_ENCODE, 2)],
+        ));
+    }
+    spans.push(span(
+        "GET /search",
+        Some(V1),
+        0x1a00,
+        100,
+        vec![(SEARCH, 3)],
+    ));
+    for (i, wall) in [300, 400, 500].into_iter().enumerate() {
+        let root = span("GET /orders", Some(V1), 0x1200 + i as u64, wall, vec![]);
+        let mut child = span("db.query", Some(V1), 0x1300 + i as u64, wall - 10, vec![]);
+        child.trace_id = root.trace_id;
+        child.parent = Some(root.span_id);
+        child.evidence = None;
+        spans.push(root);
+        spans.push(child);
+    }
+    for (i, wall) in [2, 3].into_iter().enumerate() {
+        spans.push(span(
+            "GET /health",
+            Some(V1),
+            0x1400 + i as u64,
+            wall,
+            vec![],
+        ));
+    }
+    let mut legacy = span("GET /legacy", None, 0x1500, 150, vec![]);
+    legacy.profile_id = false;
+    legacy.evidence = None;
+    spans.push(legacy);
+    spans
+}
+
+/// The spans of version 2.0.0.
+pub fn v2_spans() -> Vec<FixtureSpan> {
+    let mut spans = Vec::new();
+    for (i, wall) in [200, 220, 240, 300].into_iter().enumerate() {
+        spans.push(span(
+            "GET /report",
+            Some(V2),
+            0x2000 + i as u64,
+            wall,
+            vec![(REPORT_RENDER, 6), (REPORT_PAGED, 10)],
+        ));
+    }
+    for (i, wall) in [300, 500].into_iter().enumerate() {
+        spans.push(span(
+            "GET /orders",
+            Some(V2),
+            0x2200 + i as u64,
+            wall,
+            vec![],
+        ));
+    }
+    spans
+}
+
+/// Writes one profile file and one span file for `spans` into `dir` (created if needed);
+/// `stamp` names them. `name_only` samples carry the span name `GET /report` but no id.
+pub fn write(dir: &Path, stamp: &str, spans: &[FixtureSpan], name_only: u64) {
+    std::fs::create_dir_all(dir).expect("create fixture dir");
+    let start = SystemTime::UNIX_EPOCH + Duration::from_secs(1_700_000_000);
+    let mut profile = ProfileBuilder::new(PERIOD_NS, start, Duration::from_secs(10));
+    let mut addresses = HashMap::new();
+    for s in spans {
+        let labels = SampleLabels {
+            span_id: Some(s.span_id),
+            trace_id: Some(s.trace_id),
+            span_name: Some(Arc::from(s.name)),
+        };
+        for (stack, count) in &s.stacks {
+            profile.add_sample(&frames(stack, &mut addresses), &labels, *count);
+        }
+    }
+    if name_only > 0 {
+        let labels = SampleLabels {
+            span_id: None,
+            trace_id: None,
+            span_name: Some(Arc::from("GET /report")),
+        };
+        profile.add_sample(&frames(UNSAMPLED, &mut addresses), &labels, name_only);
+    }
+    let bytes = encode_gzip(&profile.build()).expect("encode profile");
+    std::fs::write(dir.join(format!("{stamp}_cpu.pb.gz")), bytes).expect("write profile");
+
+    let mut lines = String::new();
+    let mut versions: Vec<Option<&str>> = spans.iter().map(|s| s.version).collect();
+    versions.dedup();
+    for version in versions {
+        let of_version: Vec<&FixtureSpan> = spans.iter().filter(|s| s.version == version).collect();
+        lines.push_str(&request_line(version, &of_version));
+        lines.push('\n');
+    }
+    std::fs::write(dir.join(format!("{stamp}_spans.jsonl")), lines).expect("write spans");
+}
+
+/// Innermost-first symbolized frames of an outermost-first stack.
+fn frames(stack: Stack, addresses: &mut HashMap<&'static str, u64>) -> Vec<SymbolizedFrame> {
+    stack
+        .iter()
+        .rev()
+        .map(|entry| {
+            let next = 0x1000 * (addresses.len() as u64 + 1);
+            let address = *addresses.entry(entry).or_insert(next);
+            let lines = entry
+                .split('>')
+                .rev()
+                .map(|function| FrameLine {
+                    function: Arc::from(function),
+                    file: None,
+                    line: None,
+                })
+                .collect();
+            SymbolizedFrame { address, lines }
+        })
+        .collect()
+}
+
+/// One `ExportTraceServiceRequest` line: one resource (service "shop", `version`).
+fn request_line(version: Option<&str>, spans: &[&FixtureSpan]) -> String {
+    let mut resource = vec![json!({"key": "service.name", "value": {"stringValue": "shop"}})];
+    if let Some(v) = version {
+        resource.push(json!({"key": "service.version", "value": {"stringValue": v}}));
+    }
+    let spans: Vec<Value> = spans
+        .iter()
+        .enumerate()
+        .map(|(i, s)| span_json(i, s))
+        .collect();
+    json!({
+        "resourceSpans": [{
+            "resource": {"attributes": resource, "droppedAttributesCount": 0},
+            "scopeSpans": [{
+                "scope": {"name": "shop", "version": ""},
+                "spans": spans,
+                "schemaUrl": ""
+            }],
+            "schemaUrl": ""
+        }]
+    })
+    .to_string()
+}
+
+fn span_json(index: usize, s: &FixtureSpan) -> Value {
+    let start: u64 = 1_700_000_000_000_000_000 + index as u64 * 1_000_000_000;
+    let mut attributes = vec![json!({"key": "http.route", "value": {"stringValue": s.name}})];
+    if s.profile_id {
+        attributes.push(json!({"key": "pyroscope.profile.id", "value": {"stringValue": s.id()}}));
+    }
+    if let Some(samples) = s.evidence {
+        attributes.push(
+            json!({"key": "profiling.cpu.samples", "value": {"intValue": samples.to_string()}}),
+        );
+        attributes.push(json!({
+            "key": "profiling.cpu.time_ns",
+            "value": {"intValue": (samples * PERIOD_NS as u64).to_string()}
+        }));
+    }
+    json!({
+        "traceId": format!("{:032x}", s.trace_id),
+        "spanId": s.id(),
+        "traceState": "",
+        "parentSpanId": s.parent.map(|p| format!("{p:016x}")).unwrap_or_default(),
+        "flags": 257,
+        "name": s.name,
+        "kind": 2,
+        "startTimeUnixNano": start.to_string(),
+        "endTimeUnixNano": (start + s.wall_ms * MS).to_string(),
+        "attributes": attributes,
+        "droppedAttributesCount": 0,
+        "events": [],
+        "links": [],
+        "status": {"message": "", "code": 0}
+    })
+}
+
+/// A temporary directory with both versions, in two pairs of files (as two services
+/// writing into one directory do), and 2 name-only samples.
+pub fn both_versions() -> tempfile::TempDir {
+    let dir = tempfile::tempdir().expect("tempdir");
+    write(dir.path(), "2026-01-01T00-00-00.000Z", &v1_spans(), 2);
+    write(dir.path(), "2026-01-01T00-00-10.000Z", &v2_spans(), 0);
+    dir
+}
+
+/// Two temporary directories: version 1.0.0 in the first, 2.0.0 in the second.
+pub fn one_version_each() -> (tempfile::TempDir, tempfile::TempDir) {
+    let before = tempfile::tempdir().expect("tempdir");
+    let after = tempfile::tempdir().expect("tempdir");
+    write(before.path(), "2026-01-01T00-00-00.000Z", &v1_spans(), 0);
+    write(after.path(), "2026-01-02T00-00-00.000Z", &v2_spans(), 0);
+    (before, after)
+}

@@ -1,0 +1,128 @@
+use otel_profiling_cli::flame::{FlameGraph, FlameSelection};
+use otel_profiling_cli::ReportError;
+
+use crate::fixture::{self, MS};
+
+fn graph(selection: FlameSelection) -> Result<FlameGraph, ReportError> {
+    let dir = fixture::both_versions();
+    FlameGraph::from_dirs(&[dir.path().to_path_buf()], &selection)
+}
+
+#[test]
+fn flame_by_span_id_folds_its_stacks_outer_first() {
+    let graph = graph(FlameSelection::SpanId("0000000000002000".into())).expect("graph");
+    assert_eq!(
+        graph.folded,
+        [
+            format!("main;handle_report;render_rows {}", 60 * MS),
+            format!(
+                "main;handle_report;serialize;paginate;encode_json {}",
+                100 * MS
+            ),
+        ]
+    );
+    assert_eq!(graph.samples, 16);
+    assert_eq!(graph.cpu_ns, 160 * MS);
+    assert_eq!(
+        graph.title,
+        "CPU of span 0000000000002000: GET /report [2.0.0]"
+    );
+    let svg = graph.to_svg().expect("svg");
+    assert!(svg.starts_with("<?xml"), "{}", &svg[..100]);
+    for name in [
+        "main",
+        "handle_report",
+        "render_rows",
+        "serialize",
+        "encode_json",
+    ] {
+        assert!(svg.contains(name), "{name} missing from the SVG");
+    }
+    assert!(svg.contains("CPU of span 0000000000002000: GET /report [2.0.0]"));
+    assert!(svg.contains("1 span, 16 samples, 160.0 ms CPU"));
+}
+
+#[test]
+fn flame_by_span_id_accepts_upper_case_hex() {
+    let graph = graph(FlameSelection::SpanId("0000000000001A00".into())).expect("graph");
+    assert_eq!(
+        graph.title,
+        "CPU of span 0000000000001a00: GET /search [1.0.0]"
+    );
+}
+
+#[test]
+fn flame_by_span_name_takes_every_span_and_name_only_samples() {
+    let graph = graph(FlameSelection::SpanName("GET /report".into())).expect("graph");
+    assert_eq!(graph.title, "CPU of spans named GET /report");
+    // 4 × 8 + 4 × 16 samples of the two versions, and 2 labelled with the name only.
+    assert_eq!(graph.samples, 98);
+    assert!(graph
+        .folded
+        .contains(&format!("main;handle_report;legacy_encoder {}", 20 * MS)));
+    for (stack, ms) in [
+        ("main;handle_report;serialize;encode_json", 80),
+        ("main;handle_report;serialize;paginate;encode_json", 400),
+    ] {
+        assert!(
+            graph.folded.contains(&format!("{stack} {}", ms * MS)),
+            "{stack}"
+        );
+    }
+    let svg = graph.to_svg().expect("svg");
+    assert!(svg.contains("CPU of spans named GET /report"));
+    assert!(svg.contains("8 spans, 98 samples, 980.0 ms CPU"));
+    for name in ["legacy_encoder", "encode_json", "render_rows"] {
+        assert!(svg.contains(name), "{name} missing from the SVG");
+    }
+}
+
+#[test]
+fn inlined_frames_are_drawn_as_their_own_frames() {
+    let graph = graph(FlameSelection::SpanName("GET /search".into())).expect("graph");
+    assert_eq!(
+        graph.folded,
+        [format!("main;handle_search;search_index {}", 30 * MS)]
+    );
+}
+
+#[test]
+fn flame_errors_name_the_problem() {
+    let err = graph(FlameSelection::SpanId("12345".into())).expect_err("invalid");
+    assert!(matches!(err, ReportError::InvalidSpanId { .. }));
+    assert_eq!(
+        err.to_string(),
+        "span id \"12345\" is not 16 hexadecimal digits"
+    );
+
+    let err = graph(FlameSelection::SpanId("00000000deadbeef".into())).expect_err("unknown");
+    assert!(
+        err.to_string()
+            .contains("span id 00000000deadbeef is in no span file"),
+        "{err}"
+    );
+
+    let err = graph(FlameSelection::SpanName("GET /nope".into())).expect_err("unknown name");
+    let text = err.to_string();
+    assert!(
+        text.starts_with("no span named \"GET /nope\" in "),
+        "{text}"
+    );
+    assert!(text.contains("\"GET /orders\", \"GET /report\""), "{text}");
+
+    // A slow span without samples: no empty graph, the reason instead.
+    let err = graph(FlameSelection::SpanId("0000000000001200".into())).expect_err("no samples");
+    assert!(matches!(err, ReportError::NoSamples { .. }));
+    let text = err.to_string();
+    assert!(
+        text.contains("span 0000000000001200 (GET /orders) has no CPU samples"),
+        "{text}"
+    );
+    assert!(text.contains("waiting"), "{text}");
+
+    // A child span: its CPU is labelled with its local root's id.
+    let err = graph(FlameSelection::SpanId("0000000000001300".into())).expect_err("child");
+    let text = err.to_string();
+    assert!(text.contains("not a local root span"), "{text}");
+    assert!(text.contains("0000000000001200 (GET /orders)"), "{text}");
+}

@@ -1,0 +1,299 @@
+use std::path::PathBuf;
+
+use otel_profiling_cli::report::SpanReport;
+use otel_profiling_cli::verdict::{NoSamples, Verdict};
+
+use crate::fixture::{self, MS, V1, V2};
+
+fn report() -> (tempfile::TempDir, SpanReport) {
+    let dir = fixture::both_versions();
+    let report = SpanReport::from_dirs(&[dir.path().to_path_buf()]).expect("report");
+    (dir, report)
+}
+
+#[test]
+fn groups_local_roots_by_name_and_version() {
+    let (_dir, report) = report();
+    let keys: Vec<(&str, Option<&str>, usize)> = report
+        .groups
+        .iter()
+        .map(|g| (g.name.as_str(), g.version.as_deref(), g.count))
+        .collect();
+    assert_eq!(
+        keys,
+        [
+            ("GET /health", Some(V1), 2),
+            ("GET /legacy", None, 1),
+            ("GET /orders", Some(V1), 3),
+            ("GET /orders", Some(V2), 2),
+            ("GET /report", Some(V1), 4),
+            ("GET /report", Some(V2), 4),
+            ("GET /search", Some(V1), 1),
+        ],
+        "db.query children are not local roots"
+    );
+    assert_eq!(report.profile_files, 2);
+    assert_eq!(report.span_files, 2);
+    assert_eq!(report.sampling.period_ns, 10 * MS);
+}
+
+#[test]
+fn wall_percentiles_and_cpu_from_profile_and_attributes() {
+    let (_dir, report) = report();
+    let v1 = report.group("GET /report", Some(V1)).expect("v1 group");
+    assert_eq!(v1.wall_p50_ns, 120 * MS);
+    assert_eq!(v1.wall_p95_ns, 200 * MS);
+    assert_eq!(v1.wall_total_ns, 560 * MS);
+    assert_eq!(v1.profile_cpu_ns, 320 * MS);
+    assert_eq!(v1.profile_samples, 32);
+    assert_eq!(v1.attribute_cpu_ns, Some(320 * MS));
+    assert_eq!(v1.attribute_samples, Some(32));
+    assert!(
+        (v1.cpu_ratio - 320.0 / 560.0).abs() < 1e-9,
+        "{}",
+        v1.cpu_ratio
+    );
+
+    let v2 = report.group("GET /report", Some(V2)).expect("v2 group");
+    assert_eq!((v2.wall_p50_ns, v2.wall_p95_ns), (220 * MS, 300 * MS));
+    assert_eq!(v2.profile_cpu_ns, 640 * MS);
+    assert_eq!(v2.attribute_cpu_ns, Some(640 * MS));
+    assert!((v2.cpu_ratio - 640.0 / 960.0).abs() < 1e-9);
+
+    let orders = report.group("GET /orders", Some(V1)).expect("orders");
+    assert_eq!(
+        (orders.wall_p50_ns, orders.wall_p95_ns),
+        (400 * MS, 500 * MS)
+    );
+    assert_eq!(orders.profile_cpu_ns, 0);
+    assert_eq!(orders.attribute_cpu_ns, Some(0));
+    assert_eq!(orders.cpu_ratio, 0.0);
+
+    let legacy = report.group("GET /legacy", None).expect("legacy");
+    assert_eq!(legacy.attribute_cpu_ns, None, "no evidence is not a zero");
+}
+
+#[test]
+fn verdicts_follow_the_cpu_wall_ratio() {
+    let (_dir, report) = report();
+    let verdict = |name, version| report.group(name, version).expect(name).verdict;
+    assert_eq!(verdict("GET /report", Some(V1)), Verdict::CpuBound);
+    assert_eq!(verdict("GET /report", Some(V2)), Verdict::CpuBound);
+    let search = report.group("GET /search", Some(V1)).expect("search");
+    assert_eq!(search.verdict, Verdict::Mixed);
+    assert!((search.cpu_ratio - 0.3).abs() < 1e-9);
+    assert!(search.reason.contains("30%"), "{}", search.reason);
+    assert!(report
+        .group("GET /report", Some(V1))
+        .expect("v1")
+        .reason
+        .contains("computing"));
+}
+
+#[test]
+fn slow_span_with_an_empty_profile_is_waiting_never_fast() {
+    let (_dir, report) = report();
+    let orders = report.group("GET /orders", Some(V1)).expect("orders");
+    assert_eq!(orders.verdict, Verdict::Waiting);
+    assert_eq!(orders.no_samples, Some(NoSamples::Waiting));
+    assert!(
+        orders.reason.contains("waiting") && orders.reason.contains("not computing"),
+        "{}",
+        orders.reason
+    );
+    assert!(!orders.reason.contains("fast"), "{}", orders.reason);
+    assert!(orders.top_self.is_empty() && orders.top_total.is_empty());
+    let text = report.to_string();
+    let row = text
+        .lines()
+        .find(|l| l.starts_with("GET /orders") && l.contains(V1))
+        .expect("orders row");
+    assert!(row.trim_end().ends_with("waiting"), "{row}");
+}
+
+#[test]
+fn short_and_unsampled_spans_without_samples_are_explained() {
+    let (_dir, report) = report();
+    let health = report.group("GET /health", Some(V1)).expect("health");
+    assert_eq!(health.verdict, Verdict::Waiting);
+    assert_eq!(health.no_samples, Some(NoSamples::TooShort));
+    assert!(
+        health.reason.contains("too short for the sampling period"),
+        "{}",
+        health.reason
+    );
+    assert!(health.reason.contains("~20 ms"), "{}", health.reason);
+
+    let legacy = report.group("GET /legacy", None).expect("legacy");
+    assert_eq!(legacy.verdict, Verdict::Waiting);
+    assert_eq!(legacy.no_samples, Some(NoSamples::Unsampled));
+    assert!(
+        legacy.reason.contains("pyroscope.profile.id"),
+        "{}",
+        legacy.reason
+    );
+
+    // Every local root span without samples is listed with its reason.
+    let listed = |name: &str| -> Vec<NoSamples> {
+        report
+            .without_samples
+            .iter()
+            .filter(|s| s.name == name)
+            .map(|s| s.reason)
+            .collect()
+    };
+    assert_eq!(listed("GET /orders"), vec![NoSamples::Waiting; 5]);
+    assert_eq!(listed("GET /health"), vec![NoSamples::TooShort; 2]);
+    assert_eq!(listed("GET /legacy"), vec![NoSamples::Unsampled]);
+    assert!(listed("GET /report").is_empty());
+    let text = report.to_string();
+    assert!(text.contains("Spans without CPU samples:"), "{text}");
+    assert!(
+        text.contains("GET /health, version 1.0.0: 2 span(s), too short"),
+        "{text}"
+    );
+    assert!(
+        text.contains("GET /legacy, no service.version: 1 span(s), unsampled"),
+        "{text}"
+    );
+}
+
+#[test]
+fn top_functions_by_self_and_total_cpu() {
+    let (_dir, report) = report();
+    let v2 = report.group("GET /report", Some(V2)).expect("v2");
+    let named = |list: &[otel_profiling_cli::functions::FunctionCpu]| -> Vec<(String, u64)> {
+        list.iter()
+            .map(|f| (f.function.clone(), f.cpu_ns / MS))
+            .collect()
+    };
+    assert_eq!(
+        named(&v2.top_self),
+        [
+            ("encode_json".to_owned(), 400),
+            ("render_rows".to_owned(), 240)
+        ]
+    );
+    // main and handle_report are on every stack; among equals, the deeper one first.
+    assert_eq!(
+        named(&v2.top_total),
+        [
+            ("handle_report".to_owned(), 640),
+            ("main".to_owned(), 640),
+            ("encode_json".to_owned(), 400),
+            ("paginate".to_owned(), 400),
+            ("serialize".to_owned(), 400),
+        ]
+    );
+    // An inlined function is its own frame, innermost first.
+    let search = report.group("GET /search", Some(V1)).expect("search");
+    assert_eq!(named(&search.top_self), [("search_index".to_owned(), 30)]);
+    assert_eq!(
+        named(&search.top_total),
+        [
+            ("search_index".to_owned(), 30),
+            ("handle_search".to_owned(), 30),
+            ("main".to_owned(), 30),
+        ]
+    );
+}
+
+#[test]
+fn samples_without_a_span_id_are_reported_apart() {
+    let (_dir, report) = report();
+    assert_eq!(
+        report.outside_spans.name_only,
+        [("GET /report".to_owned(), 20 * MS)]
+    );
+    assert_eq!(report.outside_spans.unknown_span_ns, 0);
+    assert_eq!(report.outside_spans.no_span_ns, 0);
+    // Not counted in either version's group.
+    assert_eq!(
+        report
+            .group("GET /report", Some(V1))
+            .expect("v1")
+            .profile_cpu_ns,
+        320 * MS
+    );
+    assert!(report
+        .to_string()
+        .contains("span name \"GET /report\" only (unsampled traces)"));
+}
+
+#[test]
+fn display_is_a_readable_table() {
+    let (_dir, report) = report();
+    let text = report.to_string();
+    let header = text
+        .lines()
+        .find(|l| l.starts_with("SPAN"))
+        .expect("header row");
+    for column in [
+        "VERSION",
+        "COUNT",
+        "WALL P50",
+        "WALL P95",
+        "CPU (PROFILE)",
+        "CPU (ATTRS)",
+        "CPU/WALL",
+        "VERDICT",
+    ] {
+        assert!(header.contains(column), "{header}");
+    }
+    let row = text
+        .lines()
+        .find(|l| l.starts_with("GET /report") && l.contains(V2))
+        .expect("v2 row");
+    let cells: Vec<&str> = row
+        .split("  ")
+        .map(str::trim)
+        .filter(|c| !c.is_empty())
+        .collect();
+    assert_eq!(
+        cells,
+        [
+            "GET /report",
+            V2,
+            "4",
+            "220.0 ms",
+            "300.0 ms",
+            "640.0 ms",
+            "640.0 ms",
+            "0.67",
+            "CPU-bound"
+        ]
+    );
+    assert!(
+        text.contains("top functions by self CPU (innermost frame):"),
+        "{text}"
+    );
+    assert!(text.contains("400.0 ms   62.5%  encode_json"), "{text}");
+    assert!(text.contains("GET /legacy  (none)"), "{text}");
+}
+
+#[test]
+fn several_directories_are_read_together_and_each_once() {
+    let (before, after) = fixture::one_version_each();
+    let dirs: Vec<PathBuf> = vec![
+        before.path().to_path_buf(),
+        after.path().to_path_buf(),
+        before.path().to_path_buf(),
+    ];
+    let report = SpanReport::from_dirs(&dirs).expect("report");
+    assert_eq!(report.dirs.len(), 2);
+    assert_eq!(report.group("GET /report", Some(V1)).expect("v1").count, 4);
+    assert_eq!(
+        report
+            .group("GET /report", Some(V2))
+            .expect("v2")
+            .profile_cpu_ns,
+        640 * MS
+    );
+    assert_eq!(
+        report
+            .group("GET /report", Some(V1))
+            .expect("v1")
+            .profile_cpu_ns,
+        320 * MS
+    );
+}

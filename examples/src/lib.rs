@@ -1,0 +1,11 @@
+//! Example services for otel-profiling: a tokio/axum service with a CPU-heavy endpoint
+//! (`GET /report`, whose response serialization dominates) and an I/O-bound one
+//! (`GET /orders`, waiting on a slow TCP dependency), a serializer regression between two
+//! releases, and a load generator. The `demo` binary runs it all on the embedded default;
+//! the `service` and `load` binaries run against the compose stack.
+
+pub mod app;
+pub mod inventory;
+pub mod load;
+pub mod report;
+pub mod service;
