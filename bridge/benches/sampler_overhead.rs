@@ -14,7 +14,7 @@ mod common;
 use std::process::Command;
 use std::time::{Duration, Instant};
 
-const MODES: [&str; 3] = ["none", "otel-profiling", "pyroscope"];
+const MODES: [&str; 4] = ["none", "otel-profiling", "pyroscope", "otel-prof+blackhole"];
 const ROUNDS: usize = 5;
 /// Work units per thread (each unit is a deep call chain doing arithmetic).
 const UNITS: u64 = 600_000;
@@ -78,6 +78,46 @@ fn child(mode: &str) {
     let t0 = Instant::now();
     let guard: Box<dyn std::any::Any> = match mode {
         "none" => Box::new(()),
+        "otel-prof+blackhole" => {
+            // Pushing to a Pyroscope that accepts connections and never answers, with 1 s
+            // profiles so uploads are attempted throughout the workload.
+            let hole = match std::net::TcpListener::bind("127.0.0.1:0") {
+                Ok(l) => l,
+                Err(e) => {
+                    eprintln!("bind: {e}");
+                    std::process::exit(2);
+                }
+            };
+            let url = format!(
+                "http://{}",
+                hole.local_addr().map(|a| a.to_string()).unwrap_or_default()
+            );
+            std::thread::spawn(move || {
+                let mut held = Vec::new();
+                for stream in hole.incoming().flatten() {
+                    held.push(stream); // accept, never read or answer
+                }
+            });
+            let sink = otel_profiling::export::pyroscope::PyroscopeExporter::new(
+                otel_profiling::export::pyroscope::PyroscopeConfig::new(&url, "bench")
+                    .with_request_timeout(std::time::Duration::from_secs(2))
+                    .with_shutdown_timeout(std::time::Duration::from_millis(500)),
+            );
+            match sink.map_err(|e| e.to_string()).and_then(|sink| {
+                otel_profiling::Profiler::builder()
+                    .frequency_hz(100)
+                    .interval(std::time::Duration::from_secs(1))
+                    .sink(sink)
+                    .start()
+                    .map_err(|e| e.to_string())
+            }) {
+                Ok(p) => Box::new(p),
+                Err(e) => {
+                    eprintln!("profiler: {e}");
+                    std::process::exit(2);
+                }
+            }
+        }
         "otel-profiling" => match otel_profiling::Profiler::builder()
             .frequency_hz(100)
             .output_dir(&dir)
@@ -162,14 +202,14 @@ fn main() {
     }
     println!("\n=== sampler overhead, median of {ROUNDS} interleaved runs, 100 Hz ===");
     println!(
-        "{:<16} {:>10} {:>12} {:>12} {:>14} {:>12}",
+        "{:<20} {:>10} {:>12} {:>12} {:>14} {:>12}",
         "config", "wall ms", "CPU ms", "CPU vs none", "peak RSS +MiB", "start ms"
     );
     let base_cpu = stat(0, 1);
     let base_wall = stat(0, 0);
     for (m, mode) in MODES.iter().enumerate() {
         println!(
-            "{:<16} {:>10.1} {:>12.1} {:>11.2}% {:>14.1} {:>12.2}",
+            "{:<20} {:>10.1} {:>12.1} {:>11.2}% {:>14.1} {:>12.2}",
             mode,
             stat(m, 0) / 1e6,
             stat(m, 1) / 1e6,
@@ -179,8 +219,9 @@ fn main() {
         );
     }
     println!(
-        "throughput vs none: otel-profiling {:.3}x, pyroscope {:.3}x",
+        "throughput vs none: otel-profiling {:.3}x, pyroscope {:.3}x, otel-profiling pushing to a black hole {:.3}x",
         base_wall / stat(1, 0),
-        base_wall / stat(2, 0)
+        base_wall / stat(2, 0),
+        base_wall / stat(3, 0)
     );
 }
