@@ -14,6 +14,13 @@ use otel_profiling::{pprof, Telemetry};
 use prost::Message;
 use tracing_subscriber::layer::SubscriberExt;
 
+/// The profiler is process-wide (one SIGPROF owner): these tests take turns.
+static TURN: Mutex<()> = Mutex::new(());
+
+fn turn() -> std::sync::MutexGuard<'static, ()> {
+    TURN.lock().unwrap_or_else(|p| p.into_inner())
+}
+
 /// One HTTP request as received.
 #[derive(Clone, Debug)]
 struct Request {
@@ -149,6 +156,7 @@ fn checkout_cpu(cpu: Duration) -> u64 {
 
 #[test]
 fn traces_and_profiles_reach_their_receivers_with_the_same_span_id() {
+    let _turn = turn();
     let (otlp_url, otlp_seen) = receiver();
     let (pyro_url, pyro_seen) = receiver();
     let telemetry = Telemetry::builder()
@@ -257,6 +265,7 @@ fn traces_and_profiles_reach_their_receivers_with_the_same_span_id() {
 /// request path, and shutdown is bounded — the host is never slowed or crashed.
 #[test]
 fn an_unreachable_grpc_collector_never_blocks_the_host() {
+    let _turn = turn();
     let dir = std::env::temp_dir().join(format!("otel-profiling-grpc-{}", std::process::id()));
     let telemetry = Telemetry::builder()
         .service_name("checkout")

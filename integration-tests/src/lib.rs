@@ -5,5 +5,15 @@
 //! the profile type id Grafana queries, the span attribute to series label mapping, the
 //! environment variables the demo service is given. No Docker is needed.
 //!
-//! Checks against a running stack (`TEMPO_URL`, `PYROSCOPE_URL`,
-//! `OTEL_EXPORTER_OTLP_ENDPOINT`) are future work; see `docs/stack.md`.
+//! The verification checklist (`tests/checklist.rs`, the `checklist` binary) records known
+//! operations with the bridge and checks, through the real APIs of Tempo and Pyroscope
+//! ([`clients`]), that their traces and span profiles are there and say what they should
+//! ([`checklist`]). By default the tests run against [`standin`] — an in-process stand-in
+//! for tests, not a backend; with `TEMPO_URL`, `PYROSCOPE_URL` and
+//! `OTEL_EXPORTER_OTLP_ENDPOINT` set, against the real stack. See `docs/verification.md`.
+
+pub mod checklist;
+pub mod clients;
+pub mod recorder;
+pub mod standin;
+pub mod workload;

@@ -1,0 +1,617 @@
+//! The seed's verification checklist as functions returning structured results with the
+//! evidence (trace id, span id, CPU ms vs wall ms, top function, pass/fail and why).
+//!
+//! Every check reads the backends through [`crate::clients`] only, polling with a bounded
+//! timeout because real backends ingest asynchronously.
+
+use std::collections::BTreeMap;
+use std::fmt;
+use std::time::{Duration, Instant};
+
+use otel_profiling::PROFILE_ID_ATTRIBUTE;
+
+use crate::clients::{FlameGraph, PyroscopeClient, SpanProfileQuery, TempoClient, TraceSpan};
+use crate::recorder::RecordedOp;
+
+/// Where the checks read and where recordings send.
+#[derive(Debug, Clone)]
+pub struct Backends {
+    /// Tempo API base URL.
+    pub tempo_url: String,
+    /// Pyroscope base URL.
+    pub pyroscope_url: String,
+    /// OTLP/HTTP base endpoint (`/v1/traces` is appended).
+    pub otlp_endpoint: String,
+    /// How long to wait for data to show up.
+    pub timeout: Duration,
+    /// Tempo client.
+    pub tempo: TempoClient,
+    /// Pyroscope client.
+    pub pyroscope: PyroscopeClient,
+}
+
+impl Backends {
+    /// Backends at the given URLs.
+    pub fn new(tempo: &str, pyroscope: &str, otlp: &str, timeout: Duration) -> Backends {
+        Backends {
+            tempo_url: tempo.to_string(),
+            pyroscope_url: pyroscope.to_string(),
+            otlp_endpoint: otlp.to_string(),
+            timeout,
+            tempo: TempoClient::new(tempo),
+            pyroscope: PyroscopeClient::new(pyroscope),
+        }
+    }
+
+    /// From `TEMPO_URL`, `PYROSCOPE_URL` and `OTEL_EXPORTER_OTLP_ENDPOINT` (all three, or
+    /// `None`); `CHECKLIST_TIMEOUT_SECS` overrides the 60 s wait.
+    pub fn from_env() -> Option<Backends> {
+        let get = |k: &str| std::env::var(k).ok().filter(|v| !v.trim().is_empty());
+        let timeout = get("CHECKLIST_TIMEOUT_SECS")
+            .and_then(|s| s.parse().ok())
+            .unwrap_or(60);
+        Some(Backends::new(
+            &get("TEMPO_URL")?,
+            &get("PYROSCOPE_URL")?,
+            &get("OTEL_EXPORTER_OTLP_ENDPOINT")?,
+            Duration::from_secs(timeout),
+        ))
+    }
+}
+
+/// What a check saw.
+#[derive(Clone, Debug, Default, PartialEq)]
+pub struct Evidence {
+    /// Trace id (32 hex).
+    pub trace_id: String,
+    /// Span id (16 hex).
+    pub span_id: String,
+    /// CPU time from the span profile query, ms.
+    pub cpu_ms: Option<f64>,
+    /// Span duration from the trace backend, ms.
+    pub wall_ms: Option<f64>,
+    /// Top function (by total among the workload's functions, else by self).
+    pub top_function: Option<String>,
+    /// Anything else worth printing.
+    pub notes: Vec<String>,
+}
+
+/// One check's outcome.
+#[derive(Clone, Debug, PartialEq)]
+pub struct CheckResult {
+    /// Checklist item number (1–4).
+    pub number: u8,
+    /// What it checks.
+    pub title: &'static str,
+    /// Pass or fail.
+    pub passed: bool,
+    /// Why (the failing condition, or what passed).
+    pub reason: String,
+    /// Evidence, one entry per operation looked at.
+    pub evidence: Vec<Evidence>,
+}
+
+impl fmt::Display for CheckResult {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        writeln!(
+            f,
+            "{} {}. {} — {}",
+            if self.passed { "PASS" } else { "FAIL" },
+            self.number,
+            self.title,
+            self.reason
+        )?;
+        for e in &self.evidence {
+            writeln!(
+                f,
+                "       trace {} span {} cpu {} wall {} top {}",
+                e.trace_id,
+                e.span_id,
+                e.cpu_ms.map_or("-".into(), |v| format!("{v:.0} ms")),
+                e.wall_ms.map_or("-".into(), |v| format!("{v:.0} ms")),
+                e.top_function.as_deref().unwrap_or("-"),
+            )?;
+            for n in &e.notes {
+                writeln!(f, "         {n}")?;
+            }
+        }
+        Ok(())
+    }
+}
+
+/// CPU verdict of a span (there is deliberately no "fast").
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Verdict {
+    /// CPU ≥ 50 % of wall.
+    CpuBound,
+    /// Between.
+    Mixed,
+    /// CPU < 10 % of wall (an empty profile for a slow span is waiting).
+    Waiting,
+    /// Shorter than two sampling periods: no conclusion from CPU samples.
+    TooShort,
+}
+
+/// Spans shorter than this carry too few samples at 100 Hz to judge.
+pub const MIN_JUDGED_WALL_MS: f64 = 20.0;
+
+/// Classifies a span by CPU/wall, with the reason. An empty profile for a slow span is
+/// "waiting", never "fast".
+pub fn classify(wall_ms: f64, cpu_ms: f64) -> (Verdict, String) {
+    if wall_ms < MIN_JUDGED_WALL_MS {
+        return (
+            Verdict::TooShort,
+            format!("{wall_ms:.1} ms is too short for 100 Hz sampling: no verdict"),
+        );
+    }
+    let ratio = cpu_ms / wall_ms;
+    if cpu_ms == 0.0 {
+        (
+            Verdict::Waiting,
+            format!("no CPU samples in {wall_ms:.0} ms: waiting (not fast)"),
+        )
+    } else if ratio >= 0.5 {
+        (
+            Verdict::CpuBound,
+            format!("CPU/wall {ratio:.2} ≥ 0.5: CPU-bound"),
+        )
+    } else if ratio < 0.1 {
+        (
+            Verdict::Waiting,
+            format!("CPU/wall {ratio:.2} < 0.1: waiting"),
+        )
+    } else {
+        (Verdict::Mixed, format!("CPU/wall {ratio:.2}: mixed"))
+    }
+}
+
+fn ms(ns: i64) -> f64 {
+    ns as f64 / 1e6
+}
+
+/// Polls Tempo until the trace holds `span_id`.
+pub fn wait_for_span(b: &Backends, trace_id: &str, span_id: &str) -> Result<TraceSpan, String> {
+    let deadline = Instant::now() + b.timeout;
+    loop {
+        let last = match b.tempo.get_trace(trace_id) {
+            Ok(Some(spans)) => {
+                if let Some(s) = spans.into_iter().find(|s| s.span_id == span_id) {
+                    return Ok(s);
+                }
+                format!("trace {trace_id} found without span {span_id}")
+            }
+            Ok(None) => format!("trace {trace_id} not found"),
+            Err(e) => format!("trace {trace_id}: {e}"),
+        };
+        if Instant::now() >= deadline {
+            return Err(format!("{last} after {:?}", b.timeout));
+        }
+        std::thread::sleep(Duration::from_millis(100));
+    }
+}
+
+/// Polls the span profile query until it is non-empty (or the timeout; the last answer,
+/// possibly empty, is returned).
+pub fn wait_for_profile(b: &Backends, query: &SpanProfileQuery) -> Result<FlameGraph, String> {
+    let deadline = Instant::now() + b.timeout;
+    loop {
+        let graph = b
+            .pyroscope
+            .select_merge_span_profile(query)
+            .map_err(|e| format!("SelectMergeSpanProfile: {e}"))?;
+        if !graph.is_empty() || Instant::now() >= deadline {
+            return Ok(graph);
+        }
+        std::thread::sleep(Duration::from_millis(100));
+    }
+}
+
+fn top(graph: &FlameGraph, known: &[&str]) -> Option<String> {
+    graph
+        .top_function_matching(known)
+        .or_else(|| graph.top_function())
+        .map(|(n, _)| n)
+}
+
+fn evidence(
+    op: &RecordedOp,
+    span: Option<&TraceSpan>,
+    graph: Option<&FlameGraph>,
+    known: &[&str],
+) -> Evidence {
+    Evidence {
+        trace_id: op.trace_id.clone(),
+        span_id: op.span_id.clone(),
+        cpu_ms: graph.map(|g| ms(g.total)),
+        wall_ms: span.map(TraceSpan::wall_ms),
+        top_function: graph.and_then(|g| top(g, known)),
+        notes: Vec::new(),
+    }
+}
+
+fn fail(number: u8, title: &'static str, reason: String, evidence: Vec<Evidence>) -> CheckResult {
+    CheckResult {
+        number,
+        title,
+        passed: false,
+        reason,
+        evidence,
+    }
+}
+
+/// (1) The operation's trace is in the trace backend and its profile in the profile
+/// backend (found by the Grafana-style span query) and holds `known_function`.
+pub fn check_recorded(b: &Backends, op: &RecordedOp, known_function: &str) -> CheckResult {
+    const TITLE: &str = "trace and profile of a known operation are available";
+    let mut ev = evidence(op, None, None, &[]);
+    let span = match wait_for_span(b, &op.trace_id, &op.span_id) {
+        Ok(s) => s,
+        Err(e) => return fail(1, TITLE, format!("trace backend: {e}"), vec![ev]),
+    };
+    let query = SpanProfileQuery::for_span(&span);
+    let graph = match wait_for_profile(b, &query) {
+        Ok(g) => g,
+        Err(e) => return fail(1, TITLE, e, vec![ev]),
+    };
+    ev = evidence(op, Some(&span), Some(&graph), &[known_function]);
+    ev.notes.push(format!("query {}", query.label_selector));
+    if graph.is_empty() {
+        return fail(
+            1,
+            TITLE,
+            format!(
+                "profile backend has no samples for span {} after {:?}",
+                op.span_id, b.timeout
+            ),
+            vec![ev],
+        );
+    }
+    let known = graph.function_total(known_function);
+    if known == 0 {
+        return fail(
+            1,
+            TITLE,
+            format!("the span's profile does not contain {known_function}"),
+            vec![ev],
+        );
+    }
+    CheckResult {
+        number: 1,
+        title: TITLE,
+        passed: true,
+        reason: format!(
+            "trace has span {:?}; profile holds {:.0} ms CPU, {:.0} ms in {known_function}",
+            span.name,
+            ms(graph.total),
+            ms(known)
+        ),
+        evidence: vec![ev],
+    }
+}
+
+/// (2) `pyroscope.profile.id` on the local root equals its span id, and the Grafana-style
+/// query selects this operation's profile and not another's: the same query with another
+/// `service_version` or `service_name` returns nothing for the span.
+pub fn check_profile_link(b: &Backends, op: &RecordedOp, known_function: &str) -> CheckResult {
+    const TITLE: &str =
+        "span carries pyroscope.profile.id and the Grafana query selects its profile";
+    let mut ev = evidence(op, None, None, &[]);
+    let span = match wait_for_span(b, &op.trace_id, &op.span_id) {
+        Ok(s) => s,
+        Err(e) => return fail(2, TITLE, format!("trace backend: {e}"), vec![ev]),
+    };
+    ev.wall_ms = Some(span.wall_ms());
+    if span.parent_span_id.is_some() {
+        ev.notes
+            .push("span has a parent in the trace (local root with remote parent?)".into());
+    }
+    match span.attributes.get(PROFILE_ID_ATTRIBUTE) {
+        None => {
+            return fail(
+                2,
+                TITLE,
+                format!(
+                    "span {} has no {PROFILE_ID_ATTRIBUTE} attribute",
+                    op.span_id
+                ),
+                vec![ev],
+            )
+        }
+        Some(v) if v != &span.span_id => {
+            return fail(
+                2,
+                TITLE,
+                format!(
+                    "{PROFILE_ID_ATTRIBUTE} = {v}, but the span id is {}",
+                    span.span_id
+                ),
+                vec![ev],
+            )
+        }
+        Some(_) => {}
+    }
+    let query = SpanProfileQuery::for_span(&span);
+    let graph = match wait_for_profile(b, &query) {
+        Ok(g) => g,
+        Err(e) => return fail(2, TITLE, e, vec![ev]),
+    };
+    ev = evidence(op, Some(&span), Some(&graph), &[known_function]);
+    ev.notes.push(format!(
+        "query {} span {}",
+        query.label_selector, op.span_id
+    ));
+    if graph.is_empty() {
+        return fail(
+            2,
+            TITLE,
+            format!(
+                "the Grafana-style query returned no samples for span {}",
+                op.span_id
+            ),
+            vec![ev],
+        );
+    }
+    if graph.function_total(known_function) == 0 {
+        return fail(
+            2,
+            TITLE,
+            format!("the profile selected for the span lacks its function {known_function}"),
+            vec![ev],
+        );
+    }
+    for (key, label) in [
+        ("service.version", "service_version"),
+        ("service.name", "service_name"),
+    ] {
+        let mut other = span.clone();
+        let value = other.resource.get(key).cloned().unwrap_or_default();
+        other
+            .resource
+            .insert(key.to_string(), format!("{value}-other"));
+        let q = SpanProfileQuery::for_span(&other);
+        match b.pyroscope.select_merge_span_profile(&q) {
+            Ok(g) if g.is_empty() => ev
+                .notes
+                .push(format!("another {label}: nothing (as it must)")),
+            Ok(g) => {
+                return fail(
+                    2,
+                    TITLE,
+                    format!(
+                        "the query with another {label} still returned {:.0} ms for the span",
+                        ms(g.total)
+                    ),
+                    vec![ev],
+                )
+            }
+            Err(e) => return fail(2, TITLE, format!("SelectMergeSpanProfile: {e}"), vec![ev]),
+        }
+    }
+    CheckResult {
+        number: 2,
+        title: TITLE,
+        passed: true,
+        reason: format!(
+            "{PROFILE_ID_ATTRIBUTE} = span id; query selects {:.0} ms of this span only",
+            ms(graph.total)
+        ),
+        evidence: vec![ev],
+    }
+}
+
+/// (3) The CPU-heavy span's profile holds CPU close to its duration (≥ 50 %) and its known
+/// function; the I/O-bound span is slow but its CPU evidence is sparse (< 10 %).
+pub fn check_cpu_vs_io(
+    b: &Backends,
+    cpu_op: &RecordedOp,
+    io_op: &RecordedOp,
+    known_function: &str,
+) -> CheckResult {
+    const TITLE: &str = "CPU-heavy span vs I/O-bound span";
+    let mut evs = Vec::new();
+    let mut spans = Vec::new();
+    for op in [cpu_op, io_op] {
+        match wait_for_span(b, &op.trace_id, &op.span_id) {
+            Ok(s) => spans.push(s),
+            Err(e) => {
+                evs.push(evidence(op, None, None, &[]));
+                return fail(3, TITLE, format!("trace backend: {e}"), evs);
+            }
+        }
+    }
+    // The CPU-heavy span's profile first (its upload carries the I/O span's samples too).
+    let cpu_graph = match wait_for_profile(b, &SpanProfileQuery::for_span(&spans[0])) {
+        Ok(g) => g,
+        Err(e) => return fail(3, TITLE, e, evs),
+    };
+    let io_graph = match b
+        .pyroscope
+        .select_merge_span_profile(&SpanProfileQuery::for_span(&spans[1]))
+    {
+        Ok(g) => g,
+        Err(e) => return fail(3, TITLE, format!("SelectMergeSpanProfile: {e}"), evs),
+    };
+    let (cpu_wall, cpu_cpu) = (spans[0].wall_ms(), ms(cpu_graph.total));
+    let (io_wall, io_cpu) = (spans[1].wall_ms(), ms(io_graph.total));
+    let (cpu_verdict, cpu_reason) = classify(cpu_wall, cpu_cpu);
+    let (io_verdict, io_reason) = classify(io_wall, io_cpu);
+    let mut cpu_ev = evidence(cpu_op, Some(&spans[0]), Some(&cpu_graph), &[known_function]);
+    cpu_ev
+        .notes
+        .push(format!("{}: {cpu_reason}", spans[0].name));
+    let mut io_ev = evidence(io_op, Some(&spans[1]), Some(&io_graph), &[known_function]);
+    io_ev.notes.push(format!("{}: {io_reason}", spans[1].name));
+    let evs = vec![cpu_ev, io_ev];
+    let mut problems = Vec::new();
+    if cpu_verdict != Verdict::CpuBound {
+        problems.push(format!("CPU-heavy span: {cpu_reason}, expected CPU-bound"));
+    }
+    if cpu_graph.function_total(known_function) == 0 {
+        problems.push(format!("CPU-heavy span's profile lacks {known_function}"));
+    }
+    if io_verdict != Verdict::Waiting {
+        problems.push(format!(
+            "I/O-bound span: {io_reason}, expected waiting (< 10 % CPU)"
+        ));
+    }
+    if problems.is_empty() {
+        CheckResult {
+            number: 3,
+            title: TITLE,
+            passed: true,
+            reason: format!(
+                "CPU-heavy {cpu_cpu:.0}/{cpu_wall:.0} ms CPU-bound; I/O-bound {io_cpu:.0}/{io_wall:.0} ms waiting"
+            ),
+            evidence: evs,
+        }
+    } else {
+        fail(3, TITLE, problems.join("; "), evs)
+    }
+}
+
+/// (4) The seed's control: the same endpoint and response size in the older version shows
+/// the regression's function with far less CPU (≤ 1/3 of the newer version's).
+pub fn check_control(
+    b: &Backends,
+    old: &RecordedOp,
+    new: &RecordedOp,
+    function: &str,
+) -> CheckResult {
+    const TITLE: &str =
+        "control: the older version spends far less CPU in the regression's function";
+    let mut evs = Vec::new();
+    let mut found = Vec::new();
+    for op in [old, new] {
+        let span = match wait_for_span(b, &op.trace_id, &op.span_id) {
+            Ok(s) => s,
+            Err(e) => {
+                evs.push(evidence(op, None, None, &[]));
+                return fail(4, TITLE, format!("trace backend: {e}"), evs);
+            }
+        };
+        let graph = match wait_for_profile(b, &SpanProfileQuery::for_span(&span)) {
+            Ok(g) => g,
+            Err(e) => return fail(4, TITLE, e, evs),
+        };
+        let mut ev = evidence(op, Some(&span), Some(&graph), &[function]);
+        ev.notes.push(format!(
+            "{} {} {}: {function} {:.0} ms, response {} bytes",
+            span.resource
+                .get("service.version")
+                .map(String::as_str)
+                .unwrap_or("?"),
+            span.name,
+            span.span_id,
+            ms(graph.function_total(function)),
+            span.attributes
+                .get("report.bytes")
+                .map(String::as_str)
+                .unwrap_or("?"),
+        ));
+        evs.push(ev);
+        found.push((span, graph));
+    }
+    let (old_span, old_graph) = &found[0];
+    let (new_span, new_graph) = &found[1];
+    let version = |s: &TraceSpan| s.resource.get("service.version").cloned();
+    let mut problems = Vec::new();
+    if old_span.name != new_span.name {
+        problems.push(format!(
+            "different endpoints: {:?} vs {:?}",
+            old_span.name, new_span.name
+        ));
+    }
+    if version(old_span) == version(new_span) {
+        problems.push("both operations come from the same version".to_string());
+    }
+    let bytes = |s: &TraceSpan| s.attributes.get("report.bytes").cloned();
+    if bytes(old_span) != bytes(new_span) {
+        problems.push(format!(
+            "different response sizes: {:?} vs {:?}",
+            bytes(old_span),
+            bytes(new_span)
+        ));
+    }
+    let (old_fn, new_fn) = (
+        old_graph.function_total(function),
+        new_graph.function_total(function),
+    );
+    if new_fn == 0 {
+        problems.push(format!("the newer version's profile lacks {function}"));
+    } else if old_fn.saturating_mul(3) > new_fn {
+        problems.push(format!(
+            "{function}: {:.0} ms (older) vs {:.0} ms (newer): not far less",
+            ms(old_fn),
+            ms(new_fn)
+        ));
+    }
+    if problems.is_empty() {
+        CheckResult {
+            number: 4,
+            title: TITLE,
+            passed: true,
+            reason: format!(
+                "{function}: {:.0} ms in {} vs {:.0} ms in {}, same endpoint and response size",
+                ms(old_fn),
+                version(old_span).unwrap_or_default(),
+                ms(new_fn),
+                version(new_span).unwrap_or_default()
+            ),
+            evidence: evs,
+        }
+    } else {
+        fail(4, TITLE, problems.join("; "), evs)
+    }
+}
+
+/// The recorded operations the four checks need.
+#[derive(Clone, Debug)]
+pub struct Recordings {
+    /// CPU-heavy root span.
+    pub cpu: RecordedOp,
+    /// I/O-bound root span.
+    pub io: RecordedOp,
+    /// `GET /report`, older version.
+    pub report_old: RecordedOp,
+    /// `GET /report`, newer version.
+    pub report_new: RecordedOp,
+}
+
+/// Runs the four checks.
+pub fn run_all(b: &Backends, r: &Recordings) -> Vec<CheckResult> {
+    use crate::workload::{CPU_FUNCTION, SERIALIZE_FUNCTION};
+    vec![
+        check_recorded(b, &r.cpu, CPU_FUNCTION),
+        check_profile_link(b, &r.cpu, CPU_FUNCTION),
+        check_cpu_vs_io(b, &r.cpu, &r.io, CPU_FUNCTION),
+        check_control(b, &r.report_old, &r.report_new, SERIALIZE_FUNCTION),
+    ]
+}
+
+/// Records everything the checks need, each scenario in a child process of `exe`
+/// (`exe record ...`), one after the other (so they do not compete for CPU).
+pub fn record_all(exe: &std::path::Path, b: &Backends) -> Result<Recordings, String> {
+    use crate::recorder::{record_in_child, unique_service_name};
+    use crate::workload::{RecordSpec, Scenario, CPU_SPAN, IO_SPAN};
+    let service = unique_service_name("app");
+    let spec = |scenario, version: &str| RecordSpec {
+        otlp_endpoint: b.otlp_endpoint.clone(),
+        pyroscope_url: b.pyroscope_url.clone(),
+        service_name: service.clone(),
+        service_version: version.to_string(),
+        scenario,
+        profile_id: true,
+    };
+    let ops = record_in_child(exe, &spec(Scenario::CpuAndIo, "1.5.0"))?;
+    let by_name: BTreeMap<&str, &RecordedOp> = ops.iter().map(|o| (o.name.as_str(), o)).collect();
+    let cpu = (*by_name.get(CPU_SPAN).ok_or("no CPU-heavy span recorded")?).clone();
+    let io = (*by_name.get(IO_SPAN).ok_or("no I/O-bound span recorded")?).clone();
+    let report_old = record_in_child(exe, &spec(Scenario::ReportOld, "1.4.0"))?.remove(0);
+    let report_new = record_in_child(exe, &spec(Scenario::ReportNew, "1.5.0"))?.remove(0);
+    Ok(Recordings {
+        cpu,
+        io,
+        report_old,
+        report_new,
+    })
+}

@@ -1,0 +1,269 @@
+//! An in-process **stand-in for Tempo and Pyroscope, for tests — not a backend**.
+//!
+//! It speaks the same HTTP protocols as the real services, so the clients in
+//! [`crate::clients`] and the bridge's exporters cannot tell the difference for what the
+//! checklist needs:
+//!
+//! * OTLP/HTTP ingest: `POST /v1/traces` (protobuf `ExportTraceServiceRequest`);
+//! * Tempo's v1 trace API: `GET /api/traces/<trace id hex>` → OTLP JSON `{"batches": [...]}`
+//!   (ids base64-encoded, as Tempo's protobuf JSON marshalling writes them), 404 when unknown,
+//!   400 for a malformed id;
+//! * Pyroscope's push: `POST /push.v1.PusherService/Push` (Connect unary, protobuf, optionally
+//!   `Content-Encoding: gzip`), with Pyroscope's rules for the `span_id` / `trace_id` sample
+//!   labels;
+//! * Pyroscope's span profile query: `POST /querier.v1.QuerierService/SelectMergeSpanProfile`
+//!   (Connect JSON) answering Pyroscope's flame graph shape.
+//!
+//! Everything is kept in memory; nothing is compacted, downsampled or persisted. It binds
+//! `127.0.0.1:0` and stops when dropped.
+
+mod pyroscope;
+pub mod pyroscope_proto {
+    //! `push.v1` messages (own prost definitions, shared with the push client).
+    pub use super::pyroscope::{LabelPair, PushRequest, RawProfileSeries, RawSample};
+}
+mod selector;
+mod tempo;
+
+use std::net::SocketAddr;
+use std::sync::{Arc, Mutex};
+use std::thread::JoinHandle;
+
+use axum::body::Bytes;
+use axum::extract::{Path, State};
+use axum::http::{HeaderMap, StatusCode};
+use axum::response::{IntoResponse, Response};
+use axum::routing::{get, post};
+use axum::Router;
+
+pub use pyroscope::{connect_error, PyroscopeStore, StoredSample};
+pub use selector::{parse_selector, MatchOp, Matcher};
+pub use tempo::TempoStore;
+
+/// Shared state of the stand-in.
+#[derive(Default)]
+struct Stores {
+    tempo: Mutex<TempoStore>,
+    pyroscope: Mutex<PyroscopeStore>,
+}
+
+/// A running stand-in (Tempo + OTLP receiver + Pyroscope on one loopback port).
+pub struct StandIn {
+    addr: SocketAddr,
+    stores: Arc<Stores>,
+    shutdown: Option<tokio::sync::oneshot::Sender<()>>,
+    thread: Option<JoinHandle<()>>,
+}
+
+impl std::fmt::Debug for StandIn {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("StandIn").field("addr", &self.addr).finish()
+    }
+}
+
+impl StandIn {
+    /// Starts the stand-in on `127.0.0.1:0`.
+    pub fn start() -> std::io::Result<StandIn> {
+        let listener = std::net::TcpListener::bind("127.0.0.1:0")?;
+        listener.set_nonblocking(true)?;
+        let addr = listener.local_addr()?;
+        let stores = Arc::new(Stores::default());
+        let (tx, rx) = tokio::sync::oneshot::channel::<()>();
+        let runtime = tokio::runtime::Builder::new_multi_thread()
+            .worker_threads(1)
+            .thread_name("standin")
+            .enable_io()
+            .build()?;
+        let app = Router::new()
+            .route("/v1/traces", post(otlp_traces))
+            .route("/api/traces/{id}", get(tempo_trace))
+            .route("/push.v1.PusherService/Push", post(pyroscope_push))
+            .route(
+                "/querier.v1.QuerierService/SelectMergeSpanProfile",
+                post(pyroscope_select),
+            )
+            .route("/ready", get(|| async { "ready" }))
+            .with_state(stores.clone());
+        let thread = std::thread::Builder::new()
+            .name("standin-server".into())
+            .spawn(move || {
+                runtime.block_on(async move {
+                    let listener = match tokio::net::TcpListener::from_std(listener) {
+                        Ok(l) => l,
+                        Err(e) => {
+                            eprintln!("stand-in: {e}");
+                            return;
+                        }
+                    };
+                    let _ = axum::serve(listener, app)
+                        .with_graceful_shutdown(async {
+                            let _ = rx.await;
+                        })
+                        .await;
+                });
+            })?;
+        Ok(StandIn {
+            addr,
+            stores,
+            shutdown: Some(tx),
+            thread: Some(thread),
+        })
+    }
+
+    /// `http://127.0.0.1:<port>`: the Tempo API, the OTLP/HTTP endpoint and Pyroscope.
+    pub fn url(&self) -> String {
+        format!("http://{}", self.addr)
+    }
+
+    /// Number of spans received over OTLP.
+    pub fn span_count(&self) -> usize {
+        self.stores
+            .tempo
+            .lock()
+            .map(|t| t.span_count())
+            .unwrap_or(0)
+    }
+
+    /// Number of profile samples accepted by the push endpoint.
+    pub fn sample_count(&self) -> usize {
+        self.stores
+            .pyroscope
+            .lock()
+            .map(|p| p.samples().len())
+            .unwrap_or(0)
+    }
+
+    /// Stored profile samples (copies), for assertions on the stored shape.
+    pub fn samples(&self) -> Vec<StoredSample> {
+        self.stores
+            .pyroscope
+            .lock()
+            .map(|p| p.samples().to_vec())
+            .unwrap_or_default()
+    }
+}
+
+impl Drop for StandIn {
+    fn drop(&mut self) {
+        if let Some(tx) = self.shutdown.take() {
+            let _ = tx.send(());
+        }
+        if let Some(t) = self.thread.take() {
+            let _ = t.join();
+        }
+    }
+}
+
+/// Decompresses the body per `Content-Encoding` (identity or gzip).
+fn body_bytes(headers: &HeaderMap, body: &Bytes) -> Result<Vec<u8>, String> {
+    let encoding = headers
+        .get("content-encoding")
+        .and_then(|v| v.to_str().ok())
+        .unwrap_or("identity")
+        .trim()
+        .to_ascii_lowercase();
+    match encoding.as_str() {
+        "" | "identity" => Ok(body.to_vec()),
+        "gzip" => {
+            use std::io::Read;
+            let mut out = Vec::new();
+            flate2::read::MultiGzDecoder::new(&body[..])
+                .read_to_end(&mut out)
+                .map_err(|e| format!("bad gzip body: {e}"))?;
+            Ok(out)
+        }
+        other => Err(format!("unsupported content-encoding {other:?}")),
+    }
+}
+
+async fn otlp_traces(
+    State(stores): State<Arc<Stores>>,
+    headers: HeaderMap,
+    body: Bytes,
+) -> Response {
+    let raw = match body_bytes(&headers, &body) {
+        Ok(raw) => raw,
+        Err(e) => return (StatusCode::BAD_REQUEST, e).into_response(),
+    };
+    let mut tempo = match stores.tempo.lock() {
+        Ok(t) => t,
+        Err(_) => return StatusCode::INTERNAL_SERVER_ERROR.into_response(),
+    };
+    match tempo.ingest_protobuf(&raw) {
+        // An empty ExportTraceServiceResponse (no partial success).
+        Ok(()) => (
+            StatusCode::OK,
+            [("content-type", "application/x-protobuf")],
+            Vec::<u8>::new(),
+        )
+            .into_response(),
+        Err(e) => (StatusCode::BAD_REQUEST, e).into_response(),
+    }
+}
+
+async fn tempo_trace(State(stores): State<Arc<Stores>>, Path(id): Path<String>) -> Response {
+    let tempo = match stores.tempo.lock() {
+        Ok(t) => t,
+        Err(_) => return StatusCode::INTERNAL_SERVER_ERROR.into_response(),
+    };
+    match tempo.trace_json(&id) {
+        Ok(Some(json)) => (
+            StatusCode::OK,
+            [("content-type", "application/json")],
+            json.to_string(),
+        )
+            .into_response(),
+        Ok(None) => (StatusCode::NOT_FOUND, "trace not found").into_response(),
+        Err(e) => (StatusCode::BAD_REQUEST, e).into_response(),
+    }
+}
+
+async fn pyroscope_push(
+    State(stores): State<Arc<Stores>>,
+    headers: HeaderMap,
+    body: Bytes,
+) -> Response {
+    let raw = match body_bytes(&headers, &body) {
+        Ok(raw) => raw,
+        Err(e) => return connect_error(StatusCode::BAD_REQUEST, "invalid_argument", &e),
+    };
+    let mut store = match stores.pyroscope.lock() {
+        Ok(s) => s,
+        Err(_) => return connect_error(StatusCode::INTERNAL_SERVER_ERROR, "internal", "poisoned"),
+    };
+    match store.push_protobuf(&raw) {
+        Ok(()) => (
+            StatusCode::OK,
+            [("content-type", "application/proto")],
+            Vec::<u8>::new(),
+        )
+            .into_response(),
+        Err(message) => connect_error(StatusCode::BAD_REQUEST, "invalid_argument", &message),
+    }
+}
+
+async fn pyroscope_select(State(stores): State<Arc<Stores>>, body: Bytes) -> Response {
+    let request: serde_json::Value = match serde_json::from_slice(&body) {
+        Ok(v) => v,
+        Err(e) => {
+            return connect_error(
+                StatusCode::BAD_REQUEST,
+                "invalid_argument",
+                &format!("bad JSON request: {e}"),
+            )
+        }
+    };
+    let store = match stores.pyroscope.lock() {
+        Ok(s) => s,
+        Err(_) => return connect_error(StatusCode::INTERNAL_SERVER_ERROR, "internal", "poisoned"),
+    };
+    match store.select_merge_span_profile(&request) {
+        Ok(json) => (
+            StatusCode::OK,
+            [("content-type", "application/json")],
+            json.to_string(),
+        )
+            .into_response(),
+        Err(message) => connect_error(StatusCode::BAD_REQUEST, "invalid_argument", &message),
+    }
+}

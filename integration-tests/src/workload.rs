@@ -1,0 +1,207 @@
+//! The recorded operations: a known CPU-heavy span, an I/O-bound span, and a report
+//! endpoint in two versions. Run in a process of its own (the profiler is process-global),
+//! normally through `checklist record ...` (see [`crate::recorder`]).
+
+use std::hint::black_box;
+use std::time::{Duration, Instant};
+
+use opentelemetry::trace::TraceContextExt as _;
+use otel_profiling::config::OtlpProtocol;
+use otel_profiling::{ProfileIdScope, Telemetry};
+use serde_json::json;
+use tracing_opentelemetry::OpenTelemetrySpanExt as _;
+
+/// The known function of the CPU-heavy operation (a substring of its symbol).
+pub const CPU_FUNCTION: &str = "checklist_cpu_work";
+/// The regression's function in the control scenario.
+pub const SERIALIZE_FUNCTION: &str = "repeat_serialize";
+/// Name of the CPU-heavy root span.
+pub const CPU_SPAN: &str = "checklist cpu-heavy";
+/// Name of the I/O-bound root span.
+pub const IO_SPAN: &str = "checklist io-bound";
+/// Name of the control scenario's root span.
+pub const REPORT_SPAN: &str = "GET /report";
+/// How long the CPU-heavy and I/O-bound spans last.
+pub const SPAN_DURATION: Duration = Duration::from_millis(400);
+/// How many times the older report version serializes; the newer one does 8× more.
+pub const SERIALIZE_PASSES_OLD: u32 = 1;
+/// See [`SERIALIZE_PASSES_OLD`].
+pub const SERIALIZE_PASSES_NEW: u32 = 8;
+
+/// What to record.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Scenario {
+    /// A CPU-heavy span, then an I/O-bound (sleeping) span.
+    CpuAndIo,
+    /// Broken on purpose: the "I/O-bound" span burns CPU instead of waiting.
+    CpuAndBusyIo,
+    /// `GET /report`, older version (one serialization pass).
+    ReportOld,
+    /// `GET /report`, newer version (eight serialization passes, same response size).
+    ReportNew,
+}
+
+impl Scenario {
+    /// Command-line name.
+    pub fn name(self) -> &'static str {
+        match self {
+            Scenario::CpuAndIo => "cpu-and-io",
+            Scenario::CpuAndBusyIo => "cpu-and-busy-io",
+            Scenario::ReportOld => "report-old",
+            Scenario::ReportNew => "report-new",
+        }
+    }
+
+    /// Parses [`Scenario::name`].
+    pub fn parse(s: &str) -> Option<Scenario> {
+        [
+            Scenario::CpuAndIo,
+            Scenario::CpuAndBusyIo,
+            Scenario::ReportOld,
+            Scenario::ReportNew,
+        ]
+        .into_iter()
+        .find(|x| x.name() == s)
+    }
+}
+
+/// Everything a recording needs.
+#[derive(Clone, Debug)]
+pub struct RecordSpec {
+    /// OTLP/HTTP base endpoint (e.g. `http://localhost:4318`).
+    pub otlp_endpoint: String,
+    /// Pyroscope server.
+    pub pyroscope_url: String,
+    /// `service.name`.
+    pub service_name: String,
+    /// `service.version`.
+    pub service_version: String,
+    /// What to run.
+    pub scenario: Scenario,
+    /// Whether local roots get `pyroscope.profile.id` (false = `ProfileIdScope::None`).
+    pub profile_id: bool,
+}
+
+/// Busy CPU work until `budget` of wall time has passed.
+#[inline(never)]
+pub fn checklist_cpu_work(budget: Duration) -> u64 {
+    let start = Instant::now();
+    let mut x: u64 = 0x9e37_79b9_7f4a_7c15;
+    while start.elapsed() < budget {
+        for i in 0..10_000u64 {
+            x = black_box(x.rotate_left(7) ^ i.wrapping_mul(0x2545_f491_4f6c_dd1d));
+        }
+    }
+    x
+}
+
+/// Serializes the report rows once (the regression's function).
+#[inline(never)]
+pub fn repeat_serialize(rows: &[(u64, f64, &str)]) -> String {
+    use std::fmt::Write as _;
+    let mut out = String::with_capacity(rows.len() * 48);
+    for (id, amount, name) in rows {
+        let _ = write!(
+            out,
+            "{{\"id\":{id},\"amount\":{amount:.3},\"name\":\"{name}\"}},"
+        );
+    }
+    black_box(out)
+}
+
+/// Renders the report: `passes` serializations, the last one is the response.
+#[inline(never)]
+pub fn render_report(passes: u32) -> String {
+    let rows: Vec<(u64, f64, &str)> = (0..60_000u64)
+        .map(|i| (i, i as f64 * 1.25, "checklist row"))
+        .collect();
+    let mut body = String::new();
+    for _ in 0..passes.max(1) {
+        body = repeat_serialize(&rows);
+    }
+    body
+}
+
+fn ids() -> (String, String) {
+    let cx = tracing::Span::current().context();
+    let span = cx.span();
+    let sc = span.span_context();
+    (sc.trace_id().to_string(), sc.span_id().to_string())
+}
+
+/// Records the scenario in this process and returns one JSON line per root span
+/// (`name`, `trace_id`, `span_id`, `wall_ms`). Call once per process.
+pub fn record(spec: &RecordSpec) -> Result<Vec<serde_json::Value>, String> {
+    let telemetry = Telemetry::builder()
+        .service_name(spec.service_name.clone())
+        .resource_attribute("service.version", spec.service_version.clone())
+        .resource_attribute("deployment.environment", "checklist")
+        .resource_attribute(
+            "service.instance.id",
+            format!("{}-{}", spec.service_name, std::process::id()),
+        )
+        .profile_id_scope(if spec.profile_id {
+            ProfileIdScope::LocalRoots
+        } else {
+            ProfileIdScope::None
+        })
+        .upload_interval(Duration::from_secs(5))
+        .otlp(&spec.otlp_endpoint, OtlpProtocol::HttpProtobuf)
+        .map_err(|e| e.to_string())?
+        .pyroscope(&spec.pyroscope_url, None, None)
+        .map_err(|e| e.to_string())?
+        .init()
+        .map_err(|e| e.to_string())?;
+    let mut out = Vec::new();
+    let mut run = |name: &'static str, work: &dyn Fn() -> Option<usize>| {
+        let span = tracing::info_span!(
+            "root",
+            otel.name = name,
+            report.bytes = tracing::field::Empty
+        );
+        let started = Instant::now();
+        let (trace_id, span_id, bytes) = span.in_scope(|| {
+            let (t, s) = ids();
+            let bytes = work();
+            if let Some(b) = bytes {
+                tracing::Span::current().record("report.bytes", b as u64);
+            }
+            (t, s, bytes)
+        });
+        let wall_ms = started.elapsed().as_secs_f64() * 1e3;
+        drop(span);
+        out.push(json!({
+            "name": name, "trace_id": trace_id, "span_id": span_id,
+            "wall_ms": wall_ms, "response_bytes": bytes,
+        }));
+    };
+    match spec.scenario {
+        Scenario::CpuAndIo | Scenario::CpuAndBusyIo => {
+            run(CPU_SPAN, &|| {
+                black_box(checklist_cpu_work(SPAN_DURATION));
+                None
+            });
+            let busy = spec.scenario == Scenario::CpuAndBusyIo;
+            run(IO_SPAN, &|| {
+                if busy {
+                    black_box(checklist_cpu_work(SPAN_DURATION));
+                } else {
+                    std::thread::sleep(SPAN_DURATION);
+                }
+                None
+            });
+        }
+        Scenario::ReportOld => run(REPORT_SPAN, &|| {
+            Some(render_report(SERIALIZE_PASSES_OLD).len())
+        }),
+        Scenario::ReportNew => run(REPORT_SPAN, &|| {
+            Some(render_report(SERIALIZE_PASSES_NEW).len())
+        }),
+    }
+    let stats = telemetry.stats();
+    drop(telemetry);
+    if let Some(p) = stats.pyroscope {
+        eprintln!("checklist record: pyroscope {p:?}");
+    }
+    Ok(out)
+}

@@ -1,0 +1,496 @@
+//! The verification checklist, run against the in-process stand-in (a stand-in for tests,
+//! not a backend) or, with `TEMPO_URL`, `PYROSCOPE_URL` and `OTEL_EXPORTER_OTLP_ENDPOINT`
+//! set, against a real stack. Each check also has a test proving it fails when what it
+//! checks is broken.
+//!
+//! Recordings run in child processes (`checklist record ...`: the profiler is
+//! process-global), one at a time so that they do not compete for the CPU.
+
+use std::sync::{Arc, Mutex, MutexGuard, OnceLock};
+use std::time::{Duration, SystemTime};
+
+use opentelemetry_proto::tonic::collector::trace::v1::ExportTraceServiceRequest;
+use opentelemetry_proto::tonic::common::v1::{any_value, AnyValue, KeyValue};
+use opentelemetry_proto::tonic::resource::v1::Resource;
+use opentelemetry_proto::tonic::trace::v1::{ResourceSpans, ScopeSpans, Span};
+use otel_profiling::export::pyroscope::{PROFILE_NAME, PROFILE_TYPE_ID};
+use otel_profiling::pprof::{self, FrameLine, ProfileBuilder, SampleLabels, SymbolizedFrame};
+use otel_profiling::PROFILE_ID_ATTRIBUTE;
+use otel_profiling_integration_tests::checklist::{
+    check_control, check_cpu_vs_io, check_profile_link, check_recorded, classify, record_all,
+    Backends, Recordings, Verdict,
+};
+use otel_profiling_integration_tests::clients::{to_hex, OtlpClient, SpanProfileQuery, TraceSpan};
+use otel_profiling_integration_tests::recorder::{
+    record_in_child, unique_service_name, RecordedOp,
+};
+use otel_profiling_integration_tests::standin::StandIn;
+use otel_profiling_integration_tests::workload::{
+    RecordSpec, Scenario, CPU_FUNCTION, CPU_SPAN, IO_SPAN, SERIALIZE_FUNCTION,
+};
+
+const CHECKLIST_EXE: &str = env!("CARGO_BIN_EXE_checklist");
+
+struct Fixture {
+    standin: Option<Arc<StandIn>>,
+    backends: Backends,
+    recordings: Result<Recordings, String>,
+}
+
+/// Serializes child recordings (CPU ratios must not suffer from competing children).
+fn children() -> MutexGuard<'static, ()> {
+    static LOCK: Mutex<()> = Mutex::new(());
+    LOCK.lock().unwrap_or_else(|e| e.into_inner())
+}
+
+/// The backends (the stand-in unless the environment names a stack) and the recordings
+/// of the four checks, made once per test process.
+fn fixture() -> &'static Fixture {
+    static FIXTURE: OnceLock<Fixture> = OnceLock::new();
+    FIXTURE.get_or_init(|| {
+        let (standin, backends) = match Backends::from_env() {
+            Some(b) => (None, b),
+            None => {
+                let s = Arc::new(StandIn::start().expect("stand-in starts on 127.0.0.1:0"));
+                let url = s.url();
+                (
+                    Some(s),
+                    Backends::new(&url, &url, &url, Duration::from_secs(2)),
+                )
+            }
+        };
+        let recordings = {
+            let _lock = children();
+            record_all(CHECKLIST_EXE.as_ref(), &backends)
+        };
+        Fixture {
+            standin,
+            backends,
+            recordings,
+        }
+    })
+}
+
+fn recordings() -> &'static Recordings {
+    match &fixture().recordings {
+        Ok(r) => r,
+        Err(e) => panic!("recording the operations failed: {e}"),
+    }
+}
+
+fn record(scenario: Scenario, profile_id: bool) -> Vec<RecordedOp> {
+    let b = &fixture().backends;
+    let spec = RecordSpec {
+        otlp_endpoint: b.otlp_endpoint.clone(),
+        pyroscope_url: b.pyroscope_url.clone(),
+        service_name: unique_service_name(scenario.name()),
+        service_version: "2.0.0".into(),
+        scenario,
+        profile_id,
+    };
+    let _lock = children();
+    record_in_child(CHECKLIST_EXE.as_ref(), &spec).expect("recording")
+}
+
+fn find<'a>(ops: &'a [RecordedOp], name: &str) -> &'a RecordedOp {
+    ops.iter().find(|o| o.name == name).expect("span recorded")
+}
+
+// ---- The checklist, green ----
+
+#[test]
+fn check1_trace_and_profile_are_available() {
+    let r = check_recorded(&fixture().backends, &recordings().cpu, CPU_FUNCTION);
+    println!("{r}");
+    assert!(r.passed, "{r}");
+    let e = &r.evidence[0];
+    assert_eq!(e.trace_id.len(), 32);
+    assert_eq!(e.span_id.len(), 16);
+    assert!(e.cpu_ms.unwrap() > 0.0 && e.wall_ms.unwrap() > 0.0);
+    assert!(
+        e.top_function.as_deref().unwrap().contains(CPU_FUNCTION),
+        "{r}"
+    );
+}
+
+#[test]
+fn check2_profile_id_and_grafana_query_select_this_operation_only() {
+    let r = check_profile_link(&fixture().backends, &recordings().cpu, CPU_FUNCTION);
+    println!("{r}");
+    assert!(r.passed, "{r}");
+    assert!(r.evidence[0]
+        .notes
+        .iter()
+        .any(|n| n.contains("another service_version")));
+    assert!(r.evidence[0]
+        .notes
+        .iter()
+        .any(|n| n.contains("another service_name")));
+}
+
+#[test]
+fn check3_cpu_heavy_span_vs_io_bound_span() {
+    let rec = recordings();
+    let r = check_cpu_vs_io(&fixture().backends, &rec.cpu, &rec.io, CPU_FUNCTION);
+    println!("{r}");
+    assert!(r.passed, "{r}");
+    let (cpu, io) = (&r.evidence[0], &r.evidence[1]);
+    assert!(cpu.cpu_ms.unwrap() >= 0.5 * cpu.wall_ms.unwrap());
+    assert!(io.wall_ms.unwrap() >= 100.0);
+    assert!(io.cpu_ms.unwrap() < 0.1 * io.wall_ms.unwrap());
+    assert!(io.notes[0].contains("waiting"), "{r}");
+}
+
+#[test]
+fn check4_control_older_version_spends_far_less_in_the_regression() {
+    let rec = recordings();
+    let r = check_control(
+        &fixture().backends,
+        &rec.report_old,
+        &rec.report_new,
+        SERIALIZE_FUNCTION,
+    );
+    println!("{r}");
+    assert!(r.passed, "{r}");
+    assert_eq!(rec.report_old.response_bytes, rec.report_new.response_bytes);
+}
+
+#[test]
+fn an_empty_profile_for_a_slow_span_is_waiting_never_fast() {
+    assert_eq!(classify(800.0, 0.0).0, Verdict::Waiting);
+    assert!(classify(800.0, 0.0).1.contains("not fast"));
+    assert_eq!(classify(800.0, 40.0).0, Verdict::Waiting);
+    assert_eq!(classify(800.0, 200.0).0, Verdict::Mixed);
+    assert_eq!(classify(800.0, 500.0).0, Verdict::CpuBound);
+    assert_eq!(classify(5.0, 0.0).0, Verdict::TooShort);
+}
+
+// ---- Each check fails when what it checks is broken ----
+
+#[test]
+fn check2_fails_without_the_profile_id_attribute() {
+    let ops = record(Scenario::CpuAndIo, false);
+    let r = check_profile_link(&fixture().backends, find(&ops, CPU_SPAN), CPU_FUNCTION);
+    println!("{r}");
+    assert!(!r.passed, "{r}");
+    assert!(r.reason.contains(PROFILE_ID_ATTRIBUTE), "{r}");
+}
+
+#[test]
+fn check3_fails_when_the_io_span_burns_cpu() {
+    let ops = record(Scenario::CpuAndBusyIo, true);
+    let b = &fixture().backends;
+    let r = check_cpu_vs_io(b, find(&ops, CPU_SPAN), find(&ops, IO_SPAN), CPU_FUNCTION);
+    println!("{r}");
+    assert!(!r.passed, "{r}");
+    assert!(r.reason.contains("I/O-bound span"), "{r}");
+}
+
+#[test]
+fn check4_fails_when_both_versions_serialize_alike() {
+    let rec = recordings();
+    let r = check_control(
+        &fixture().backends,
+        &rec.report_new,
+        &rec.report_new,
+        SERIALIZE_FUNCTION,
+    );
+    assert!(!r.passed, "{r}");
+    // The older version against the newer one, reversed: the "older" one costs more.
+    let r = check_control(
+        &fixture().backends,
+        &rec.report_new,
+        &rec.report_old,
+        SERIALIZE_FUNCTION,
+    );
+    assert!(!r.passed, "{r}");
+    assert!(r.reason.contains("not far less"), "{r}");
+}
+
+fn random_bytes<const N: usize>(salt: u64) -> [u8; N] {
+    let nanos = SystemTime::now()
+        .duration_since(SystemTime::UNIX_EPOCH)
+        .unwrap()
+        .as_nanos() as u64;
+    let mut x = nanos ^ salt.wrapping_mul(0x9e37_79b9_7f4a_7c15) ^ u64::from(std::process::id());
+    let mut out = [0u8; N];
+    for b in &mut out {
+        x ^= x << 13;
+        x ^= x >> 7;
+        x ^= x << 17;
+        *b = (x >> 24) as u8;
+    }
+    out[0] |= 1;
+    out
+}
+
+fn string_attr(key: &str, value: &str) -> KeyValue {
+    KeyValue {
+        key: key.into(),
+        value: Some(AnyValue {
+            value: Some(any_value::Value::StringValue(value.into())),
+        }),
+        ..Default::default()
+    }
+}
+
+fn unix_nanos(t: SystemTime) -> u64 {
+    t.duration_since(SystemTime::UNIX_EPOCH).unwrap().as_nanos() as u64
+}
+
+/// A CPU profile by hand: `count` samples of `main → checklist_cpu_work` labelled with
+/// `span_id`/`trace_id`.
+fn hand_profile(span_id: u64, trace_id: u128, count: u64) -> otel_profiling::pprof::proto::Profile {
+    let frame = |address, name: &str| SymbolizedFrame {
+        address,
+        lines: vec![FrameLine {
+            function: name.into(),
+            file: None,
+            line: None,
+        }],
+    };
+    let stack = [frame(0x2000, "checklist_cpu_work"), frame(0x1000, "main")];
+    let mut builder = ProfileBuilder::new(
+        10_000_000,
+        SystemTime::now() - Duration::from_millis(500),
+        Duration::from_secs(1),
+    );
+    builder.add_sample(
+        &stack,
+        &SampleLabels {
+            span_id: Some(span_id),
+            trace_id: Some(trace_id),
+            span_name: Some("checklist handmade".into()),
+        },
+        count,
+    );
+    builder.build()
+}
+
+/// Sends a root span with `pyroscope.profile.id` by OTLP and pushes a profile whose samples
+/// carry `label_span` as their span id; returns the recorded operation.
+fn handmade_operation(label_other_span: bool) -> (RecordedOp, u64) {
+    let b = &fixture().backends;
+    let service = unique_service_name(if label_other_span {
+        "mislabel"
+    } else {
+        "handmade"
+    });
+    let trace_id = random_bytes::<16>(1);
+    let span_id = random_bytes::<8>(2);
+    let other_span = random_bytes::<8>(3);
+    let end = SystemTime::now();
+    let start = end - Duration::from_millis(300);
+    let request = ExportTraceServiceRequest {
+        resource_spans: vec![ResourceSpans {
+            resource: Some(Resource {
+                attributes: vec![
+                    string_attr("service.name", &service),
+                    string_attr("service.version", "3.0.0"),
+                ],
+                ..Default::default()
+            }),
+            scope_spans: vec![ScopeSpans {
+                spans: vec![Span {
+                    trace_id: trace_id.to_vec(),
+                    span_id: span_id.to_vec(),
+                    name: "checklist handmade".into(),
+                    kind: 2,
+                    start_time_unix_nano: unix_nanos(start),
+                    end_time_unix_nano: unix_nanos(end),
+                    attributes: vec![string_attr(PROFILE_ID_ATTRIBUTE, &to_hex(&span_id))],
+                    ..Default::default()
+                }],
+                ..Default::default()
+            }],
+            ..Default::default()
+        }],
+    };
+    OtlpClient::new(&b.otlp_endpoint)
+        .export(&request)
+        .expect("OTLP export");
+    let labelled = if label_other_span {
+        other_span
+    } else {
+        span_id
+    };
+    let profile = hand_profile(
+        u64::from_be_bytes(labelled),
+        u128::from_be_bytes(trace_id),
+        25,
+    );
+    b.pyroscope
+        .push(
+            &[
+                ("__name__", PROFILE_NAME),
+                ("service_name", &service),
+                ("service_version", "3.0.0"),
+            ],
+            &pprof::encode_gzip(&profile).unwrap(),
+        )
+        .expect("push accepted");
+    let op = RecordedOp {
+        name: "checklist handmade".into(),
+        trace_id: to_hex(&trace_id),
+        span_id: to_hex(&span_id),
+        wall_ms: 300.0,
+        response_bytes: None,
+        service_name: service,
+        service_version: "3.0.0".into(),
+    };
+    (op, u64::from_be_bytes(other_span))
+}
+
+#[test]
+fn span_query_check_passes_for_correctly_labelled_handmade_samples() {
+    let (op, _) = handmade_operation(false);
+    let r = check_profile_link(&fixture().backends, &op, CPU_FUNCTION);
+    println!("{r}");
+    assert!(r.passed, "{r}");
+}
+
+#[test]
+fn span_query_check_fails_when_samples_carry_another_span_id() {
+    let (op, other) = handmade_operation(true);
+    let b = &fixture().backends;
+    let r = check_profile_link(b, &op, CPU_FUNCTION);
+    println!("{r}");
+    assert!(!r.passed, "{r}");
+    assert!(r.reason.contains("no samples for span"), "{r}");
+    assert!(!check_recorded(b, &op, CPU_FUNCTION).passed);
+    // The samples are there, under the other span's id.
+    let span = b.tempo.get_trace(&op.trace_id).unwrap().unwrap().remove(0);
+    let mut query = SpanProfileQuery::for_span(&span);
+    query.span_selector = vec![format!("{other:016x}")];
+    assert!(!b
+        .pyroscope
+        .select_merge_span_profile(&query)
+        .unwrap()
+        .is_empty());
+}
+
+// ---- Pyroscope's and Tempo's rules ----
+
+#[test]
+fn a_15_hex_span_id_is_rejected_like_pyroscope_does() {
+    let b = &fixture().backends;
+    let before = fixture().standin.as_ref().map(|s| s.sample_count());
+    let mut profile = hand_profile(0x0123_4567_89ab_cdef, 7, 3);
+    let label = profile
+        .string_table
+        .iter_mut()
+        .find(|s| s.as_str() == "0123456789abcdef")
+        .expect("span id label");
+    *label = "123456789abcdef".into(); // 15 hex
+    let service = unique_service_name("badspan");
+    let err = b
+        .pyroscope
+        .push(
+            &[("__name__", PROFILE_NAME), ("service_name", &service)],
+            &pprof::encode_gzip(&profile).unwrap(),
+        )
+        .expect_err("a 15-hex span id must be rejected");
+    assert_eq!(err.status, 400, "{err:?}");
+    assert_eq!(err.code, "invalid_argument", "{err:?}");
+    assert!(err.message.contains("invalid span id length"), "{err:?}");
+    if let (Some(s), Some(before)) = (&fixture().standin, before) {
+        assert_eq!(
+            s.sample_count(),
+            before,
+            "nothing of a rejected push is stored"
+        );
+    }
+}
+
+#[test]
+fn span_and_trace_ids_stay_out_of_series_labels() {
+    let Some(standin) = &fixture().standin else {
+        return; // a real stack's storage is not inspectable this way
+    };
+    let _ = recordings();
+    let samples = standin.samples();
+    assert!(!samples.is_empty());
+    for s in &samples {
+        assert!(!s.labels.contains_key("span_id") && !s.labels.contains_key("trace_id"));
+        assert_eq!(s.profile_type, PROFILE_TYPE_ID);
+    }
+    assert!(samples
+        .iter()
+        .any(|s| s.span_id.is_some() && s.trace_id.is_some()));
+    assert!(samples
+        .iter()
+        .any(|s| s.labels.get("span_name").map(String::as_str) == Some(CPU_SPAN)));
+}
+
+#[test]
+fn tempo_api_answers_404_for_unknown_and_400_for_malformed_ids() {
+    let b = &fixture().backends;
+    assert_eq!(b.tempo.get_trace(&"ab".repeat(16)).unwrap(), None);
+    let err = b.tempo.get_trace("not-a-trace-id").unwrap_err();
+    assert!(err.to_string().contains("400"), "{err}");
+}
+
+#[test]
+fn time_range_and_profile_type_filter_the_span_query() {
+    let b = &fixture().backends;
+    let (op, _) = handmade_operation(false);
+    let span: TraceSpan = b.tempo.get_trace(&op.trace_id).unwrap().unwrap().remove(0);
+    let q = SpanProfileQuery::for_span(&span);
+    assert!(!b
+        .pyroscope
+        .select_merge_span_profile(&q)
+        .unwrap()
+        .is_empty());
+    let mut later = q.clone();
+    later.start_ms = q.end_ms + 3_600_000;
+    later.end_ms = later.start_ms + 120_000;
+    assert!(b
+        .pyroscope
+        .select_merge_span_profile(&later)
+        .unwrap()
+        .is_empty());
+    let mut other_type = q.clone();
+    other_type.profile_type_id = "memory:alloc_space:bytes:space:bytes".into();
+    assert!(b
+        .pyroscope
+        .select_merge_span_profile(&other_type)
+        .unwrap()
+        .is_empty());
+}
+
+#[test]
+fn flame_graph_uses_pyroscope_shape_with_int64_strings() {
+    let b = &fixture().backends;
+    let (op, _) = handmade_operation(false);
+    let span = b.tempo.get_trace(&op.trace_id).unwrap().unwrap().remove(0);
+    let q = SpanProfileQuery::for_span(&span);
+    let raw = reqwest::blocking::Client::new()
+        .post(format!(
+            "{}/querier.v1.QuerierService/SelectMergeSpanProfile",
+            b.pyroscope_url
+        ))
+        .header("Content-Type", "application/json")
+        .body(
+            serde_json::json!({
+                "profileTypeID": q.profile_type_id, "labelSelector": q.label_selector,
+                "spanSelector": q.span_selector, "start": q.start_ms, "end": q.end_ms,
+            })
+            .to_string(),
+        )
+        .send()
+        .unwrap()
+        .text()
+        .unwrap();
+    let raw: serde_json::Value = serde_json::from_str(&raw).unwrap();
+    let fg = &raw["flamegraph"];
+    assert_eq!(fg["names"][0], "total");
+    assert_eq!(fg["total"], "250000000"); // 25 samples × 10 ms, as a JSON string
+    assert!(fg["maxSelf"].is_string());
+    let levels = fg["levels"].as_array().unwrap();
+    assert_eq!(levels.len(), 3); // total → main → checklist_cpu_work
+    assert_eq!(levels[2]["values"].as_array().unwrap().len(), 4);
+    assert!(levels[2]["values"][0].is_string());
+    let graph = b.pyroscope.select_merge_span_profile(&q).unwrap();
+    assert_eq!(graph.function_total("checklist_cpu_work"), 250_000_000);
+    assert_eq!(graph.top_function().unwrap().0, "checklist_cpu_work");
+}
