@@ -3,6 +3,8 @@
 //! with its `span_id`, the span carries `pyroscope.profile.id` and its CPU evidence, and an
 //! independent reader (`go tool pprof`) agrees.
 
+mod common;
+
 use std::collections::HashSet;
 use std::path::{Path, PathBuf};
 use std::time::Duration;
@@ -20,7 +22,7 @@ use tracing_subscriber::layer::SubscriberExt;
 /// Stays in its own loop (no calls even in debug builds) so samples land in it.
 #[inline(never)]
 fn render_report_rows(cpu: Duration) -> u64 {
-    let start = thread_cpu();
+    let start = common::thread_cpu_time();
     let mut x = 0x2545_f491_4f6c_dd1d_u64;
     loop {
         let mut i = 0u32;
@@ -30,20 +32,10 @@ fn render_report_rows(cpu: Duration) -> u64 {
             x ^= x << 17;
             i += 1;
         }
-        if thread_cpu() - start >= cpu {
+        if common::thread_cpu_time() - start >= cpu {
             return x;
         }
     }
-}
-
-fn thread_cpu() -> Duration {
-    let mut ts = libc::timespec {
-        tv_sec: 0,
-        tv_nsec: 0,
-    };
-    // SAFETY: plain FFI with an out-parameter.
-    unsafe { libc::clock_gettime(libc::CLOCK_THREAD_CPUTIME_ID, &mut ts) };
-    Duration::new(ts.tv_sec as u64, ts.tv_nsec as u32)
 }
 
 fn files(dir: &Path, suffix: &str) -> Vec<PathBuf> {

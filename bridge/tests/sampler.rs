@@ -2,8 +2,10 @@
 //! configuration errors, single ownership, and a stress run with thread churn. The sampler
 //! is process-wide, so these tests take turns.
 
+mod common;
+
 use std::collections::HashMap;
-use std::sync::{Arc, Mutex, MutexGuard};
+use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
 use opentelemetry::trace::TraceContextExt;
@@ -19,14 +21,8 @@ use tracing::Instrument;
 use tracing_opentelemetry::OpenTelemetrySpanExt;
 use tracing_subscriber::layer::SubscriberExt;
 
-static TURN: Mutex<()> = Mutex::new(());
-
 /// A drained sample: its span label and its frames.
 type Sample = (Option<LocalRoot>, Vec<u64>);
-
-fn turn() -> MutexGuard<'static, ()> {
-    TURN.lock().unwrap_or_else(|p| p.into_inner())
-}
 
 macro_rules! cpu_work_functions {
     ($($name:ident = $k:literal),*) => {
@@ -35,7 +31,7 @@ macro_rules! cpu_work_functions {
             /// builds), so the interrupted instruction names it.
             #[inline(never)]
             fn $name(duration: Duration) -> u64 {
-                let start = thread_cpu_time();
+                let start = common::thread_cpu_time();
                 let mut x = 0x9e37_79b9_7f4a_7c15_u64 ^ $k;
                 loop {
                     let mut i = 0u32;
@@ -45,7 +41,7 @@ macro_rules! cpu_work_functions {
                         x ^= x << 17;
                         i += 1;
                     }
-                    if thread_cpu_time() - start >= duration {
+                    if common::thread_cpu_time() - start >= duration {
                         return x;
                     }
                 }
@@ -58,17 +54,6 @@ macro_rules! cpu_work_functions {
             }
         }
     };
-}
-
-/// CPU time of the calling thread, so the work is the same whatever else the machine runs.
-fn thread_cpu_time() -> Duration {
-    let mut ts = libc::timespec {
-        tv_sec: 0,
-        tv_nsec: 0,
-    };
-    // SAFETY: plain FFI with an out-parameter.
-    unsafe { libc::clock_gettime(libc::CLOCK_THREAD_CPUTIME_ID, &mut ts) };
-    Duration::new(ts.tv_sec as u64, ts.tv_nsec as u32)
 }
 
 cpu_work_functions!(
@@ -100,7 +85,7 @@ fn work_function(addr: u64, cache: &mut HashMap<u64, Option<usize>>) -> Option<u
 
 #[test]
 fn config_errors_name_the_field() {
-    let _turn = turn();
+    let _turn = common::turn();
     let err = Sampler::start(SamplerConfig::default().with_frequency_hz(0)).unwrap_err();
     assert!(err.to_string().contains("sampler.frequency_hz"), "{err}");
     let err = Sampler::start(SamplerConfig::default().with_frequency_hz(5000)).unwrap_err();
@@ -115,7 +100,7 @@ fn config_errors_name_the_field() {
 
 #[test]
 fn a_second_sampler_is_refused_and_a_restart_works() {
-    let _turn = turn();
+    let _turn = common::turn();
     let first = Sampler::start(SamplerConfig::default()).expect("first");
     assert!(matches!(
         Sampler::start(SamplerConfig::default()),
@@ -133,7 +118,7 @@ fn a_second_sampler_is_refused_and_a_restart_works() {
 /// I/O-bound root spans that mostly wait.
 #[test]
 fn samples_carry_the_span_that_was_running() {
-    let _turn = turn();
+    let _turn = common::turn();
     let exporter = InMemorySpanExporter::default();
     let provider = SdkTracerProvider::builder()
         .with_span_processor(ProfileIdSpanProcessor::default())
@@ -314,7 +299,7 @@ fn samples_carry_the_span_that_was_running() {
 /// no crash, no deadlock, and every sample is either drained or counted as dropped.
 #[test]
 fn stress_thread_churn_at_the_highest_rate() {
-    let _turn = turn();
+    let _turn = common::turn();
     let sampler = Sampler::start(
         SamplerConfig::default()
             .with_frequency_hz(sampler::MAX_FREQUENCY_HZ)
@@ -379,7 +364,7 @@ fn stress_thread_churn_at_the_highest_rate() {
 /// normally, and the parent keeps sampling.
 #[test]
 fn fork_while_sampling_is_safe() {
-    let _turn = turn();
+    let _turn = common::turn();
     let sampler = Sampler::start(SamplerConfig::default().with_frequency_hz(250)).expect("start");
     sampler.register_current_thread().expect("register");
     run_cpu(1, Duration::from_millis(30));

@@ -2,6 +2,8 @@
 //! `pyroscope.profile.id` on the root span, profiles arrive at the Pyroscope push endpoint,
 //! and the span id in the trace is the `span_id` label of the profile's samples.
 
+mod common;
+
 use std::collections::HashSet;
 use std::io::{BufRead, BufReader, Read, Write};
 use std::net::TcpListener;
@@ -13,13 +15,6 @@ use otel_profiling::config::{Credentials, OtlpProtocol};
 use otel_profiling::{pprof, Telemetry};
 use prost::Message;
 use tracing_subscriber::layer::SubscriberExt;
-
-/// The profiler is process-wide (one SIGPROF owner): these tests take turns.
-static TURN: Mutex<()> = Mutex::new(());
-
-fn turn() -> std::sync::MutexGuard<'static, ()> {
-    TURN.lock().unwrap_or_else(|p| p.into_inner())
-}
 
 /// One HTTP request as received.
 #[derive(Clone, Debug)]
@@ -156,7 +151,7 @@ fn checkout_cpu(cpu: Duration) -> u64 {
 
 #[test]
 fn traces_and_profiles_reach_their_receivers_with_the_same_span_id() {
-    let _turn = turn();
+    let _turn = common::turn();
     let (otlp_url, otlp_seen) = receiver();
     let (pyro_url, pyro_seen) = receiver();
     let telemetry = Telemetry::builder()
@@ -265,7 +260,7 @@ fn traces_and_profiles_reach_their_receivers_with_the_same_span_id() {
 /// request path, and shutdown is bounded — the host is never slowed or crashed.
 #[test]
 fn an_unreachable_grpc_collector_never_blocks_the_host() {
-    let _turn = turn();
+    let _turn = common::turn();
     let dir = std::env::temp_dir().join(format!("otel-profiling-grpc-{}", std::process::id()));
     let telemetry = Telemetry::builder()
         .service_name("checkout")

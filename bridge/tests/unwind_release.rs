@@ -4,11 +4,12 @@
 //! where rustc keeps no frame pointers. Also: no allocation in the signal handler, and a
 //! library `dlopen`ed while sampling is unwound after `refresh_modules`.
 
+mod common;
+
 use std::alloc::{GlobalAlloc, Layout, System};
 use std::cell::Cell;
 use std::collections::HashMap;
 use std::ffi::c_void;
-use std::sync::{Mutex, MutexGuard};
 use std::time::{Duration, Instant};
 
 use otel_profiling::sampler::{self, Sampler, SamplerConfig};
@@ -42,27 +43,10 @@ unsafe impl GlobalAlloc for CountingAllocator {
 #[global_allocator]
 static ALLOCATOR: CountingAllocator = CountingAllocator;
 
-static TURN: Mutex<()> = Mutex::new(());
-
-fn turn() -> MutexGuard<'static, ()> {
-    TURN.lock().unwrap_or_else(|p| p.into_inner())
-}
-
-/// CPU time of the calling thread.
-fn thread_cpu_time() -> Duration {
-    let mut ts = libc::timespec {
-        tv_sec: 0,
-        tv_nsec: 0,
-    };
-    // SAFETY: plain FFI with an out-parameter.
-    unsafe { libc::clock_gettime(libc::CLOCK_THREAD_CPUTIME_ID, &mut ts) };
-    Duration::new(ts.tv_sec as u64, ts.tv_nsec as u32)
-}
-
 /// The innermost function: spins on the CPU without calls in its hot loop.
 #[inline(never)]
 fn inner_c(duration: Duration) -> u64 {
-    let start = thread_cpu_time();
+    let start = common::thread_cpu_time();
     let mut x = 0x9e37_79b9_7f4a_7c15_u64;
     loop {
         for _ in 0..20_000 {
@@ -71,7 +55,7 @@ fn inner_c(duration: Duration) -> u64 {
             x ^= x << 17;
         }
         x = std::hint::black_box(x);
-        if thread_cpu_time() - start >= duration {
+        if common::thread_cpu_time() - start >= duration {
             return x;
         }
     }
@@ -132,7 +116,7 @@ fn has_callers_in_order(names: &[String], needles: &[&str]) -> bool {
 #[test]
 #[inline(never)] // its own frame, checked below
 fn complete_stacks_without_frame_pointers() {
-    let _turn = turn();
+    let _turn = common::turn();
     let started = Instant::now();
     let sampler = Sampler::start(
         SamplerConfig::default()
@@ -208,13 +192,13 @@ fn complete_stacks_without_frame_pointers() {
 /// Calls `f` (a libm function) in a loop for `duration` of CPU time.
 #[inline(never)]
 fn call_libm(f: extern "C" fn(f64) -> f64, duration: Duration) -> f64 {
-    let start = thread_cpu_time();
+    let start = common::thread_cpu_time();
     let mut acc = 0.5f64;
     loop {
         for i in 0..10_000 {
             acc = f(std::hint::black_box(acc + f64::from(i)));
         }
-        if thread_cpu_time() - start >= duration {
+        if common::thread_cpu_time() - start >= duration {
             return acc;
         }
     }
@@ -237,7 +221,7 @@ fn object_of(addr: u64) -> String {
 #[test]
 #[inline(never)]
 fn a_library_loaded_while_sampling_is_unwound_after_refresh() {
-    let _turn = turn();
+    let _turn = common::turn();
     let libm = c"libm.so.6";
     // SAFETY: RTLD_NOLOAD only looks the library up.
     let preloaded = unsafe {
