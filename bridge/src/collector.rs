@@ -198,6 +198,8 @@ struct State {
 struct HealthLog {
     last: Option<Instant>,
     reported: (u64, u64, u64),
+    /// Whether the "signals come at the kernel tick" note was given.
+    tick_noted: bool,
 }
 
 /// Minimum time between two health lines.
@@ -209,6 +211,15 @@ impl HealthLog {
             return;
         }
         let sampler = sampler::stats();
+        if !self.tick_noted && sampler.periods > sampler.taken + sampler.taken / 20 {
+            self.tick_noted = true;
+            eprintln!(
+                "otel-profiling: the kernel delivers fewer CPU timer signals than the sampling \
+                 rate ({} signals for {} periods): samples are weighted, so CPU totals stay \
+                 right, but stacks are taken at the kernel tick rate",
+                sampler.taken, sampler.periods
+            );
+        }
         let failed = stats.profiles_failed.load(Ordering::Relaxed);
         let now = (sampler.dropped, sampler.truncated, failed);
         if now.0 <= self.reported.0 && now.1 <= self.reported.1 && now.2 <= self.reported.2 {
@@ -281,10 +292,13 @@ impl State {
                     name: None,
                 },
             };
+            // Weighted: a signal standing for several periods (rates above the kernel
+            // tick) counts for all of them.
             *counts
                 .entry((Box::from(record.frames()), labels))
-                .or_default() += 1;
+                .or_default() += u64::from(record.weight.max(1));
         });
+        sampler::check_handler();
     }
 
     fn finish_interval(&mut self) {

@@ -2,11 +2,13 @@
 //! samples taken under it and the CPU time they stand for, so a slow span with almost no
 //! CPU reads as "waiting" without opening a profile.
 //!
-//! The sampler's signal handler counts into the root's [`RootCpu`] as it samples.
-//! [`CpuEvidenceProcessor`] wraps the exporting span processor and adds the totals to
-//! each local root span as it ends. The counters are found by span id in a sharded table
-//! (an entry is added once per local root span and removed when it ends; entries of spans
-//! that never end through the processor are purged after [`ORPHAN_AGE`]).
+//! The sampler's signal handler counts into the root's counters (a `root_cpu` slot) as it
+//! samples. [`CpuEvidenceProcessor`] wraps the exporting span processor and adds the
+//! totals to each local root span as it ends. The counters are found by span id in a
+//! sharded table (an entry is added once per local root span and removed when it ends;
+//! entries of spans that never end through the processor are purged after
+//! [`ORPHAN_AGE`]). Each shard also keeps its free and released counter slots, so
+//! claiming and releasing them takes no lock beyond the shard's.
 
 use std::collections::HashMap;
 use std::sync::atomic::{AtomicUsize, Ordering};
@@ -19,7 +21,7 @@ use opentelemetry_sdk::error::OTelSdkResult;
 use opentelemetry_sdk::trace::{Span, SpanData, SpanProcessor};
 use opentelemetry_sdk::Resource;
 
-use crate::span_context::RootCpu;
+use crate::root_cpu::{CpuHandle, SlotLists};
 
 /// Samples taken while the span (or its local children) ran on some thread.
 pub const CPU_SAMPLES_ATTRIBUTE: &str = "profiling.cpu.samples";
@@ -34,8 +36,22 @@ const SHARDS: usize = 64;
 /// Inserts into a shard between two sweeps for orphans.
 const SWEEP_EVERY: u32 = 1024;
 
+/// What spans and contexts of one root hold: while any holds it, the root is alive (the
+/// orphan sweep looks at the reference count).
+#[derive(Debug)]
+pub(crate) struct RootCounters {
+    handle: CpuHandle,
+}
+
+impl RootCounters {
+    /// The handle the root's label carries.
+    pub(crate) fn handle(&self) -> CpuHandle {
+        self.handle
+    }
+}
+
 struct Entry {
-    cpu: Arc<RootCpu>,
+    cpu: Arc<RootCounters>,
     since: Instant,
 }
 
@@ -43,6 +59,7 @@ struct Entry {
 struct Shard {
     entries: HashMap<u64, Entry>,
     inserts: u32,
+    slots: SlotLists,
 }
 
 static TABLE: LazyLock<Vec<Mutex<Shard>>> =
@@ -56,35 +73,48 @@ fn shard(span_id: u64) -> &'static Mutex<Shard> {
 }
 
 /// Counters for a new local root span, if anything will report them.
-pub(crate) fn track(span_id: SpanId) -> Option<Arc<RootCpu>> {
+pub(crate) fn track(span_id: SpanId) -> Option<Arc<RootCounters>> {
     if PROCESSORS.load(Ordering::Relaxed) == 0 || !crate::sampler::is_running() {
         return None;
     }
     let key = u64::from_be_bytes(span_id.to_bytes());
-    let cpu = Arc::new(RootCpu::default());
     let mut shard = shard(key).lock().unwrap_or_else(PoisonError::into_inner);
+    let shard = &mut *shard;
     shard.inserts = shard.inserts.wrapping_add(1);
     if shard.inserts.is_multiple_of(SWEEP_EVERY) {
         let now = Instant::now();
+        let slots = &mut shard.slots;
         // Only the table holds the counters: the span and its contexts are gone.
         shard.entries.retain(|_, e| {
-            Arc::strong_count(&e.cpu) > 1 || now.duration_since(e.since) < ORPHAN_AGE
+            let keep = Arc::strong_count(&e.cpu) > 1 || now.duration_since(e.since) < ORPHAN_AGE;
+            if !keep {
+                slots.release(e.cpu.handle);
+            }
+            keep
         });
     }
-    shard.entries.insert(
+    // A full table (millions of live roots) only loses the evidence, never the span.
+    let handle = shard.slots.claim().ok()?;
+    let cpu = Arc::new(RootCounters { handle });
+    if let Some(old) = shard.entries.insert(
         key,
         Entry {
             cpu: cpu.clone(),
             since: Instant::now(),
         },
-    );
+    ) {
+        // The same span id twice (a caller reusing ids): the older root stops counting.
+        shard.slots.release(old.cpu.handle);
+    }
     Some(cpu)
 }
 
-fn take(span_id: SpanId) -> Option<Arc<RootCpu>> {
+/// Ends counting for the root `span_id` and returns its totals `(samples, time_ns)`.
+fn take(span_id: SpanId) -> Option<(u64, u64)> {
     let key = u64::from_be_bytes(span_id.to_bytes());
     let mut shard = shard(key).lock().unwrap_or_else(PoisonError::into_inner);
-    shard.entries.remove(&key).map(|e| e.cpu)
+    let entry = shard.entries.remove(&key)?;
+    Some(shard.slots.release(entry.cpu.handle))
 }
 
 /// Wraps the exporting span processor and adds [`CPU_SAMPLES_ATTRIBUTE`] and
@@ -128,14 +158,14 @@ impl<P: SpanProcessor> SpanProcessor for CpuEvidenceProcessor<P> {
     }
 
     fn on_end(&self, mut span: SpanData) {
-        if let Some(cpu) = take(span.span_context.span_id()) {
+        if let Some((samples, time_ns)) = take(span.span_context.span_id()) {
             span.attributes.push(KeyValue::new(
                 CPU_SAMPLES_ATTRIBUTE,
-                i64::try_from(cpu.samples()).unwrap_or(i64::MAX),
+                i64::try_from(samples).unwrap_or(i64::MAX),
             ));
             span.attributes.push(KeyValue::new(
                 CPU_TIME_ATTRIBUTE,
-                i64::try_from(cpu.time_ns()).unwrap_or(i64::MAX),
+                i64::try_from(time_ns).unwrap_or(i64::MAX),
             ));
         }
         self.inner.on_end(span);

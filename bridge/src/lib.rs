@@ -39,6 +39,7 @@ mod otel_scope;
 pub mod pprof;
 mod processor;
 mod profiler;
+mod root_cpu;
 pub mod sampler;
 mod setup;
 mod span_context;
@@ -55,6 +56,6 @@ pub use setup::{
     series_labels, HealthStats, SetupError, Telemetry, TelemetryGuard, RESOURCE_SERIES_LABELS,
 };
 pub use span_context::{
-    current_local_root, thread_cell, LocalRoot, RootCpu, SpanContextCell, SpanContextGuard,
+    current_local_root, thread_cell, LocalRoot, SpanContextCell, SpanContextGuard,
 };
 pub use span_name::{span_names_overflowed, SpanName, MAX_SPAN_NAMES};

@@ -10,7 +10,8 @@ use opentelemetry::Context;
 use std::sync::Arc;
 
 use crate::evidence;
-use crate::span_context::{LocalRoot, RootCpu};
+use crate::evidence::RootCounters;
+use crate::span_context::LocalRoot;
 use crate::span_name::SpanName;
 
 /// What to label for spans of traces that were not sampled.
@@ -35,9 +36,9 @@ pub enum UnsampledTraces {
 pub(crate) struct ResolvedRoot {
     trace_id: TraceId,
     label: Option<LocalRoot>,
-    // Keeps the counters the label points at alive as long as any span or context of
-    // this root does.
-    _cpu: Option<Arc<RootCpu>>,
+    // Tells the evidence table the root is alive as long as any span or context of it
+    // is (the label itself names the counters by slot and generation, not by address).
+    _cpu: Option<Arc<RootCounters>>,
 }
 
 impl PartialEq for ResolvedRoot {
@@ -58,7 +59,7 @@ impl ResolvedRoot {
             let label = LocalRoot::new(span.span_id(), span.trace_id(), name);
             cpu = evidence::track(span.span_id());
             Some(match &cpu {
-                Some(cpu) => label.with_cpu(cpu),
+                Some(cpu) => label.with_cpu(cpu.handle()),
                 None => label,
             })
         } else {

@@ -85,9 +85,10 @@ impl ProfilerBuilder {
         self
     }
 
-    /// Records buffered per thread between drains (default 256).
+    /// Records buffered per thread between drains (default: sized from the rate and the
+    /// drain period, see [`SamplerConfig::effective_ring_capacity`]).
     pub fn ring_capacity(mut self, capacity: usize) -> Self {
-        self.sampler.ring_capacity = capacity;
+        self.sampler.ring_capacity = Some(capacity);
         self
     }
 
@@ -122,6 +123,7 @@ impl ProfilerBuilder {
             return Err(ProfilerError::InvalidInterval(self.collector.interval));
         }
         self.collector.drain_every = self.collector.drain_every.min(self.collector.interval);
+        self.sampler.drain_period = self.collector.drain_every;
         let mut output = None;
         if self.local_files.unwrap_or(self.sinks.is_empty()) {
             let dir = output_dir(self.output_dir.as_deref());

@@ -12,10 +12,11 @@
 //! Writes are five relaxed stores and two fences that compile to nothing on x86-64: no
 //! allocation, no lock, no syscall.
 
-use std::sync::atomic::{fence, AtomicU32, AtomicU64, AtomicUsize, Ordering};
+use std::sync::atomic::{fence, AtomicU32, AtomicU64, Ordering};
 
 use opentelemetry::trace::{SpanId, TraceId};
 
+use crate::root_cpu::CpuHandle;
 use crate::span_name::SpanName;
 
 /// The local root span a thread is working for, as the profiler labels its samples.
@@ -27,37 +28,10 @@ pub struct LocalRoot {
     span_id: u64,
     trace_id: u128,
     name: Option<SpanName>,
-    /// Address of the root's [`RootCpu`] counters (0: none). The owner of the `Arc` (the
-    /// root span's extension or `ProfilingContext`) outlives every thread's use of it: a
-    /// thread's record stops naming the root before the root span can close.
-    cpu: usize,
-}
-
-/// CPU samples counted for one local root span by the sampler's signal handler, at the
-/// moment each sample is taken, so the totals are complete when the span ends.
-#[derive(Debug, Default)]
-pub struct RootCpu {
-    samples: AtomicU64,
-    time_ns: AtomicU64,
-}
-
-impl RootCpu {
-    /// Samples taken while a thread ran under this root.
-    pub fn samples(&self) -> u64 {
-        self.samples.load(Ordering::Relaxed)
-    }
-
-    /// CPU time those samples stand for (each sample is one sampling period).
-    pub fn time_ns(&self) -> u64 {
-        self.time_ns.load(Ordering::Relaxed)
-    }
-
-    /// Counts one sample. Async-signal-safe.
-    #[inline]
-    pub(crate) fn record(&self, period_ns: u64) {
-        self.samples.fetch_add(1, Ordering::Relaxed);
-        self.time_ns.fetch_add(period_ns, Ordering::Relaxed);
-    }
+    /// The root's CPU counters, as a packed [`CpuHandle`] (0: none): a slot index and
+    /// generation the signal handler checks, never an address, so a copy that outlives
+    /// its span can do no harm (see `root_cpu`).
+    cpu: u64,
 }
 
 impl LocalRoot {
@@ -72,19 +46,15 @@ impl LocalRoot {
     }
 
     /// The same root, with samples under it counted into `cpu`.
-    pub(crate) fn with_cpu(mut self, cpu: &std::sync::Arc<RootCpu>) -> LocalRoot {
-        self.cpu = std::sync::Arc::as_ptr(cpu) as usize;
+    pub(crate) fn with_cpu(mut self, cpu: CpuHandle) -> LocalRoot {
+        self.cpu = cpu.to_raw();
         self
     }
 
-    /// The root's counters, for the signal handler.
-    ///
-    /// # Safety
-    /// Only valid while the root is some thread's current context (see the `cpu` field).
+    /// The root's counters as the signal handler passes them to `root_cpu::record`.
     #[inline]
-    pub(crate) unsafe fn cpu(&self) -> Option<&RootCpu> {
-        // SAFETY: per the contract above, the address is 0 or a live `RootCpu`.
-        unsafe { (self.cpu as *const RootCpu).as_ref() }
+    pub(crate) fn cpu_raw(&self) -> u64 {
+        self.cpu
     }
 
     /// A root known only by name (an unsampled trace).
@@ -136,7 +106,7 @@ pub struct SpanContextCell {
     span_id: AtomicU64,
     trace_hi: AtomicU64,
     trace_lo: AtomicU64,
-    cpu: AtomicUsize,
+    cpu: AtomicU64,
 }
 
 impl SpanContextCell {
@@ -148,7 +118,7 @@ impl SpanContextCell {
             span_id: AtomicU64::new(0),
             trace_hi: AtomicU64::new(0),
             trace_lo: AtomicU64::new(0),
-            cpu: AtomicUsize::new(0),
+            cpu: AtomicU64::new(0),
         }
     }
 

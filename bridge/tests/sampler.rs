@@ -21,8 +21,8 @@ use tracing::Instrument;
 use tracing_opentelemetry::OpenTelemetrySpanExt;
 use tracing_subscriber::layer::SubscriberExt;
 
-/// A drained sample: its span label and its frames.
-type Sample = (Option<LocalRoot>, Vec<u64>);
+/// A drained sample: its span label, its frames and its weight (periods).
+type Sample = (Option<LocalRoot>, Vec<u64>, u32);
 
 macro_rules! cpu_work_functions {
     ($($name:ident = $k:literal),*) => {
@@ -144,7 +144,7 @@ fn samples_carry_the_span_that_was_running() {
                 std::thread::sleep(Duration::from_millis(20));
                 let mut out = records.lock().expect("records");
                 otel_profiling::sampler::drain_into(|r: &SampleRecord| {
-                    out.push((r.root, r.frames().to_vec()))
+                    out.push((r.root, r.frames().to_vec(), r.weight))
                 });
             }
         })
@@ -213,14 +213,14 @@ fn samples_carry_the_span_that_was_running() {
         records
             .lock()
             .expect("records")
-            .push((r.root, r.frames().to_vec()))
+            .push((r.root, r.frames().to_vec(), r.weight))
     });
     let records = records.lock().expect("records");
 
     let mut cache = HashMap::new();
     let mut per_k: HashMap<usize, (u64, u64)> = HashMap::new(); // (right, wrong)
     let mut io_samples = 0u64;
-    for (root, frames) in records.iter() {
+    for (root, frames, _) in records.iter() {
         let span = root.and_then(|r| r.span_id());
         if span.is_some_and(|s| io_ids.contains(&s)) {
             io_samples += 1;
@@ -249,11 +249,14 @@ fn samples_carry_the_span_that_was_running() {
     );
     assert!(io_samples <= 5, "I/O-bound spans got {io_samples} samples");
 
-    // CPU evidence on the exported spans equals the samples labelled with each span.
-    let mut labelled: HashMap<opentelemetry::trace::SpanId, i64> = HashMap::new();
-    for (root, _) in records.iter() {
+    // CPU evidence on the exported spans equals the samples labelled with each span, and
+    // its time the periods they stand for.
+    let mut labelled: HashMap<opentelemetry::trace::SpanId, (i64, i64)> = HashMap::new();
+    for (root, _, weight) in records.iter() {
         if let Some(id) = root.and_then(|r| r.span_id()) {
-            *labelled.entry(id).or_default() += 1;
+            let entry = labelled.entry(id).or_default();
+            entry.0 += 1;
+            entry.1 += i64::from(*weight);
         }
     }
     let spans = exporter.get_finished_spans().expect("spans");
@@ -271,13 +274,9 @@ fn samples_carry_the_span_that_was_running() {
         let id = span.span_context.span_id();
         let samples = attr(span, CPU_SAMPLES_ATTRIBUTE).expect("evidence attribute");
         let time_ns = attr(span, CPU_TIME_ATTRIBUTE).expect("evidence attribute");
-        assert_eq!(time_ns, samples * period_ns, "{}", span.name);
-        assert_eq!(
-            samples,
-            labelled.get(&id).copied().unwrap_or(0),
-            "{} {id}",
-            span.name
-        );
+        let (count, periods) = labelled.get(&id).copied().unwrap_or((0, 0));
+        assert_eq!(samples, count, "{} {id}", span.name);
+        assert_eq!(time_ns, periods * period_ns, "{} {id}", span.name);
         let wall = span
             .end_time
             .duration_since(span.start_time)

@@ -5,15 +5,26 @@
 //!  thread T (registered)                         collector (any thread)
 //!  timer_create(CLOCK_THREAD_CPUTIME_ID,         Sampler::drain()
 //!               SIGEV_THREAD_ID → T,               └─ each thread's Ring, oldest first
-//!               si_value = &ThreadState)
-//!  SIGPROF on T ─► handler: SpanContextCell::read()
+//!               si_value = slot index + generation)
+//!  SIGPROF on T ─► handler: slot check (generation, tid; else foreign += 1)
+//!                          SpanContextCell::read()
 //!                          + DWARF unwind ─► Ring::push (full: dropped += 1)
 //! ```
 //!
 //! The timer is per thread and counts that thread's CPU time, as Go does, so samples are
 //! neither merged across cores nor delivered to an idle thread. The handler finds its
-//! thread's state through the timer's `si_value`: it touches no thread-local, takes no
-//! lock and allocates nothing. Everything it needs is allocated at registration.
+//! thread's state through the timer's `si_value`, which names a slot in a table that is
+//! never freed (`slots.rs`): it touches no thread-local, takes no lock and allocates
+//! nothing, and a signal it cannot match to the receiving thread's live slot is ignored
+//! and counted. Slots are recycled with their buffers, so a new thread's registration is
+//! two timer syscalls and a few atomics.
+//!
+//! **Rates above the kernel tick.** CPU-time timers are checked on the scheduler tick
+//! (250 Hz on common kernels). When several periods elapse between two checks, the
+//! kernel sends one signal and reports the rest in `si_overrun`; each sample is weighted by
+//! `1 + si_overrun` ([`SampleRecord::weight`]), so CPU totals stay right at every rate,
+//! while stacks are taken at most at the tick rate. The first time a weight above one is
+//! seen, the collector says so once on stderr.
 //!
 //! Stacks are unwound with the `.eh_frame` call-frame information of every loaded object
 //! (framehop), so they are complete in ordinary release builds, which keep no frame
@@ -22,9 +33,11 @@
 //! is published to running handlers. On architectures other than x86_64 and aarch64 no
 //! stack is recorded.
 
+mod handler;
 #[cfg(any(target_arch = "x86_64", target_arch = "aarch64"))]
 mod modules;
 mod ring;
+mod slots;
 // Without an unwinder nothing reads the stack or the registers past the pc.
 #[cfg_attr(
     not(any(target_arch = "x86_64", target_arch = "aarch64")),
@@ -39,18 +52,20 @@ mod unwind;
 
 use std::cell::RefCell;
 use std::sync::atomic::{AtomicBool, AtomicU32, AtomicU64, AtomicUsize, Ordering};
-use std::sync::{Arc, LazyLock, Mutex, Once, PoisonError};
+use std::sync::Once;
 use std::time::Duration;
 
 pub use ring::{SampleRecord, MAX_FRAMES};
 
-use crate::span_context::{thread_cell, SpanContextCell};
-use ring::Ring;
-use stack::{Registers, StackBounds};
-use unwind::{UnwindCache, Wait, WalkEnd};
+use crate::span_context::thread_cell;
+use handler::{ENABLED, FOREIGN, PERIOD_NS, REPLACED};
+use slots::{DrainGuard, ForkSafeLock, Owner, Slot};
+use stack::StackBounds;
+use unwind::Wait;
 
 /// Highest sampling rate accepted. CPU-time timers expire on the kernel tick (250 Hz on
-/// common kernels), so rates above that are delivered at the tick rate anyway.
+/// common kernels): above it, signals come at the tick rate and each carries the periods
+/// it stands for (see the module docs), so totals stay exact and stacks are fewer.
 pub const MAX_FREQUENCY_HZ: u32 = 1000;
 
 /// Errors starting the sampler or registering a thread.
@@ -65,6 +80,9 @@ pub enum SamplerError {
     /// `ring_capacity` outside `1..=65536`.
     #[error("sampler.ring_capacity must be between 1 and 65536 samples per thread, got {0}")]
     InvalidRingCapacity(usize),
+    /// `drain_period` zero or longer than a minute.
+    #[error("sampler.drain_period must be between 1 ms and 60 s, got {0:?}")]
+    InvalidDrainPeriod(Duration),
     /// A sampler is already running in this process.
     #[error("a CPU sampler is already running in this process; stop it before starting another")]
     AlreadyRunning,
@@ -77,6 +95,18 @@ pub enum SamplerError {
     /// The sampler is not running (nothing to register with).
     #[error("the CPU sampler is not running")]
     NotRunning,
+    /// The calling thread blocks `SIGPROF`, so its timer could never sample it.
+    #[error(
+        "this thread blocks SIGPROF (pthread_sigmask), so it cannot be sampled; unblock \
+         SIGPROF before registering it"
+    )]
+    SigprofBlocked,
+    /// Every thread slot is in use.
+    #[error(
+        "more than {} threads are registered with the sampler",
+        slots::MAX_THREADS
+    )]
+    TooManyThreads,
     /// A system call failed.
     #[error("{call} failed: {source}")]
     Os {
@@ -102,19 +132,29 @@ impl SamplerError {
 pub struct SamplerConfig {
     /// Samples per second of each thread's CPU time (default 100).
     pub frequency_hz: u32,
-    /// Records buffered per thread between two drains (default 256); more are dropped
-    /// and counted.
-    pub ring_capacity: usize,
+    /// Records buffered per thread between two drains. `None` (default): sized from the
+    /// rate and the drain period (see [`SamplerConfig::effective_ring_capacity`]); more
+    /// are dropped and counted.
+    pub ring_capacity: Option<usize>,
+    /// How often the collector drains the buffers (default 100 ms); sizes the buffers.
+    pub drain_period: Duration,
 }
 
 impl Default for SamplerConfig {
     fn default() -> Self {
         SamplerConfig {
             frequency_hz: 100,
-            ring_capacity: 256,
+            ring_capacity: None,
+            drain_period: Duration::from_millis(100),
         }
     }
 }
+
+/// Slack the derived buffer size allows beyond two drain periods: a drain can be late by
+/// the time the collector spends finishing a profile (symbolizing, encoding).
+const DRAIN_SLACK: Duration = Duration::from_millis(250);
+/// Smallest derived buffer.
+const MIN_RING: usize = 16;
 
 impl SamplerConfig {
     /// Sets the sampling rate.
@@ -123,18 +163,50 @@ impl SamplerConfig {
         self
     }
 
-    /// Sets the per-thread buffer size.
+    /// Sets the per-thread buffer size explicitly.
     pub fn with_ring_capacity(mut self, capacity: usize) -> Self {
-        self.ring_capacity = capacity;
+        self.ring_capacity = Some(capacity);
         self
+    }
+
+    /// Sets the drain period the buffers are sized for.
+    pub fn with_drain_period(mut self, period: Duration) -> Self {
+        self.drain_period = period;
+        self
+    }
+
+    /// Records per thread buffer: the explicit `ring_capacity`, else enough for two drain
+    /// periods plus 250 ms of slack at the sampling rate (at least 16). A thread cannot
+    /// produce more records than that between drains: signals come at most at the rate
+    /// (above the kernel tick, fewer, each weighted).
+    ///
+    /// ```
+    /// use otel_profiling::sampler::SamplerConfig;
+    /// assert_eq!(SamplerConfig::default().effective_ring_capacity(), 45);
+    /// assert_eq!(SamplerConfig::default().with_frequency_hz(1000).effective_ring_capacity(), 450);
+    /// ```
+    pub fn effective_ring_capacity(&self) -> usize {
+        self.ring_capacity.unwrap_or_else(|| {
+            let window = self.drain_period * 2 + DRAIN_SLACK;
+            let records =
+                (u128::from(self.frequency_hz) * window.as_nanos()).div_ceil(1_000_000_000);
+            usize::try_from(records)
+                .unwrap_or(65536)
+                .clamp(MIN_RING, 65536)
+        })
     }
 
     fn validate(&self) -> Result<(), SamplerError> {
         if self.frequency_hz == 0 || self.frequency_hz > MAX_FREQUENCY_HZ {
             return Err(SamplerError::InvalidFrequency(self.frequency_hz));
         }
-        if self.ring_capacity == 0 || self.ring_capacity > 65536 {
-            return Err(SamplerError::InvalidRingCapacity(self.ring_capacity));
+        if let Some(capacity) = self.ring_capacity {
+            if capacity == 0 || capacity > 65536 {
+                return Err(SamplerError::InvalidRingCapacity(capacity));
+            }
+        }
+        if self.drain_period.is_zero() || self.drain_period > Duration::from_secs(60) {
+            return Err(SamplerError::InvalidDrainPeriod(self.drain_period));
         }
         Ok(())
     }
@@ -142,25 +214,45 @@ impl SamplerConfig {
 
 /// Sample counters. `taken == drained + dropped + buffered` at any quiet moment.
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+#[non_exhaustive]
 pub struct SamplerStats {
-    /// Timer signals handled.
+    /// Timer signals handled (samples).
     pub taken: u64,
+    /// CPU periods those samples stand for (`Σ weight`): more than `taken` when the kernel
+    /// delivered fewer signals than the rate asks (rates above its tick).
+    pub periods: u64,
     /// Samples lost because the thread's buffer was full.
     pub dropped: u64,
     /// Samples handed to `drain`.
     pub drained: u64,
-    /// Threads registered now.
+    /// Threads registered and sampled now.
     pub threads: usize,
     /// Recorded samples whose stack is incomplete ([`SampleRecord::truncated`]): the
     /// unwinder met an address in no known object (counted in `unknown_pc` too), a
     /// stack word it may not read, unusable call-frame information or more than
-    /// [`MAX_FRAMES`] frames, or the interrupted stack pointer was not on the thread's
-    /// stack. Their innermost frames are still recorded.
+    /// [`MAX_FRAMES`] frames, the interrupted stack pointer was not on the thread's
+    /// stack, or too little stack was left to walk (`low_stack`). Their innermost frames
+    /// are still recorded.
     pub truncated: u64,
     /// Of `truncated`: walks that stopped at an address outside every loaded object
     /// known to the unwinder (JIT code, or a library `dlopen`ed since the last
     /// [`refresh_modules`]).
     pub unknown_pc: u64,
+    /// Of `truncated`: samples taken with less than the walk's stack budget left on the
+    /// interrupted thread (deep recursion on a small stack); only the pc was kept.
+    pub low_stack: u64,
+    /// `SIGPROF` signals that were not from this sampler's timers for the receiving
+    /// thread (another library's timer, `kill`, a signal queued before its thread let
+    /// go of its slot); ignored.
+    pub foreign_signals: u64,
+    /// Registrations refused because the thread blocks `SIGPROF`.
+    pub blocked_threads: u64,
+    /// Times the `SIGPROF` handler was found replaced by another component (sampling
+    /// stops until the process restarts the sampler).
+    pub handler_replaced: u64,
+    /// Samples taken under a local root whose span had already ended (a `LocalRoot`
+    /// kept past its span); not counted for any span.
+    pub stale_roots: u64,
 }
 
 /// The unwinder's view of the loaded objects.
@@ -176,137 +268,45 @@ pub struct ModuleStats {
     pub published: u64,
 }
 
-/// What the signal handler needs for one thread, allocated at registration.
-struct ThreadState {
-    magic: u64,
-    cell: *const SpanContextCell,
-    /// The thread's stack, the only memory the unwinder reads besides its tables.
-    stack: StackBounds,
-    /// framehop's cache, used only by this thread's handler.
-    cache: UnwindCache,
-    ring: Ring,
-    taken: AtomicU64,
-    dropped: AtomicU64,
-    truncated: AtomicU64,
-    unknown_pc: AtomicU64,
-    timer: Mutex<Option<Timer>>,
-}
-
-const MAGIC: u64 = 0x6f74_656c_7072_6f66; // "otelprof"
-
-// SAFETY: `cell` points at the owning thread's span context record, which is only read
-// through atomics; `cache` is used only by the owning thread's signal handler, which
-// does not nest; the rest is atomics, a mutex and the SPSC ring.
-unsafe impl Send for ThreadState {}
-// SAFETY: as above.
-unsafe impl Sync for ThreadState {}
-
-impl ThreadState {
-    /// Takes one sample. Runs in the signal handler of the owning thread.
-    #[inline]
-    fn sample(&self, ucontext: *const libc::c_void) {
-        self.taken.fetch_add(1, Ordering::Relaxed);
-        // SAFETY: `cell` is the owning thread's live record (this runs on that thread).
-        let root = unsafe { (*self.cell).read() };
-        if let Some(root) = &root {
-            // SAFETY: the root is this thread's current context, so its counters are alive.
-            if let Some(cpu) = unsafe { root.cpu() } {
-                cpu.record(PERIOD_NS.load(Ordering::Relaxed));
-            }
-        }
-        // SAFETY: `ucontext` is the kernel's handler argument.
-        let regs = unsafe { Registers::from_ucontext(ucontext) };
-        let mut end = WalkEnd::Truncated;
-        // SAFETY: only this thread's handler produces into its ring; SIGPROF is blocked
-        // while the handler runs, so it never nests.
-        let stored = unsafe {
-            self.ring.push_with(|record| {
-                record.root = root;
-                match regs {
-                    // SAFETY: this is the owning thread's handler (the timer signals only
-                    // this thread), the sole user of `cache`, and it does not nest.
-                    Some(regs) => end = unwind::walk(&regs, self.stack, &self.cache, record),
-                    None => {
-                        record.depth = 0;
-                        record.truncated = true;
-                    }
-                }
-            })
-        };
-        if !stored {
-            self.dropped.fetch_add(1, Ordering::Relaxed);
-            return;
-        }
-        if end != WalkEnd::Complete {
-            self.truncated.fetch_add(1, Ordering::Relaxed);
-            if end == WalkEnd::UnknownPc {
-                self.unknown_pc.fetch_add(1, Ordering::Relaxed);
-            }
-        }
-    }
-
-    fn delete_timer(&self) {
-        let timer = self
-            .timer
-            .lock()
-            .unwrap_or_else(PoisonError::into_inner)
-            .take();
-        if let Some(timer) = timer {
-            // SAFETY: the id came from timer_create and is deleted once (taken above).
-            unsafe { libc::timer_delete(timer.0) };
-        }
-    }
-}
-
-struct Timer(libc::timer_t);
-// SAFETY: a timer id is a process-wide handle; any thread may delete it.
-unsafe impl Send for Timer {}
-
-/// Process-wide sampler state, touched at start/stop, registration and drain only.
-struct Registry {
-    threads: Vec<Arc<ThreadState>>,
-    /// Counters of threads that exited and were drained for the last time.
-    retired_taken: u64,
-    retired_dropped: u64,
-    retired_truncated: u64,
-    retired_unknown_pc: u64,
-    drained: u64,
-}
-
-static REGISTRY: LazyLock<Mutex<Registry>> = LazyLock::new(|| {
-    Mutex::new(Registry {
-        threads: Vec::new(),
-        retired_taken: 0,
-        retired_dropped: 0,
-        retired_truncated: 0,
-        retired_unknown_pc: 0,
-        drained: 0,
-    })
-});
-static RUNNING: AtomicBool = AtomicBool::new(false);
-/// Whether the handler records anything (false after stop and in a forked child).
-static ENABLED: AtomicBool = AtomicBool::new(false);
-/// Bumped at every start, so a registration from an earlier run is redone.
-static GENERATION: AtomicU64 = AtomicU64::new(0);
+/// The running sampler: `run << 1 | running`. Registration and stop read it `SeqCst`
+/// against the timer publication (see [`new_registration`]).
+static RUN_STATE: AtomicU64 = AtomicU64::new(0);
+/// Bumped in every forked child: registrations and samplers of the parent do nothing there.
+static PROCESS_EPOCH: AtomicU64 = AtomicU64::new(0);
 static FREQUENCY_HZ: AtomicU32 = AtomicU32::new(0);
-/// Sampling period in nanoseconds (what one sample stands for).
-static PERIOD_NS: AtomicU64 = AtomicU64::new(0);
 static RING_CAPACITY: AtomicUsize = AtomicUsize::new(0);
+static DRAINED: AtomicU64 = AtomicU64::new(0);
+static BLOCKED: AtomicU64 = AtomicU64::new(0);
+/// Whether a handler replacement was already reported.
+static REPLACED_SEEN: AtomicBool = AtomicBool::new(false);
 static AT_FORK: Once = Once::new();
+
+fn running_run() -> Option<u64> {
+    let state = RUN_STATE.load(Ordering::SeqCst);
+    (state & 1 == 1).then_some(state >> 1)
+}
 
 thread_local! {
     static REGISTRATION: RefCell<Option<Registration>> = const { RefCell::new(None) };
 }
 
-/// Ends the thread's sampling when the thread exits.
+/// The calling thread's claim on a slot (or the note that it cannot be sampled).
 struct Registration {
-    state: Arc<ThreadState>,
-    generation: u64,
+    /// `None`: the thread blocks SIGPROF (not retried on every span enter of this run).
+    slot: Option<&'static Slot>,
+    run: u64,
+    epoch: u64,
 }
 
 impl Drop for Registration {
     fn drop(&mut self) {
-        self.state.delete_timer();
+        // In a forked child the slot was already reset (and may belong to someone else).
+        if self.epoch != PROCESS_EPOCH.load(Ordering::Acquire) {
+            return;
+        }
+        if let Some(slot) = self.slot {
+            slot.release();
+        }
     }
 }
 
@@ -322,8 +322,13 @@ impl Drop for Registration {
 /// ```
 #[derive(Debug)]
 pub struct Sampler {
-    _not_clone: (),
+    run: u64,
+    /// The process that started it: in a forked child the handle does nothing.
+    epoch: u64,
 }
+
+/// Serialises start and stop (never taken by registration or the handler); fork-safe.
+static START_STOP: ForkSafeLock = ForkSafeLock::new();
 
 impl Sampler {
     /// Installs the `SIGPROF` handler and starts sampling threads as they register.
@@ -336,16 +341,11 @@ impl Sampler {
     /// config is invalid (the error names the field).
     pub fn start(config: SamplerConfig) -> Result<Sampler, SamplerError> {
         config.validate()?;
-        if RUNNING
-            .compare_exchange(false, true, Ordering::AcqRel, Ordering::Acquire)
-            .is_err()
-        {
+        let _serial = START_STOP.lock();
+        if running_run().is_some() {
             return Err(SamplerError::AlreadyRunning);
         }
-        if let Err(err) = install_handler() {
-            RUNNING.store(false, Ordering::Release);
-            return Err(err);
-        }
+        handler::install()?;
         AT_FORK.call_once(|| {
             // SAFETY: registering a child handler that only stores to atomics.
             unsafe { libc::pthread_atfork(None, None, Some(after_fork_in_child)) };
@@ -355,12 +355,17 @@ impl Sampler {
             1_000_000_000 / u64::from(config.frequency_hz),
             Ordering::Relaxed,
         );
-        RING_CAPACITY.store(config.ring_capacity, Ordering::Relaxed);
+        RING_CAPACITY.store(config.effective_ring_capacity(), Ordering::Relaxed);
         // Before any thread registers, so its first samples are unwound.
         unwind::refresh(Wait::Upto(Duration::from_millis(100)));
-        GENERATION.fetch_add(1, Ordering::AcqRel);
+        REPLACED_SEEN.store(false, Ordering::Relaxed);
+        let run = (RUN_STATE.load(Ordering::SeqCst) >> 1) + 1;
         ENABLED.store(true, Ordering::Release);
-        Ok(Sampler { _not_clone: () })
+        RUN_STATE.store(run << 1 | 1, Ordering::SeqCst);
+        Ok(Sampler {
+            run,
+            epoch: PROCESS_EPOCH.load(Ordering::Acquire),
+        })
     }
 
     /// Starts sampling the calling thread (idempotent).
@@ -374,7 +379,7 @@ impl Sampler {
     }
 
     /// Hands every buffered record to `f`, thread by thread, and frees the buffers.
-    /// Threads that exited are dropped after their last records are drained.
+    /// Threads that exited are recycled after their last records are drained.
     pub fn drain(&self, f: impl FnMut(&SampleRecord)) -> usize {
         drain_into(f)
     }
@@ -388,48 +393,75 @@ impl Sampler {
     pub fn stop(self) {}
 }
 
-/// Process-wide sample counters, since the process started (across sampler restarts).
-pub fn stats() -> SamplerStats {
-    {
-        let registry = REGISTRY.lock().unwrap_or_else(PoisonError::into_inner);
-        let mut stats = SamplerStats {
-            taken: registry.retired_taken,
-            dropped: registry.retired_dropped,
-            drained: registry.drained,
-            threads: 0,
-            truncated: registry.retired_truncated,
-            unknown_pc: registry.retired_unknown_pc,
-        };
-        for state in &registry.threads {
-            stats.taken += state.taken.load(Ordering::Relaxed);
-            stats.dropped += state.dropped.load(Ordering::Relaxed);
-            stats.truncated += state.truncated.load(Ordering::Relaxed);
-            stats.unknown_pc += state.unknown_pc.load(Ordering::Relaxed);
-            if state.timer.lock().map(|t| t.is_some()).unwrap_or(false) {
-                stats.threads += 1;
-            }
+impl Drop for Sampler {
+    fn drop(&mut self) {
+        if self.epoch != PROCESS_EPOCH.load(Ordering::Acquire) {
+            // Inherited through fork: the parent's timers are not this process's.
+            return;
         }
-        stats
+        let _serial = START_STOP.lock();
+        if running_run() != Some(self.run) {
+            return;
+        }
+        ENABLED.store(false, Ordering::Release);
+        // SeqCst, then every slot's timer SeqCst: a registration that published its timer
+        // before this store has it deleted here; one after sees the stop and deletes it
+        // itself (see `new_registration`).
+        RUN_STATE.store(self.run << 1, Ordering::SeqCst);
+        for slot in slots::all() {
+            slot.delete_timer();
+        }
+        // The handler stays installed (a pending SIGPROF with the default disposition
+        // would kill the process); it records nothing while disabled.
     }
 }
 
-impl Drop for Sampler {
-    fn drop(&mut self) {
-        ENABLED.store(false, Ordering::Release);
-        let registry = REGISTRY.lock().unwrap_or_else(PoisonError::into_inner);
-        for state in &registry.threads {
-            state.delete_timer();
+/// Process-wide sample counters, since the process started (across sampler restarts).
+pub fn stats() -> SamplerStats {
+    let mut stats = SamplerStats {
+        drained: DRAINED.load(Ordering::Relaxed),
+        foreign_signals: FOREIGN.load(Ordering::Relaxed),
+        blocked_threads: BLOCKED.load(Ordering::Relaxed),
+        handler_replaced: REPLACED.load(Ordering::Relaxed),
+        stale_roots: crate::root_cpu::stale_handles(),
+        ..SamplerStats::default()
+    };
+    for slot in slots::all() {
+        let c = &slot.counters;
+        stats.taken += c.taken.load(Ordering::Relaxed);
+        stats.periods += c.periods.load(Ordering::Relaxed);
+        stats.dropped += c.dropped.load(Ordering::Relaxed);
+        stats.truncated += c.truncated.load(Ordering::Relaxed);
+        stats.unknown_pc += c.unknown_pc.load(Ordering::Relaxed);
+        stats.low_stack += c.low_stack.load(Ordering::Relaxed);
+        if slot.is_sampling() {
+            stats.threads += 1;
         }
-        drop(registry);
-        // The handler stays installed (a pending SIGPROF with the default disposition
-        // would kill the process); it records nothing while disabled.
-        RUNNING.store(false, Ordering::Release);
     }
+    stats
 }
 
 /// Whether a sampler is running in this process.
 pub fn is_running() -> bool {
-    RUNNING.load(Ordering::Acquire)
+    running_run().is_some()
+}
+
+/// Checks that `SIGPROF` still reaches this sampler's handler. Another component that
+/// installs its own handler later silently ends sampling: this counts it
+/// ([`SamplerStats::handler_replaced`]) and says so on stderr, once per discovery. The
+/// collector calls it every drain; returns whether the handler is ours.
+pub fn check_handler() -> bool {
+    if running_run().is_none() || handler::is_installed() {
+        return true;
+    }
+    if !REPLACED_SEEN.swap(true, Ordering::Relaxed) {
+        REPLACED.fetch_add(1, Ordering::Relaxed);
+        eprintln!(
+            "otel-profiling: another component replaced the SIGPROF handler; CPU sampling \
+             has stopped (only one SIGPROF owner per process)"
+        );
+    }
+    false
 }
 
 /// Updates the unwinder after shared objects were loaded or unloaded (`dlopen`,
@@ -441,7 +473,7 @@ pub fn is_running() -> bool {
 /// Returns whether a new unwinder was published. Does nothing while no sampler runs.
 /// Not for signal handlers.
 pub fn refresh_modules() -> bool {
-    if !RUNNING.load(Ordering::Acquire) {
+    if !is_running() {
         return false;
     }
     unwind::refresh(Wait::Upto(Duration::from_millis(100)))
@@ -458,20 +490,48 @@ pub fn module_stats() -> ModuleStats {
 }
 
 /// Starts sampling the calling thread, if a sampler runs (idempotent).
+///
+/// Fails with [`SamplerError::SigprofBlocked`] (and counts it) when the thread blocks
+/// `SIGPROF`: its timer would only queue signals it never takes.
 pub fn register_current_thread() -> Result<(), SamplerError> {
-    if !RUNNING.load(Ordering::Acquire) {
-        return Err(SamplerError::NotRunning);
+    let run = running_run().ok_or(SamplerError::NotRunning)?;
+    register(run, true)
+}
+
+fn register(run: u64, explicit: bool) -> Result<(), SamplerError> {
+    let epoch = PROCESS_EPOCH.load(Ordering::Acquire);
+    // A thread whose thread-locals are being destroyed is not registered any more.
+    let current = REGISTRATION
+        .try_with(|r| {
+            r.borrow()
+                .as_ref()
+                .filter(|r| r.run == run && r.epoch == epoch)
+                .map(|r| r.slot.is_some())
+        })
+        .map_err(|_| SamplerError::NotRunning)?;
+    match current {
+        Some(true) => return Ok(()),
+        Some(false) if !explicit => return Err(SamplerError::SigprofBlocked),
+        _ => {}
     }
-    let generation = GENERATION.load(Ordering::Acquire);
-    let current = REGISTRATION.with(|r| r.borrow().as_ref().map(|r| r.generation));
-    if current == Some(generation) {
-        return Ok(());
+    // Let go of an earlier run's slot (or a blocked note) first.
+    let _ = REGISTRATION.try_with(|r| drop(r.borrow_mut().take()));
+    let registration = if handler::blocked_here() {
+        BLOCKED.fetch_add(1, Ordering::Relaxed);
+        Registration {
+            slot: None,
+            run,
+            epoch,
+        }
+    } else {
+        new_registration(run, epoch)?
+    };
+    let blocked = registration.slot.is_none();
+    // If the thread-local is gone meanwhile, the registration drops here (released).
+    let _ = REGISTRATION.try_with(|r| *r.borrow_mut() = Some(registration));
+    if blocked {
+        return Err(SamplerError::SigprofBlocked);
     }
-    // A thread may start with libraries loaded since the last refresh; skipped if
-    // another thread is refreshing.
-    unwind::refresh(Wait::No);
-    let registration = new_registration(generation)?;
-    REGISTRATION.with(|r| *r.borrow_mut() = Some(registration));
     Ok(())
 }
 
@@ -501,51 +561,56 @@ pub fn tokio_on_thread_stop() -> impl Fn() + Send + Sync + 'static {
 }
 
 /// Registers the calling thread on its first span enter while a sampler runs: one
-/// thread-local read and one atomic load when already registered.
+/// atomic load and one thread-local read when already registered (or known blocked).
 #[inline]
 pub(crate) fn on_span_enter() {
-    if !RUNNING.load(Ordering::Relaxed) {
+    let Some(run) = running_run() else {
         return;
-    }
-    let generation = GENERATION.load(Ordering::Relaxed);
-    let registered = REGISTRATION
+    };
+    let epoch = PROCESS_EPOCH.load(Ordering::Relaxed);
+    let settled = REGISTRATION
         .try_with(|r| {
             r.try_borrow()
-                .map(|r| r.as_ref().map(|r| r.generation) == Some(generation))
+                .map(|r| r.as_ref().is_some_and(|r| r.run == run && r.epoch == epoch))
                 .unwrap_or(true)
         })
         .unwrap_or(true);
-    if !registered {
-        let _ = register_current_thread();
+    if !settled {
+        let _ = register(run, false);
     }
 }
 
-fn new_registration(generation: u64) -> Result<Registration, SamplerError> {
-    let capacity = RING_CAPACITY.load(Ordering::Relaxed).max(1);
+#[cfg(test)]
+static REGISTRATION_PAUSE: std::sync::Mutex<Option<std::sync::mpsc::Receiver<()>>> =
+    std::sync::Mutex::new(None);
+
+fn new_registration(run: u64, epoch: u64) -> Result<Registration, SamplerError> {
     let hz = u64::from(FREQUENCY_HZ.load(Ordering::Relaxed).max(1));
     let stack = StackBounds::current().map_err(|source| SamplerError::Os {
         call: "pthread_getattr_np",
         source,
     })?;
-    let state = Arc::new(ThreadState {
-        magic: MAGIC,
+    let slot = slots::claim(Owner {
+        // SAFETY: gettid has no preconditions.
+        tid: unsafe { libc::gettid() },
         cell: thread_cell(),
         stack,
-        cache: UnwindCache::new(),
-        ring: Ring::new(capacity),
-        taken: AtomicU64::new(0),
-        dropped: AtomicU64::new(0),
-        truncated: AtomicU64::new(0),
-        unknown_pc: AtomicU64::new(0),
-        timer: Mutex::new(None),
-    });
+        ring_capacity: RING_CAPACITY.load(Ordering::Relaxed).max(1),
+    })
+    .ok_or(SamplerError::TooManyThreads)?;
+    // From here on the registration owns the slot: an error path drops it (releasing).
+    let registration = Registration {
+        slot: Some(slot),
+        run,
+        epoch,
+    };
     // SAFETY: plain FFI; `sev` is fully initialised and `timer` is an out-parameter.
     let timer = unsafe {
         let mut sev: libc::sigevent = std::mem::zeroed();
         sev.sigev_notify = libc::SIGEV_THREAD_ID;
         sev.sigev_signo = libc::SIGPROF;
         sev.sigev_value = libc::sigval {
-            sival_ptr: Arc::as_ptr(&state) as *mut libc::c_void,
+            sival_ptr: slot.timer_value().to_sival(),
         };
         sev.sigev_notify_thread_id = libc::gettid();
         let mut timer: libc::timer_t = std::mem::zeroed();
@@ -554,14 +619,6 @@ fn new_registration(generation: u64) -> Result<Registration, SamplerError> {
         }
         timer
     };
-    // The registry holds the state before the timer can fire, so the pointer in the timer
-    // always refers to live memory.
-    *state.timer.lock().unwrap_or_else(PoisonError::into_inner) = Some(Timer(timer));
-    REGISTRY
-        .lock()
-        .unwrap_or_else(PoisonError::into_inner)
-        .threads
-        .push(state.clone());
     let period_ns = (1_000_000_000 / hz) as libc::c_long;
     let spec = libc::itimerspec {
         it_interval: libc::timespec {
@@ -573,103 +630,56 @@ fn new_registration(generation: u64) -> Result<Registration, SamplerError> {
             tv_nsec: period_ns,
         },
     };
+    // Armed before it is published: nothing but this thread can reach the id yet, and an
+    // early signal is checked against the slot, not the timer.
     // SAFETY: `timer` is a live timer id owned by this registration.
     if unsafe { libc::timer_settime(timer, 0, &spec, std::ptr::null_mut()) } != 0 {
         let err = SamplerError::last_os("timer_settime");
-        state.delete_timer();
+        // SAFETY: created above, not published, deleted once.
+        unsafe { libc::timer_delete(timer) };
         return Err(err);
     }
-    Ok(Registration { state, generation })
+    #[cfg(test)]
+    if let Some(pause) = REGISTRATION_PAUSE
+        .lock()
+        .unwrap_or_else(std::sync::PoisonError::into_inner)
+        .take()
+    {
+        let _ = pause.recv();
+    }
+    slot.set_timer(timer);
+    // Publish, then look (both SeqCst); stop stores, then looks at every slot. One of the
+    // two sees the other: a timer armed across a stop is always deleted.
+    if running_run() != Some(run) {
+        slot.delete_timer();
+        return Err(SamplerError::NotRunning);
+    }
+    Ok(registration)
 }
 
 /// Hands every buffered record of every thread to `f` and frees the buffers; the
-/// collector's entry point. Records outlive a stopped sampler until drained.
+/// collector's entry point. Records outlive a stopped sampler until drained. One drain
+/// runs at a time; registration never waits for it.
 pub fn drain_into(mut f: impl FnMut(&SampleRecord)) -> usize {
-    let mut registry = REGISTRY.lock().unwrap_or_else(PoisonError::into_inner);
-    let mut total = 0;
-    let mut retired = (0, 0, 0, 0);
-    registry.threads.retain(|state| {
-        // Read liveness before draining: a state whose timer was already gone gets no
-        // more samples, so this drain is its last and it can be retired. (The thread's
-        // registration, if it lives, keeps its own reference.)
-        let live = state.timer.lock().map(|t| t.is_some()).unwrap_or(false);
-        // SAFETY: the registry lock makes this the only consumer.
-        total += unsafe { state.ring.drain(&mut f) };
-        if !live {
-            retired.0 += state.taken.load(Ordering::Relaxed);
-            retired.1 += state.dropped.load(Ordering::Relaxed);
-            retired.2 += state.truncated.load(Ordering::Relaxed);
-            retired.3 += state.unknown_pc.load(Ordering::Relaxed);
-        }
-        live
-    });
-    registry.drained += total as u64;
-    registry.retired_taken += retired.0;
-    registry.retired_dropped += retired.1;
-    registry.retired_truncated += retired.2;
-    registry.retired_unknown_pc += retired.3;
+    let guard = DrainGuard::acquire();
+    let total = guard.drain(&mut f);
+    drop(guard);
+    DRAINED.fetch_add(total as u64, Ordering::Relaxed);
     total
 }
 
 extern "C" fn after_fork_in_child() {
     // The child has no timers and only the forking thread; nothing from the parent's
-    // registry may be used. A new sampler can be started in the child.
+    // threads may be used. A new sampler can be started in the child. Only atomics here.
+    PROCESS_EPOCH.fetch_add(1, Ordering::AcqRel);
     ENABLED.store(false, Ordering::Relaxed);
-    RUNNING.store(false, Ordering::Relaxed);
+    RUN_STATE.store(RUN_STATE.load(Ordering::Relaxed) & !1, Ordering::Relaxed);
+    DRAINED.store(0, Ordering::Relaxed);
+    FOREIGN.store(0, Ordering::Relaxed);
+    BLOCKED.store(0, Ordering::Relaxed);
+    START_STOP.reset_in_child();
+    slots::reset_in_child();
+    crate::root_cpu::after_fork_in_child();
     unwind::after_fork_in_child();
 }
 
-fn install_handler() -> Result<(), SamplerError> {
-    // SAFETY: reading and installing a signal disposition; the handler is signal-safe.
-    unsafe {
-        let mut old: libc::sigaction = std::mem::zeroed();
-        if libc::sigaction(libc::SIGPROF, std::ptr::null(), &mut old) != 0 {
-            return Err(SamplerError::last_os("sigaction"));
-        }
-        let ours = on_sigprof as extern "C" fn(libc::c_int, *mut libc::siginfo_t, *mut libc::c_void)
-            as usize;
-        if old.sa_sigaction == ours {
-            return Ok(());
-        }
-        if old.sa_sigaction != libc::SIG_DFL && old.sa_sigaction != libc::SIG_IGN {
-            return Err(SamplerError::SigprofTaken);
-        }
-        let mut action: libc::sigaction = std::mem::zeroed();
-        action.sa_sigaction = ours;
-        action.sa_flags = libc::SA_SIGINFO | libc::SA_RESTART;
-        libc::sigemptyset(&mut action.sa_mask);
-        if libc::sigaction(libc::SIGPROF, &action, std::ptr::null_mut()) != 0 {
-            return Err(SamplerError::last_os("sigaction"));
-        }
-    }
-    Ok(())
-}
-
-/// The `SIGPROF` handler. Async-signal-safe: atomics, a DWARF unwind with preallocated
-/// state and validated stack reads, and a copy into a preallocated ring; `errno` is
-/// preserved.
-extern "C" fn on_sigprof(_: libc::c_int, info: *mut libc::siginfo_t, ucontext: *mut libc::c_void) {
-    // SAFETY: __errno_location is async-signal-safe and returns this thread's errno.
-    let errno_slot = unsafe { libc::__errno_location() };
-    // SAFETY: valid pointer to this thread's errno.
-    let saved_errno = unsafe { *errno_slot };
-    if ENABLED.load(Ordering::Relaxed) && !info.is_null() {
-        // SAFETY: the kernel passes a valid siginfo; only timer signals carry our pointer.
-        let state = unsafe {
-            if (*info).si_code == libc::SI_TIMER {
-                (*info).si_value().sival_ptr as *const ThreadState
-            } else {
-                std::ptr::null()
-            }
-        };
-        // SAFETY: a SI_TIMER SIGPROF comes from one of our timers (we own SIGPROF), whose
-        // value is a ThreadState kept alive by the registry until its timer is deleted.
-        if let Some(state) = unsafe { state.as_ref() } {
-            if state.magic == MAGIC {
-                state.sample(ucontext);
-            }
-        }
-    }
-    // SAFETY: as above.
-    unsafe { *errno_slot = saved_errno };
-}

@@ -19,6 +19,10 @@ pub struct SampleRecord {
     /// The thread's local root when the sample was taken (`None`: outside any span, or the
     /// read raced a write).
     pub root: Option<LocalRoot>,
+    /// CPU periods this sample stands for: 1, plus the timer expirations the kernel folded
+    /// into this signal (`si_overrun`) when it could not deliver one signal per period
+    /// (rates above the kernel tick). Profile values and span CPU time are weighted by it.
+    pub weight: u32,
     /// Number of valid entries in `frames`.
     pub depth: u16,
     /// Whether the stack is incomplete: the unwinder stopped before the outermost frame
@@ -38,6 +42,7 @@ pub struct SampleRecord {
 impl SampleRecord {
     pub(crate) const EMPTY: SampleRecord = SampleRecord {
         root: None,
+        weight: 1,
         depth: 0,
         truncated: false,
         frames: [0; MAX_FRAMES],
@@ -71,6 +76,21 @@ impl Ring {
             head: AtomicUsize::new(0),
             tail: AtomicUsize::new(0),
         }
+    }
+
+    /// Records the ring holds.
+    pub(crate) fn capacity(&self) -> usize {
+        self.slots.len()
+    }
+
+    /// Empties the ring.
+    ///
+    /// # Safety
+    /// Neither a producer nor a consumer may use the ring meanwhile (a slot being
+    /// recycled, or a forked child's copy).
+    pub(crate) unsafe fn reset(&self) {
+        self.tail.store(0, Ordering::Relaxed);
+        self.head.store(0, Ordering::Release);
     }
 
     /// Producer side: fills the next free slot with `fill`, or returns `false` when full.

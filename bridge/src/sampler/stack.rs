@@ -96,6 +96,12 @@ impl StackBounds {
         }
     }
 
+    /// Bytes of this stack left below `sp`, or `None` when `sp` is not on this stack.
+    #[inline]
+    pub(crate) fn headroom(&self, sp: u64) -> Option<u64> {
+        (sp >= self.lo && sp < self.hi).then(|| sp - self.lo)
+    }
+
     /// A reader for the part of this stack that is live at `sp`, or `None` when `sp` is
     /// not on this stack (an alternate signal stack, a coroutine's own stack): then no
     /// stack word may be read at all.

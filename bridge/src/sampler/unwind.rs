@@ -364,8 +364,6 @@ static PUBLISHER: Mutex<Publisher> = Mutex::new(Publisher {
 /// How long a refresh may wait for another one in progress.
 #[derive(Clone, Copy, Debug)]
 pub(crate) enum Wait {
-    /// Skip if another thread is refreshing.
-    No,
     /// Wait up to this long (then skip: the caller goes on with the current snapshot).
     Upto(Duration),
 }
@@ -378,7 +376,6 @@ pub(crate) fn refresh(wait: Wait) -> bool {
         Ok(guard) => guard,
         Err(TryLockError::Poisoned(poisoned)) => poisoned.into_inner(),
         Err(TryLockError::WouldBlock) => match wait {
-            Wait::No => return false,
             Wait::Upto(limit) => {
                 // A bounded wait rather than `lock()`: in a child forked while another
                 // thread held the lock, it is never released.
@@ -456,7 +453,11 @@ pub(crate) fn after_fork_in_child() {
 /// # Safety
 /// Only from the `SIGPROF` handler of the thread that owns `cache` and whose stack
 /// `stack` describes; the handler must not nest (SIGPROF is blocked while it runs).
-#[inline]
+///
+/// Never inlined: on a cache miss framehop's CFI evaluation keeps several KB of
+/// temporaries, which must live in this frame (entered only after the handler checked the
+/// stack headroom), not in the handler's own.
+#[inline(never)]
 pub(crate) unsafe fn walk(
     regs: &Registers,
     stack: StackBounds,

@@ -1,0 +1,280 @@
+//! CPU counters of local root spans, in a table the signal handler can never fault on.
+//!
+//! The sampler's signal handler adds every sample to the counters of the local root the
+//! thread is running, at the moment the sample is taken. A [`LocalRoot`](crate::LocalRoot)
+//! is public and `Copy`, so a copy can outlive its span (kept in a variable, entered again
+//! through `SpanContextGuard`, left behind by a forgotten guard). It therefore carries no
+//! address, only a [`CpuHandle`]: a slot index and the slot's generation.
+//!
+//! ```text
+//!  claim (root span starts)          handler (any thread, any time)        release (root ends)
+//!  pop a free slot                   IN_FLIGHT += 1                        generation += 1 (even)
+//!  zero counters                     slot = table[index] (never freed)     read the totals
+//!  generation += 1 (odd) ─► handle   generation == handle's? add           slot → limbo
+//!                                    IN_FLIGHT -= 1
+//!  limbo → free once IN_FLIGHT == 0 is seen after the release
+//! ```
+//!
+//! **Never freed.** Slots live in chunks that are allocated on demand and never freed, so
+//! any index below the allocated count names valid memory; an index beyond it is refused.
+//!
+//! **Generations.** A slot's generation is odd while a root owns it. The handler adds only
+//! when the generation it reads equals the handle's; a stale handle (its root ended) is
+//! counted in [`stale_handles`] and adds nothing.
+//!
+//! **Reuse.** A released slot is reused only after `IN_FLIGHT == 0` was observed after its
+//! release (all four operations `SeqCst`): a handler that read the old generation before
+//! the release has finished by then, so it can never add into the next root's counters.
+//! Free and limbo lists live in the caller's shards (the evidence table), under locks it
+//! already holds; nothing here locks.
+
+use std::sync::atomic::{AtomicPtr, AtomicU32, AtomicU64, AtomicUsize, Ordering};
+
+/// Slots per chunk.
+const CHUNK: usize = 256;
+/// Chunks at most: 4,194,304 local roots alive at once (a chunk is 6 KiB).
+const MAX_CHUNKS: usize = 16_384;
+
+/// One root's counters.
+struct Slot {
+    /// Odd while a root owns the slot.
+    generation: AtomicU32,
+    samples: AtomicU64,
+    time_ns: AtomicU64,
+}
+
+impl Slot {
+    const fn new() -> Slot {
+        Slot {
+            generation: AtomicU32::new(0),
+            samples: AtomicU64::new(0),
+            time_ns: AtomicU64::new(0),
+        }
+    }
+}
+
+struct Chunk([Slot; CHUNK]);
+
+static CHUNKS: [AtomicPtr<Chunk>; MAX_CHUNKS] =
+    [const { AtomicPtr::new(std::ptr::null_mut()) }; MAX_CHUNKS];
+/// Slots handed out for the first time so far.
+static FRESH: AtomicUsize = AtomicUsize::new(0);
+/// Handlers between their generation check and their last counter update.
+static IN_FLIGHT: AtomicUsize = AtomicUsize::new(0);
+/// Samples whose root had already ended.
+static STALE: AtomicU64 = AtomicU64::new(0);
+
+/// Names one root's counters: slot index and generation. `Copy`, no address.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+pub(crate) struct CpuHandle {
+    index: u32,
+    generation: u32,
+}
+
+impl CpuHandle {
+    /// The packed form kept in the span context record (0 = no counters).
+    pub(crate) fn to_raw(self) -> u64 {
+        (u64::from(self.index) + 1) << 32 | u64::from(self.generation)
+    }
+
+    /// Unpacks [`CpuHandle::to_raw`]; 0 is "none".
+    pub(crate) fn from_raw(raw: u64) -> Option<CpuHandle> {
+        let index = (raw >> 32) as u32;
+        (index != 0).then(|| CpuHandle {
+            index: index - 1,
+            generation: raw as u32,
+        })
+    }
+}
+
+fn slot(index: u32) -> Option<&'static Slot> {
+    let index = index as usize;
+    let chunk = CHUNKS.get(index / CHUNK)?.load(Ordering::Acquire);
+    // SAFETY: chunks are published once with a release store and never freed.
+    let chunk = unsafe { chunk.as_ref() }?;
+    chunk.0.get(index % CHUNK)
+}
+
+/// Why a slot could not be had.
+#[derive(Debug)]
+pub(crate) struct TableFull;
+
+/// A new slot index (never used before), allocating its chunk if needed.
+fn fresh() -> Result<u32, TableFull> {
+    let index = FRESH.fetch_add(1, Ordering::Relaxed);
+    if index >= CHUNK * MAX_CHUNKS {
+        FRESH.fetch_sub(1, Ordering::Relaxed);
+        return Err(TableFull);
+    }
+    let cell = &CHUNKS[index / CHUNK];
+    if cell.load(Ordering::Acquire).is_null() {
+        let chunk = Box::into_raw(Box::new(Chunk([const { Slot::new() }; CHUNK])));
+        if cell
+            .compare_exchange(
+                std::ptr::null_mut(),
+                chunk,
+                Ordering::AcqRel,
+                Ordering::Acquire,
+            )
+            .is_err()
+        {
+            // SAFETY: ours, never published.
+            drop(unsafe { Box::from_raw(chunk) });
+        }
+    }
+    Ok(index as u32)
+}
+
+/// The per-shard lists of reusable and released slots. The owner serialises access.
+#[derive(Debug, Default)]
+pub(crate) struct SlotLists {
+    free: Vec<u32>,
+    limbo: Vec<u32>,
+}
+
+impl SlotLists {
+    /// Claims a slot with zeroed counters for a new root.
+    pub(crate) fn claim(&mut self) -> Result<CpuHandle, TableFull> {
+        if self.free.is_empty() && !self.limbo.is_empty() && IN_FLIGHT.load(Ordering::SeqCst) == 0 {
+            // Every slot in limbo was released before this load: no handler still
+            // holds its old generation.
+            self.free.append(&mut self.limbo);
+        }
+        let index = match self.free.pop() {
+            Some(index) => index,
+            None => fresh()?,
+        };
+        let slot = slot(index).ok_or(TableFull)?;
+        slot.samples.store(0, Ordering::Relaxed);
+        slot.time_ns.store(0, Ordering::Relaxed);
+        // Even (free) → odd (owned); the release orders the zeroing before it.
+        let generation = slot
+            .generation
+            .fetch_add(1, Ordering::SeqCst)
+            .wrapping_add(1);
+        Ok(CpuHandle { index, generation })
+    }
+
+    /// Ends `handle`'s ownership and returns its totals `(samples, time_ns)`. Later
+    /// samples under the same handle are not counted.
+    pub(crate) fn release(&mut self, handle: CpuHandle) -> (u64, u64) {
+        let Some(slot) = slot(handle.index) else {
+            return (0, 0);
+        };
+        if slot
+            .generation
+            .compare_exchange(
+                handle.generation,
+                handle.generation.wrapping_add(1),
+                Ordering::SeqCst,
+                Ordering::SeqCst,
+            )
+            .is_err()
+        {
+            return (0, 0);
+        }
+        // A handler that passed the generation check just before the release may still be
+        // adding: wait for it a little (handlers are short), without ever blocking long.
+        for _ in 0..1000 {
+            if IN_FLIGHT.load(Ordering::SeqCst) == 0 {
+                break;
+            }
+            std::hint::spin_loop();
+        }
+        let totals = (
+            slot.samples.load(Ordering::Relaxed),
+            slot.time_ns.load(Ordering::Relaxed),
+        );
+        self.limbo.push(handle.index);
+        totals
+    }
+}
+
+/// Counts one sample standing for `time_ns` of CPU under `raw` (a [`CpuHandle::to_raw`]).
+/// Async-signal-safe: atomics only, and every memory access is to a never-freed slot.
+#[inline]
+pub(crate) fn record(raw: u64, time_ns: u64) {
+    let Some(handle) = CpuHandle::from_raw(raw) else {
+        return;
+    };
+    IN_FLIGHT.fetch_add(1, Ordering::SeqCst);
+    match slot(handle.index) {
+        Some(slot) if slot.generation.load(Ordering::SeqCst) == handle.generation => {
+            slot.samples.fetch_add(1, Ordering::Relaxed);
+            slot.time_ns.fetch_add(time_ns, Ordering::Relaxed);
+        }
+        _ => {
+            STALE.fetch_add(1, Ordering::Relaxed);
+        }
+    }
+    IN_FLIGHT.fetch_sub(1, Ordering::SeqCst);
+}
+
+/// Samples taken under a root that had already ended (a kept or leaked `LocalRoot`);
+/// they were not counted for any span.
+pub(crate) fn stale_handles() -> u64 {
+    STALE.load(Ordering::Relaxed)
+}
+
+/// In a forked child only the forking thread exists, and it is not in a handler.
+pub(crate) fn after_fork_in_child() {
+    IN_FLIGHT.store(0, Ordering::Relaxed);
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_released_handle_counts_nothing_and_its_slot_is_reused_cleanly() {
+        let mut lists = SlotLists::default();
+        let a = lists.claim().expect("slot");
+        record(a.to_raw(), 10);
+        record(a.to_raw(), 10);
+        assert_eq!(lists.release(a), (2, 20));
+        let stale_before = stale_handles();
+        record(a.to_raw(), 10);
+        assert_eq!(stale_handles(), stale_before + 1, "stale handle refused");
+        // The slot comes back (no handler in flight here) with zeroed counters and a new
+        // generation: the old handle still adds nothing to the new root.
+        let b = lists.claim().expect("slot");
+        assert_eq!(b.index, a.index);
+        assert_ne!(b.generation, a.generation);
+        record(a.to_raw(), 10);
+        record(b.to_raw(), 7);
+        assert_eq!(lists.release(b), (1, 7));
+        // Releasing twice is harmless.
+        assert_eq!(lists.release(b), (0, 0));
+    }
+
+    #[test]
+    fn garbage_handles_are_refused_not_followed() {
+        let before = stale_handles();
+        for raw in [
+            u64::MAX,
+            (u64::from(u32::MAX)) << 32,
+            ((CHUNK * MAX_CHUNKS) as u64 + 1) << 32 | 1,
+            0x1234_5678_9abc_def1,
+        ] {
+            record(raw, 1);
+        }
+        assert_eq!(stale_handles(), before + 4);
+        record(0, 1);
+        assert_eq!(stale_handles(), before + 4, "0 is no handle");
+        assert_eq!(CpuHandle::from_raw(0), None);
+    }
+
+    #[test]
+    fn raw_round_trip() {
+        let h = CpuHandle {
+            index: 7,
+            generation: 9,
+        };
+        assert_eq!(CpuHandle::from_raw(h.to_raw()), Some(h));
+        let h = CpuHandle {
+            index: u32::MAX - 1,
+            generation: u32::MAX,
+        };
+        assert_eq!(CpuHandle::from_raw(h.to_raw()), Some(h));
+    }
+}

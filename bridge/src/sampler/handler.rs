@@ -1,0 +1,244 @@
+//! The `SIGPROF` handler, its installation, and the guards around it.
+//!
+//! **What runs in the handler.** Atomics, `gettid`, a DWARF walk with preallocated state
+//! and bounds-checked stack reads, a copy into the thread's preallocated ring. No
+//! allocation, no lock, no thread-local; `errno` is preserved.
+//!
+//! **Whose signals.** Only signals whose `si_value` names a live slot owned by the
+//! receiving thread are sampled (see `slots`). Every other `SIGPROF` (another library's
+//! timer, a forged or stale signal, `kill`) is ignored and counted in
+//! [`SamplerStats::foreign_signals`](super::SamplerStats::foreign_signals).
+//!
+//! **Stack.** The walk runs in its own non-inlined function, and only when the interrupted
+//! thread has at least [`WALK_STACK_BUDGET`] bytes of stack left below the interrupted
+//! `sp`; otherwise the sample keeps its pc only and counts in `low_stack`. The budget is
+//! the measured peak of the walk (`handler_stack_use_is_bounded` test) with a margin.
+//!
+//! **Panics.** Nothing here should panic, but framehop is not ours. A panic unwinding out
+//! of the handler would abort after running the panic hook, which allocates and locks
+//! (deadlock-prone inside a signal). The sampler installs, once, a panic hook in front of
+//! the existing one: when the panicking thread is inside our handler it writes one fixed
+//! line to stderr and aborts, with no allocation and no lock.
+//!
+//! **Ownership of `SIGPROF`.** Installing swaps our handler in with one `sigaction` call
+//! and puts the previous one back if it was someone else's, so there is no window in
+//! which two installers both believe they own it. The collector checks periodically that
+//! the handler is still ours ([`is_installed`]); another component replacing it is
+//! counted and reported once.
+
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
+use std::sync::Once;
+
+use super::slots::{self, Slot, TimerValue};
+use super::stack::Registers;
+use super::unwind::{self, WalkEnd};
+use super::SamplerError;
+use crate::root_cpu;
+
+/// Bytes of stack the interrupted thread must have left for the walk to run (the walk's
+/// measured peak is well below this in debug and release builds; see `docs/`).
+pub(crate) const WALK_STACK_BUDGET: u64 = 48 * 1024;
+
+/// Whether the handler records anything (false after stop and in a forked child).
+pub(super) static ENABLED: AtomicBool = AtomicBool::new(false);
+/// Sampling period in nanoseconds (what one sample stands for).
+pub(super) static PERIOD_NS: AtomicU64 = AtomicU64::new(0);
+/// `SIGPROF` signals that were not ours.
+pub(super) static FOREIGN: AtomicU64 = AtomicU64::new(0);
+/// Times the collector found another handler installed for `SIGPROF`.
+pub(super) static REPLACED: AtomicU64 = AtomicU64::new(0);
+
+#[cfg(test)]
+pub(super) static INJECT_PANIC: AtomicBool = AtomicBool::new(false);
+
+fn ours() -> usize {
+    on_sigprof as extern "C" fn(libc::c_int, *mut libc::siginfo_t, *mut libc::c_void) as usize
+}
+
+/// Installs the handler unless another one is there (then nothing changes).
+pub(super) fn install() -> Result<(), SamplerError> {
+    // SAFETY: installing a disposition with a fully initialised sigaction; the handler is
+    // async-signal-safe.
+    unsafe {
+        let mut action: libc::sigaction = std::mem::zeroed();
+        action.sa_sigaction = ours();
+        action.sa_flags = libc::SA_SIGINFO | libc::SA_RESTART;
+        libc::sigemptyset(&mut action.sa_mask);
+        let mut old: libc::sigaction = std::mem::zeroed();
+        // One swap: whoever installs concurrently, exactly one sees SIG_DFL/SIG_IGN.
+        if libc::sigaction(libc::SIGPROF, &action, &mut old) != 0 {
+            return Err(SamplerError::last_os("sigaction"));
+        }
+        let previous = old.sa_sigaction;
+        if previous != ours() && previous != libc::SIG_DFL && previous != libc::SIG_IGN {
+            // Someone else's: give it back untouched. (A signal in between reached our
+            // handler, which ignores what is not ours.)
+            libc::sigaction(libc::SIGPROF, &old, std::ptr::null_mut());
+            return Err(SamplerError::SigprofTaken);
+        }
+    }
+    install_panic_guard();
+    Ok(())
+}
+
+/// Whether our handler is still the one installed; counts (once per discovery) when not.
+pub(super) fn is_installed() -> bool {
+    // SAFETY: reading the disposition into an out-parameter.
+    let current = unsafe {
+        let mut old: libc::sigaction = std::mem::zeroed();
+        if libc::sigaction(libc::SIGPROF, std::ptr::null(), &mut old) != 0 {
+            return true;
+        }
+        old.sa_sigaction
+    };
+    current == ours()
+}
+
+/// Whether `SIGPROF` is blocked on the calling thread (its timer would sample nothing).
+pub(super) fn blocked_here() -> bool {
+    // SAFETY: reading the calling thread's signal mask into an out-parameter.
+    unsafe {
+        let mut set: libc::sigset_t = std::mem::zeroed();
+        if libc::pthread_sigmask(libc::SIG_BLOCK, std::ptr::null(), &mut set) != 0 {
+            return false;
+        }
+        libc::sigismember(&set, libc::SIGPROF) == 1
+    }
+}
+
+static PANIC_GUARD: Once = Once::new();
+
+/// Puts the in-handler panic check in front of the current panic hook (once).
+fn install_panic_guard() {
+    PANIC_GUARD.call_once(|| {
+        let previous = std::panic::take_hook();
+        std::panic::set_hook(Box::new(move |info| {
+            abort_if_in_handler();
+            previous(info);
+        }));
+    });
+}
+
+/// Called from the panic hook: if this thread is inside our signal handler, write a fixed
+/// line and abort, allocating nothing. Async-signal-safe.
+fn abort_if_in_handler() {
+    // SAFETY: gettid has no preconditions.
+    let tid = unsafe { libc::gettid() };
+    if !slots::all().any(|s| s.in_handler.load(Ordering::Relaxed) && s.owner_tid() == tid) {
+        return;
+    }
+    const MESSAGE: &[u8] =
+        b"otel-profiling: panic inside the SIGPROF handler; aborting (no allocation)\n";
+    // SAFETY: write(2) and abort(3) are async-signal-safe; the buffer is static.
+    unsafe {
+        libc::write(2, MESSAGE.as_ptr().cast(), MESSAGE.len());
+        libc::abort();
+    }
+}
+
+/// The `SIGPROF` handler.
+extern "C" fn on_sigprof(_: libc::c_int, info: *mut libc::siginfo_t, ucontext: *mut libc::c_void) {
+    // SAFETY: __errno_location is async-signal-safe and returns this thread's errno.
+    let errno_slot = unsafe { libc::__errno_location() };
+    // SAFETY: valid pointer to this thread's errno.
+    let saved_errno = unsafe { *errno_slot };
+    // SAFETY: the kernel passes a valid siginfo (checked for null).
+    match unsafe { info.as_ref() } {
+        Some(info) if info.si_code == libc::SI_TIMER => {
+            // SAFETY: SI_TIMER signals carry the timer fields.
+            let (sival, overrun) = unsafe { (info.si_value().sival_ptr, info.si_overrun()) };
+            match slots::for_signal(TimerValue::from_sival(sival)) {
+                Some(slot) => {
+                    if ENABLED.load(Ordering::Relaxed) {
+                        slot.in_handler.store(true, Ordering::Relaxed);
+                        sample(slot, overrun, ucontext);
+                        slot.in_handler.store(false, Ordering::Relaxed);
+                    }
+                }
+                None => {
+                    FOREIGN.fetch_add(1, Ordering::Relaxed);
+                }
+            }
+        }
+        _ => {
+            FOREIGN.fetch_add(1, Ordering::Relaxed);
+        }
+    }
+    // SAFETY: as above.
+    unsafe { *errno_slot = saved_errno };
+}
+
+/// Takes one sample on the slot's owner thread.
+#[inline]
+fn sample(slot: &Slot, overrun: libc::c_int, ucontext: *mut libc::c_void) {
+    #[cfg(test)]
+    if INJECT_PANIC.load(Ordering::Relaxed) {
+        panic!("injected panic in the SIGPROF handler");
+    }
+    let counters = &slot.counters;
+    // Expirations the kernel could not deliver separately (rates above its tick).
+    let weight = 1 + u32::try_from(overrun).unwrap_or(0);
+    counters.taken.fetch_add(1, Ordering::Relaxed);
+    counters
+        .periods
+        .fetch_add(u64::from(weight), Ordering::Relaxed);
+    let cell = slot.cell();
+    // SAFETY: `cell` is the owner's `const` thread-local record, and this runs on the
+    // owner (the slot accepted the signal only after comparing tids).
+    let root = unsafe { cell.as_ref() }.and_then(|c| c.read());
+    if let Some(root) = &root {
+        let time = PERIOD_NS.load(Ordering::Relaxed) * u64::from(weight);
+        root_cpu::record(root.cpu_raw(), time);
+    }
+    let (Some(ring), Some(cache)) = (slot.ring(), slot.cache()) else {
+        return;
+    };
+    // SAFETY: `ucontext` is the kernel's handler argument.
+    let regs = unsafe { Registers::from_ucontext(ucontext) };
+    let stack = slot.stack();
+    let mut end = WalkEnd::Truncated;
+    let mut low_stack = false;
+    // SAFETY: only the owner's handler produces into its ring (the slot check), and
+    // SIGPROF is blocked while the handler runs, so it never nests.
+    let stored = unsafe {
+        ring.push_with(|record| {
+            record.root = root;
+            record.weight = weight;
+            match regs {
+                None => {
+                    record.depth = 0;
+                    record.truncated = true;
+                }
+                Some(regs) => match stack.headroom(regs.sp) {
+                    Some(left) if left >= WALK_STACK_BUDGET => {
+                        // (Inside the unsafe block above.) The owner's handler is the
+                        // sole user of `cache` and does not nest.
+                        end = unwind::walk(&regs, stack, cache, record);
+                    }
+                    left => {
+                        // Too close to the end of the stack for the walk's frames (or off
+                        // the thread's stack): keep the interrupted pc, which alone names
+                        // the function.
+                        low_stack = left.is_some();
+                        record.frames[0] = regs.pc;
+                        record.depth = 1;
+                        record.truncated = true;
+                    }
+                },
+            }
+        })
+    };
+    if !stored {
+        counters.dropped.fetch_add(1, Ordering::Relaxed);
+        return;
+    }
+    if low_stack {
+        counters.low_stack.fetch_add(1, Ordering::Relaxed);
+    }
+    if end != WalkEnd::Complete {
+        counters.truncated.fetch_add(1, Ordering::Relaxed);
+        if end == WalkEnd::UnknownPc {
+            counters.unknown_pc.fetch_add(1, Ordering::Relaxed);
+        }
+    }
+}

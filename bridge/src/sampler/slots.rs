@@ -1,0 +1,497 @@
+//! The table of per-thread sampler state: slots that are recycled, never freed, and named
+//! to the kernel by index and generation, never by address.
+//!
+//! ```text
+//!  FREE ──claim (thread T)──► LIVE ──release (T itself)──► RETIRING ──last drain──► FREE
+//!        tid, stack, ring,           timer deleted,              (collector, under
+//!        generation += 1 (odd)       generation += 1 (even)       the drain lock)
+//! ```
+//!
+//! **What the handler trusts.** A timer's `si_value` is [`TimerValue`]: a tag, the slot
+//! index and the slot's generation. The handler accepts a signal only if the tag matches,
+//! the index names an allocated slot (chunks are never freed), the slot's generation
+//! equals the value's (odd: owned) and the slot's owner is the receiving thread
+//! (`gettid`). Anything else, such as another library's `SIGPROF` timer, a forged
+//! `SI_TIMER` signal, or a signal queued for a thread that has since let its slot go, is
+//! ignored and counted. Only the owner bumps the generation away from odd, on its own
+//! thread: a handler running on it has finished by then, and a later one reads the new
+//! generation. So the ring and unwind cache a handler uses belong to its thread alone.
+//!
+//! **Who touches what.** The owner writes the slot's fields while claiming it (before the
+//! generation is published with a release store) and never changes them while it is
+//! LIVE. The collector drains LIVE and RETIRING slots under the drain lock and alone
+//! moves RETIRING to FREE, so a slot's ring is never replaced while a drain may read it.
+//! Timer ids are swapped out atomically, so stop and the owner never both delete one.
+//!
+//! **Memory.** A slot keeps its ring and unwind cache when it is recycled, so a new thread
+//! usually claims a slot that is ready (no allocation, no page faults), and memory tracks
+//! the peak number of threads alive at once, not the number ever created.
+//!
+//! **Fork.** The child has one thread and none of the parent's timers: `reset_in_child`
+//! forgets every timer id, empties every ring, zeroes the counters and frees every slot.
+
+use std::sync::atomic::{
+    AtomicBool, AtomicI32, AtomicPtr, AtomicU32, AtomicU64, AtomicU8, AtomicUsize, Ordering,
+};
+
+use super::ring::Ring;
+use super::stack::StackBounds;
+use super::unwind::UnwindCache;
+use crate::span_context::SpanContextCell;
+
+/// Slots per chunk.
+const CHUNK: usize = 64;
+/// Chunks at most: 65,536 threads registered at once.
+const MAX_CHUNKS: usize = 1024;
+/// Most slots the table can hold.
+pub(crate) const MAX_THREADS: usize = CHUNK * MAX_CHUNKS;
+
+const FREE: u8 = 0;
+const LIVE: u8 = 1;
+const RETIRING: u8 = 2;
+
+/// Per-thread counters, monotonic for the life of the process (not reset on reuse).
+#[derive(Default)]
+pub(crate) struct Counters {
+    pub(crate) taken: AtomicU64,
+    pub(crate) periods: AtomicU64,
+    pub(crate) dropped: AtomicU64,
+    pub(crate) truncated: AtomicU64,
+    pub(crate) unknown_pc: AtomicU64,
+    pub(crate) low_stack: AtomicU64,
+}
+
+/// One thread's sampler state.
+pub(crate) struct Slot {
+    index: u32,
+    /// Odd while a thread owns the slot.
+    generation: AtomicU32,
+    phase: AtomicU8,
+    /// The owner's kernel thread id.
+    tid: AtomicI32,
+    /// The owner's span context record (a `const` thread-local: lives as long as it).
+    cell: AtomicPtr<SpanContextCell>,
+    stack_lo: AtomicU64,
+    stack_hi: AtomicU64,
+    /// Allocated at the slot's first claim and kept for every later owner.
+    cache: AtomicPtr<UnwindCache>,
+    /// Replaced only while FREE (capacity change), never freed while LIVE or RETIRING.
+    ring: AtomicPtr<Ring>,
+    /// The owner's timer id + 1 (0: none).
+    timer: AtomicU64,
+    /// Set while the owner's handler runs (for the panic guard).
+    pub(crate) in_handler: AtomicBool,
+    pub(crate) counters: Counters,
+    /// Free list link: index + 1 of the next free slot (0: none).
+    next_free: AtomicU32,
+}
+
+impl Slot {
+    fn new(index: u32) -> Slot {
+        Slot {
+            index,
+            generation: AtomicU32::new(0),
+            phase: AtomicU8::new(FREE),
+            tid: AtomicI32::new(0),
+            cell: AtomicPtr::new(std::ptr::null_mut()),
+            stack_lo: AtomicU64::new(0),
+            stack_hi: AtomicU64::new(0),
+            cache: AtomicPtr::new(std::ptr::null_mut()),
+            ring: AtomicPtr::new(std::ptr::null_mut()),
+            timer: AtomicU64::new(0),
+            in_handler: AtomicBool::new(false),
+            counters: Counters::default(),
+            next_free: AtomicU32::new(0),
+        }
+    }
+
+    /// The value this slot's current owner gives its timer.
+    pub(crate) fn timer_value(&self) -> TimerValue {
+        TimerValue::new(self.index, self.generation.load(Ordering::Relaxed))
+    }
+
+    /// Whether a signal carrying `value` may use this slot on this thread. Async-signal-safe.
+    #[inline]
+    fn accepts(&self, value: TimerValue) -> bool {
+        self.generation.load(Ordering::Acquire) == value.generation()
+            && value.generation() & 1 == 1
+            // SAFETY: gettid has no preconditions and is async-signal-safe.
+            && self.tid.load(Ordering::Relaxed) == unsafe { libc::gettid() }
+    }
+
+    /// The owner's kernel thread id.
+    pub(crate) fn owner_tid(&self) -> libc::pid_t {
+        self.tid.load(Ordering::Relaxed)
+    }
+
+    /// The owner's span context record. Valid while the owner lives (handler use only, on
+    /// the owner thread).
+    #[inline]
+    pub(crate) fn cell(&self) -> *const SpanContextCell {
+        self.cell.load(Ordering::Relaxed)
+    }
+
+    #[inline]
+    pub(crate) fn stack(&self) -> StackBounds {
+        StackBounds {
+            lo: self.stack_lo.load(Ordering::Relaxed),
+            hi: self.stack_hi.load(Ordering::Relaxed),
+        }
+    }
+
+    /// The ring, for the owner's handler (producer) or the drainer (consumer).
+    #[inline]
+    pub(crate) fn ring(&self) -> Option<&Ring> {
+        // SAFETY: rings are replaced and freed only while the slot is FREE (see module
+        // docs); callers are the owner's handler (slot LIVE, checked) or the drainer.
+        unsafe { self.ring.load(Ordering::Acquire).as_ref() }
+    }
+
+    #[inline]
+    pub(crate) fn cache(&self) -> Option<&UnwindCache> {
+        // SAFETY: caches are allocated once and never freed.
+        unsafe { self.cache.load(Ordering::Acquire).as_ref() }
+    }
+
+    /// Whether a thread owns the slot and has a timer armed now.
+    pub(crate) fn is_sampling(&self) -> bool {
+        self.phase.load(Ordering::Acquire) == LIVE && self.timer.load(Ordering::Acquire) != 0
+    }
+
+    /// Publishes the owner's armed timer (SeqCst: pairs with the stop sequence).
+    pub(crate) fn set_timer(&self, timer: libc::timer_t) {
+        self.timer
+            .store(timer as usize as u64 + 1, Ordering::SeqCst);
+    }
+
+    /// Deletes the slot's timer if it still has one; exactly one caller deletes it.
+    pub(crate) fn delete_timer(&self) {
+        let raw = self.timer.swap(0, Ordering::SeqCst);
+        if raw != 0 {
+            // SAFETY: the id came from timer_create in this process (the child of a fork
+            // forgets ids, see `reset_in_child`) and the swap hands it to one caller.
+            unsafe { libc::timer_delete((raw - 1) as usize as libc::timer_t) };
+        }
+    }
+
+    /// Ends the calling owner's use of the slot. Only the owner thread may call this.
+    pub(crate) fn release(&self) {
+        self.delete_timer();
+        // Odd → even: a signal still queued for this thread finds a generation mismatch.
+        self.generation.fetch_add(1, Ordering::AcqRel);
+        self.phase.store(RETIRING, Ordering::Release);
+    }
+}
+
+/// A timer's `si_value`: tag (16 bits) | index (16 bits) | generation (32 bits).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub(crate) struct TimerValue(u64);
+
+const TAG: u64 = 0x07e1;
+
+impl TimerValue {
+    fn new(index: u32, generation: u32) -> TimerValue {
+        TimerValue(TAG << 48 | u64::from(index & 0xffff) << 32 | u64::from(generation))
+    }
+
+    pub(crate) fn from_sival(sival: *mut libc::c_void) -> TimerValue {
+        TimerValue(sival as usize as u64)
+    }
+
+    pub(crate) fn to_sival(self) -> *mut libc::c_void {
+        self.0 as usize as *mut libc::c_void
+    }
+
+    fn index(self) -> Option<u32> {
+        (self.0 >> 48 == TAG).then_some((self.0 >> 32) as u32 & 0xffff)
+    }
+
+    fn generation(self) -> u32 {
+        self.0 as u32
+    }
+}
+
+struct Chunk([Slot; CHUNK]);
+
+static CHUNKS: [AtomicPtr<Chunk>; MAX_CHUNKS] =
+    [const { AtomicPtr::new(std::ptr::null_mut()) }; MAX_CHUNKS];
+/// Slots handed out for the first time so far.
+static FRESH: AtomicUsize = AtomicUsize::new(0);
+/// Free list head: (ABA tag << 32) | (index + 1); 0 in the low half: empty.
+static FREE_HEAD: AtomicU64 = AtomicU64::new(0);
+/// Held by the one drainer; fork-safe (see [`ForkSafeLock`]).
+static DRAINING: ForkSafeLock = ForkSafeLock::new();
+
+/// A lock that a forked child can reset: the thread that held it in the parent does not
+/// exist in the child, so a `std::sync::Mutex` held at `fork` would stay locked forever.
+/// Waiters yield; hold it only for short, non-blocking work or rare operations.
+pub(crate) struct ForkSafeLock(AtomicBool);
+
+/// Held [`ForkSafeLock`]; unlocks on drop.
+pub(crate) struct ForkSafeGuard<'a>(&'a ForkSafeLock);
+
+impl ForkSafeLock {
+    pub(crate) const fn new() -> ForkSafeLock {
+        ForkSafeLock(AtomicBool::new(false))
+    }
+
+    pub(crate) fn lock(&self) -> ForkSafeGuard<'_> {
+        while self
+            .0
+            .compare_exchange_weak(false, true, Ordering::Acquire, Ordering::Relaxed)
+            .is_err()
+        {
+            std::thread::yield_now();
+        }
+        ForkSafeGuard(self)
+    }
+
+    /// Unlocks unconditionally: only in a forked child, whose one thread holds nothing.
+    pub(crate) fn reset_in_child(&self) {
+        self.0.store(false, Ordering::Relaxed);
+    }
+}
+
+impl Drop for ForkSafeGuard<'_> {
+    fn drop(&mut self) {
+        (self.0).0.store(false, Ordering::Release);
+    }
+}
+
+/// The slot at `index`, if its chunk exists. Async-signal-safe.
+#[inline]
+fn slot(index: u32) -> Option<&'static Slot> {
+    let index = index as usize;
+    let chunk = CHUNKS.get(index / CHUNK)?.load(Ordering::Acquire);
+    // SAFETY: chunks are published once, fully initialised, and never freed.
+    let chunk = unsafe { chunk.as_ref() }?;
+    chunk.0.get(index % CHUNK)
+}
+
+/// The slot a signal carrying `value` belongs to, if it is one of ours for this thread.
+/// Async-signal-safe.
+#[inline]
+pub(crate) fn for_signal(value: TimerValue) -> Option<&'static Slot> {
+    let slot = slot(value.index()?)?;
+    slot.accepts(value).then_some(slot)
+}
+
+/// Every slot allocated so far (including free ones).
+pub(crate) fn all() -> impl Iterator<Item = &'static Slot> {
+    let n = FRESH.load(Ordering::Acquire).min(MAX_THREADS);
+    (0..n as u32).filter_map(slot)
+}
+
+fn pop_free() -> Option<&'static Slot> {
+    let mut head = FREE_HEAD.load(Ordering::Acquire);
+    loop {
+        let top = head as u32;
+        let slot = slot(top.checked_sub(1)?)?;
+        let next = slot.next_free.load(Ordering::Acquire);
+        let new = ((head >> 32).wrapping_add(1)) << 32 | u64::from(next);
+        match FREE_HEAD.compare_exchange_weak(head, new, Ordering::AcqRel, Ordering::Acquire) {
+            Ok(_) => return Some(slot),
+            Err(actual) => head = actual,
+        }
+    }
+}
+
+fn push_free(slot: &Slot) {
+    let mut head = FREE_HEAD.load(Ordering::Acquire);
+    loop {
+        slot.next_free.store(head as u32, Ordering::Release);
+        let new = ((head >> 32).wrapping_add(1)) << 32 | u64::from(slot.index + 1);
+        match FREE_HEAD.compare_exchange_weak(head, new, Ordering::AcqRel, Ordering::Acquire) {
+            Ok(_) => return,
+            Err(actual) => head = actual,
+        }
+    }
+}
+
+fn fresh() -> Option<&'static Slot> {
+    let index = FRESH.fetch_add(1, Ordering::AcqRel);
+    if index >= MAX_THREADS {
+        FRESH.fetch_sub(1, Ordering::AcqRel);
+        return None;
+    }
+    let cell = &CHUNKS[index / CHUNK];
+    if cell.load(Ordering::Acquire).is_null() {
+        let base = (index / CHUNK * CHUNK) as u32;
+        let chunk: Box<Chunk> =
+            Box::new(Chunk(std::array::from_fn(|i| Slot::new(base + i as u32))));
+        let chunk = Box::into_raw(chunk);
+        if cell
+            .compare_exchange(
+                std::ptr::null_mut(),
+                chunk,
+                Ordering::AcqRel,
+                Ordering::Acquire,
+            )
+            .is_err()
+        {
+            // SAFETY: ours, never published.
+            drop(unsafe { Box::from_raw(chunk) });
+        }
+    }
+    slot(index as u32)
+}
+
+/// What a new owner installs in its slot.
+pub(crate) struct Owner {
+    pub(crate) tid: libc::pid_t,
+    pub(crate) cell: *const SpanContextCell,
+    pub(crate) stack: StackBounds,
+    pub(crate) ring_capacity: usize,
+}
+
+/// Claims a slot for the calling thread: a recycled one when there is one (its ring and
+/// cache are reused), a new one otherwise. `None` when [`MAX_THREADS`] are registered.
+pub(crate) fn claim(owner: Owner) -> Option<&'static Slot> {
+    let slot = pop_free().or_else(fresh)?;
+    slot.tid.store(owner.tid, Ordering::Relaxed);
+    slot.cell.store(owner.cell as *mut _, Ordering::Relaxed);
+    slot.stack_lo.store(owner.stack.lo, Ordering::Relaxed);
+    slot.stack_hi.store(owner.stack.hi, Ordering::Relaxed);
+    if slot.cache.load(Ordering::Relaxed).is_null() {
+        let cache = Box::into_raw(Box::new(UnwindCache::new()));
+        slot.cache.store(cache, Ordering::Release);
+    }
+    let ring = slot.ring.load(Ordering::Relaxed);
+    // SAFETY: the slot is FREE and ours: no handler or drainer uses its ring.
+    let fits = unsafe { ring.as_ref() }.is_some_and(|r| r.capacity() == owner.ring_capacity);
+    if fits {
+        // SAFETY: as above; the last drain emptied it, this clears a forked child's copy.
+        unsafe { (*ring).reset() };
+    } else {
+        let new = Box::into_raw(Box::new(Ring::new(owner.ring_capacity)));
+        slot.ring.store(new, Ordering::Release);
+        if !ring.is_null() {
+            // SAFETY: came from Box::into_raw; nothing else can reach it (see above).
+            drop(unsafe { Box::from_raw(ring) });
+        }
+    }
+    // Even → odd, publishing the fields above to any handler that sees the generation.
+    slot.generation.fetch_add(1, Ordering::AcqRel);
+    slot.phase.store(LIVE, Ordering::Release);
+    Some(slot)
+}
+
+/// Exclusive right to consume rings and to move RETIRING slots to FREE.
+pub(crate) struct DrainGuard(#[allow(dead_code)] ForkSafeGuard<'static>);
+
+impl DrainGuard {
+    pub(crate) fn acquire() -> DrainGuard {
+        DrainGuard(DRAINING.lock())
+    }
+
+    /// Drains every LIVE and RETIRING slot into `f`; frees the RETIRING ones.
+    pub(crate) fn drain(&self, f: &mut dyn FnMut(&super::SampleRecord)) -> usize {
+        let mut total = 0;
+        for slot in all() {
+            // Read before draining: every record of a RETIRING slot was pushed before its
+            // phase was stored, so this drain is its last.
+            let phase = slot.phase.load(Ordering::Acquire);
+            if phase == FREE {
+                continue;
+            }
+            if let Some(ring) = slot.ring() {
+                // SAFETY: the drain guard makes this the only consumer.
+                total += unsafe { ring.drain(&mut *f) };
+            }
+            if phase == RETIRING {
+                slot.phase.store(FREE, Ordering::Release);
+                push_free(slot);
+            }
+        }
+        total
+    }
+}
+
+/// In a forked child: forget the parent's timers and threads, empty the rings, zero the
+/// counters, free every slot. Only atomics: runs in the `pthread_atfork` child handler.
+pub(crate) fn reset_in_child() {
+    DRAINING.reset_in_child();
+    FREE_HEAD.store(0, Ordering::Relaxed);
+    for slot in all() {
+        slot.timer.store(0, Ordering::Relaxed);
+        if slot.generation.load(Ordering::Relaxed) & 1 == 1 {
+            slot.generation.fetch_add(1, Ordering::Relaxed);
+        }
+        slot.in_handler.store(false, Ordering::Relaxed);
+        if let Some(ring) = slot.ring() {
+            // SAFETY: the child has one thread, which is in neither a handler nor a drain.
+            unsafe { ring.reset() };
+        }
+        let c = &slot.counters;
+        for counter in [
+            &c.taken,
+            &c.periods,
+            &c.dropped,
+            &c.truncated,
+            &c.unknown_pc,
+            &c.low_stack,
+        ] {
+            counter.store(0, Ordering::Relaxed);
+        }
+        slot.phase.store(FREE, Ordering::Relaxed);
+        push_free(slot);
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn timer_values_round_trip_and_foreign_values_name_no_slot() {
+        let v = TimerValue::new(513, 7);
+        assert_eq!(v.index(), Some(513));
+        assert_eq!(v.generation(), 7);
+        assert_eq!(TimerValue::from_sival(v.to_sival()), v);
+        for foreign in [0x1234usize, 0, usize::MAX, 0x7fff_dead_beef] {
+            let v = TimerValue::from_sival(foreign as *mut libc::c_void);
+            assert_eq!(v.index(), None, "{foreign:#x}");
+            assert!(for_signal(v).is_none());
+        }
+    }
+
+    #[test]
+    fn the_free_list_hands_each_slot_to_one_claimer() {
+        // Build a private set of slots on the real table, then race pops.
+        let guard = DrainGuard::acquire();
+        let slots: Vec<&'static Slot> = (0..64).filter_map(|_| fresh()).collect();
+        for s in &slots {
+            push_free(s);
+        }
+        drop(guard);
+        let popped: Vec<Vec<u32>> = std::thread::scope(|scope| {
+            let handles: Vec<_> = (0..4)
+                .map(|_| {
+                    scope.spawn(|| {
+                        let mut mine = Vec::new();
+                        while let Some(s) = pop_free() {
+                            mine.push(s.index);
+                        }
+                        mine
+                    })
+                })
+                .collect();
+            handles
+                .into_iter()
+                .map(|h| h.join().expect("popper"))
+                .collect()
+        });
+        let mut all: Vec<u32> = popped.into_iter().flatten().collect();
+        all.sort_unstable();
+        let before = all.len();
+        all.dedup();
+        assert_eq!(all.len(), before, "a slot was handed out twice");
+        for s in &slots {
+            assert!(all.contains(&s.index));
+        }
+        // Give them back for other tests.
+        for s in slots {
+            push_free(s);
+        }
+    }
+}
