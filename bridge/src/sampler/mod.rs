@@ -619,16 +619,15 @@ fn new_registration(run: u64, epoch: u64) -> Result<Registration, SamplerError> 
         }
         timer
     };
-    let period_ns = (1_000_000_000 / hz) as libc::c_long;
+    let period_ns = 1_000_000_000 / hz;
+    // tv_nsec must stay below one second (1 Hz is a whole second).
+    let period = libc::timespec {
+        tv_sec: (period_ns / 1_000_000_000) as libc::time_t,
+        tv_nsec: (period_ns % 1_000_000_000) as libc::c_long,
+    };
     let spec = libc::itimerspec {
-        it_interval: libc::timespec {
-            tv_sec: 0,
-            tv_nsec: period_ns,
-        },
-        it_value: libc::timespec {
-            tv_sec: 0,
-            tv_nsec: period_ns,
-        },
+        it_interval: period,
+        it_value: period,
     };
     // Armed before it is published: nothing but this thread can reach the id yet, and an
     // early signal is checked against the slot, not the timer.
@@ -683,3 +682,20 @@ extern "C" fn after_fork_in_child() {
     unwind::after_fork_in_child();
 }
 
+/// The sampler is process-wide: unit tests that start it, or that use the slot table's
+/// free list, take turns.
+#[cfg(test)]
+pub(crate) fn test_turn() -> std::sync::MutexGuard<'static, ()> {
+    static TURN: std::sync::Mutex<()> = std::sync::Mutex::new(());
+    TURN.lock()
+        .unwrap_or_else(std::sync::PoisonError::into_inner)
+}
+
+/// The calling thread's slot, if it is registered.
+#[cfg(test)]
+fn current_slot() -> Option<&'static Slot> {
+    REGISTRATION.with(|r| r.borrow().as_ref().and_then(|r| r.slot))
+}
+
+#[cfg(test)]
+mod tests;

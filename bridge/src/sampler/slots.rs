@@ -174,6 +174,13 @@ impl Slot {
         }
     }
 
+    /// Gives the slot a cold unwind cache (the old one is leaked: a test helper).
+    #[cfg(test)]
+    pub(crate) fn replace_cache_for_test(&self) {
+        let cache = Box::into_raw(Box::new(UnwindCache::new()));
+        self.cache.store(cache, Ordering::Release);
+    }
+
     /// Ends the calling owner's use of the slot. Only the owner thread may call this.
     pub(crate) fn release(&self) {
         self.delete_timer();
@@ -457,6 +464,7 @@ mod tests {
 
     #[test]
     fn the_free_list_hands_each_slot_to_one_claimer() {
+        let _turn = super::super::test_turn();
         // Build a private set of slots on the real table, then race pops.
         let guard = DrainGuard::acquire();
         let slots: Vec<&'static Slot> = (0..64).filter_map(|_| fresh()).collect();
@@ -489,9 +497,9 @@ mod tests {
         for s in &slots {
             assert!(all.contains(&s.index));
         }
-        // Give them back for other tests.
-        for s in slots {
-            push_free(s);
+        // Give every popped slot back for other tests.
+        for index in all {
+            push_free(slot(index).expect("allocated"));
         }
     }
 }

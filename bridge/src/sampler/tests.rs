@@ -1,0 +1,608 @@
+//! The signal path against hostile and unlucky conditions: foreign and forged `SIGPROF`
+//! signals, stale slots, stop racing registration, blocked signals, small stacks, fork,
+//! a replaced handler, a panic in the handler, and thread churn. Each test takes the
+//! process-wide sampler in turn.
+
+use std::sync::atomic::AtomicBool;
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+use super::slots::TimerValue;
+use super::*;
+
+/// Thread CPU time of the calling thread.
+fn thread_cpu() -> Duration {
+    let mut ts = libc::timespec {
+        tv_sec: 0,
+        tv_nsec: 0,
+    };
+    // SAFETY: plain FFI with an out-parameter.
+    unsafe { libc::clock_gettime(libc::CLOCK_THREAD_CPUTIME_ID, &mut ts) };
+    Duration::new(ts.tv_sec as u64, ts.tv_nsec as u32)
+}
+
+/// Burns `d` of the calling thread's CPU time.
+#[inline(never)]
+fn burn(d: Duration) -> u64 {
+    let start = thread_cpu();
+    let mut x = 0x9e37_79b9_7f4a_7c15_u64;
+    while thread_cpu() - start < d {
+        for _ in 0..2_000 {
+            x ^= x << 13;
+            x ^= x >> 7;
+            x ^= x << 17;
+        }
+    }
+    std::hint::black_box(x)
+}
+
+/// Sends the calling thread a `SIGPROF` that looks like a timer expiry carrying `value`
+/// and `overrun`; it is delivered before this returns.
+fn forge_timer_signal(value: *mut libc::c_void, overrun: i32) {
+    // Linux siginfo_t on 64-bit targets: signo, errno, code, (pad), then the timer
+    // fields: si_tid (16), si_overrun (20), si_value (24).
+    let mut info = [0u8; 128];
+    info[0..4].copy_from_slice(&libc::SIGPROF.to_ne_bytes());
+    info[8..12].copy_from_slice(&libc::SI_TIMER.to_ne_bytes());
+    info[20..24].copy_from_slice(&overrun.to_ne_bytes());
+    info[24..32].copy_from_slice(&(value as usize as u64).to_ne_bytes());
+    // SAFETY: queueing a signal to this very thread with a fully initialised siginfo.
+    let rc = unsafe {
+        libc::syscall(
+            libc::SYS_rt_tgsigqueueinfo,
+            libc::getpid(),
+            libc::gettid(),
+            libc::SIGPROF,
+            info.as_ptr(),
+        )
+    };
+    assert_eq!(
+        rc,
+        0,
+        "rt_tgsigqueueinfo: {}",
+        std::io::Error::last_os_error()
+    );
+}
+
+/// SIGPROF timers of this process the kernel still has (`/proc/self/timers`).
+fn sigprof_timers() -> usize {
+    std::fs::read_to_string("/proc/self/timers")
+        .map(|t| t.lines().filter(|l| l.starts_with("signal: 27/")).count())
+        .unwrap_or(0)
+}
+
+fn start(hz: u32) -> Sampler {
+    Sampler::start(SamplerConfig::default().with_frequency_hz(hz)).expect("sampler")
+}
+
+/// Issue 9 item 1: another library's SIGPROF timer (any `si_value`) and forged timer
+/// signals naming a stale slot, another thread's slot or garbage are ignored and counted;
+/// the thread's own samples go on. (The old handler read `magic` through any SI_TIMER
+/// payload and died of SIGSEGV within a second.)
+#[test]
+fn foreign_and_forged_sigprof_signals_are_ignored_and_counted() {
+    let _turn = test_turn();
+    let sampler = start(1000);
+    sampler.register_current_thread().expect("register");
+    let own = current_slot().expect("slot").timer_value();
+
+    // A slot that a thread used and let go of.
+    let (tx, rx) = std::sync::mpsc::channel();
+    std::thread::spawn(move || {
+        register_current_thread().expect("register");
+        tx.send(current_slot().expect("slot").timer_value())
+            .expect("send");
+    })
+    .join()
+    .expect("thread");
+    let released = rx.recv().expect("value");
+    // A live slot of another thread.
+    let (tx, rx) = std::sync::mpsc::channel();
+    let (stop_tx, stop_rx) = std::sync::mpsc::channel::<()>();
+    let other = std::thread::spawn(move || {
+        register_current_thread().expect("register");
+        tx.send(current_slot().expect("slot").timer_value())
+            .expect("send");
+        let _ = stop_rx.recv();
+    });
+    let others = rx.recv().expect("value");
+
+    // Another library's timer: CLOCK_MONOTONIC, SIGPROF, sival_ptr 0x1234, every 1 ms.
+    // SAFETY: plain FFI with initialised arguments; deleted below.
+    let foreign = unsafe {
+        let mut sev: libc::sigevent = std::mem::zeroed();
+        sev.sigev_notify = libc::SIGEV_SIGNAL;
+        sev.sigev_signo = libc::SIGPROF;
+        sev.sigev_value = libc::sigval {
+            sival_ptr: 0x1234 as *mut libc::c_void,
+        };
+        let mut timer: libc::timer_t = std::mem::zeroed();
+        assert_eq!(
+            libc::timer_create(libc::CLOCK_MONOTONIC, &mut sev, &mut timer),
+            0
+        );
+        let ms = libc::timespec {
+            tv_sec: 0,
+            tv_nsec: 1_000_000,
+        };
+        let spec = libc::itimerspec {
+            it_interval: ms,
+            it_value: ms,
+        };
+        assert_eq!(
+            libc::timer_settime(timer, 0, &spec, std::ptr::null_mut()),
+            0
+        );
+        timer
+    };
+    let before = stats();
+    let deadline = Instant::now() + Duration::from_millis(400);
+    let mut forged = 0u64;
+    while Instant::now() < deadline {
+        burn(Duration::from_millis(5));
+        let stale_own = TimerValue::from_sival(own.to_sival());
+        for value in [
+            released.to_sival(),
+            others.to_sival(),
+            // Our own slot with a generation that is not the live one.
+            (own.to_sival() as usize ^ 2) as *mut libc::c_void,
+            0x1234 as *mut libc::c_void,
+            usize::MAX as *mut libc::c_void,
+        ] {
+            forge_timer_signal(value, 0);
+            forged += 1;
+        }
+        assert_eq!(stale_own, own);
+    }
+    // SAFETY: the foreign timer created above.
+    unsafe { libc::timer_delete(foreign) };
+    let after = stats();
+    let _ = stop_tx.send(());
+    other.join().expect("other thread");
+    let foreign_seen = after.foreign_signals - before.foreign_signals;
+    eprintln!(
+        "foreign: {foreign_seen} ignored ({forged} forged), own samples {}",
+        after.taken - before.taken
+    );
+    assert!(
+        foreign_seen > forged,
+        "forged and foreign-timer signals are counted: {foreign_seen} vs {forged} forged"
+    );
+    assert!(
+        after.taken > before.taken + 50,
+        "own samples go on: {after:?}"
+    );
+    // A forged signal with our own live value is a sample like any other.
+    let taken = stats().taken;
+    forge_timer_signal(own.to_sival(), 0);
+    assert_eq!(stats().taken, taken + 1);
+    drop(sampler);
+}
+
+/// Item 5 at the unit level: a signal that stands for `1 + si_overrun` periods records
+/// that weight and adds that much CPU time.
+#[test]
+fn overrun_weights_the_sample_and_the_span_time() {
+    let _turn = test_turn();
+    let sampler = start(100);
+    sampler.register_current_thread().expect("register");
+    drain_into(|_| {});
+    let own = current_slot().expect("slot").timer_value();
+    let mut lists = crate::root_cpu::SlotLists::default();
+    let handle = lists.claim().expect("counters");
+    let root =
+        crate::LocalRoot::name_only(crate::SpanName::intern("overrun-test")).with_cpu(handle);
+    let before = stats();
+    {
+        let _scope = crate::SpanContextGuard::enter(Some(root));
+        forge_timer_signal(own.to_sival(), 3);
+    }
+    let after = stats();
+    assert_eq!(after.taken - before.taken, 1);
+    assert_eq!(after.periods - before.periods, 4);
+    let mut weights = Vec::new();
+    drain_into(|r| {
+        if r.root == Some(root) {
+            weights.push(r.weight)
+        }
+    });
+    assert_eq!(weights, [4]);
+    assert_eq!(lists.release(handle), (1, 4 * 10_000_000));
+    drop(sampler);
+}
+
+/// Item 2: a `LocalRoot` kept past its span and entered again counts nothing, not even
+/// into the next root that reuses its counters. (The old label carried the address of
+/// freed `RootCpu` counters; the allocator handed the same memory to the next root, which
+/// then reported CPU it never used.)
+#[test]
+fn a_local_root_kept_past_its_span_counts_for_no_span() {
+    let _turn = test_turn();
+    let sampler = start(1000);
+    sampler.register_current_thread().expect("register");
+    let mut lists = crate::root_cpu::SlotLists::default();
+    let name = crate::SpanName::intern("kept-root-test");
+    let old = lists.claim().expect("counters");
+    let kept = crate::LocalRoot::name_only(name).with_cpu(old);
+    lists.release(old);
+    // The next root gets the same slot (nothing in flight) and never runs.
+    let new = lists.claim().expect("counters");
+    let stale_before = stats().stale_roots;
+    {
+        let _scope = crate::SpanContextGuard::enter(Some(kept));
+        burn(Duration::from_millis(100));
+    }
+    let (samples, _) = lists.release(new);
+    assert_eq!(samples, 0, "the new root ran nothing");
+    assert!(stats().stale_roots > stale_before + 20, "{:?}", stats());
+    drop(sampler);
+}
+
+/// Item 8: a registration that armed its timer while the sampler was being stopped does
+/// not leave a timer firing after the stop.
+#[test]
+fn a_registration_racing_stop_leaves_no_timer() {
+    let _turn = test_turn();
+    let sampler = start(250);
+    let timers_before = sigprof_timers();
+    let (resume, pause) = std::sync::mpsc::channel();
+    *REGISTRATION_PAUSE
+        .lock()
+        .unwrap_or_else(std::sync::PoisonError::into_inner) = Some(pause);
+    let (armed_tx, armed_rx) = std::sync::mpsc::channel();
+    let (done_tx, done_rx) = std::sync::mpsc::channel::<()>();
+    let thread = std::thread::spawn(move || {
+        let result = register_current_thread();
+        armed_tx.send(sigprof_timers()).expect("send");
+        let _ = done_rx.recv();
+        result
+    });
+    // The thread is paused between arming and publishing its timer: stop now.
+    std::thread::sleep(Duration::from_millis(50));
+    assert_eq!(sigprof_timers(), timers_before + 1, "armed, not published");
+    drop(sampler);
+    resume.send(()).expect("resume");
+    let after_registration = armed_rx.recv().expect("count");
+    let _ = done_tx.send(());
+    let result = thread.join().expect("thread");
+    assert!(
+        matches!(result, Err(SamplerError::NotRunning)),
+        "{result:?}"
+    );
+    assert_eq!(
+        after_registration, timers_before,
+        "the timer armed across the stop was deleted"
+    );
+}
+
+/// Item 9: a thread that blocks SIGPROF is refused with a clear error and counted once,
+/// not retried on every span enter.
+#[test]
+fn a_thread_blocking_sigprof_is_refused_and_counted() {
+    let _turn = test_turn();
+    let sampler = start(100);
+    let before = stats().blocked_threads;
+    let result = std::thread::spawn(|| {
+        // SAFETY: blocking a signal on this thread only.
+        unsafe {
+            let mut set: libc::sigset_t = std::mem::zeroed();
+            libc::sigemptyset(&mut set);
+            libc::sigaddset(&mut set, libc::SIGPROF);
+            libc::pthread_sigmask(libc::SIG_BLOCK, &set, std::ptr::null_mut());
+        }
+        let explicit = register_current_thread();
+        for _ in 0..100 {
+            on_span_enter();
+        }
+        explicit
+    })
+    .join()
+    .expect("thread");
+    let err = result.expect_err("refused");
+    assert!(matches!(err, SamplerError::SigprofBlocked), "{err:?}");
+    assert!(err.to_string().contains("blocks SIGPROF"), "{err}");
+    assert_eq!(stats().blocked_threads, before + 1, "counted once");
+    drop(sampler);
+}
+
+/// Item 13: another component replacing the handler is noticed, counted once and
+/// reported; the install itself never overwrites someone else's handler.
+#[test]
+fn a_replaced_handler_is_noticed_and_a_foreign_one_is_never_overwritten() {
+    let _turn = test_turn();
+    extern "C" fn other(_: libc::c_int) {}
+    let sampler = start(100);
+    assert!(check_handler());
+    // SAFETY: swapping SIGPROF's disposition and putting ours back below.
+    let ours = unsafe {
+        let mut action: libc::sigaction = std::mem::zeroed();
+        action.sa_sigaction = other as extern "C" fn(libc::c_int) as usize;
+        libc::sigemptyset(&mut action.sa_mask);
+        let mut ours: libc::sigaction = std::mem::zeroed();
+        libc::sigaction(libc::SIGPROF, &action, &mut ours);
+        ours
+    };
+    let before = stats().handler_replaced;
+    assert!(!check_handler());
+    assert!(!check_handler());
+    assert_eq!(stats().handler_replaced, before + 1, "counted once");
+    // Installing now refuses and leaves the other handler in place.
+    assert!(matches!(
+        handler::install(),
+        Err(SamplerError::SigprofTaken)
+    ));
+    assert!(!handler::is_installed());
+    // SAFETY: restoring our handler.
+    unsafe { libc::sigaction(libc::SIGPROF, &ours, std::ptr::null_mut()) };
+    assert!(check_handler());
+    drop(sampler);
+}
+
+/// Item 4: the handler's peak stack use, cold unwind cache, measured by painting the stack
+/// below the interrupted frame; the walk's budget covers it with a margin.
+#[test]
+fn handler_stack_use_is_bounded() {
+    let _turn = test_turn();
+    // 1 Hz: the timer itself does not fire during the measurement.
+    let sampler = start(1);
+    let peak = std::thread::Builder::new()
+        .stack_size(1 << 20)
+        .spawn(|| {
+            register_current_thread().expect("register");
+            let slot = current_slot().expect("slot");
+            // A recycled slot's cache may be warm: measure the cold walk.
+            slot.replace_cache_for_test();
+            measure_handler_stack(slot.timer_value())
+        })
+        .expect("spawn")
+        .join()
+        .expect("thread");
+    eprintln!(
+        "handler peak stack use (cold unwind cache, incl. the kernel's signal frame): {peak} bytes; budget {WALK_STACK}",
+        WALK_STACK = handler::WALK_STACK_BUDGET
+    );
+    assert!(peak > 1024, "the measurement saw the handler: {peak}");
+    assert!(
+        (peak as u64) < handler::WALK_STACK_BUDGET,
+        "the walk's budget must cover its peak: {peak}"
+    );
+    drop(sampler);
+}
+
+const PAINT: u64 = 0x5a5a_a5a5_5a5a_a5a5;
+/// Bytes painted below the measuring frame.
+const PAINT_BYTES: usize = 256 * 1024;
+/// Bytes left unpainted just below the measuring frame (its own calls use them).
+const PAINT_GAP: usize = 4 * 1024;
+
+/// Paints the stack below this frame, takes one forged sample on it, and returns how far
+/// below this frame the handler (and the kernel's signal frame) wrote.
+#[inline(never)]
+fn measure_handler_stack(value: TimerValue) -> usize {
+    let marker = 0u8;
+    let top = std::ptr::addr_of!(marker) as usize & !7;
+    let hi = top - PAINT_GAP;
+    let lo = hi - PAINT_BYTES;
+    for addr in (lo..hi).step_by(8) {
+        // SAFETY: unused stack of this thread (1 MiB stack, far below live frames).
+        unsafe { std::ptr::write_volatile(addr as *mut u64, PAINT) };
+    }
+    forge_timer_signal(value.to_sival(), 0);
+    let lowest = (lo..hi)
+        .step_by(8)
+        // SAFETY: as above; reading what the handler left.
+        .find(|&addr| unsafe { std::ptr::read_volatile(addr as *const u64) } != PAINT)
+        .unwrap_or(hi);
+    std::hint::black_box(&marker);
+    top - lowest
+}
+
+/// Item 4: threads with 64 KiB stacks recursing to a few KiB of their limit are sampled at
+/// the highest rate without a crash; those samples keep their pc and count as low-stack.
+#[test]
+fn small_stacks_recursing_to_their_limit_are_sampled_without_a_crash() {
+    let _turn = test_turn();
+    let sampler = start(MAX_FREQUENCY_HZ);
+    let before = stats();
+    let threads: Vec<_> = (0..2)
+        .map(|_| {
+            std::thread::Builder::new()
+                .stack_size(64 * 1024)
+                .spawn(|| {
+                    register_current_thread().expect("register");
+                    let bounds = StackBounds::current().expect("bounds");
+                    recurse_until(bounds.lo + 12 * 1024, Duration::from_millis(300))
+                })
+                .expect("spawn")
+        })
+        .collect();
+    for t in threads {
+        t.join().expect("small-stack thread");
+    }
+    let after = stats();
+    eprintln!("small stacks: {after:?}");
+    assert!(
+        after.low_stack > before.low_stack,
+        "low-stack samples: {after:?}"
+    );
+    drop(sampler);
+}
+
+/// Recurses until the stack pointer is below `limit`, then burns `d` of CPU there.
+#[inline(never)]
+fn recurse_until(limit: u64, d: Duration) -> u64 {
+    let pad = [0u8; 256];
+    let here = std::hint::black_box(&pad).as_ptr() as u64;
+    let x = if here > limit {
+        recurse_until(limit, d)
+    } else {
+        let start = thread_cpu();
+        let mut x = 1u64;
+        // No calls but the clock read: stays at this depth.
+        while thread_cpu() - start < d {
+            for _ in 0..1000 {
+                x = x.wrapping_mul(6364136223846793005).wrapping_add(1);
+            }
+        }
+        x
+    };
+    std::hint::black_box(pad[0] as u64 + x)
+}
+
+/// Item 10: threads that come and go reuse slots: the table grows with the threads alive
+/// at once, not with the threads ever created.
+#[test]
+fn short_lived_threads_reuse_slots() {
+    let _turn = test_turn();
+    let sampler = start(100);
+    drain_into(|_| {});
+    let allocated_before = slots::all().count();
+    for round in 0..50 {
+        let threads: Vec<_> = (0..20)
+            .map(|_| {
+                std::thread::spawn(|| {
+                    on_span_enter();
+                    assert!(current_slot().is_some());
+                })
+            })
+            .collect();
+        for t in threads {
+            t.join().expect("thread");
+        }
+        drain_into(|_| {});
+        let grown = slots::all().count() - allocated_before;
+        assert!(
+            grown <= 64,
+            "round {round}: {grown} new slots for 20 live threads"
+        );
+    }
+    assert_eq!(stats().threads, 0, "{:?}", stats());
+    drop(sampler);
+}
+
+/// Item 3: a child forked while the collector holds the drain lock and timers run starts
+/// clean: it can start its own sampler, drop the parent's handle without stopping it,
+/// sample its main thread, drain, read stats and stop — no deadlock, no stale timer ids.
+#[test]
+fn a_forked_child_starts_clean() {
+    let _turn = test_turn();
+    let sampler = start(250);
+    sampler.register_current_thread().expect("register");
+    burn(Duration::from_millis(20));
+    let draining = Arc::new(AtomicBool::new(false));
+    let drainer = {
+        let draining = draining.clone();
+        std::thread::spawn(move || {
+            drain_into(|_| {
+                if !draining.swap(true, Ordering::SeqCst) {
+                    std::thread::sleep(Duration::from_millis(300));
+                }
+            })
+        })
+    };
+    while !draining.load(Ordering::SeqCst) {
+        burn(Duration::from_millis(5));
+    }
+    // SAFETY: the child only uses this crate's fork-safe paths and leaves with _exit.
+    let pid = unsafe { libc::fork() };
+    assert!(pid >= 0, "fork");
+    if pid == 0 {
+        // SAFETY: a watchdog: a deadlock kills the child instead of hanging the test.
+        unsafe { libc::alarm(20) };
+        let code = child_after_fork(sampler);
+        // SAFETY: leaving without the parent's destructors.
+        unsafe { libc::_exit(code) };
+    }
+    let mut status = 0;
+    // SAFETY: waiting for our own child.
+    assert_eq!(unsafe { libc::waitpid(pid, &mut status, 0) }, pid);
+    drainer.join().expect("drainer");
+    assert!(
+        libc::WIFEXITED(status) && libc::WEXITSTATUS(status) == 0,
+        "child failed: status {status:#x} (exit code {})",
+        libc::WEXITSTATUS(status)
+    );
+    // The parent goes on sampling.
+    let taken = stats().taken;
+    burn(Duration::from_millis(50));
+    assert!(stats().taken > taken);
+}
+
+fn child_after_fork(inherited: Sampler) -> i32 {
+    if is_running() || stats().taken != 0 {
+        return 10;
+    }
+    let Ok(own) = Sampler::start(SamplerConfig::default().with_frequency_hz(250)) else {
+        return 11;
+    };
+    if own.register_current_thread().is_err() {
+        return 12;
+    }
+    // The parent's handle must not stop the child's sampler or delete its timers.
+    drop(inherited);
+    if !is_running() || stats().threads != 1 {
+        return 13;
+    }
+    burn(Duration::from_millis(100));
+    let mut drained = 0;
+    drain_into(|_| drained += 1);
+    let s = stats();
+    if s.taken < 5 || drained as u64 != s.taken {
+        return 14;
+    }
+    drop(own);
+    if is_running() {
+        return 15;
+    }
+    0
+}
+
+/// Item 14: a panic inside the handler aborts at once with a fixed line and no
+/// allocation, instead of running the panic hook (which formats and locks) in the signal.
+/// Runs in a child process (the test binary again, on this test alone).
+#[test]
+fn a_panic_in_the_handler_aborts_without_the_panic_hook() {
+    const CHILD: &str = "OTEL_PROFILING_PANIC_CHILD";
+    if std::env::var_os(CHILD).is_some() {
+        let sampler = start(1000);
+        sampler.register_current_thread().expect("register");
+        handler::INJECT_PANIC.store(true, Ordering::SeqCst);
+        // Allocation-heavy work, as a real interrupted thread would be doing.
+        let mut keep = Vec::new();
+        let start = Instant::now();
+        while start.elapsed() < Duration::from_secs(5) {
+            keep.push(vec![0u8; 64]);
+            if keep.len() > 1000 {
+                keep.clear();
+            }
+        }
+        std::process::exit(0);
+    }
+    let _turn = test_turn();
+    let output = std::process::Command::new(std::env::current_exe().expect("test binary"))
+        .args([
+            "sampler::tests::a_panic_in_the_handler_aborts_without_the_panic_hook",
+            "--exact",
+            "--nocapture",
+            "--test-threads=1",
+        ])
+        .env(CHILD, "1")
+        .output()
+        .expect("child");
+    let stderr = String::from_utf8_lossy(&output.stderr);
+    use std::os::unix::process::ExitStatusExt;
+    assert_eq!(
+        output.status.signal(),
+        Some(libc::SIGABRT),
+        "aborted: {:?}\n{stderr}",
+        output.status
+    );
+    assert!(
+        stderr.contains("otel-profiling: panic inside the SIGPROF handler"),
+        "{stderr}"
+    );
+    assert!(
+        !stderr.contains("injected panic"),
+        "the panic hook ran inside the signal handler:\n{stderr}"
+    );
+}
