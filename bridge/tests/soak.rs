@@ -1,0 +1,205 @@
+//! A bounded soak of the signal path at the highest rate, everything hostile at once in
+//! one process: thread churn, allocation storms, forks, another library's `SIGPROF`
+//! timer, out-of-order guards and a `LocalRoot` kept past its span. Nothing may crash or
+//! deadlock (a watchdog aborts after two minutes), every sample is drained or counted as
+//! dropped, and the foreign signals and stale roots are counted. (Own test binary: the
+//! counters are process-wide.)
+
+mod common;
+
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+use opentelemetry::trace::{TraceContextExt, Tracer, TracerProvider as _};
+use opentelemetry::Context;
+use opentelemetry_sdk::trace::{InMemorySpanExporter, SdkTracerProvider, SimpleSpanProcessor};
+use otel_profiling::sampler::{self, Sampler, SamplerConfig};
+use otel_profiling::{CpuEvidenceProcessor, LocalRoot, ProfilingContext, SpanContextGuard};
+
+const SOAK: Duration = Duration::from_secs(15);
+
+/// Another library's timer: process-directed SIGPROF with a payload that is no slot.
+fn foreign_timer() -> libc::timer_t {
+    // SAFETY: plain FFI with initialised arguments; the caller deletes the timer.
+    unsafe {
+        let mut sev: libc::sigevent = std::mem::zeroed();
+        sev.sigev_notify = libc::SIGEV_SIGNAL;
+        sev.sigev_signo = libc::SIGPROF;
+        sev.sigev_value = libc::sigval {
+            sival_ptr: 0x1234 as *mut libc::c_void,
+        };
+        let mut timer: libc::timer_t = std::mem::zeroed();
+        assert_eq!(
+            libc::timer_create(libc::CLOCK_MONOTONIC, &mut sev, &mut timer),
+            0
+        );
+        let ms = libc::timespec {
+            tv_sec: 0,
+            tv_nsec: 1_000_000,
+        };
+        let spec = libc::itimerspec {
+            it_interval: ms,
+            it_value: ms,
+        };
+        assert_eq!(
+            libc::timer_settime(timer, 0, &spec, std::ptr::null_mut()),
+            0
+        );
+        timer
+    }
+}
+
+/// Allocates and frees in a storm, under out-of-order guards of two roots and the kept one.
+fn worker(i: usize, roots: [LocalRoot; 3], until: Instant) -> usize {
+    let mut keep: Vec<Vec<u8>> = Vec::new();
+    let mut n = 0;
+    while Instant::now() < until {
+        let a = SpanContextGuard::enter(Some(roots[i % 3]));
+        let b = SpanContextGuard::enter(Some(roots[(i + 1) % 3]));
+        for _ in 0..64 {
+            keep.push(vec![i as u8; 1 + (n * 97) % 4096]);
+            n += 1;
+        }
+        if keep.len() > 512 {
+            keep.clear();
+        }
+        // Out of order on purpose.
+        drop(a);
+        drop(b);
+    }
+    n
+}
+
+#[test]
+fn soak_everything_at_once_at_the_highest_rate() {
+    let _turn = common::turn();
+    let done = Arc::new(AtomicBool::new(false));
+    {
+        let done = done.clone();
+        std::thread::spawn(move || {
+            let start = Instant::now();
+            while !done.load(Ordering::Relaxed) {
+                if start.elapsed() > Duration::from_secs(120) {
+                    eprintln!("soak: deadlock or hang; aborting");
+                    std::process::abort();
+                }
+                std::thread::sleep(Duration::from_millis(100));
+            }
+        });
+    }
+    let exporter = InMemorySpanExporter::default();
+    let provider = SdkTracerProvider::builder()
+        .with_span_processor(CpuEvidenceProcessor::new(SimpleSpanProcessor::new(
+            exporter.clone(),
+        )))
+        .build();
+    let tracer = provider.tracer("soak");
+    let sampler = Sampler::start(
+        SamplerConfig::default()
+            .with_frequency_hz(sampler::MAX_FREQUENCY_HZ)
+            .with_ring_capacity(2),
+    )
+    .expect("start");
+    let before = sampler.stats();
+    let root = |name: &str| {
+        let span = tracer.start(name.to_owned());
+        ProfilingContext::new(Context::current_with_span(span), name)
+    };
+    let (live_a, live_b, ended) = (root("soak-a"), root("soak-b"), root("soak-ended"));
+    let kept = ended.local_root().expect("label");
+    ended.context().span().end();
+    let roots = [
+        live_a.local_root().expect("label"),
+        live_b.local_root().expect("label"),
+        kept,
+    ];
+
+    let drained = Arc::new(AtomicU64::new(0));
+    let collector = {
+        let (drained, done) = (drained.clone(), done.clone());
+        std::thread::spawn(move || {
+            while !done.load(Ordering::Relaxed) {
+                std::thread::sleep(Duration::from_millis(20));
+                let n = sampler::drain_into(|_| {}) as u64;
+                drained.fetch_add(n, Ordering::Relaxed);
+            }
+        })
+    };
+    let foreign = foreign_timer();
+    let end = Instant::now() + SOAK;
+    let mut generations = 0u64;
+    let mut forks = 0u64;
+    let mut next_fork = Instant::now();
+    while Instant::now() < end {
+        let until = Instant::now() + Duration::from_millis(60);
+        let threads: Vec<_> = (0..4)
+            .map(|i| {
+                std::thread::spawn(move || {
+                    let _ = sampler::register_current_thread();
+                    worker(i, roots, until)
+                })
+            })
+            .collect();
+        if Instant::now() >= next_fork {
+            next_fork = Instant::now() + Duration::from_millis(500);
+            // SAFETY: the child uses the crate's fork-safe paths and leaves with _exit.
+            let pid = unsafe { libc::fork() };
+            assert!(pid >= 0, "fork");
+            if pid == 0 {
+                // SAFETY: watchdog for the child, then leaving without destructors.
+                unsafe { libc::alarm(20) };
+                let code = match Sampler::start(SamplerConfig::default()) {
+                    Ok(s) => {
+                        let _ = s.register_current_thread();
+                        let start = common::thread_cpu_time();
+                        while common::thread_cpu_time() - start < Duration::from_millis(20) {}
+                        sampler::drain_into(|_| {});
+                        0
+                    }
+                    Err(_) => 3,
+                };
+                // SAFETY: as above.
+                unsafe { libc::_exit(code) };
+            }
+            let mut status = 0;
+            // SAFETY: waiting for our own child.
+            assert_eq!(unsafe { libc::waitpid(pid, &mut status, 0) }, pid);
+            assert!(
+                libc::WIFEXITED(status) && libc::WEXITSTATUS(status) == 0,
+                "child status {status:#x}"
+            );
+            forks += 1;
+        }
+        for t in threads {
+            t.join().expect("worker");
+        }
+        generations += 1;
+    }
+    // SAFETY: the timer created above.
+    unsafe { libc::timer_delete(foreign) };
+    drop(sampler);
+    done.store(true, Ordering::Relaxed);
+    collector.join().expect("collector");
+    std::thread::sleep(Duration::from_millis(20));
+    let last = sampler::drain_into(|_| {}) as u64;
+    let drained = drained.load(Ordering::Relaxed) + last;
+    let after = sampler::stats();
+    live_a.context().span().end();
+    live_b.context().span().end();
+    let taken = after.taken - before.taken;
+    let dropped = after.dropped - before.dropped;
+    eprintln!(
+        "soak: {generations} generations, {forks} forks, taken {taken}, drained {drained}, \
+         dropped {dropped}, {after:?}"
+    );
+    assert!(generations >= 50 && forks >= 10, "{generations} {forks}");
+    assert!(taken > 1000, "{after:?}");
+    assert_eq!(taken, drained + dropped, "{after:?}");
+    assert!(after.foreign_signals > 0, "{after:?}");
+    assert!(
+        after.stale_roots > 0,
+        "the kept root was entered: {after:?}"
+    );
+    assert_eq!(after.threads, 0, "{after:?}");
+}
