@@ -3,7 +3,9 @@
 //! The per-thread span context must be writable with a handful of stores, so it holds a
 //! small integer instead of a string. Names are interned once per distinct name: each
 //! thread keeps a cache, and only a miss in that cache takes the process-wide interner
-//! lock (once per name per thread, never per context switch).
+//! lock (once per name per thread, never per context switch). While a thread exits, a
+//! destructor of another thread-local may intern after that thread's cache was destroyed;
+//! then every call takes the lock instead.
 
 use std::cell::RefCell;
 use std::collections::HashMap;
@@ -35,16 +37,23 @@ impl SpanName {
     /// assert_eq!(&*a.resolve(), "GET /report");
     /// ```
     pub fn intern(name: &str) -> SpanName {
-        let cached = LOCAL_CACHE.with(|cache| cache.borrow().get(name).copied());
+        // `try_with`, not `with`: this may run from another thread-local's destructor
+        // after `LOCAL_CACHE` was destroyed (a span closed while a thread exits), where
+        // `with` panics and a panic in a TLS destructor aborts the process. Without the
+        // cache the global interner gives the same handle, only with its lock taken.
+        let cached = LOCAL_CACHE
+            .try_with(|cache| cache.borrow().get(name).copied())
+            .ok()
+            .flatten();
         if let Some(id) = cached {
             return id;
         }
         let id = global_intern(name);
-        LOCAL_CACHE.with(|cache| {
-            let mut cache = cache.borrow_mut();
+        // Err: the cache is gone (see above); the next call asks the global table again.
+        let _ = LOCAL_CACHE.try_with(|cache| {
             // The local cache only ever holds names the global table has, so it is bounded
             // by the same limit.
-            cache.insert(Box::from(name), id);
+            cache.borrow_mut().insert(Box::from(name), id);
         });
         id
     }
@@ -138,6 +147,39 @@ mod tests {
         assert_eq!(a, b);
         assert_ne!(a, SpanName::intern("span-name-test/b"));
         assert_eq!(&*a.resolve(), "span-name-test/a");
+    }
+
+    /// Interning from a thread-local's destructor that runs after `LOCAL_CACHE` was
+    /// destroyed (TLS destructors run in reverse order of registration, so touching
+    /// `GUARD` before the first `intern` makes it the later one to be destroyed) must
+    /// not panic: a panic in a TLS destructor aborts the process.
+    #[test]
+    fn interning_from_a_later_thread_local_destructor() {
+        use std::sync::mpsc;
+
+        struct InternOnDrop(mpsc::Sender<SpanName>);
+        impl Drop for InternOnDrop {
+            fn drop(&mut self) {
+                let _ = self
+                    .0
+                    .send(SpanName::intern("span-name-test/from-tls-drop"));
+            }
+        }
+        thread_local! {
+            static GUARD: RefCell<Option<InternOnDrop>> = const { RefCell::new(None) };
+        }
+
+        let (tx, rx) = mpsc::channel();
+        std::thread::spawn(move || {
+            GUARD.with(|g| *g.borrow_mut() = Some(InternOnDrop(tx)));
+            // Registers LOCAL_CACHE's destructor after GUARD's: it runs first.
+            SpanName::intern("span-name-test/before-exit");
+        })
+        .join()
+        .expect("thread");
+        let id = rx.recv().expect("the destructor interned a name");
+        assert_eq!(&*id.resolve(), "span-name-test/from-tls-drop");
+        assert_eq!(id, SpanName::intern("span-name-test/from-tls-drop"));
     }
 
     #[test]

@@ -1,48 +1,142 @@
 //! Turning sampled addresses into function names, files and lines, off the hot path.
 //!
-//! Runs on the collector thread only. Debug info is loaded lazily, once per module, the
-//! first time one of its addresses needs a name, so start-up never pays for it. Results
-//! are cached per address. Names are demangled without the Rust hash suffix. Without
-//! debug info (a default `--release` build) names come from the symbol table and carry no
-//! file or line; `debug = "line-tables-only"` in the release profile adds them.
+//! Runs on the collector thread only. Debug info is loaded lazily, once per file, the
+//! first time one of its addresses needs a name, so start-up never pays for it. Names are
+//! demangled without the Rust hash suffix. Without debug info (a default `--release`
+//! build) names come from the symbol table and carry no file or line;
+//! `debug = "line-tables-only"` in the release profile adds them.
+//!
+//! **What a cached name is valid for.** A name depends on the file an address lies in and
+//! on the address within that file, not on the runtime address: once an object is
+//! `dlclose`d, another one (or a rebuilt copy of the same library) can be mapped at the
+//! same addresses. So names are cached per file, keyed by file address (runtime address
+//! minus the load bias), and a file is its path plus its identity on disk (device, inode,
+//! size, modification time). [`Symbolizer::refresh`] lists the loaded objects again (with
+//! the unwinder's walker, `sampler::modules`) whenever the loader's load/unload counts
+//! changed. A file that stays mapped keeps its parsed debug info and names, wherever it is
+//! mapped now; a file no longer mapped is dropped with them. Addresses in no object are
+//! not cached, since a later `dlopen` may map them.
+//!
+//! **Limits.** Samples are named when their interval is reported, from the objects mapped
+//! then: a sample taken in an object unloaded before that gets the name of whatever is
+//! mapped there by then, or a hex address. A library replaced on disk while it stays
+//! loaded is read from the new file.
 
 use std::collections::HashMap;
-use std::ffi::CStr;
-use std::path::PathBuf;
+use std::ops::Range;
+use std::os::unix::fs::MetadataExt;
+use std::path::{Path, PathBuf};
 use std::sync::Arc;
 
 use crate::pprof::{FrameLine, SymbolizedFrame};
+use crate::sampler::modules::{self, LoadGeneration, LoadedObject};
 
-/// One loaded ELF object: where it is mapped and where its file is.
-#[derive(Clone, Debug)]
-struct ModuleMap {
+/// A file's identity on disk: a library rebuilt at the same path is another file.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+struct FileId {
+    dev: u64,
+    ino: u64,
+    size: u64,
+    mtime: (i64, i64),
+}
+
+/// The file of a loaded object, as far as names go.
+#[derive(Clone, Debug, PartialEq, Eq, Hash)]
+struct FileKey {
     path: PathBuf,
+    /// `None` if the file could not be examined (deleted, say); its names then come from
+    /// whatever is at `path` when they are first needed, as before this key existed.
+    id: Option<FileId>,
+}
+
+/// One loaded object: which file, and where it is mapped.
+#[derive(Debug)]
+struct ModuleMap {
+    file: FileKey,
     /// Load bias: file address = runtime address − bias.
     bias: u64,
-    /// Executable runtime ranges.
-    text: Vec<std::ops::Range<u64>>,
+    /// Runtime addresses spanned by its executable segments.
+    code: Range<u64>,
+}
+
+impl ModuleMap {
+    /// `path` mapped at `bias` over `code`, identified by what is at `path` now.
+    fn new(path: PathBuf, bias: u64, code: Range<u64>) -> ModuleMap {
+        let id = std::fs::metadata(&path).ok().map(|m| FileId {
+            dev: m.dev(),
+            ino: m.ino(),
+            size: m.size(),
+            mtime: (m.mtime(), m.mtime_nsec()),
+        });
+        ModuleMap {
+            file: FileKey { path, id },
+            bias,
+            code,
+        }
+    }
+
+    /// The mapping of a listed object; `None` for one without a file to read (the vDSO).
+    fn of(object: &LoadedObject) -> Option<ModuleMap> {
+        let path = if object.name.is_empty() {
+            // The loader names the main executable "".
+            std::env::current_exe().ok()?
+        } else if object.name.starts_with("linux-vdso") || object.name.starts_with("linux-gate") {
+            return None;
+        } else {
+            PathBuf::from(&object.name)
+        };
+        Some(ModuleMap::new(path, object.bias, object.code.clone()))
+    }
+}
+
+/// One file's debug info, loaded on first use, and the names found so far by file address.
+#[derive(Default)]
+struct FileNames {
+    /// `None`: not loaded yet; `Some(None)`: the file could not be read.
+    loader: Option<Option<addr2line::Loader>>,
+    names: HashMap<u64, Arc<[FrameLine]>>,
 }
 
 /// Resolves addresses of the running process.
 pub(crate) struct Symbolizer {
+    /// The loaded objects, sorted by code start.
     modules: Vec<ModuleMap>,
-    loaders: HashMap<PathBuf, Option<addr2line::Loader>>,
-    cache: HashMap<u64, Arc<[FrameLine]>>,
+    /// Every file in `modules` that was asked for a name, and nothing else.
+    files: HashMap<FileKey, FileNames>,
+    /// The loader's load/unload counts when `modules` was listed.
+    listed_at: Option<LoadGeneration>,
 }
 
 impl Symbolizer {
     pub(crate) fn new() -> Symbolizer {
-        Symbolizer {
-            modules: loaded_modules(),
-            loaders: HashMap::new(),
-            cache: HashMap::new(),
-        }
+        let mut symbolizer = Symbolizer {
+            modules: Vec::new(),
+            files: HashMap::new(),
+            listed_at: None,
+        };
+        symbolizer.refresh();
+        symbolizer
     }
 
-    /// Re-reads the module list (after `dlopen`); cached names stay valid for addresses
-    /// of modules that are still mapped.
+    /// Lists the loaded objects again if one was loaded or unloaded since the last listing
+    /// (otherwise this is one `dl_iterate_phdr` step). Names of files still mapped stay
+    /// cached; files no longer mapped are forgotten.
     pub(crate) fn refresh(&mut self) {
-        self.modules = loaded_modules();
+        let now = modules::load_generation();
+        if now.is_some() && now == self.listed_at {
+            return;
+        }
+        let listing = modules::list();
+        self.listed_at = listing.generation;
+        self.remap(listing.objects.iter().filter_map(ModuleMap::of).collect());
+    }
+
+    /// Makes `modules` the loaded objects and drops the names of files not among them.
+    fn remap(&mut self, mut modules: Vec<ModuleMap>) {
+        modules.sort_by_key(|m| m.code.start);
+        self.files
+            .retain(|file, _| modules.iter().any(|m| m.file == *file));
+        self.modules = modules;
     }
 
     /// Symbolizes one sampled frame. `return_address` is true for every frame but the
@@ -53,39 +147,50 @@ impl Symbolizer {
         } else {
             address
         };
-        let lines = match self.cache.get(&probe) {
-            Some(lines) => lines.clone(),
-            None => {
-                let lines: Arc<[FrameLine]> = self.resolve(probe).into();
-                self.cache.insert(probe, lines.clone());
-                lines
+        let lines = match module_of(&self.modules, probe) {
+            None => vec![FrameLine {
+                function: Arc::from(format!("{probe:#x}")),
+                file: None,
+                line: None,
+            }],
+            Some(module) => {
+                let file_address = probe.wrapping_sub(module.bias);
+                let path = module.file.path.as_path();
+                // Two lookups rather than `entry`: the key (a path) is cloned only once
+                // per file, not per address.
+                if !self.files.contains_key(&module.file) {
+                    self.files.insert(module.file.clone(), FileNames::default());
+                }
+                match self.files.get_mut(&module.file) {
+                    Some(file) => file.lines(path, file_address).to_vec(),
+                    None => vec![unknown(path, file_address)],
+                }
             }
         };
-        SymbolizedFrame {
-            address,
-            lines: lines.to_vec(),
+        SymbolizedFrame { address, lines }
+    }
+}
+
+impl FileNames {
+    /// The (cached) lines for `file_address` of the file at `path`.
+    fn lines(&mut self, path: &Path, file_address: u64) -> Arc<[FrameLine]> {
+        if let Some(lines) = self.names.get(&file_address) {
+            return lines.clone();
         }
+        let lines: Arc<[FrameLine]> = self.resolve(path, file_address).into();
+        self.names.insert(file_address, lines.clone());
+        lines
     }
 
-    fn resolve(&mut self, address: u64) -> Vec<FrameLine> {
-        let Some(module) = self
-            .modules
-            .iter()
-            .find(|m| m.text.iter().any(|r| r.contains(&address)))
-            .cloned()
-        else {
-            return vec![unknown(address, None)];
-        };
-        let probe = address.wrapping_sub(module.bias);
+    fn resolve(&mut self, path: &Path, file_address: u64) -> Vec<FrameLine> {
         let loader = self
-            .loaders
-            .entry(module.path.clone())
-            .or_insert_with(|| addr2line::Loader::new(&module.path).ok());
+            .loader
+            .get_or_insert_with(|| addr2line::Loader::new(path).ok());
         let Some(loader) = loader else {
-            return vec![unknown(address, Some(&module))];
+            return vec![unknown(path, file_address)];
         };
         let mut lines = Vec::new();
-        if let Ok(mut frames) = loader.find_frames(probe) {
+        if let Ok(mut frames) = loader.find_frames(file_address) {
             while let Ok(Some(frame)) = frames.next() {
                 let Some(function) = frame.function.as_ref().and_then(|f| f.demangle().ok()) else {
                     continue;
@@ -102,9 +207,9 @@ impl Symbolizer {
             }
         }
         if lines.is_empty() {
-            if let Some(symbol) = loader.find_symbol(probe) {
+            if let Some(symbol) = loader.find_symbol(file_address) {
                 let name = addr2line::demangle_auto(symbol.into(), None);
-                let location = loader.find_location(probe).ok().flatten();
+                let location = loader.find_location(file_address).ok().flatten();
                 lines.push(FrameLine {
                     function: Arc::from(name.as_ref()),
                     file: location.as_ref().and_then(|l| l.file).map(Arc::from),
@@ -113,87 +218,29 @@ impl Symbolizer {
             }
         }
         if lines.is_empty() {
-            lines.push(unknown(address, Some(&module)));
+            lines.push(unknown(path, file_address));
         }
         lines
     }
 }
 
-fn unknown(address: u64, module: Option<&ModuleMap>) -> FrameLine {
-    let function = match module {
-        Some(m) => {
-            let name = m
-                .path
-                .file_name()
-                .map(|n| n.to_string_lossy().into_owned())
-                .unwrap_or_default();
-            format!("{name}+{:#x}", address.wrapping_sub(m.bias))
-        }
-        None => format!("{address:#x}"),
-    };
+/// The object of `modules` (sorted by code start) whose code contains `address`.
+fn module_of(modules: &[ModuleMap], address: u64) -> Option<&ModuleMap> {
+    let i = modules.partition_point(|m| m.code.start <= address);
+    modules[..i].last().filter(|m| m.code.contains(&address))
+}
+
+/// `file+0x…` for an address of a file whose debug info and symbols do not name it.
+fn unknown(path: &Path, file_address: u64) -> FrameLine {
+    let name = path
+        .file_name()
+        .map(|n| n.to_string_lossy().into_owned())
+        .unwrap_or_default();
     FrameLine {
-        function: Arc::from(function),
+        function: Arc::from(format!("{name}+{file_address:#x}")),
         file: None,
         line: None,
     }
-}
-
-/// The loaded ELF objects that have a file, from the dynamic loader's list.
-fn loaded_modules() -> Vec<ModuleMap> {
-    let mut modules: Vec<ModuleMap> = Vec::new();
-    // SAFETY: the callback only reads the loader-provided structures during the call and
-    // writes to the Vec passed as `data`.
-    unsafe {
-        libc::dl_iterate_phdr(
-            Some(collect_module),
-            &mut modules as *mut Vec<ModuleMap> as *mut libc::c_void,
-        );
-    }
-    modules
-}
-
-unsafe extern "C" fn collect_module(
-    info: *mut libc::dl_phdr_info,
-    _size: libc::size_t,
-    data: *mut libc::c_void,
-) -> libc::c_int {
-    // SAFETY: `dl_iterate_phdr` passes a valid info and our `data` pointer.
-    let (info, modules) = unsafe { (&*info, &mut *(data as *mut Vec<ModuleMap>)) };
-    let name = if info.dlpi_name.is_null() {
-        ""
-    } else {
-        // SAFETY: a NUL-terminated string owned by the loader.
-        unsafe { CStr::from_ptr(info.dlpi_name) }
-            .to_str()
-            .unwrap_or("")
-    };
-    let path = if name.is_empty() {
-        match std::env::current_exe() {
-            Ok(p) => p,
-            Err(_) => return 0,
-        }
-    } else if name.starts_with("linux-vdso") || name.starts_with("linux-gate") {
-        return 0; // no file to read
-    } else {
-        PathBuf::from(name)
-    };
-    let mut text = Vec::new();
-    if !info.dlpi_phdr.is_null() {
-        for i in 0..usize::from(info.dlpi_phnum) {
-            // SAFETY: `dlpi_phdr` points at `dlpi_phnum` program headers.
-            let ph = unsafe { &*info.dlpi_phdr.add(i) };
-            if ph.p_type == libc::PT_LOAD && ph.p_flags & libc::PF_X != 0 {
-                let start = info.dlpi_addr.wrapping_add(ph.p_vaddr);
-                text.push(start..start.wrapping_add(ph.p_memsz));
-            }
-        }
-    }
-    modules.push(ModuleMap {
-        path,
-        bias: info.dlpi_addr,
-        text,
-    });
-    0
 }
 
 #[cfg(test)]
@@ -223,16 +270,182 @@ mod tests {
         assert_eq!(symbolizer.frame(address, false).lines, frame.lines);
     }
 
+    /// The loaded objects that have a file, as `Symbolizer::refresh` lists them.
+    fn listed_modules() -> Vec<ModuleMap> {
+        modules::list()
+            .objects
+            .iter()
+            .filter_map(ModuleMap::of)
+            .collect()
+    }
+
     #[test]
     fn finds_the_main_executable_and_libc() {
-        let modules = loaded_modules();
-        assert!(modules.iter().any(|m| m
-            .text
+        let modules = listed_modules();
+        let function = a_known_function as fn() -> u64 as usize as u64;
+        let exe = modules
             .iter()
-            .any(|r| r.contains(&(a_known_function as fn() -> u64 as usize as u64)))));
+            .find(|m| m.code.contains(&function))
+            .expect("the test binary");
+        assert_eq!(
+            Some(exe.file.path.clone()),
+            std::env::current_exe().ok(),
+            "the loader's \"\" is the executable"
+        );
+        assert!(exe.file.id.is_some(), "the executable's file identity");
         assert!(modules
             .iter()
-            .any(|m| m.path.to_string_lossy().contains("libc")));
+            .any(|m| m.file.path.to_string_lossy().contains("libc")));
+        assert!(modules
+            .iter()
+            .all(|m| !m.file.path.to_string_lossy().contains("vdso")));
+    }
+
+    /// Makes `path` the only object, mapped with `bias` over `text`.
+    fn map_only(symbolizer: &mut Symbolizer, path: &Path, bias: u64, text: Range<u64>) {
+        symbolizer.remap(vec![ModuleMap::new(path.to_path_buf(), bias, text)]);
+    }
+
+    /// One object unloaded and another loaded at the same addresses (here: the test binary,
+    /// then libc, mapped by hand at a made-up place): addresses there get the second
+    /// object's names, not the first one's from the cache.
+    #[test]
+    fn another_object_at_the_same_address_gets_its_own_names() {
+        let function = a_known_function as fn() -> u64 as usize as u64;
+        let listed = listed_modules();
+        let exe = listed
+            .iter()
+            .find(|m| m.code.contains(&function))
+            .expect("the test binary");
+        let libc = listed
+            .iter()
+            .find(|m| m.file.path.to_string_lossy().contains("libc.so"))
+            .expect("libc");
+        let bias = 0x7e00_0000_0000;
+        let address = bias + (function - exe.bias);
+        let text = address - 0x1000..address + 0x1000;
+        let names = |frame: &SymbolizedFrame| -> Vec<String> {
+            frame.lines.iter().map(|l| l.function.to_string()).collect()
+        };
+
+        let mut symbolizer = Symbolizer::new();
+        map_only(&mut symbolizer, &exe.file.path, bias, text.clone());
+        let first = names(&symbolizer.frame(address, false));
+        assert!(
+            first.iter().any(|n| n.ends_with("a_known_function")),
+            "{first:?}"
+        );
+
+        map_only(&mut symbolizer, &libc.file.path, bias, text.clone());
+        let second = names(&symbolizer.frame(address, false));
+        let mut fresh = Symbolizer::new();
+        map_only(&mut fresh, &libc.file.path, bias, text);
+        assert_eq!(second, names(&fresh.frame(address, false)));
+        assert!(
+            second.iter().all(|n| !n.contains("a_known_function")),
+            "the unloaded object's name: {second:?}"
+        );
+    }
+
+    /// A library rebuilt at the same path and loaded at the same addresses (here: libc
+    /// copied to a temp file, then replaced by another object) is another file.
+    #[test]
+    fn a_replaced_file_at_the_same_path_gets_its_own_names() {
+        let listed = listed_modules();
+        let libc = listed
+            .iter()
+            .find(|m| m.file.path.to_string_lossy().contains("libc.so"))
+            .expect("libc");
+        let other = listed
+            .iter()
+            .filter(|m| m.file.path != libc.file.path)
+            .filter_map(|m| Some((std::fs::metadata(&m.file.path).ok()?.len(), m)))
+            .min_by_key(|(size, _)| *size)
+            .map(|(_, m)| m)
+            .expect("another object with a file");
+        let dir =
+            std::env::temp_dir().join(format!("otel-profiling-symbolize-{}", std::process::id()));
+        std::fs::create_dir_all(&dir).expect("temp dir");
+        let path = dir.join("libplugin.so");
+        std::fs::copy(&libc.file.path, &path).expect("copy libc");
+        let bias = 0x7e00_0000_0000;
+        let address = bias + (libc::getpid as *const () as usize as u64 - libc.bias);
+        let text = bias..address + 0x1000;
+        let names = |frame: &SymbolizedFrame| -> Vec<String> {
+            frame.lines.iter().map(|l| l.function.to_string()).collect()
+        };
+
+        let mut symbolizer = Symbolizer::new();
+        map_only(&mut symbolizer, &path, bias, text.clone());
+        let first = names(&symbolizer.frame(address, false));
+        assert!(first.iter().any(|n| n.contains("getpid")), "{first:?}");
+
+        // Replaced the way a build does it: a new file renamed over the old one.
+        let next = dir.join("libplugin.so.new");
+        std::fs::copy(&other.file.path, &next).expect("copy the other object");
+        std::fs::rename(&next, &path).expect("replace");
+        map_only(&mut symbolizer, &path, bias, text.clone());
+        let second = names(&symbolizer.frame(address, false));
+        let mut fresh = Symbolizer::new();
+        map_only(&mut fresh, &path, bias, text);
+        let expected = names(&fresh.frame(address, false));
+        let _ = std::fs::remove_dir_all(&dir);
+        assert_eq!(second, expected);
+        assert!(
+            second.iter().all(|n| !n.contains("getpid")),
+            "the replaced file's name: {second:?}"
+        );
+    }
+
+    /// Names belong to the file: still cached when it is mapped elsewhere, forgotten once
+    /// it is not mapped at all.
+    #[test]
+    fn names_follow_the_file_not_the_address() {
+        let function = a_known_function as fn() -> u64 as usize as u64;
+        let listed = listed_modules();
+        let exe = listed
+            .iter()
+            .find(|m| m.code.contains(&function))
+            .expect("the test binary");
+        let libc = listed
+            .iter()
+            .find(|m| m.file.path.to_string_lossy().contains("libc.so"))
+            .expect("libc");
+        let file_address = function - exe.bias;
+        let mut symbolizer = Symbolizer::new();
+        let cached = |symbolizer: &Symbolizer| {
+            symbolizer
+                .files
+                .get(&exe.file)
+                .map_or(0, |file| file.names.len())
+        };
+
+        let here = 0x7e00_0000_0000;
+        map_only(
+            &mut symbolizer,
+            &exe.file.path,
+            here,
+            here..here + file_address + 1,
+        );
+        let first = symbolizer.frame(here + file_address, false);
+        assert_eq!(cached(&symbolizer), 1);
+
+        let there = 0x7f00_0000_0000;
+        map_only(
+            &mut symbolizer,
+            &exe.file.path,
+            there,
+            there..there + file_address + 1,
+        );
+        assert_eq!(cached(&symbolizer), 1, "kept while the file is mapped");
+        assert_eq!(
+            symbolizer.frame(there + file_address, false).lines,
+            first.lines
+        );
+        assert_eq!(cached(&symbolizer), 1, "found by file address");
+
+        map_only(&mut symbolizer, &libc.file.path, here, here..here + 1);
+        assert_eq!(cached(&symbolizer), 0, "dropped with the file");
     }
 
     #[test]

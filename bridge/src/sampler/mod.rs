@@ -34,8 +34,13 @@
 //! stack is recorded.
 
 mod handler;
-#[cfg(any(target_arch = "x86_64", target_arch = "aarch64"))]
-mod modules;
+// The loaded-object walker; the symbolizer uses it on every architecture, the unwinder's
+// table copies only where there is an unwinder.
+#[cfg_attr(
+    not(any(target_arch = "x86_64", target_arch = "aarch64")),
+    allow(dead_code)
+)]
+pub(crate) mod modules;
 mod ring;
 mod slots;
 // Without an unwinder nothing reads the stack or the registers past the pc.

@@ -8,6 +8,9 @@
 //! lock keeps the object mapped, so a later `dlclose` can never leave the unwinder
 //! reading unmapped memory. No file is read.
 //!
+//! The unwinder (`unwind.rs`) takes the tables; the symbolizer (`crate::symbolize`) only
+//! the names and ranges, from [`list`].
+//!
 //! Never called from the signal handler: `dl_iterate_phdr` takes the loader lock and
 //! this module allocates.
 
@@ -113,6 +116,12 @@ fn generation_of(info: &libc::dl_phdr_info, size: usize) -> Option<LoadGeneratio
         adds: info.dlpi_adds,
         subs: info.dlpi_subs,
     })
+}
+
+/// Lists the loaded objects without copying any unwind tables (each object's `tables` is
+/// [`Tables::Known`]).
+pub(crate) fn list() -> Scan {
+    scan(&|_, _, _| true)
 }
 
 /// Lists the loaded objects and copies the unwind tables of those for which `known`

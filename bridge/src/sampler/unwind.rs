@@ -27,6 +27,25 @@
 //! is capped at [`MAX_FRAMES`]; an address outside every known object ends the walk
 //! (framehop would otherwise guess with frame pointers, which release builds do not keep).
 //!
+//! **A thread's cache across snapshots.** framehop caches one unwind rule per slot
+//! (`address % 509`) and trusts an entry whose address and "module generation" match the
+//! unwinder's. That generation is a `u16` drawn from a process-wide counter which every
+//! `Unwinder::new`, `add_module` and effective `remove_module` of any framehop unwinder in
+//! the process advances, and which `clone` keeps. [`Snapshot::next`] clones the previous
+//! unwinder and removes and adds modules, so a snapshot carries the counter's value at its
+//! last module change. A cache filled under snapshot S would thus trust its entries again
+//! under a later snapshot S' whenever the counter advanced by a multiple of 65,536 between
+//! them: after 65,536 module changes by any framehop unwinder (here: a plugin `dlopen`ed
+//! and `dlclose`d 32,768 times with a refresh between), for every slot not overwritten since (a thread that was off-CPU
+//! across those refreshes keeps all of them). Such a rule describes code that was unmapped
+//! or replaced: the walk would read the wrong stack words (still bounds-checked) and record
+//! wrong frames. So every snapshot has a `u64` id that never repeats, a thread's cache
+//! records the id it was filled under, and the first walk under another snapshot overwrites
+//! every slot before using the cache ([`Snapshot::adopt`]). framehop has no call that
+//! clears a cache, and making a new one (33 KB, boxed) is not possible in the handler; the
+//! overwrite is one lookup per slot at an address in no module, for which framehop stores
+//! its fallback rule without reading the stack or allocating.
+//!
 //! **Record format.** `frames[0]` is the interrupted pc; every later entry is a return
 //! address exactly as found (it points after the call: symbolizers look up `addr - 1`).
 //!
@@ -37,7 +56,8 @@
 //! stacks then end at `main`, marked truncated; `-C force-unwind-tables=yes` avoids it).
 //! Measured on x86_64 (release): about 0.3 µs per warm walk of 13 frames, 30–40 µs for
 //! the first walk of a thread (cold cache); framehop in an unoptimised dev build is about
-//! ten times slower.
+//! ten times slower. A thread's first walk under a newly published snapshot also
+//! overwrites its cache: 509 lookups, about 70 µs in an unoptimised build.
 
 use std::cell::UnsafeCell;
 use std::ops::Range;
@@ -45,7 +65,9 @@ use std::sync::atomic::{AtomicPtr, AtomicU64, AtomicUsize, Ordering};
 use std::sync::{Mutex, TryLockError};
 use std::time::{Duration, Instant};
 
-use framehop::{ExplicitModuleSectionInfo, Module, MustNotAllocateDuringUnwind, Unwinder};
+use framehop::{
+    ExplicitModuleSectionInfo, FrameAddress, Module, MustNotAllocateDuringUnwind, Unwinder,
+};
 
 use super::modules::{self, LoadGeneration, LoadedObject, Tables};
 use super::ring::{SampleRecord, MAX_FRAMES};
@@ -129,6 +151,9 @@ impl Arch for Aarch64 {
 
 /// An immutable set of known objects: the unwinder plus what the handler checks.
 pub(crate) struct Snapshot<A: Arch> {
+    /// Never repeats, and is never [`NO_SNAPSHOT`]; tags the thread caches that walked
+    /// with this snapshot (see [`Snapshot::adopt`]).
+    id: u64,
     unwinder: A::Unwinder,
     /// Code ranges of the objects added to `unwinder`, sorted by start.
     code: Vec<Range<u64>>,
@@ -225,6 +250,7 @@ impl<A: Arch> Snapshot<A> {
         let code = objects.iter().map(|k| k.code.clone()).collect();
         let register_mask = A::register_mask(&unwinder);
         Some(Snapshot {
+            id: next_snapshot_id(),
             unwinder,
             code,
             objects,
@@ -243,6 +269,46 @@ impl<A: Arch> Snapshot<A> {
         self.objects.iter().map(|k| k.table_bytes).sum()
     }
 
+    /// Makes `cache` fit to unwind with this snapshot. A cache filled under another
+    /// snapshot may hold rules tagged with this unwinder's module generation for code that
+    /// has changed (see the module docs), so all its slots are overwritten first.
+    /// Async-signal-safe.
+    #[inline]
+    fn adopt(&self, cache: &mut ThreadCache<A>) {
+        if cache.filled_under != self.id {
+            if cache.filled_under != NO_SNAPSHOT {
+                self.overwrite_all_slots(cache);
+            }
+            cache.filled_under = self.id;
+        }
+    }
+
+    /// Looks up [`RULE_CACHE_SLOTS`] consecutive addresses, one per slot, that are in no
+    /// module: framehop stores its fallback rule for each, tagged with this unwinder's
+    /// generation, without reading the stack (the callback refuses every read anyway) or
+    /// allocating. Out of line: once per thread per published snapshot.
+    #[cold]
+    #[inline(never)]
+    fn overwrite_all_slots(&self, cache: &mut ThreadCache<A>) {
+        let nothing = Registers {
+            pc: 0,
+            sp: 0,
+            fp: 0,
+            #[cfg(target_arch = "aarch64")]
+            lr: 0,
+        };
+        for address in FLUSH_FROM..=u64::MAX {
+            let mut regs = A::regs(&nothing, self.register_mask);
+            // The result is the frame-pointer rule's, from a zero fp: no frame.
+            let _ = self.unwinder.unwind_frame(
+                FrameAddress::from_instruction_pointer(address),
+                &mut regs,
+                &mut cache.rules,
+                &mut |_| Err(()),
+            );
+        }
+    }
+
     /// Unwinds from `regs` into `record` (entry 0, the pc, is already there).
     /// Async-signal-safe.
     #[inline]
@@ -250,16 +316,20 @@ impl<A: Arch> Snapshot<A> {
         &self,
         regs: &Registers,
         stack: StackReader,
-        cache: &mut A::Cache,
+        cache: &mut ThreadCache<A>,
         record: &mut SampleRecord,
     ) -> WalkEnd {
         if !self.is_code(regs.pc) {
             return WalkEnd::UnknownPc;
         }
+        self.adopt(cache);
         let mut read = |addr: u64| stack.read(addr);
-        let mut frames =
-            self.unwinder
-                .iter_frames(regs.pc, A::regs(regs, self.register_mask), cache, &mut read);
+        let mut frames = self.unwinder.iter_frames(
+            regs.pc,
+            A::regs(regs, self.register_mask),
+            &mut cache.rules,
+            &mut read,
+        );
         // The first item is the interrupted pc itself.
         if !matches!(frames.next(), Ok(Some(_))) {
             return WalkEnd::Truncated;
@@ -310,13 +380,47 @@ fn module(
 }
 
 /// A thread's framehop cache (about 33 KB, allocated here, at registration).
-pub(crate) struct UnwindCache(UnsafeCell<<Native as Arch>::Cache>);
+pub(crate) struct UnwindCache(UnsafeCell<ThreadCache<Native>>);
 
 impl UnwindCache {
     pub(crate) fn new() -> UnwindCache {
-        UnwindCache(UnsafeCell::new(Native::new_cache()))
+        UnwindCache(UnsafeCell::new(ThreadCache::new()))
     }
 }
+
+/// framehop's rule cache and the snapshot its rules were computed with.
+struct ThreadCache<A: Arch> {
+    rules: A::Cache,
+    /// The [`Snapshot::id`] of the rules in `rules`; [`NO_SNAPSHOT`] while it holds none.
+    filled_under: u64,
+}
+
+impl<A: Arch> ThreadCache<A> {
+    fn new() -> ThreadCache<A> {
+        ThreadCache {
+            rules: A::new_cache(),
+            filled_under: NO_SNAPSHOT,
+        }
+    }
+}
+
+/// No snapshot has this id: a cache filled under it is empty.
+const NO_SNAPSHOT: u64 = 0;
+/// The next [`Snapshot::id`]. A `u64` counting up from 1 does not wrap.
+static SNAPSHOT_IDS: AtomicU64 = AtomicU64::new(NO_SNAPSHOT + 1);
+
+fn next_snapshot_id() -> u64 {
+    SNAPSHOT_IDS.fetch_add(1, Ordering::Relaxed)
+}
+
+/// framehop 0.16 keeps a cache's rules in this many slots, slot `address % 509` (the
+/// private `CACHE_ENTRY_COUNT` of its `rule_cache.rs`); the test
+/// `a_new_snapshot_replaces_every_cached_rule` fails if that changes.
+const RULE_CACHE_SLOTS: u64 = 509;
+/// The first of the [`RULE_CACHE_SLOTS`] consecutive addresses (one per slot) that
+/// [`Snapshot::adopt`] looks up. They lie in the kernel's half of the address space on
+/// x86_64 and aarch64, so in no loaded object and no module of any snapshot.
+const FLUSH_FROM: u64 = u64::MAX - (RULE_CACHE_SLOTS - 1);
 
 /// The published snapshot; owned by the publisher (a `Box` turned raw).
 static CURRENT: AtomicPtr<Snapshot<Native>> = AtomicPtr::new(std::ptr::null_mut());
@@ -734,6 +838,163 @@ mod tests {
         }
         eprintln!("{reads} reads across 50 replacements; at most {retired_seen} retired at once");
         assert!(reads > 0);
+    }
+
+    /// A function whose first instruction the wrap test below unwinds from.
+    #[inline(never)]
+    fn an_entry_point() -> u64 {
+        std::hint::black_box(3)
+    }
+
+    /// framehop tags cached rules with a `u16` module generation drawn from a
+    /// process-wide counter. Once that counter has gone round, an unwinder with other
+    /// modules can carry the generation a thread's cache was filled under: its cached
+    /// rules must not be used for the new snapshot.
+    #[test]
+    fn a_wrapped_module_generation_does_not_revive_stale_rules() {
+        // Where the two rules for `an_entry_point`'s first instruction find the return
+        // address: its CFI says `[sp]` (or `lr` on aarch64); the frame-pointer rule that
+        // framehop uses for addresses in no module says `[fp + 8]`.
+        const BY_CFI: u64 = 0x1111_1110;
+        const BY_FP: u64 = 0x2222_2220;
+        let pc = an_entry_point as *const () as usize as u64;
+        let words: [u64; 8] = [BY_CFI, 0, 0, 0, 0, BY_FP, 0, 0];
+        let base = words.as_ptr() as u64;
+        let bounds = StackBounds {
+            lo: base,
+            hi: base + 64,
+        };
+        let regs = Registers {
+            pc,
+            sp: base,
+            fp: base + 32,
+            #[cfg(target_arch = "aarch64")]
+            lr: BY_CFI,
+        };
+        let walk = |snapshot: &Snapshot<Native>, cache: &mut ThreadCache<Native>| {
+            let mut record = SampleRecord::EMPTY;
+            record.frames[0] = pc;
+            record.depth = 1;
+            let reader = bounds.reader_from(base).expect("sp in bounds");
+            snapshot.walk(&regs, reader, cache, &mut record);
+            record.frames().to_vec()
+        };
+
+        // Snapshot `a` knows this binary; a thread's cache learns `pc`'s rule from it.
+        let a = build::<Native>();
+        assert!(a.is_code(pc));
+        let mut thread_cache = ThreadCache::new();
+        assert_eq!(walk(&a, &mut thread_cache), [pc, BY_CFI]);
+
+        // Make unwinders until one has `a`'s generation (a full wrap of the counter). A second cache tells: an address looked up under `a` hits only for
+        // an unwinder with `a`'s generation. Other tests make unwinders meanwhile, so a
+        // wrap may step over it; then the next wrap is tried.
+        let probe_at = FrameAddress::from_instruction_pointer(u64::MAX - 4096);
+        let no_regs = Registers {
+            pc: 0,
+            sp: 0,
+            fp: 0,
+            #[cfg(target_arch = "aarch64")]
+            lr: 0,
+        };
+        let mut probe = Native::new_cache();
+        let look_up = |unwinder: &<Native as Arch>::Unwinder, probe: &mut _| {
+            let mut regs = Native::regs(&no_regs, 0);
+            let _ = unwinder.unwind_frame(probe_at, &mut regs, probe, &mut |_| Err(()));
+        };
+        look_up(&a.unwinder, &mut probe);
+        let mut made = 0u64;
+        let twin = loop {
+            let candidate = Native::new_unwinder();
+            made += 1;
+            let hits = probe.stats().hit_count;
+            look_up(&candidate, &mut probe);
+            if probe.stats().hit_count > hits {
+                break candidate;
+            }
+            assert!(made < 8 << 16, "no unwinder with a's generation in {made}");
+            // The miss replaced the probe's entry; put `a`'s back.
+            look_up(&a.unwinder, &mut probe);
+        };
+        eprintln!("an unwinder with a's module generation after {made} new ones");
+
+        // Snapshot `b`: the same code ranges, but no modules, so framehop's rule for
+        // `pc` is the frame-pointer one.
+        let b = Snapshot::<Native> {
+            id: next_snapshot_id(),
+            unwinder: twin,
+            code: a.code.clone(),
+            objects: Vec::new(),
+            register_mask: a.register_mask,
+        };
+        assert_eq!(walk(&b, &mut ThreadCache::new()), [pc, BY_FP]);
+        assert_eq!(
+            walk(&b, &mut thread_cache),
+            [pc, BY_FP],
+            "a rule cached under snapshot a was used for snapshot b"
+        );
+    }
+
+    /// Adopting a new snapshot leaves no slot of the cache holding an earlier rule, even
+    /// one tagged with the new unwinder's generation (a clone keeps it); adopting the same
+    /// snapshot again keeps the rules. Also checks [`RULE_CACHE_SLOTS`] against framehop.
+    #[test]
+    fn a_new_snapshot_replaces_every_cached_rule() {
+        let no_regs = Registers {
+            pc: 0,
+            sp: 0,
+            fp: 0,
+            #[cfg(target_arch = "aarch64")]
+            lr: 0,
+        };
+        let first = Snapshot::<Native> {
+            id: next_snapshot_id(),
+            unwinder: Native::new_unwinder(),
+            code: Vec::new(),
+            objects: Vec::new(),
+            register_mask: 0,
+        };
+        let second = Snapshot::<Native> {
+            id: next_snapshot_id(),
+            unwinder: first.unwinder.clone(),
+            code: Vec::new(),
+            objects: Vec::new(),
+            register_mask: 0,
+        };
+        let look_up = |cache: &mut ThreadCache<Native>, addresses: Range<u64>| {
+            let hits = cache.rules.stats().hit_count;
+            for address in addresses {
+                let mut regs = Native::regs(&no_regs, 0);
+                let _ = first.unwinder.unwind_frame(
+                    FrameAddress::from_instruction_pointer(address),
+                    &mut regs,
+                    &mut cache.rules,
+                    &mut |_| Err(()),
+                );
+            }
+            cache.rules.stats().hit_count - hits
+        };
+        let mut cache = ThreadCache::new();
+        first.adopt(&mut cache);
+        // Four addresses per slot; the last of each stays.
+        let slots = RULE_CACHE_SLOTS;
+        look_up(&mut cache, 0x1000..0x1000 + 4 * slots);
+        let last = 0x1000 + 3 * slots..0x1000 + 4 * slots;
+        assert_eq!(look_up(&mut cache, last.clone()), slots, "all cached");
+        first.adopt(&mut cache);
+        assert_eq!(look_up(&mut cache, last.clone()), slots, "kept");
+        let start = Instant::now();
+        second.adopt(&mut cache);
+        let took = start.elapsed();
+        assert_eq!(look_up(&mut cache, last), 0, "a rule survived the flush");
+        // More slots than RULE_CACHE_SLOTS would keep some of an earlier, wider fill.
+        look_up(&mut cache, 0x10_0000..0x10_0000 + 8 * slots);
+        let cached = (0x10_0000..0x10_0000 + 8 * slots)
+            .rev()
+            .filter(|&a| look_up(&mut cache, a..a + 1) == 1)
+            .count();
+        assert_eq!(cached as u64, slots, "framehop's rule cache changed size");
+        eprintln!("replacing every cached rule took {took:?}");
     }
 
     /// The aarch64 path builds and yields stripped registers (it cannot run here).
