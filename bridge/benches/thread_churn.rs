@@ -51,7 +51,8 @@ fn churn(with_sampler: bool) -> (Vec<Duration>, u64, u64) {
             sampler::drain_into(|_| {});
         }
     });
-    let dispatch = tracing::Dispatch::new(tracing_subscriber::registry().with(ProfilingLayer::new()));
+    let dispatch =
+        tracing::Dispatch::new(tracing_subscriber::registry().with(ProfilingLayer::new()));
     let hwm_before = status_kib("VmHWM:");
     let mut times = Vec::with_capacity(THREADS);
     let mut started = 0;
@@ -112,7 +113,10 @@ fn churn(with_sampler: bool) -> (Vec<Duration>, u64, u64) {
 }
 
 fn main() {
-    if let Some(mode) = std::env::args().nth(1).filter(|a| a == "none" || a == "sampler") {
+    if let Some(mode) = std::env::args()
+        .nth(1)
+        .filter(|a| a == "none" || a == "sampler")
+    {
         let (mut times, hwm, per_thread) = churn(mode == "sampler");
         times.sort_unstable();
         println!(

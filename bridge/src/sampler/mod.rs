@@ -595,9 +595,10 @@ fn new_registration(run: u64, epoch: u64) -> Result<Registration, SamplerError> 
         call: "pthread_getattr_np",
         source,
     })?;
+    // SAFETY: gettid has no preconditions.
+    let tid = unsafe { libc::gettid() };
     let slot = slots::claim(Owner {
-        // SAFETY: gettid has no preconditions.
-        tid: unsafe { libc::gettid() },
+        tid,
         cell: thread_cell(),
         stack,
         ring_capacity: RING_CAPACITY.load(Ordering::Relaxed).max(1),
@@ -617,7 +618,7 @@ fn new_registration(run: u64, epoch: u64) -> Result<Registration, SamplerError> 
         sev.sigev_value = libc::sigval {
             sival_ptr: slot.timer_value().to_sival(),
         };
-        sev.sigev_notify_thread_id = libc::gettid();
+        sev.sigev_notify_thread_id = tid;
         let mut timer: libc::timer_t = std::mem::zeroed();
         if libc::timer_create(libc::CLOCK_THREAD_CPUTIME_ID, &mut sev, &mut timer) != 0 {
             return Err(SamplerError::last_os("timer_create"));

@@ -83,6 +83,11 @@ impl Ring {
         self.slots.len()
     }
 
+    /// Whether no record is waiting (exact when neither side is running).
+    pub(crate) fn is_empty(&self) -> bool {
+        self.head.load(Ordering::Acquire) == self.tail.load(Ordering::Acquire)
+    }
+
     /// Empties the ring.
     ///
     /// # Safety

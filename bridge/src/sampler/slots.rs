@@ -182,10 +182,22 @@ impl Slot {
     }
 
     /// Ends the calling owner's use of the slot. Only the owner thread may call this.
+    ///
+    /// A slot with nothing left to drain goes straight back to the free list when no drain
+    /// is running (so threads that come and go faster than the drain period reuse slots
+    /// instead of piling up); otherwise the next drain takes its records and frees it.
     pub(crate) fn release(&self) {
         self.delete_timer();
         // Odd → even: a signal still queued for this thread finds a generation mismatch.
         self.generation.fetch_add(1, Ordering::AcqRel);
+        if let Some(_drain) = DRAINING.try_lock() {
+            // No drainer can be reading this ring now, and no handler will write it.
+            if self.ring().is_none_or(Ring::is_empty) {
+                self.phase.store(FREE, Ordering::Release);
+                push_free(self);
+                return;
+            }
+        }
         self.phase.store(RETIRING, Ordering::Release);
     }
 }
@@ -251,6 +263,13 @@ impl ForkSafeLock {
             std::thread::yield_now();
         }
         ForkSafeGuard(self)
+    }
+
+    pub(crate) fn try_lock(&self) -> Option<ForkSafeGuard<'_>> {
+        self.0
+            .compare_exchange(false, true, Ordering::Acquire, Ordering::Relaxed)
+            .is_ok()
+            .then_some(ForkSafeGuard(self))
     }
 
     /// Unlocks unconditionally: only in a forked child, whose one thread holds nothing.

@@ -477,6 +477,22 @@ fn short_lived_threads_reuse_slots() {
         );
     }
     assert_eq!(stats().threads, 0, "{:?}", stats());
+    // Threads that leave nothing to drain give their slot back at once, without waiting
+    // for a drain: one after another, they keep reusing a handful of slots.
+    let allocated = slots::all().count();
+    for _ in 0..200 {
+        std::thread::spawn(|| {
+            on_span_enter();
+            assert!(current_slot().is_some());
+        })
+        .join()
+        .expect("thread");
+    }
+    let grown = slots::all().count() - allocated;
+    assert!(
+        grown <= 4,
+        "{grown} new slots for one thread at a time, no drain"
+    );
     drop(sampler);
 }
 
