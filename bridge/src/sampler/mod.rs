@@ -352,8 +352,16 @@ impl Sampler {
         }
         handler::install()?;
         AT_FORK.call_once(|| {
-            // SAFETY: registering a child handler that only stores to atomics.
-            unsafe { libc::pthread_atfork(None, None, Some(after_fork_in_child)) };
+            // SAFETY: registering fork handlers: prepare/parent take and release the
+            // unwinder's publisher lock; the child handler only stores to atomics and
+            // releases that lock.
+            unsafe {
+                libc::pthread_atfork(
+                    Some(before_fork),
+                    Some(after_fork_in_parent),
+                    Some(after_fork_in_child),
+                )
+            };
         });
         FREQUENCY_HZ.store(config.frequency_hz, Ordering::Relaxed);
         PERIOD_NS.store(
@@ -671,6 +679,14 @@ pub fn drain_into(mut f: impl FnMut(&SampleRecord)) -> usize {
     drop(guard);
     DRAINED.fetch_add(total as u64, Ordering::Relaxed);
     total
+}
+
+extern "C" fn before_fork() {
+    unwind::before_fork();
+}
+
+extern "C" fn after_fork_in_parent() {
+    unwind::after_fork_in_parent();
 }
 
 extern "C" fn after_fork_in_child() {

@@ -505,6 +505,11 @@ fn a_forked_child_starts_clean() {
     let sampler = start(250);
     sampler.register_current_thread().expect("register");
     burn(Duration::from_millis(20));
+    // A module refresh in progress at the fork too (the publisher lock held).
+    let refreshing = std::thread::spawn(|| {
+        let _held = unwind::hold_publisher_for_test(Duration::from_millis(200));
+    });
+    std::thread::sleep(Duration::from_millis(20));
     let draining = Arc::new(AtomicBool::new(false));
     let drainer = {
         let draining = draining.clone();
@@ -533,6 +538,7 @@ fn a_forked_child_starts_clean() {
     // SAFETY: waiting for our own child.
     assert_eq!(unsafe { libc::waitpid(pid, &mut status, 0) }, pid);
     drainer.join().expect("drainer");
+    refreshing.join().expect("refresher");
     assert!(
         libc::WIFEXITED(status) && libc::WEXITSTATUS(status) == 0,
         "child failed: status {status:#x} (exit code {})",
@@ -547,6 +553,9 @@ fn a_forked_child_starts_clean() {
 fn child_after_fork(inherited: Sampler) -> i32 {
     if is_running() || stats().taken != 0 {
         return 10;
+    }
+    if !unwind::publisher_is_free() {
+        return 16;
     }
     let Ok(own) = Sampler::start(SamplerConfig::default().with_frequency_hz(250)) else {
         return 11;

@@ -62,7 +62,7 @@
 use std::cell::UnsafeCell;
 use std::ops::Range;
 use std::sync::atomic::{AtomicPtr, AtomicU64, AtomicUsize, Ordering};
-use std::sync::{Mutex, TryLockError};
+use std::sync::{Mutex, PoisonError, TryLockError};
 use std::time::{Duration, Instant};
 
 use framehop::{
@@ -546,9 +546,43 @@ pub(crate) fn published_stats() -> (usize, usize, u64) {
     stats
 }
 
+thread_local! {
+    /// The publisher lock, held by the forking thread from `pthread_atfork`'s prepare
+    /// handler until the parent and child handlers (all three run on that thread).
+    static HELD_ACROSS_FORK: std::cell::RefCell<Option<std::sync::MutexGuard<'static, Publisher>>> =
+        const { std::cell::RefCell::new(None) };
+}
+
+/// Before `fork`: waits for a refresh in progress and holds the publisher across the
+/// fork, so the child's copy of it is consistent and unlocked (a `Mutex` held by another
+/// thread at `fork` stays locked forever in the child: it would never refresh again).
+pub(crate) fn before_fork() {
+    let guard = PUBLISHER.lock().unwrap_or_else(PoisonError::into_inner);
+    let _ = HELD_ACROSS_FORK.try_with(|held| *held.borrow_mut() = Some(guard));
+}
+
+/// After `fork`, in the parent: lets go of the publisher.
+pub(crate) fn after_fork_in_parent() {
+    let _ = HELD_ACROSS_FORK.try_with(|held| held.borrow_mut().take());
+}
+
 /// In a forked child only the forking thread exists, and it is not in a handler.
 pub(crate) fn after_fork_in_child() {
     IN_FLIGHT.store(0, Ordering::Relaxed);
+    let _ = HELD_ACROSS_FORK.try_with(|held| held.borrow_mut().take());
+}
+
+/// Holds the publisher for `d`, as a slow refresh would (tests).
+#[cfg(test)]
+pub(crate) fn hold_publisher_for_test(d: Duration) {
+    let _guard = PUBLISHER.lock().unwrap_or_else(PoisonError::into_inner);
+    std::thread::sleep(d);
+}
+
+/// Whether the publisher is free (tests: a forked child must be able to refresh).
+#[cfg(test)]
+pub(crate) fn publisher_is_free() -> bool {
+    PUBLISHER.try_lock().is_ok()
 }
 
 /// Fills `record` with the stack of the interrupted thread: `frames[0] = regs.pc`, then
