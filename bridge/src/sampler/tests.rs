@@ -507,7 +507,7 @@ fn a_forked_child_starts_clean() {
     burn(Duration::from_millis(20));
     // A module refresh in progress at the fork too (the publisher lock held).
     let refreshing = std::thread::spawn(|| {
-        let _held = unwind::hold_publisher_for_test(Duration::from_millis(200));
+        unwind::hold_publisher_for_test(Duration::from_millis(200));
     });
     std::thread::sleep(Duration::from_millis(20));
     let draining = Arc::new(AtomicBool::new(false));
