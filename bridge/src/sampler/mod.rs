@@ -577,9 +577,13 @@ pub fn tokio_on_thread_stop() -> impl Fn() + Send + Sync + 'static {
 /// atomic load and one thread-local read when already registered (or known blocked).
 #[inline]
 pub(crate) fn on_span_enter() {
-    let Some(run) = running_run() else {
+    // Relaxed: a stale answer only delays registration to the next enter; `register`
+    // reads the run again with SeqCst.
+    let state = RUN_STATE.load(Ordering::Relaxed);
+    if state & 1 == 0 {
         return;
-    };
+    }
+    let run = state >> 1;
     let epoch = PROCESS_EPOCH.load(Ordering::Relaxed);
     let settled = REGISTRATION
         .try_with(|r| {
