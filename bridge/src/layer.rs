@@ -20,7 +20,7 @@ use tracing_subscriber::registry::{LookupSpan, SpanRef};
 use tracing_subscriber::Layer;
 
 use crate::local_root::{ResolvedRoot, UnsampledTraces};
-use crate::span_context::{self, LocalRoot};
+use crate::span_context::{scopes, LocalRoot};
 use crate::span_name::SpanName;
 
 /// A [`tracing_subscriber::Layer`] that labels the running thread with the local root span
@@ -205,16 +205,13 @@ where
         let Some(span) = ctx.span(id) else { return };
         crate::sampler::on_span_enter();
         let root = self.label_of(&span);
-        entered::push(id.into_u64(), span_context::replace(root));
+        scopes::enter(id.into_u64(), root);
     }
 
     fn on_exit(&self, id: &Id, _ctx: Context<'_, S>) {
-        if let Some(previous) = entered::pop(id.into_u64()) {
-            span_context::replace(previous);
-        }
+        scopes::exit(id.into_u64());
     }
 }
 
-mod entered;
 #[cfg(test)]
 mod tests;

@@ -297,5 +297,6 @@ impl Drop for SpanContextGuard {
     }
 }
 
+pub(crate) mod scopes;
 #[cfg(test)]
 mod tests;

@@ -1,22 +1,29 @@
-//! The per-thread stack of entered spans, each with the context that was current before
-//! it. Kept in a fixed array in a `const` thread-local with no destructor, so a push or a
-//! pop is a plain TLS access; nesting deeper than [`INLINE`] spills into a `Vec`.
+//! The per-thread stack of scopes that set the thread's span context, innermost last, each
+//! with the context that was current before it. Kept in a fixed array in a `const`
+//! thread-local with no destructor, so an enter or an exit is a plain TLS access; nesting
+//! deeper than [`INLINE`] spills into a `Vec`.
+//!
+//! [`enter`] makes a scope's context current and pushes (its key, the context it replaced);
+//! [`exit`] removes the topmost entry with that key. When that entry is the innermost, its
+//! `previous` is written back. When it is not (exits in non-LIFO order), nothing changes
+//! now and the entry just above inherits its `previous`, so a scope ending never clears
+//! the context of one still running above it.
 
 use std::cell::RefCell;
 
-use crate::span_context::LocalRoot;
+use super::LocalRoot;
 
-/// Entered spans kept without allocation; deeper nesting is rare and spills to the heap.
+/// Entries kept without allocation; deeper nesting is rare and spills to the heap.
 const INLINE: usize = 32;
 
 #[derive(Clone, Copy)]
 struct Entry {
-    span: u64,
+    key: u64,
     previous: Option<LocalRoot>,
 }
 
 const EMPTY: Entry = Entry {
-    span: 0,
+    key: 0,
     previous: None,
 };
 
@@ -52,14 +59,30 @@ impl Stack {
     }
 }
 
-/// Records that `span` was entered while `previous` was the thread's context.
+/// Makes `root` the calling thread's context as the scope `key`, to be ended by
+/// [`exit`]`(key)` on this thread.
 #[inline]
-pub(super) fn push(span: u64, previous: Option<LocalRoot>) {
+pub(crate) fn enter(key: u64, root: Option<LocalRoot>) {
+    push(key, super::replace(root));
+}
+
+/// Ends the scope `key` on the calling thread: restores the context from before it if it
+/// is the innermost scope, otherwise hands that context to the scope entered after it.
+#[inline]
+pub(crate) fn exit(key: u64) {
+    if let Some(previous) = pop(key) {
+        super::replace(previous);
+    }
+}
+
+/// Records that `key` was entered while `previous` was the thread's context.
+#[inline]
+fn push(key: u64, previous: Option<LocalRoot>) {
     STACK.with(|stack| {
         let Ok(mut stack) = stack.try_borrow_mut() else {
             return;
         };
-        let entry = Entry { span, previous };
+        let entry = Entry { key, previous };
         if stack.len < INLINE {
             let len = stack.len;
             stack.inline[len] = entry;
@@ -70,20 +93,20 @@ pub(super) fn push(span: u64, previous: Option<LocalRoot>) {
     });
 }
 
-/// What exiting `span` leaves: `Some(context to restore)` when it was the innermost entered
-/// span, `None` when it exited out of order (or was never seen), in which case the span
+/// What exiting `key` leaves: `Some(context to restore)` when it was the innermost scope,
+/// `None` when it exited out of order (or was never seen), in which case the scope
 /// entered after it takes over restoring its `previous` and nothing changes now.
 #[inline]
-pub(super) fn pop(span: u64) -> Option<Option<LocalRoot>> {
+fn pop(key: u64) -> Option<Option<LocalRoot>> {
     STACK.with(|stack| {
         let mut stack = stack.try_borrow_mut().ok()?;
         let len = stack.len;
-        // Fast path: the innermost span exits, all inline (the usual case).
-        if (1..=INLINE).contains(&len) && stack.inline[len - 1].span == span {
+        // Fast path: the innermost scope exits, all inline (the usual case).
+        if (1..=INLINE).contains(&len) && stack.inline[len - 1].key == key {
             stack.len = len - 1;
             return Some(stack.inline[len - 1].previous);
         }
-        let pos = (0..len).rev().find(|&i| stack.get(i).span == span)?;
+        let pos = (0..len).rev().find(|&i| stack.get(i).key == key)?;
         let removed = stack.get(pos);
         let restore = if pos + 1 == len {
             Some(removed.previous)
