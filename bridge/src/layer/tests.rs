@@ -288,3 +288,54 @@ fn tracing_root_under_a_plain_api_root_inherits_it() {
     drop(pcx);
     assert_eq!(exported(&setup, "tracing-child").parent_span_id, root_id);
 }
+
+fn label_name() -> Option<String> {
+    current_local_root()
+        .and_then(|r| r.name())
+        .map(|n| n.resolve().to_string())
+}
+
+/// Span ids are per subscriber: the first span of two fresh registries gets the same id.
+/// A subscriber set with `with_default` over another must not take, on an exit, the entry
+/// of the other's span with that id, in any exit order.
+#[test]
+fn two_subscribers_with_colliding_span_ids_restore_their_own_scope() {
+    let outer =
+        tracing::Dispatch::new(tracing_subscriber::registry().with(ProfilingLayer::default()));
+    tracing::dispatcher::with_default(&outer, || {
+        let x = tracing::info_span!("x");
+        let inner = tracing_subscriber::registry().with(ProfilingLayer::default());
+        tracing::subscriber::with_default(inner, || {
+            let y = tracing::info_span!("y");
+            assert!(x.id().is_some());
+            assert_eq!(x.id(), y.id(), "the test needs the two ids to collide");
+            let (x_name, y_name) = (Some("x".to_string()), Some("y".to_string()));
+
+            // The outer subscriber's span exits first.
+            let gx = x.enter();
+            let gy = y.enter();
+            assert_eq!(label_name(), y_name);
+            drop(gx);
+            assert_eq!(label_name(), y_name, "x's exit took y's entry");
+            drop(gy);
+            assert_eq!(label_name(), None, "y's exit restored what x found");
+
+            // The inner subscriber's span exits first.
+            let gy = y.enter();
+            let gx = x.enter();
+            assert_eq!(label_name(), x_name);
+            drop(gy);
+            assert_eq!(label_name(), x_name, "y's exit took x's entry");
+            drop(gx);
+            assert_eq!(label_name(), None, "x's exit restored what y found");
+
+            // In order.
+            let gx = x.enter();
+            let gy = y.enter();
+            drop(gy);
+            assert_eq!(label_name(), x_name);
+            drop(gx);
+            assert_eq!(label_name(), None);
+        });
+    });
+}
