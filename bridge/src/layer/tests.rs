@@ -339,3 +339,67 @@ fn two_subscribers_with_colliding_span_ids_restore_their_own_scope() {
         });
     });
 }
+
+/// Guards and the layer's spans are scopes of one stack: a guard dropped while a span
+/// entered after it is live keeps the span's context, a span exiting while a guard set
+/// after it is live keeps the guard's, and whichever ends last restores what was there
+/// before both.
+#[test]
+fn guards_and_layer_exits_mixed_in_any_order() {
+    use crate::SpanContextGuard;
+    let dispatch =
+        tracing::Dispatch::new(tracing_subscriber::registry().with(ProfilingLayer::default()));
+    let g = LocalRoot::name_only(SpanName::intern("guard"));
+    let (g_name, s_name) = (Some("guard".to_string()), Some("s".to_string()));
+    tracing::dispatcher::with_default(&dispatch, || {
+        let s = tracing::info_span!("s");
+
+        // Guard first, dropped first.
+        let guard = SpanContextGuard::enter(Some(g));
+        let entered = s.enter();
+        assert_eq!(label_name(), s_name);
+        drop(guard);
+        assert_eq!(
+            label_name(),
+            s_name,
+            "the guard's drop cleared the live span"
+        );
+        drop(entered);
+        assert_eq!(
+            label_name(),
+            None,
+            "the span's exit brought back the ended guard"
+        );
+
+        // Span first, exits first.
+        let entered = s.enter();
+        let guard = SpanContextGuard::enter(Some(g));
+        assert_eq!(label_name(), g_name);
+        drop(entered);
+        assert_eq!(
+            label_name(),
+            g_name,
+            "the span's exit cleared the live guard"
+        );
+        drop(guard);
+        assert_eq!(
+            label_name(),
+            None,
+            "the guard's drop brought back the ended span"
+        );
+
+        // In order, both ways round.
+        let guard = SpanContextGuard::enter(Some(g));
+        let entered = s.enter();
+        drop(entered);
+        assert_eq!(label_name(), g_name);
+        drop(guard);
+        assert_eq!(label_name(), None);
+        let entered = s.enter();
+        let guard = SpanContextGuard::enter(Some(g));
+        drop(guard);
+        assert_eq!(label_name(), s_name);
+        drop(entered);
+        assert_eq!(label_name(), None);
+    });
+}

@@ -1,19 +1,41 @@
-//! The per-thread stack of scopes that set the thread's span context, innermost last, each
-//! with the context that was current before it. Kept in a fixed array in a `const`
-//! thread-local with no destructor, so an enter or an exit is a plain TLS access; nesting
-//! deeper than [`INLINE`] spills into a `Vec`.
+//! The per-thread scope stack: every scope that set the thread's span context and has not
+//! ended, innermost last, each with the context that was current when it began.
 //!
-//! [`enter`] makes a scope's context current and pushes (its key, the context it replaced);
-//! [`exit`] removes the topmost entry with that key. When that entry is the innermost, its
-//! `previous` is written back. When it is not (exits in non-LIFO order), nothing changes
-//! now and the entry just above inherits its `previous`, so a scope ending never clears
-//! the context of one still running above it.
+//! Who pushes and who pops. One stack per thread serves both kinds of scope:
 //!
-//! A scope's [`Key`] is its owner and an id unique within that owner. A `tracing` span id
-//! is only unique within its subscriber (it is a slab index, and two subscribers' first
-//! spans get the same one), so each `ProfilingLayer` is its own [`Owner`].
+//! * a `tracing` span entered through a [`ProfilingLayer`](crate::ProfilingLayer):
+//!   `on_enter` calls [`enter`] with the key (that layer's [`Owner`], span id), `on_exit`
+//!   calls [`exit`] with the same key;
+//! * a [`SpanContextGuard`](super::SpanContextGuard) (and so every
+//!   `ProfilingContext::in_scope` call and `ProfiledFuture` poll):
+//!   `SpanContextGuard::enter` calls [`enter`] with a key no other guard on the thread has,
+//!   its `Drop` calls [`exit`] with it.
+//!
+//! [`enter`]`(key, root)` writes `root` into the thread's cell and pushes (`key`, the
+//! context it replaced). [`exit`]`(key)` removes the topmost entry with that key:
+//!
+//! * the innermost entry (LIFO, the usual case): its `previous` is written back;
+//! * an entry below others (out of order: futures joined on one thread, a guard dropped
+//!   while a span entered after it is still entered, or the reverse): the cell is left
+//!   alone, since the scope above still runs, and the entry just above inherits the
+//!   removed one's `previous`;
+//! * no entry (never entered, or its enter could not be recorded): nothing.
+//!
+//! So each entry's `previous` is always the context of the live scope below it (nothing
+//! for the bottom one), and the cell always holds the innermost live scope's context: an
+//! exit never clears a live scope and never brings back one that ended.
+//!
+//! A [`Key`] is (owner, id unique within the owner). `tracing` span ids are only unique
+//! within one subscriber (they are slab indices: two subscribers' first spans get the
+//! same one), so each `ProfilingLayer` instance is its own [`Owner`]; guards share one
+//! owner and number themselves per thread.
+//!
+//! The stack is a fixed array in a `const` thread-local with no destructor, so an enter or
+//! an exit is a plain TLS access with no allocation; nesting deeper than [`INLINE`] spills
+//! into a `Vec`. Borrows are `try_borrow_mut`: an enter that finds the stack borrowed
+//! changes nothing.
 
-use std::cell::RefCell;
+use std::cell::{Cell, RefCell};
 use std::sync::atomic::{AtomicU64, Ordering};
 
 use super::LocalRoot;
@@ -21,13 +43,17 @@ use super::LocalRoot;
 /// Entries kept without allocation; deeper nesting is rare and spills to the heap.
 const INLINE: usize = 32;
 
-/// Whose ids a scope's id is: each `ProfilingLayer` instance is one owner.
+/// The owner of every [`SpanContextGuard`](super::SpanContextGuard)'s scope; layer owners
+/// start at 1.
+const GUARDS: u64 = 0;
+
+/// Whose ids a scope's id is: each `ProfilingLayer` instance is one owner (and guards,
+/// together, another).
 #[derive(Clone, Copy, PartialEq, Eq, Debug)]
 pub(crate) struct Owner(u64);
 
 impl Owner {
-    /// An owner different from every other one made in this process. Never 0, the owner
-    /// of no scope (the empty entry's).
+    /// An owner different from every other one made in this process, and from the guards'.
     pub(crate) fn unique() -> Owner {
         static NEXT: AtomicU64 = AtomicU64::new(1);
         Owner(NEXT.fetch_add(1, Ordering::Relaxed))
@@ -47,6 +73,24 @@ pub(crate) struct Key {
     id: u64,
 }
 
+impl Key {
+    /// A key for a new guard's scope, different from every other guard's on this thread
+    /// (a per-thread count; guards are `!Send`, so they end on this thread).
+    #[inline]
+    pub(crate) fn next_guard() -> Key {
+        thread_local! {
+            // 0 is left for the empty entry's key.
+            static NEXT_GUARD: Cell<u64> = const { Cell::new(1) };
+        }
+        let id = NEXT_GUARD.with(|next| {
+            let id = next.get();
+            next.set(id + 1);
+            id
+        });
+        Key { owner: GUARDS, id }
+    }
+}
+
 #[derive(Clone, Copy)]
 struct Entry {
     key: Key,
@@ -54,7 +98,10 @@ struct Entry {
 }
 
 const EMPTY: Entry = Entry {
-    key: Key { owner: 0, id: 0 },
+    key: Key {
+        owner: GUARDS,
+        id: 0,
+    },
     previous: None,
 };
 
@@ -94,7 +141,11 @@ impl Stack {
 /// [`exit`]`(key)` on this thread.
 #[inline]
 pub(crate) fn enter(key: Key, root: Option<LocalRoot>) {
-    push(key, super::replace(root));
+    let previous = super::replace(root);
+    if !push(key, previous) {
+        // Not recorded, so no exit will restore it: leave the context as it was.
+        super::replace(previous);
+    }
 }
 
 /// Ends the scope `key` on the calling thread: restores the context from before it if it
@@ -106,12 +157,13 @@ pub(crate) fn exit(key: Key) {
     }
 }
 
-/// Records that `key` was entered while `previous` was the thread's context.
+/// Records that `key` was entered while `previous` was the thread's context; false if the
+/// stack was borrowed (a re-entrant call) and nothing was recorded.
 #[inline]
-fn push(key: Key, previous: Option<LocalRoot>) {
+fn push(key: Key, previous: Option<LocalRoot>) -> bool {
     STACK.with(|stack| {
         let Ok(mut stack) = stack.try_borrow_mut() else {
-            return;
+            return false;
         };
         let entry = Entry { key, previous };
         if stack.len < INLINE {
@@ -121,7 +173,8 @@ fn push(key: Key, previous: Option<LocalRoot>) {
             SPILL.with(|s| s.borrow_mut().push(entry));
         }
         stack.len += 1;
-    });
+        true
+    })
 }
 
 /// What exiting `key` leaves: `Some(context to restore)` when it was the innermost scope,
