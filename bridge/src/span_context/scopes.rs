@@ -32,8 +32,9 @@
 //!
 //! The stack is a fixed array in a `const` thread-local with no destructor, so an enter or
 //! an exit is a plain TLS access with no allocation; nesting deeper than [`INLINE`] spills
-//! into a `Vec`. Borrows are `try_borrow_mut`: an enter that finds the stack borrowed
-//! changes nothing.
+//! into a `Vec` (the one thread-local here with a destructor, so it is reached with
+//! `try_with`: thread-local destructors may enter and exit scopes after it is gone).
+//! Borrows are `try_borrow_mut`. An enter that cannot be recorded changes nothing.
 
 use std::cell::{Cell, RefCell};
 use std::sync::atomic::{AtomicU64, Ordering};
@@ -120,7 +121,11 @@ impl Stack {
         if i < INLINE {
             self.inline[i]
         } else {
-            SPILL.with(|s| s.borrow().get(i - INLINE).copied().unwrap_or(EMPTY))
+            SPILL
+                .try_with(|s| s.borrow().get(i - INLINE).copied())
+                .ok()
+                .flatten()
+                .unwrap_or(EMPTY)
         }
     }
 
@@ -128,7 +133,7 @@ impl Stack {
         if i < INLINE {
             self.inline[i] = entry;
         } else {
-            SPILL.with(|s| {
+            let _ = SPILL.try_with(|s| {
                 if let Some(slot) = s.borrow_mut().get_mut(i - INLINE) {
                     *slot = entry;
                 }
@@ -157,8 +162,9 @@ pub(crate) fn exit(key: Key) {
     }
 }
 
-/// Records that `key` was entered while `previous` was the thread's context; false if the
-/// stack was borrowed (a re-entrant call) and nothing was recorded.
+/// Records that `key` was entered while `previous` was the thread's context; false if
+/// nothing was recorded: the stack was borrowed (a re-entrant call), or it is deeper than
+/// [`INLINE`] and the spill was already destroyed (in a thread-local destructor).
 #[inline]
 fn push(key: Key, previous: Option<LocalRoot>) -> bool {
     STACK.with(|stack| {
@@ -169,8 +175,9 @@ fn push(key: Key, previous: Option<LocalRoot>) -> bool {
         if stack.len < INLINE {
             let len = stack.len;
             stack.inline[len] = entry;
-        } else {
-            SPILL.with(|s| s.borrow_mut().push(entry));
+        } else if SPILL.try_with(|s| s.borrow_mut().push(entry)).is_err() {
+            // The spill is destroyed: this thread is exiting. Not recorded.
+            return false;
         }
         stack.len += 1;
         true
@@ -206,7 +213,7 @@ fn pop(key: Key) -> Option<Option<LocalRoot>> {
             None
         };
         if len > INLINE {
-            SPILL.with(|s| s.borrow_mut().pop());
+            let _ = SPILL.try_with(|s| s.borrow_mut().pop());
         }
         stack.len = len - 1;
         restore
@@ -265,5 +272,48 @@ mod tests {
         assert_eq!(pop(a.key(1)), None, "a's scope is not the innermost");
         assert_eq!(pop(b.key(1)), Some(None), "b inherited what a found");
         assert_eq!(pop(a.key(1)), None, "empty");
+    }
+
+    /// Guards entered and dropped, deeper than the inline depth, by a thread-local's
+    /// destructor that runs after the spill `Vec`'s own was destroyed (thread-local
+    /// destructors run in reverse order of first use): no panic, which would abort the
+    /// process there, and the thread ends with no context.
+    #[test]
+    fn deep_scopes_in_a_late_thread_local_destructor() {
+        use opentelemetry::trace::{SpanId, TraceId};
+        use std::sync::atomic::AtomicU8;
+        // No names: interning uses a thread-local of its own, gone by then too.
+        fn root(n: u32) -> Option<LocalRoot> {
+            let id = SpanId::from(u64::from(n) + 1);
+            Some(LocalRoot::new(id, TraceId::from(1), None))
+        }
+        // 0: destructor did not run; 1: ran and left no context; 2: left one.
+        static OUTCOME: AtomicU8 = AtomicU8::new(0);
+        struct EndsLate;
+        impl Drop for EndsLate {
+            fn drop(&mut self) {
+                let guards: Vec<_> = (0..INLINE as u32 + 4)
+                    .map(|n| crate::SpanContextGuard::enter(root(n)))
+                    .collect();
+                // Front to back: every drop but the last is out of order.
+                drop(guards);
+                let left = crate::current_local_root().is_some();
+                OUTCOME.store(1 + u8::from(left), Ordering::SeqCst);
+            }
+        }
+        thread_local! {
+            static LATE: EndsLate = const { EndsLate };
+        }
+        std::thread::spawn(|| {
+            // First used first: destroyed after the spill, which is first used below.
+            LATE.with(|_| {});
+            let guards: Vec<_> = (0..INLINE as u32 + 1)
+                .map(|n| crate::SpanContextGuard::enter(root(n)))
+                .collect();
+            drop(guards);
+        })
+        .join()
+        .expect("thread");
+        assert_eq!(OUTCOME.load(Ordering::SeqCst), 1);
     }
 }
