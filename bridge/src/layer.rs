@@ -2,9 +2,11 @@
 //! span it is running.
 //!
 //! On every enter (every poll of an instrumented future) the layer writes the entered span's
-//! local root into the thread's [`SpanContextCell`](crate::SpanContextCell) and remembers
-//! what was there; on exit it restores exactly that. Exits in non-LIFO order are handled
-//! by splicing the per-thread stack, so a child ending never clears its parent's context.
+//! local root into the thread's [`SpanContextCell`](crate::SpanContextCell) and pushes the
+//! span onto the thread's scope stack with what was there; on exit it ends that scope.
+//! Exits in non-LIFO order are handled by splicing the stack, so a child ending never
+//! clears its parent's context. A span is named on the stack by (this layer, span id):
+//! ids are only unique within one subscriber.
 //!
 //! The local root of a span is worked out once, on its first enter, and kept in the span's
 //! extensions: switches afterwards cost a registry lookup and five stores.
@@ -20,7 +22,8 @@ use tracing_subscriber::registry::{LookupSpan, SpanRef};
 use tracing_subscriber::Layer;
 
 use crate::local_root::{ResolvedRoot, UnsampledTraces};
-use crate::span_context::{self, LocalRoot};
+use crate::span_context::scopes::{self, Owner};
+use crate::span_context::LocalRoot;
 use crate::span_name::SpanName;
 
 /// A [`tracing_subscriber::Layer`] that labels the running thread with the local root span
@@ -56,10 +59,23 @@ use crate::span_name::SpanName;
 /// });
 /// assert_eq!(current_local_root(), None);
 /// ```
-#[derive(Debug, Default)]
+#[derive(Debug)]
 pub struct ProfilingLayer {
     unsampled: UnsampledTraces,
     dispatch: OnceLock<tracing_core::dispatcher::WeakDispatch>,
+    /// Names this layer's spans on the thread's scope stack: span ids are only unique
+    /// within one subscriber.
+    owner: Owner,
+}
+
+impl Default for ProfilingLayer {
+    fn default() -> ProfilingLayer {
+        ProfilingLayer {
+            unsampled: UnsampledTraces::default(),
+            dispatch: OnceLock::new(),
+            owner: Owner::unique(),
+        }
+    }
 }
 
 impl ProfilingLayer {
@@ -205,16 +221,13 @@ where
         let Some(span) = ctx.span(id) else { return };
         crate::sampler::on_span_enter();
         let root = self.label_of(&span);
-        entered::push(id.into_u64(), span_context::replace(root));
+        scopes::enter(self.owner.key(id.into_u64()), root);
     }
 
     fn on_exit(&self, id: &Id, _ctx: Context<'_, S>) {
-        if let Some(previous) = entered::pop(id.into_u64()) {
-            span_context::replace(previous);
-        }
+        scopes::exit(self.owner.key(id.into_u64()));
     }
 }
 
-mod entered;
 #[cfg(test)]
 mod tests;

@@ -224,11 +224,14 @@ pub(crate) fn replace(root: Option<LocalRoot>) -> Option<LocalRoot> {
     })
 }
 
-/// Sets the calling thread's span context for as long as the guard lives, then restores
-/// exactly what was there before.
+/// Sets the calling thread's span context for as long as the guard lives.
 ///
-/// This is the primitive the `tracing` layer and the OpenTelemetry wrappers are built on;
-/// use it directly to follow a span through code the other integrations do not see.
+/// This is the primitive the OpenTelemetry wrappers are built on; use it directly to follow
+/// a span through code the other integrations do not see. A guard is a scope on the same
+/// per-thread stack as the `tracing` layer's entered spans, so guards and spans may end in
+/// any order: dropping the innermost scope restores the context from before it, and
+/// dropping one that a later scope still runs above changes nothing now, the later scope
+/// restoring, when it ends, what was there before both.
 ///
 /// ```
 /// use opentelemetry::trace::{SpanId, TraceId};
@@ -240,12 +243,21 @@ pub(crate) fn replace(root: Option<LocalRoot>) -> Option<LocalRoot> {
 ///     assert_eq!(current_local_root(), Some(root));
 /// }
 /// assert_eq!(current_local_root(), None);
+///
+/// // Out of order: `a` ends while `b` runs above it.
+/// let other = LocalRoot::new(SpanId::from(8), TraceId::from(9), None);
+/// let a = SpanContextGuard::enter(Some(root));
+/// let b = SpanContextGuard::enter(Some(other));
+/// drop(a);
+/// assert_eq!(current_local_root(), Some(other));
+/// drop(b);
+/// assert_eq!(current_local_root(), None);
 /// ```
 #[derive(Debug)]
 #[must_use = "the context is restored when the guard is dropped"]
 pub struct SpanContextGuard {
-    previous: Option<LocalRoot>,
-    // Restoring must happen on the thread that set the value.
+    key: scopes::Key,
+    // The scope is on the stack of the thread that entered it.
     _not_send: std::marker::PhantomData<*const ()>,
 }
 
@@ -253,8 +265,10 @@ impl SpanContextGuard {
     /// Sets `root` as the calling thread's context until the guard is dropped.
     #[inline]
     pub fn enter(root: Option<LocalRoot>) -> SpanContextGuard {
+        let key = scopes::Key::next_guard();
+        scopes::enter(key, root);
         SpanContextGuard {
-            previous: replace(root),
+            key,
             _not_send: std::marker::PhantomData,
         }
     }
@@ -263,9 +277,10 @@ impl SpanContextGuard {
 impl Drop for SpanContextGuard {
     #[inline]
     fn drop(&mut self) {
-        replace(self.previous);
+        scopes::exit(self.key);
     }
 }
 
+pub(crate) mod scopes;
 #[cfg(test)]
 mod tests;

@@ -288,3 +288,118 @@ fn tracing_root_under_a_plain_api_root_inherits_it() {
     drop(pcx);
     assert_eq!(exported(&setup, "tracing-child").parent_span_id, root_id);
 }
+
+fn label_name() -> Option<String> {
+    current_local_root()
+        .and_then(|r| r.name())
+        .map(|n| n.resolve().to_string())
+}
+
+/// Span ids are per subscriber: the first span of two fresh registries gets the same id.
+/// A subscriber set with `with_default` over another must not take, on an exit, the entry
+/// of the other's span with that id, in any exit order.
+#[test]
+fn two_subscribers_with_colliding_span_ids_restore_their_own_scope() {
+    let outer =
+        tracing::Dispatch::new(tracing_subscriber::registry().with(ProfilingLayer::default()));
+    tracing::dispatcher::with_default(&outer, || {
+        let x = tracing::info_span!("x");
+        let inner = tracing_subscriber::registry().with(ProfilingLayer::default());
+        tracing::subscriber::with_default(inner, || {
+            let y = tracing::info_span!("y");
+            assert!(x.id().is_some());
+            assert_eq!(x.id(), y.id(), "the test needs the two ids to collide");
+            let (x_name, y_name) = (Some("x".to_string()), Some("y".to_string()));
+
+            // The outer subscriber's span exits first.
+            let gx = x.enter();
+            let gy = y.enter();
+            assert_eq!(label_name(), y_name);
+            drop(gx);
+            assert_eq!(label_name(), y_name, "x's exit took y's entry");
+            drop(gy);
+            assert_eq!(label_name(), None, "y's exit restored what x found");
+
+            // The inner subscriber's span exits first.
+            let gy = y.enter();
+            let gx = x.enter();
+            assert_eq!(label_name(), x_name);
+            drop(gy);
+            assert_eq!(label_name(), x_name, "y's exit took x's entry");
+            drop(gx);
+            assert_eq!(label_name(), None, "x's exit restored what y found");
+
+            // In order.
+            let gx = x.enter();
+            let gy = y.enter();
+            drop(gy);
+            assert_eq!(label_name(), x_name);
+            drop(gx);
+            assert_eq!(label_name(), None);
+        });
+    });
+}
+
+/// Guards and the layer's spans are scopes of one stack: a guard dropped while a span
+/// entered after it is live keeps the span's context, a span exiting while a guard set
+/// after it is live keeps the guard's, and whichever ends last restores what was there
+/// before both.
+#[test]
+fn guards_and_layer_exits_mixed_in_any_order() {
+    use crate::SpanContextGuard;
+    let dispatch =
+        tracing::Dispatch::new(tracing_subscriber::registry().with(ProfilingLayer::default()));
+    let g = LocalRoot::name_only(SpanName::intern("guard"));
+    let (g_name, s_name) = (Some("guard".to_string()), Some("s".to_string()));
+    tracing::dispatcher::with_default(&dispatch, || {
+        let s = tracing::info_span!("s");
+
+        // Guard first, dropped first.
+        let guard = SpanContextGuard::enter(Some(g));
+        let entered = s.enter();
+        assert_eq!(label_name(), s_name);
+        drop(guard);
+        assert_eq!(
+            label_name(),
+            s_name,
+            "the guard's drop cleared the live span"
+        );
+        drop(entered);
+        assert_eq!(
+            label_name(),
+            None,
+            "the span's exit brought back the ended guard"
+        );
+
+        // Span first, exits first.
+        let entered = s.enter();
+        let guard = SpanContextGuard::enter(Some(g));
+        assert_eq!(label_name(), g_name);
+        drop(entered);
+        assert_eq!(
+            label_name(),
+            g_name,
+            "the span's exit cleared the live guard"
+        );
+        drop(guard);
+        assert_eq!(
+            label_name(),
+            None,
+            "the guard's drop brought back the ended span"
+        );
+
+        // In order, both ways round.
+        let guard = SpanContextGuard::enter(Some(g));
+        let entered = s.enter();
+        drop(entered);
+        assert_eq!(label_name(), g_name);
+        drop(guard);
+        assert_eq!(label_name(), None);
+        let entered = s.enter();
+        let guard = SpanContextGuard::enter(Some(g));
+        drop(guard);
+        assert_eq!(label_name(), s_name);
+        drop(entered);
+        assert_eq!(label_name(), None);
+    });
+}

@@ -30,6 +30,66 @@ fn guards_nest_and_restore() {
     assert_eq!(current_local_root(), None);
 }
 
+/// A guard dropped before one entered after it leaves the later one's context in place,
+/// and that one, when dropped, restores what was there before both, not the ended root.
+#[test]
+fn guards_dropped_out_of_order_keep_the_live_scope() {
+    let (a, b, c) = (root(3), root(4), root(5));
+    let ga = SpanContextGuard::enter(Some(a));
+    let gb = SpanContextGuard::enter(Some(b));
+    drop(ga);
+    assert_eq!(current_local_root(), Some(b), "a's drop cleared the live b");
+    drop(gb);
+    assert_eq!(
+        current_local_root(),
+        None,
+        "b's drop brought back the ended a"
+    );
+
+    // The middle one of three.
+    let ga = SpanContextGuard::enter(Some(a));
+    let gb = SpanContextGuard::enter(Some(b));
+    let gc = SpanContextGuard::enter(Some(c));
+    drop(gb);
+    assert_eq!(current_local_root(), Some(c));
+    drop(gc);
+    assert_eq!(current_local_root(), Some(a), "c restores what b found");
+    drop(ga);
+    assert_eq!(current_local_root(), None);
+}
+
+/// Guards held across `.await` in futures joined on a current-thread runtime end in the
+/// order the futures finish: the first future's guard ends while the second's is live.
+#[test]
+fn guards_held_across_awaits_in_join() {
+    let (a, b) = (root(6), root(7));
+    let rt = tokio::runtime::Builder::new_current_thread()
+        .build()
+        .expect("runtime");
+    let b_seen_at_end = rt.block_on(async {
+        let ((), seen) = tokio::join!(
+            async {
+                let _guard = SpanContextGuard::enter(Some(a));
+                tokio::task::yield_now().await;
+            },
+            async {
+                let _guard = SpanContextGuard::enter(Some(b));
+                tokio::task::yield_now().await;
+                tokio::task::yield_now().await;
+                // The first future has finished and dropped its guard by now.
+                current_local_root()
+            },
+        );
+        seen
+    });
+    assert_eq!(b_seen_at_end, Some(b), "a's guard ending cleared b's");
+    assert_eq!(
+        current_local_root(),
+        None,
+        "b's guard brought back the ended a"
+    );
+}
+
 #[test]
 fn ids_round_trip() {
     let r = root(0xdead_beef);
