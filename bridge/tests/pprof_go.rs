@@ -2,8 +2,10 @@
 //! is the same parser family Pyroscope uses: function names, inlined frames, values and
 //! span labels must come out as written.
 //!
-//! Needs the `go` binary (Debian: `golang-go`). Without it the test fails, unless
-//! `OTEL_PROFILING_SKIP_GO=1` is set.
+//! Needs the `go` binary (Debian: `golang-go`); without it the check is skipped with a
+//! note, or fails when `OTEL_PROFILING_REQUIRE_GO=1` (CI) — see `common::go_available`.
+
+mod common;
 
 use std::path::{Path, PathBuf};
 use std::process::Command;
@@ -56,26 +58,6 @@ fn profile_bytes() -> Vec<u8> {
     encode_gzip(&b.build()).expect("encode")
 }
 
-/// Whether `go` runs; panics (or, with `OTEL_PROFILING_SKIP_GO=1`, returns false) if not.
-fn go_available() -> bool {
-    let err = match Command::new("go").arg("version").output() {
-        Ok(out) if out.status.success() => return true,
-        Ok(out) => format!(
-            "`go version` failed: {}",
-            String::from_utf8_lossy(&out.stderr)
-        ),
-        Err(e) => format!("`go` not runnable: {e}"),
-    };
-    if std::env::var_os("OTEL_PROFILING_SKIP_GO").is_some_and(|v| v == "1") {
-        eprintln!("note: skipping the go tool pprof check ({err}); OTEL_PROFILING_SKIP_GO=1");
-        return false;
-    }
-    panic!(
-        "{err}. This test reads the encoded profile with `go tool pprof`: install Go \
-         (Debian/Ubuntu: apt-get install golang-go), or set OTEL_PROFILING_SKIP_GO=1 to skip it"
-    );
-}
-
 /// Output of `go tool pprof <flag> <file>`, which must succeed.
 fn go_pprof(flag: &str, file: &Path) -> String {
     let out = Command::new("go")
@@ -111,7 +93,7 @@ fn word_lines(text: &str) -> Vec<Vec<&str>> {
 
 #[test]
 fn go_tool_pprof_reads_functions_inlining_values_and_span_labels() {
-    if !go_available() {
+    if !common::go_available() {
         return;
     }
     let file = TempFile(std::env::temp_dir().join(format!(

@@ -21,3 +21,35 @@ pub fn thread_cpu_time() -> Duration {
     unsafe { libc::clock_gettime(libc::CLOCK_THREAD_CPUTIME_ID, &mut ts) };
     Duration::new(ts.tv_sec as u64, ts.tv_nsec as u32)
 }
+
+/// Whether the independent pprof reader (`go tool pprof`) can run here.
+///
+/// With `go` installed the check runs. Without it, the check is skipped with a note on
+/// stderr, so the README's test command passes on a machine with only the Rust toolchain;
+/// `OTEL_PROFILING_REQUIRE_GO=1` (set by `.ci/run`, which installs Go) makes a missing
+/// `go` a failure instead. `OTEL_PROFILING_SKIP_GO=1` skips it even where Go exists.
+pub fn go_available() -> bool {
+    if std::env::var_os("OTEL_PROFILING_SKIP_GO").is_some_and(|v| v == "1") {
+        eprintln!("note: OTEL_PROFILING_SKIP_GO=1: not checking with go tool pprof");
+        return false;
+    }
+    let err = match std::process::Command::new("go").arg("version").output() {
+        Ok(out) if out.status.success() => return true,
+        Ok(out) => format!(
+            "`go version` failed: {}",
+            String::from_utf8_lossy(&out.stderr)
+        ),
+        Err(e) => format!("`go` not runnable: {e}"),
+    };
+    if std::env::var_os("OTEL_PROFILING_REQUIRE_GO").is_some_and(|v| v == "1") {
+        panic!(
+            "{err}. OTEL_PROFILING_REQUIRE_GO=1: install Go (Debian/Ubuntu: apt-get install \
+             golang-go) to read the profiles with go tool pprof"
+        );
+    }
+    eprintln!(
+        "note: SKIPPED the go tool pprof check ({err}); install Go (apt-get install golang-go) \
+         to run it, as CI does"
+    );
+    false
+}
