@@ -172,6 +172,26 @@ impl Drop for Collector {
     }
 }
 
+/// Longest `span_name` label value written. Pyroscope turns `span_name` into a series
+/// label and refuses (400) a whole push with a label value over 2048 bytes
+/// (`validation.max-label-value-length`).
+pub const MAX_SPAN_NAME_LABEL_BYTES: usize = 2048;
+/// Ends a `span_name` value cut to [`MAX_SPAN_NAME_LABEL_BYTES`].
+pub const CUT_MARKER: &str = "…[cut]";
+
+/// `name`, or its first bytes (on a character boundary) followed by [`CUT_MARKER`] so
+/// that the whole stays within [`MAX_SPAN_NAME_LABEL_BYTES`].
+fn bounded_label_value(name: Arc<str>) -> Arc<str> {
+    if name.len() <= MAX_SPAN_NAME_LABEL_BYTES {
+        return name;
+    }
+    let mut end = MAX_SPAN_NAME_LABEL_BYTES - CUT_MARKER.len();
+    while !name.is_char_boundary(end) {
+        end -= 1;
+    }
+    Arc::from(format!("{}{CUT_MARKER}", &name[..end]))
+}
+
 /// Aggregation key: the labels of a sample, before name resolution.
 #[derive(Clone, Copy, PartialEq, Eq, Hash)]
 struct LabelKey {
@@ -320,8 +340,12 @@ impl State {
                 stack.push(symbolizer.frame(address, i > 0));
             }
             let span_name = if self.config.span_name_label {
-                key.name
-                    .map(|n| names.entry(n).or_insert_with(|| n.resolve()).clone())
+                key.name.map(|n| {
+                    names
+                        .entry(n)
+                        .or_insert_with(|| bounded_label_value(n.resolve()))
+                        .clone()
+                })
             } else {
                 None
             };
@@ -360,5 +384,25 @@ impl State {
                 Err(_) => self.stats.profiles_failed.fetch_add(1, Ordering::Relaxed),
             };
         }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn long_span_names_are_cut_with_a_marker_within_the_limit() {
+        let short: Arc<str> = Arc::from("GET /report");
+        assert_eq!(bounded_label_value(short.clone()), short);
+        let exact: Arc<str> = Arc::from("x".repeat(MAX_SPAN_NAME_LABEL_BYTES));
+        assert_eq!(bounded_label_value(exact.clone()), exact);
+        // Multi-byte characters around the cut point stay whole.
+        let long: Arc<str> = Arc::from("é".repeat(MAX_SPAN_NAME_LABEL_BYTES));
+        let cut = bounded_label_value(long.clone());
+        assert!(cut.len() <= MAX_SPAN_NAME_LABEL_BYTES, "{}", cut.len());
+        assert!(cut.ends_with(CUT_MARKER));
+        assert!(long.starts_with(cut.trim_end_matches(CUT_MARKER)));
+        assert!(cut.len() > MAX_SPAN_NAME_LABEL_BYTES - CUT_MARKER.len() - 2);
     }
 }

@@ -885,3 +885,160 @@ fn debug_redacts_secrets() {
     let text = format!("{exporter:?}");
     assert!(!text.contains("hunter2") && !text.contains("k3y"), "{text}");
 }
+
+/// A real profile of `n` samples, each under its own span (so none merge), over a few
+/// hundred distinct stacks 20 frames deep.
+fn big_profile(n: u64) -> EncodedProfile {
+    let start = SystemTime::now();
+    let duration = Duration::from_secs(10);
+    let mut builder = ProfileBuilder::new(10_000_000, start, duration);
+    for i in 0..n {
+        let stack: Vec<SymbolizedFrame> = (0..20u64)
+            .map(|d| {
+                let f = (i % 251) * 32 + d;
+                SymbolizedFrame {
+                    address: 0x10_0000 + f * 16,
+                    lines: vec![FrameLine {
+                        function: format!("service::handlers::module_{}::function_{f}", f % 17)
+                            .into(),
+                        file: Some("src/handlers.rs".into()),
+                        line: Some(f as u32),
+                    }],
+                }
+            })
+            .collect();
+        let labels = SampleLabels {
+            span_id: Some(0x1_0000 + i),
+            trace_id: Some(u128::from(i) << 64 | 1),
+            span_name: Some(format!("GET /items/{}", i % 40).into()),
+        };
+        builder.add_sample(&stack, &labels, 1 + i % 4);
+    }
+    EncodedProfile {
+        start,
+        duration,
+        samples: n,
+        gzip_pprof: pprof::encode_gzip(&builder.build()).expect("encode"),
+    }
+}
+
+/// (span_id label, value) of every sample of every profile of every push.
+fn received_samples(requests: &[Request]) -> Vec<(String, i64)> {
+    let mut out = Vec::new();
+    for request in requests {
+        for series in request.push() {
+            for (raw, _) in &series.samples {
+                let p = pprof::decode(raw).expect("pprof");
+                for sample in &p.sample {
+                    let span = sample
+                        .label
+                        .iter()
+                        .find(|l| p.string_table[l.key as usize] == "span_id")
+                        .map(|l| p.string_table[l.str as usize].clone())
+                        .unwrap_or_default();
+                    out.push((span, sample.value[0]));
+                }
+            }
+        }
+    }
+    out.sort();
+    out
+}
+
+/// Profiles over Pyroscope's limits are split so that every profile and every push fits,
+/// keeping every sample, its labels and the interval's timestamps: at the default limits
+/// and with them lowered tenfold.
+#[test]
+fn large_profiles_are_split_to_fit_the_limits() {
+    use otel_profiling::export::pyroscope::PyroscopeLimits;
+    use prost::Message as _;
+    let whole = big_profile(40_000);
+    let decoded = pprof::decode(&whole.gzip_pprof).expect("pprof");
+    let expected = received_samples(&[Request {
+        method: "POST".into(),
+        path: String::new(),
+        headers: vec![],
+        body: otel_profiling_test_push(&whole.gzip_pprof),
+    }]);
+    eprintln!(
+        "whole profile: {} samples, {} bytes uncompressed, {} gzipped",
+        decoded.sample.len(),
+        decoded.encoded_len(),
+        whole.gzip_pprof.len()
+    );
+    let defaults = PyroscopeLimits::default();
+    let tenth = PyroscopeLimits::default()
+        .with_max_samples_per_profile(defaults.max_samples_per_profile / 10)
+        .with_max_profile_bytes(defaults.max_profile_bytes / 10)
+        .with_max_push_bytes(defaults.max_push_bytes / 10);
+    for limits in [defaults, tenth] {
+        let receiver = Receiver::ok(fresh_listener());
+        let mut exporter = PyroscopeExporter::new(
+            config(&receiver.url())
+                .with_limits(limits)
+                .with_max_queue_bytes(64 << 20),
+        )
+        .expect("exporter");
+        let stats = exporter.stats();
+        exporter.export(&whole).expect("export");
+        drop(exporter);
+        let requests = receiver.requests();
+        let snapshot = stats.snapshot();
+        let mut profiles = 0;
+        for request in &requests {
+            let mut push_bytes = 0;
+            for series in request.push() {
+                for (raw, _) in &series.samples {
+                    let p = pprof::decode(raw).expect("pprof part");
+                    assert!(
+                        p.sample.len() <= limits.max_samples_per_profile,
+                        "{limits:?}"
+                    );
+                    assert!(p.encoded_len() <= limits.max_profile_bytes, "{limits:?}");
+                    assert_eq!(p.time_nanos, decoded.time_nanos, "interval start kept");
+                    assert_eq!(p.duration_nanos, decoded.duration_nanos, "duration kept");
+                    push_bytes += p.encoded_len();
+                    profiles += 1;
+                }
+            }
+            assert!(
+                push_bytes <= limits.max_push_bytes,
+                "{limits:?}: push of {push_bytes}"
+            );
+        }
+        eprintln!(
+            "{limits:?}: {} pushes, {profiles} profiles, {snapshot:?}",
+            requests.len()
+        );
+        assert!(profiles >= 3, "{limits:?}: split into {profiles}");
+        assert_eq!(snapshot.profiles_split, 1);
+        assert_eq!(snapshot.split_parts, profiles as u64);
+        assert_eq!(snapshot.profiles_sent, requests.len() as u64);
+        assert_eq!(
+            received_samples(&requests),
+            expected,
+            "{limits:?}: every sample kept"
+        );
+    }
+}
+
+/// The body of a one-profile push, as the receiver's decoder expects it (test helper).
+fn otel_profiling_test_push(raw: &[u8]) -> Vec<u8> {
+    // PushRequest{series: [RawProfileSeries{samples: [RawSample{raw_profile}]}]}, by hand.
+    fn field(number: u64, payload: &[u8]) -> Vec<u8> {
+        let mut out = vec![(number << 3 | 2) as u8];
+        let mut len = payload.len() as u64;
+        loop {
+            let byte = (len & 0x7f) as u8;
+            len >>= 7;
+            if len == 0 {
+                out.push(byte);
+                break;
+            }
+            out.push(byte | 0x80);
+        }
+        out.extend_from_slice(payload);
+        out
+    }
+    field(1, &field(2, &field(1, raw)))
+}

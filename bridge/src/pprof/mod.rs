@@ -13,6 +13,7 @@
 //! [`decode`] reads them back.
 
 pub mod proto;
+pub mod split;
 
 #[cfg(test)]
 mod tests;

@@ -1,4 +1,5 @@
 use super::*;
+use std::collections::HashMap;
 use std::time::UNIX_EPOCH;
 
 const PERIOD: i64 = 10_101_010; // 99 Hz
@@ -333,4 +334,115 @@ fn decode_rejects_garbage_with_invalid_data() {
         assert_eq!(err.kind(), io::ErrorKind::InvalidData, "{what}: {err}");
         assert!(err.to_string().starts_with("pprof: "), "{what}: {err}");
     }
+}
+
+/// A profile of `n` samples over a few dozen distinct stacks, each sample its own span.
+fn many_spans(n: u64) -> proto::Profile {
+    let mut b = builder();
+    for i in 0..n {
+        let depth = 3 + (i % 7) as usize;
+        let stack: Vec<SymbolizedFrame> = (0..depth)
+            .map(|d| {
+                let f = (i % 31) * 16 + d as u64;
+                frame(
+                    0x10_000 + f * 0x10,
+                    vec![line(
+                        &format!("app::module_{}::function_{f}", f % 5),
+                        Some("src/app.rs"),
+                        Some(f as u32),
+                    )],
+                )
+            })
+            .collect();
+        b.add_sample(
+            &stack,
+            &labels(
+                0x1000 + i,
+                u128::from(i) << 64 | 7,
+                &format!("GET /r{}", i % 13),
+            ),
+            1 + i % 3,
+        );
+    }
+    b.build()
+}
+
+/// A sample as a reader sees it: stack names and label (key, value) pairs.
+type SampleContent = (Vec<String>, Vec<(String, String)>);
+
+/// (stack names, labels) → value, the content a reader sees regardless of table order.
+fn content(parts: &[proto::Profile]) -> HashMap<SampleContent, i64> {
+    let mut out = HashMap::new();
+    for p in parts {
+        for sample in &p.sample {
+            *out.entry((stack_names(p, sample), label_strings(p, sample)))
+                .or_default() += sample.value[0];
+        }
+    }
+    out
+}
+
+#[test]
+fn split_parts_respect_the_limits_and_keep_every_sample() {
+    use prost::Message as _;
+    let whole = many_spans(5_000);
+    let whole_bytes = whole.encoded_len();
+    for limits in [
+        split::SplitLimits {
+            max_samples: 1_000,
+            max_bytes: usize::MAX,
+        },
+        split::SplitLimits {
+            max_samples: usize::MAX,
+            max_bytes: whole_bytes / 7,
+        },
+        split::SplitLimits {
+            max_samples: 333,
+            max_bytes: whole_bytes / 3,
+        },
+        split::SplitLimits {
+            max_samples: 1,
+            max_bytes: 1,
+        },
+    ] {
+        let parts = split::split(&whole, limits);
+        let minimum = whole
+            .sample
+            .len()
+            .div_ceil(limits.max_samples.min(whole.sample.len()));
+        assert!(parts.len() >= minimum, "{limits:?}: {} parts", parts.len());
+        for part in &parts {
+            assert!(part.sample.len() <= limits.max_samples, "{limits:?}");
+            assert!(
+                part.encoded_len() <= limits.max_bytes || part.sample.len() == 1,
+                "{limits:?}: {} bytes",
+                part.encoded_len()
+            );
+            // Every part is a valid profile on its own, with the whole one's header.
+            let decoded = decode(&encode_gzip(part).expect("encode")).expect("valid part");
+            assert_eq!(decoded.time_nanos, whole.time_nanos);
+            assert_eq!(decoded.duration_nanos, whole.duration_nanos);
+            assert_eq!(decoded.period, whole.period);
+            assert_eq!(s(&decoded, decoded.sample_type[0].r#type), "cpu");
+        }
+        assert_eq!(
+            parts.iter().map(|p| p.sample.len()).sum::<usize>(),
+            whole.sample.len(),
+            "{limits:?}"
+        );
+        assert_eq!(
+            content(&parts),
+            content(std::slice::from_ref(&whole)),
+            "{limits:?}"
+        );
+    }
+    // A profile within the limits comes back as one identical part.
+    let parts = split::split(
+        &whole,
+        split::SplitLimits {
+            max_samples: 5_000,
+            max_bytes: whole_bytes,
+        },
+    );
+    assert_eq!(parts, vec![whole]);
 }

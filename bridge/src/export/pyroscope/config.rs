@@ -143,6 +143,8 @@ pub struct PyroscopeConfig {
     pub backoff: PyroscopeBackoff,
     /// How long dropping the exporter may spend sending what is queued (default 5 s).
     pub shutdown_timeout: Duration,
+    /// What one profile and one push may hold (default: Pyroscope's limits with a margin).
+    pub limits: PyroscopeLimits,
 }
 
 impl fmt::Debug for PyroscopeConfig {
@@ -170,6 +172,7 @@ impl fmt::Debug for PyroscopeConfig {
             .field("max_queue_bytes", &self.max_queue_bytes)
             .field("backoff", &self.backoff)
             .field("shutdown_timeout", &self.shutdown_timeout)
+            .field("limits", &self.limits)
             .finish()
     }
 }
@@ -213,6 +216,7 @@ impl PyroscopeConfig {
             max_queue_bytes: 16 << 20,
             backoff: PyroscopeBackoff::default(),
             shutdown_timeout: Duration::from_secs(5),
+            limits: PyroscopeLimits::default(),
         }
     }
 
@@ -282,7 +286,13 @@ impl PyroscopeConfig {
         self
     }
 
-    /// Sets how long dropping the exporter may spend sending what is queued.
+    /// Sets what one profile and one push may hold.
+    pub fn with_limits(mut self, limits: PyroscopeLimits) -> Self {
+        self.limits = limits;
+        self
+    }
+
+    /// How long dropping the exporter may spend sending what is queued.
     pub fn with_shutdown_timeout(mut self, timeout: Duration) -> Self {
         self.shutdown_timeout = timeout;
         self
@@ -313,6 +323,7 @@ impl PyroscopeConfig {
                 "must be greater than 0",
             ));
         }
+        self.limits.validate()?;
         let backoff = self.backoff;
         if backoff.max_attempts == 0 {
             return Err(setting(
@@ -340,6 +351,7 @@ impl PyroscopeConfig {
             max_queue_bytes: self.max_queue_bytes,
             backoff,
             shutdown_timeout: self.shutdown_timeout,
+            limits: self.limits,
         })
     }
 
@@ -428,6 +440,7 @@ pub(crate) struct ValidConfig {
     pub(crate) max_queue_bytes: usize,
     pub(crate) backoff: PyroscopeBackoff,
     pub(crate) shutdown_timeout: Duration,
+    pub(crate) limits: PyroscopeLimits,
 }
 
 /// The push URL for a server address.
@@ -480,7 +493,106 @@ pub(crate) fn series_labels(
             labels.insert(name.clone(), value.clone());
         }
     }
+    for (name, value) in &labels {
+        if value.len() > MAX_LABEL_VALUE_BYTES {
+            return Err(PyroscopeError::LabelValueTooLong {
+                name: name.clone(),
+                len: value.len(),
+                limit: MAX_LABEL_VALUE_BYTES,
+            });
+        }
+    }
+    // Pyroscope turns the `span_name` sample label into a series label: keep room for it.
+    let count = labels.len() + usize::from(!labels.contains_key("span_name"));
+    if count > MAX_LABEL_NAMES {
+        return Err(PyroscopeError::TooManyLabels {
+            count,
+            names: labels.keys().cloned().collect::<Vec<_>>().join(", "),
+            limit: MAX_LABEL_NAMES,
+        });
+    }
     Ok(labels.into_iter().collect())
+}
+
+/// Longest label value Pyroscope accepts (`validation.max-label-value-length`, default).
+/// Longer `span_name` sample values are cut by the collector; series labels from the
+/// configuration are refused at setup.
+pub const MAX_LABEL_VALUE_BYTES: usize = 2048;
+/// Most label names per series Pyroscope accepts (`validation.max-label-names-per-series`).
+pub const MAX_LABEL_NAMES: usize = 30;
+
+/// How big one push may be, so that Grafana Pyroscope accepts it whole.
+///
+/// Pyroscope's defaults (v2.2.1): a profile holds at most 16,000 samples
+/// (`validation.max-profile-stacktrace-samples`) and 4 MiB uncompressed
+/// (`validation.max-profile-size-bytes`), and a tenant's ingestion limiter has a burst of
+/// 2 MiB that a push must fit in whole (a larger one is refused with 429 every time). Each
+/// interval's profile is split into parts within the first two limits, and parts are
+/// grouped into pushes within the third; every sample, its labels and the interval's
+/// timestamps are kept. The defaults keep a margin under Pyroscope's: lower them if your
+/// server's limits are lower.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+#[non_exhaustive]
+pub struct PyroscopeLimits {
+    /// Samples per profile at most (default 15,000).
+    pub max_samples_per_profile: usize,
+    /// Uncompressed bytes per profile at most (default 1.5 MiB: within the push limit).
+    pub max_profile_bytes: usize,
+    /// Uncompressed bytes of profiles per push at most (default 1.5 MiB, under the 2 MiB
+    /// ingestion burst).
+    pub max_push_bytes: usize,
+}
+
+impl Default for PyroscopeLimits {
+    fn default() -> Self {
+        PyroscopeLimits {
+            max_samples_per_profile: 15_000,
+            max_profile_bytes: 1536 * 1024,
+            max_push_bytes: 1536 * 1024,
+        }
+    }
+}
+
+impl PyroscopeLimits {
+    /// Sets the samples per profile.
+    pub fn with_max_samples_per_profile(mut self, samples: usize) -> Self {
+        self.max_samples_per_profile = samples;
+        self
+    }
+
+    /// Sets the uncompressed bytes per profile.
+    pub fn with_max_profile_bytes(mut self, bytes: usize) -> Self {
+        self.max_profile_bytes = bytes;
+        self
+    }
+
+    /// Sets the uncompressed bytes per push.
+    pub fn with_max_push_bytes(mut self, bytes: usize) -> Self {
+        self.max_push_bytes = bytes;
+        self
+    }
+
+    fn validate(&self) -> Result<(), PyroscopeError> {
+        if self.max_samples_per_profile == 0 {
+            return Err(setting(
+                "pyroscope.limits.max_samples_per_profile",
+                "must be at least 1",
+            ));
+        }
+        if self.max_profile_bytes < 1024 {
+            return Err(setting(
+                "pyroscope.limits.max_profile_bytes",
+                "must be at least 1024",
+            ));
+        }
+        if self.max_push_bytes < self.max_profile_bytes {
+            return Err(setting(
+                "pyroscope.limits.max_push_bytes",
+                "must be at least max_profile_bytes (a push holds one profile or more)",
+            ));
+        }
+        Ok(())
+    }
 }
 
 /// Why `name` is not a usable series label name, if it is not.
@@ -587,6 +699,74 @@ mod tests {
         for good in ["a", "_a", "A_1", "service_version"] {
             assert!(label_name_problem(good).is_none(), "{good:?}");
         }
+    }
+
+    #[test]
+    fn series_labels_over_pyroscope_limits_are_refused_naming_the_label() {
+        let long = "v".repeat(MAX_LABEL_VALUE_BYTES + 1);
+        let err = series_labels("checkout", &[("region".into(), long)]).unwrap_err();
+        assert!(
+            matches!(err, PyroscopeError::LabelValueTooLong { ref name, len: 2049, limit: 2048 } if name == "region"),
+            "{err}"
+        );
+        assert!(err.to_string().contains("\"region\""), "{err}");
+        let err = series_labels(&"s".repeat(3000), &[]).unwrap_err();
+        assert!(err.to_string().contains("service_name"), "{err}");
+        let fits = "v".repeat(MAX_LABEL_VALUE_BYTES);
+        assert!(series_labels("checkout", &[("region".into(), fits)]).is_ok());
+        // __name__ and service_name, room for span_name: 27 more fit, 28 do not.
+        let many = |n: usize| -> Vec<(String, String)> {
+            (0..n).map(|i| (format!("label_{i}"), "x".into())).collect()
+        };
+        assert!(series_labels("checkout", &many(27)).is_ok());
+        let err = series_labels("checkout", &many(28)).unwrap_err();
+        assert!(
+            matches!(
+                err,
+                PyroscopeError::TooManyLabels {
+                    count: 31,
+                    limit: 30,
+                    ..
+                }
+            ),
+            "{err}"
+        );
+        assert!(
+            err.to_string().contains("max-label-names-per-series"),
+            "{err}"
+        );
+        // A configured span_name series label takes the reserved place itself.
+        let mut with_span_name = many(27);
+        with_span_name.push(("span_name".into(), "GET /".into()));
+        assert!(series_labels("checkout", &with_span_name).is_ok());
+    }
+
+    #[test]
+    fn limits_are_checked_with_the_field_named() {
+        let config = |limits: PyroscopeLimits| {
+            PyroscopeConfig::new("http://localhost:4040", "checkout")
+                .with_limits(limits)
+                .validate()
+        };
+        assert!(config(PyroscopeLimits::default()).is_ok());
+        let err = config(PyroscopeLimits::default().with_max_samples_per_profile(0)).unwrap_err();
+        assert!(
+            err.to_string()
+                .starts_with("pyroscope.limits.max_samples_per_profile"),
+            "{err}"
+        );
+        let err = config(PyroscopeLimits::default().with_max_profile_bytes(10)).unwrap_err();
+        assert!(
+            err.to_string()
+                .starts_with("pyroscope.limits.max_profile_bytes"),
+            "{err}"
+        );
+        let err = config(PyroscopeLimits::default().with_max_push_bytes(4096)).unwrap_err();
+        assert!(
+            err.to_string()
+                .starts_with("pyroscope.limits.max_push_bytes"),
+            "{err}"
+        );
     }
 
     #[test]

@@ -23,6 +23,33 @@ pub enum PyroscopeError {
         /// What is wrong.
         reason: &'static str,
     },
+    /// A series label's value is longer than Pyroscope accepts.
+    #[error(
+        "pyroscope.labels: the value of label {name:?} is {len} bytes; Pyroscope accepts at \
+         most {limit} (validation.max-label-value-length)"
+    )]
+    LabelValueTooLong {
+        /// The label name.
+        name: String,
+        /// The value's length in bytes.
+        len: usize,
+        /// The limit.
+        limit: usize,
+    },
+    /// More series labels than Pyroscope accepts.
+    #[error(
+        "pyroscope.labels: {count} series labels ({names}); Pyroscope accepts at most {limit} \
+         per series (validation.max-label-names-per-series), one of them kept free for \
+         span_name"
+    )]
+    TooManyLabels {
+        /// Labels the series would carry (`__name__`, `service_name` and `span_name` included).
+        count: usize,
+        /// Their names.
+        names: String,
+        /// The limit.
+        limit: usize,
+    },
     /// An extra HTTP header is malformed or reserved.
     #[error("pyroscope.headers: header {name:?}: {reason}")]
     Header {

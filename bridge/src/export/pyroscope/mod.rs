@@ -67,11 +67,15 @@ use std::sync::Arc;
 use std::thread::JoinHandle;
 use std::time::{Duration, Instant};
 
-pub use config::{PyroscopeAuth, PyroscopeBackoff, PyroscopeConfig, PROFILE_NAME, PROFILE_TYPE_ID};
+pub use config::{
+    PyroscopeAuth, PyroscopeBackoff, PyroscopeConfig, PyroscopeLimits, MAX_LABEL_NAMES,
+    MAX_LABEL_VALUE_BYTES, PROFILE_NAME, PROFILE_TYPE_ID,
+};
 pub use error::PyroscopeError;
 pub use stats::{PyroscopeSnapshot, PyroscopeStats};
 
 use crate::collector::{EncodedProfile, ProfileSink};
+use crate::pprof::{self, split::SplitLimits};
 use queue::{Enqueued, Shared};
 
 /// Name of the uploader thread.
@@ -96,6 +100,7 @@ const DROP_SLACK: Duration = Duration::from_millis(200);
 pub struct PyroscopeExporter {
     shared: Arc<Shared>,
     labels: Vec<proto::LabelPair>,
+    limits: PyroscopeLimits,
     endpoint: String,
     shutdown_timeout: Duration,
     thread: Option<JoinHandle<()>>,
@@ -127,6 +132,7 @@ impl PyroscopeExporter {
             .collect();
         let endpoint = valid.endpoint.to_string();
         let shutdown_timeout = valid.shutdown_timeout;
+        let limits = valid.limits;
         let (ready_tx, ready_rx) = mpsc::sync_channel(1);
         let (done_tx, done) = mpsc::sync_channel(1);
         let thread_shared = shared.clone();
@@ -150,6 +156,7 @@ impl PyroscopeExporter {
         Ok(PyroscopeExporter {
             shared,
             labels,
+            limits,
             endpoint,
             shutdown_timeout,
             thread: Some(thread),
@@ -161,6 +168,53 @@ impl PyroscopeExporter {
     /// exporter to the profiler; it stays readable after the exporter is gone.
     pub fn stats(&self) -> Arc<PyroscopeStats> {
         self.shared.stats.clone()
+    }
+
+    /// The gzipped profiles of each push for `profile`: the profile itself when it fits
+    /// [`PyroscopeLimits`], else its parts, grouped so that each push fits too.
+    fn pushes(&self, profile: &EncodedProfile) -> Vec<Vec<Vec<u8>>> {
+        let limits = self.limits;
+        let split = SplitLimits {
+            max_samples: limits.max_samples_per_profile,
+            max_bytes: limits.max_profile_bytes,
+        };
+        // (gzipped bytes, uncompressed size) of each part.
+        let parts: Vec<(Vec<u8>, usize)> = match pprof::decode(&profile.gzip_pprof) {
+            Ok(decoded) if !split.fits(&decoded) => {
+                let parts = pprof::split::split(&decoded, split);
+                PyroscopeStats::add(&self.shared.stats.profiles_split, 1);
+                PyroscopeStats::add(&self.shared.stats.split_parts, parts.len() as u64);
+                parts
+                    .iter()
+                    .filter_map(|p| {
+                        pprof::encode_gzip(p)
+                            .ok()
+                            .map(|gz| (gz, prost::Message::encoded_len(p)))
+                    })
+                    .collect()
+            }
+            Ok(decoded) => vec![(
+                profile.gzip_pprof.clone(),
+                prost::Message::encoded_len(&decoded),
+            )],
+            // Not a profile this crate can read (a custom sink's bytes): pushed as given.
+            Err(_) => vec![(profile.gzip_pprof.clone(), profile.gzip_pprof.len())],
+        };
+        let mut pushes: Vec<Vec<Vec<u8>>> = Vec::new();
+        let mut size = 0;
+        for (gz, uncompressed) in parts {
+            match pushes.last_mut() {
+                Some(push) if size + uncompressed <= limits.max_push_bytes => {
+                    push.push(gz);
+                    size += uncompressed;
+                }
+                _ => {
+                    pushes.push(vec![gz]);
+                    size = uncompressed;
+                }
+            }
+        }
+        pushes
     }
 
     /// The URL profiles are posted to.
@@ -175,17 +229,23 @@ impl ProfileSink for PyroscopeExporter {
     /// Fails only when the profile is larger than the whole queue or the uploader has
     /// stopped; the profile is then counted as dropped.
     fn export(&mut self, profile: &EncodedProfile) -> std::io::Result<()> {
-        let id = uuid::Uuid::new_v4().to_string();
-        let body = proto::encode_push(&self.labels, &profile.gzip_pprof, id);
-        match self.shared.enqueue(body) {
-            Enqueued::Queued => Ok(()),
-            Enqueued::TooLarge { size, max } => Err(std::io::Error::other(format!(
-                "pyroscope: profile request of {size} bytes exceeds max_queue_bytes ({max}); dropped"
-            ))),
-            Enqueued::Stopped => Err(std::io::Error::other(
-                "pyroscope: the uploader has stopped; profile dropped",
-            )),
+        let mut result = Ok(());
+        for push in self.pushes(profile) {
+            let profiles: Vec<(&[u8], String)> = push
+                .iter()
+                .map(|part| (part.as_slice(), uuid::Uuid::new_v4().to_string()))
+                .collect();
+            let body = proto::encode_push_many(&self.labels, &profiles);
+            let error = match self.shared.enqueue(body) {
+                Enqueued::Queued => continue,
+                Enqueued::TooLarge { size, max } => format!(
+                    "pyroscope: profile request of {size} bytes exceeds max_queue_bytes ({max}); dropped"
+                ),
+                Enqueued::Stopped => "pyroscope: the uploader has stopped; profile dropped".into(),
+            };
+            result = Err(std::io::Error::other(error));
         }
+        result
     }
 }
 

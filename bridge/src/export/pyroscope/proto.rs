@@ -47,15 +47,19 @@ pub(crate) struct RawSample {
     pub(crate) id: String,
 }
 
-/// The encoded `PushRequest` for one profile.
-pub(crate) fn encode_push(labels: &[LabelPair], gzip_pprof: &[u8], id: String) -> Vec<u8> {
+/// The encoded `PushRequest` for one or more profiles of one series (a whole interval's
+/// profile, or parts of a split one).
+pub(crate) fn encode_push_many(labels: &[LabelPair], profiles: &[(&[u8], String)]) -> Vec<u8> {
     PushRequest {
         series: vec![RawProfileSeries {
             labels: labels.to_vec(),
-            samples: vec![RawSample {
-                raw_profile: gzip_pprof.to_vec(),
-                id,
-            }],
+            samples: profiles
+                .iter()
+                .map(|(raw, id)| RawSample {
+                    raw_profile: raw.to_vec(),
+                    id: id.clone(),
+                })
+                .collect(),
         }],
     }
     .encode_to_vec()
@@ -71,7 +75,7 @@ mod tests {
             name: "a".into(),
             value: "b".into(),
         }];
-        let bytes = encode_push(&labels, &[0x1f, 0x8b], "id".into());
+        let bytes = encode_push_many(&labels, &[(&[0x1f, 0x8b], "id".into())]);
         // series (1, LEN) { labels (1, LEN) { name (1) "a", value (2) "b" },
         //                   samples (2, LEN) { raw_profile (1) 1f 8b, ID (2) "id" } }
         let expected = [

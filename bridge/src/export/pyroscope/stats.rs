@@ -5,10 +5,11 @@ use std::sync::{Mutex, PoisonError};
 
 /// Counters of one exporter, updated by `export` and the uploader thread.
 ///
-/// Every profile handed to `export` ends up in exactly one of `profiles_sent`,
-/// `profiles_failed` and `profiles_dropped`, or is still counted in `profiles_queued`; once
-/// the exporter is dropped the queue is empty, so those three add up to the profiles
-/// exported. Fields are read one by one: a snapshot taken while uploads happen may be off
+/// Every push ends up in exactly one of `profiles_sent`, `profiles_failed` and
+/// `profiles_dropped`, or is still counted in `profiles_queued`; once the exporter is
+/// dropped the queue is empty, so those three add up to the pushes made. A profile within
+/// the limits is one push; a split one is as many pushes as its parts needed (see
+/// `profiles_split`). Fields are read one by one: a snapshot taken while uploads happen may be off
 /// by the profile in transit.
 #[derive(Debug, Default)]
 pub struct PyroscopeStats {
@@ -25,6 +26,11 @@ pub struct PyroscopeStats {
     pub retries: AtomicU64,
     /// Bytes of encoded requests in the queue now (at most `max_queue_bytes`).
     pub bytes_queued: AtomicU64,
+    /// Interval profiles larger than [`PyroscopeLimits`](super::PyroscopeLimits) allow,
+    /// split into parts before sending.
+    pub profiles_split: AtomicU64,
+    /// Parts those profiles were split into.
+    pub split_parts: AtomicU64,
     last_error: Mutex<Option<String>>,
 }
 
@@ -44,6 +50,10 @@ pub struct PyroscopeSnapshot {
     pub retries: u64,
     /// See [`PyroscopeStats::bytes_queued`].
     pub bytes_queued: u64,
+    /// See [`PyroscopeStats::profiles_split`].
+    pub profiles_split: u64,
+    /// See [`PyroscopeStats::split_parts`].
+    pub split_parts: u64,
 }
 
 impl PyroscopeStats {
@@ -56,6 +66,8 @@ impl PyroscopeStats {
             profiles_dropped: self.profiles_dropped.load(Ordering::Relaxed),
             retries: self.retries.load(Ordering::Relaxed),
             bytes_queued: self.bytes_queued.load(Ordering::Relaxed),
+            profiles_split: self.profiles_split.load(Ordering::Relaxed),
+            split_parts: self.split_parts.load(Ordering::Relaxed),
         }
     }
 
