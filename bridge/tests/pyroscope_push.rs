@@ -1042,3 +1042,105 @@ fn otel_profiling_test_push(raw: &[u8]) -> Vec<u8> {
     }
     field(1, &field(2, &field(1, raw)))
 }
+
+/// A server whose ingestion burst is smaller than a push answers 429 every time: such a
+/// push is split in two (and again) until the halves fit, never resent as is, and every
+/// sample arrives once.
+#[test]
+fn a_push_over_the_servers_burst_is_split_never_resent_as_is() {
+    use otel_profiling::export::pyroscope::PyroscopeLimits;
+    const BURST: usize = 60_000;
+    let receiver = Receiver::answering(
+        fresh_listener(),
+        Box::new(|_, request| {
+            if request.payload().len() > BURST {
+                (
+                    429,
+                    vec![],
+                    br#"{"code":"resource_exhausted","message":"push rate limit exceeded"}"#
+                        .to_vec(),
+                )
+            } else {
+                (200, vec![], b"{}".to_vec())
+            }
+        }),
+    );
+    // Our own limits are above the server's burst: only its 429s make pushes smaller.
+    let whole = big_profile(3_000);
+    let mut exporter = PyroscopeExporter::new(
+        config(&receiver.url()).with_limits(
+            PyroscopeLimits::default()
+                .with_max_push_bytes(4 << 20)
+                .with_max_profile_bytes(4 << 20),
+        ),
+    )
+    .expect("exporter");
+    let stats = exporter.stats();
+    exporter.export(&whole).expect("export");
+    let s = wait_stats(&stats, Duration::from_secs(20), |s| {
+        s.profiles_queued == 0 && s.profiles_sent > 0
+    });
+    drop(exporter);
+    let requests = receiver.requests();
+    let refused: Vec<&Request> = requests
+        .iter()
+        .filter(|r| r.payload().len() > BURST)
+        .collect();
+    let accepted: Vec<Request> = requests
+        .iter()
+        .filter(|r| r.payload().len() <= BURST)
+        .cloned()
+        .collect();
+    eprintln!(
+        "{} refused, {} accepted, {s:?}",
+        refused.len(),
+        accepted.len()
+    );
+    // No refused push was sent twice.
+    let mut bodies = HashSet::new();
+    for r in &refused {
+        assert!(
+            bodies.insert(r.payload()),
+            "a push refused with 429 was resent as is"
+        );
+    }
+    assert!(
+        s.pushes_split >= 1 && s.rate_limited as usize == refused.len(),
+        "{s:?}"
+    );
+    assert_eq!(s.profiles_dropped + s.profiles_failed, 0, "{s:?}");
+    let expected = received_samples(&[Request {
+        method: "POST".into(),
+        path: String::new(),
+        headers: vec![],
+        body: otel_profiling_test_push(&whole.gzip_pprof),
+    }]);
+    assert_eq!(received_samples(&accepted), expected, "every sample once");
+}
+
+/// A 400 naming one of Pyroscope's limits is not retried, is counted as rejected, and the
+/// logged error names the limit and the setting that avoids it.
+#[test]
+fn a_400_for_a_limit_names_the_limit() {
+    let receiver = Receiver::answering(
+        fresh_listener(),
+        Box::new(|_, _| {
+            (
+                400,
+                vec![],
+                br#"{"code":"invalid_argument","message":"profile series '{service_name=\"checkout\"}' has 17000 samples, which exceeds the limit of 16000 (max_profile_stacktrace_samples)"}"#.to_vec(),
+            )
+        }),
+    );
+    let mut exporter = PyroscopeExporter::new(config(&receiver.url())).expect("exporter");
+    let stats = exporter.stats();
+    exporter.export(&profile(SPAN_ID)).expect("export");
+    let s = wait_stats(&stats, Duration::from_secs(5), |s| s.profiles_failed == 1);
+    assert_eq!((s.rejected, s.rate_limited, s.retries), (1, 0, 0), "{s:?}");
+    let last = stats.last_error().expect("last error");
+    assert!(
+        last.contains("validation.max-profile-stacktrace-samples")
+            && last.contains("pyroscope.limits.max_samples_per_profile"),
+        "{last}"
+    );
+}

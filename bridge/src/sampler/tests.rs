@@ -136,9 +136,11 @@ fn foreign_and_forged_sigprof_signals_are_ignored_and_counted() {
         timer
     };
     let before = stats();
-    let deadline = Instant::now() + Duration::from_millis(400);
+    // 300 ms of this thread's CPU (a busy machine gives it less per wall second).
+    let cpu_start = thread_cpu();
+    let deadline = Instant::now() + Duration::from_secs(5);
     let mut forged = 0u64;
-    while Instant::now() < deadline {
+    while thread_cpu() - cpu_start < Duration::from_millis(300) && Instant::now() < deadline {
         burn(Duration::from_millis(5));
         let stale_own = TimerValue::from_sival(own.to_sival());
         for value in [
@@ -169,7 +171,7 @@ fn foreign_and_forged_sigprof_signals_are_ignored_and_counted() {
         "forged and foreign-timer signals are counted: {foreign_seen} vs {forged} forged"
     );
     assert!(
-        after.taken > before.taken + 50,
+        after.taken >= before.taken + 10,
         "own samples go on: {after:?}"
     );
     // A forged signal with our own live value is a sample like any other.
@@ -230,11 +232,12 @@ fn a_local_root_kept_past_its_span_counts_for_no_span() {
     let stale_before = stats().stale_roots;
     {
         let _scope = crate::SpanContextGuard::enter(Some(kept));
-        burn(Duration::from_millis(100));
+        // Thread CPU: the kernel delivers about 100 signals per CPU second here.
+        burn(Duration::from_millis(300));
     }
     let (samples, _) = lists.release(new);
     assert_eq!(samples, 0, "the new root ran nothing");
-    assert!(stats().stale_roots > stale_before + 20, "{:?}", stats());
+    assert!(stats().stale_roots >= stale_before + 5, "{:?}", stats());
     drop(sampler);
 }
 
@@ -514,11 +517,16 @@ fn a_forked_child_starts_clean() {
     let drainer = {
         let draining = draining.clone();
         std::thread::spawn(move || {
-            drain_into(|_| {
-                if !draining.swap(true, Ordering::SeqCst) {
-                    std::thread::sleep(Duration::from_millis(300));
-                }
-            })
+            // Until a record comes (the closure runs only for records): then hold the
+            // drain for 300 ms, across the fork.
+            while !draining.load(Ordering::SeqCst) {
+                drain_into(|_| {
+                    if !draining.swap(true, Ordering::SeqCst) {
+                        std::thread::sleep(Duration::from_millis(300));
+                    }
+                });
+                std::thread::sleep(Duration::from_millis(1));
+            }
         })
     };
     while !draining.load(Ordering::SeqCst) {
@@ -568,16 +576,17 @@ fn child_after_fork(inherited: Sampler) -> i32 {
     if !is_running() || stats().threads != 1 {
         return 13;
     }
-    burn(Duration::from_millis(100));
+    burn(Duration::from_millis(200));
+    // Stop first, so no sample lands between the drain and the count.
+    drop(own);
+    if is_running() {
+        return 15;
+    }
     let mut drained = 0;
     drain_into(|_| drained += 1);
     let s = stats();
     if s.taken < 5 || drained as u64 != s.taken {
         return 14;
-    }
-    drop(own);
-    if is_running() {
-        return 15;
     }
     0
 }

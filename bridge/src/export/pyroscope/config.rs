@@ -525,12 +525,14 @@ pub const MAX_LABEL_NAMES: usize = 30;
 ///
 /// Pyroscope's defaults (v2.2.1): a profile holds at most 16,000 samples
 /// (`validation.max-profile-stacktrace-samples`) and 4 MiB uncompressed
-/// (`validation.max-profile-size-bytes`), and a tenant's ingestion limiter has a burst of
-/// 2 MiB that a push must fit in whole (a larger one is refused with 429 every time). Each
-/// interval's profile is split into parts within the first two limits, and parts are
-/// grouped into pushes within the third; every sample, its labels and the interval's
-/// timestamps are kept. The defaults keep a margin under Pyroscope's: lower them if your
-/// server's limits are lower.
+/// (`validation.max-profile-size-bytes`), and a tenant's ingestion limiter
+/// (`distributor.rateLimit`: 4 MiB/s, burst 2 MiB per distributor) charges each profile
+/// its series labels plus its uncompressed size at once, so a profile costing more than
+/// the burst is refused with 429 every time. Each interval's profile is split into parts
+/// within these limits and each part is sent as its own push (Pyroscope stores the
+/// profiles of a push one by one, so resending a push of several after an error could
+/// store some twice); every sample, its labels and the interval's timestamps are kept.
+/// The defaults keep a margin under Pyroscope's: lower them if your server's are lower.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 #[non_exhaustive]
 pub struct PyroscopeLimits {
@@ -538,8 +540,9 @@ pub struct PyroscopeLimits {
     pub max_samples_per_profile: usize,
     /// Uncompressed bytes per profile at most (default 1.5 MiB: within the push limit).
     pub max_profile_bytes: usize,
-    /// Uncompressed bytes of profiles per push at most (default 1.5 MiB, under the 2 MiB
-    /// ingestion burst).
+    /// Uncompressed bytes per push at most (default 1.5 MiB, under the 2 MiB ingestion
+    /// burst with room for the series labels); a push carries one profile, so this also
+    /// bounds each profile.
     pub max_push_bytes: usize,
 }
 

@@ -171,12 +171,12 @@ impl PyroscopeExporter {
     }
 
     /// The gzipped profiles of each push for `profile`: the profile itself when it fits
-    /// [`PyroscopeLimits`], else its parts, grouped so that each push fits too.
+    /// [`PyroscopeLimits`], else its parts, one per push.
     fn pushes(&self, profile: &EncodedProfile) -> Vec<Vec<Vec<u8>>> {
         let limits = self.limits;
         let split = SplitLimits {
             max_samples: limits.max_samples_per_profile,
-            max_bytes: limits.max_profile_bytes,
+            max_bytes: limits.max_profile_bytes.min(limits.max_push_bytes),
         };
         // (gzipped bytes, uncompressed size) of each part.
         let parts: Vec<(Vec<u8>, usize)> = match pprof::decode(&profile.gzip_pprof) {
@@ -200,21 +200,10 @@ impl PyroscopeExporter {
             // Not a profile this crate can read (a custom sink's bytes): pushed as given.
             Err(_) => vec![(profile.gzip_pprof.clone(), profile.gzip_pprof.len())],
         };
-        let mut pushes: Vec<Vec<Vec<u8>>> = Vec::new();
-        let mut size = 0;
-        for (gz, uncompressed) in parts {
-            match pushes.last_mut() {
-                Some(push) if size + uncompressed <= limits.max_push_bytes => {
-                    push.push(gz);
-                    size += uncompressed;
-                }
-                _ => {
-                    pushes.push(vec![gz]);
-                    size = uncompressed;
-                }
-            }
-        }
-        pushes
+        // One profile per push: Pyroscope charges and stores each profile of a push on its
+        // own, answering an error if any failed, so resending a push of several could
+        // store some twice. (`max_push_bytes` bounds each part through `split`.)
+        parts.into_iter().map(|(gz, _)| vec![gz]).collect()
     }
 
     /// The URL profiles are posted to.

@@ -65,6 +65,52 @@ pub(crate) fn encode_push_many(labels: &[LabelPair], profiles: &[(&[u8], String)
     .encode_to_vec()
 }
 
+/// Two smaller pushes carrying together exactly what `body` (an encoded, uncompressed
+/// `PushRequest`) carries: its profiles shared between two halves, or, for a single
+/// profile, that profile's samples split in two. `None` when it cannot be made smaller (one
+/// profile of one sample, or not a push this exporter can read).
+pub(crate) fn split_push(body: &[u8]) -> Option<[Vec<u8>; 2]> {
+    let push = PushRequest::decode(body).ok()?;
+    let [series] = <[RawProfileSeries; 1]>::try_from(push.series).ok()?;
+    let halves: [Vec<RawSample>; 2] = if series.samples.len() > 1 {
+        let mut first = series.samples;
+        let second = first.split_off(first.len() / 2);
+        [first, second]
+    } else {
+        let only = series.samples.into_iter().next()?;
+        let profile = crate::pprof::decode(&only.raw_profile).ok()?;
+        if profile.sample.len() < 2 {
+            return None;
+        }
+        let limits = crate::pprof::split::SplitLimits {
+            max_samples: profile.sample.len().div_ceil(2),
+            max_bytes: usize::MAX,
+        };
+        let parts = crate::pprof::split::split(&profile, limits);
+        let mut encoded = parts.iter().map(crate::pprof::encode_gzip);
+        let (Some(Ok(a)), Some(Ok(b)), None) = (encoded.next(), encoded.next(), encoded.next())
+        else {
+            return None;
+        };
+        let sample = |raw_profile| RawSample {
+            raw_profile,
+            id: uuid::Uuid::new_v4().to_string(),
+        };
+        [vec![sample(a)], vec![sample(b)]]
+    };
+    let [a, b] = halves;
+    let encode = |samples| {
+        PushRequest {
+            series: vec![RawProfileSeries {
+                labels: series.labels.clone(),
+                samples,
+            }],
+        }
+        .encode_to_vec()
+    };
+    Some([encode(a), encode(b)])
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;

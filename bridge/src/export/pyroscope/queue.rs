@@ -79,7 +79,7 @@ pub(crate) enum Take {
 }
 
 /// How the attempt on the front request ended.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+#[derive(Debug, Clone, PartialEq, Eq)]
 pub(crate) enum Outcome {
     /// Accepted by the server.
     Sent,
@@ -89,6 +89,9 @@ pub(crate) enum Outcome {
     Retry(Instant),
     /// Attempts exhausted: dropped.
     GaveUp,
+    /// Replaced by these smaller requests (uncompressed), sent in its place and order, not
+    /// before this instant (a 429 for a request too large for the server's burst).
+    Split(Vec<Vec<u8>>, Instant),
 }
 
 /// State shared by the exporter and its uploader thread.
@@ -245,6 +248,26 @@ impl Shared {
             return;
         };
         let counter = match outcome {
+            Outcome::Split(parts, not_before) => {
+                let attempts = front.attempts + 1;
+                if let Some(replaced) = state.items.pop_front() {
+                    state.bytes -= replaced.size;
+                }
+                for body in parts.into_iter().rev() {
+                    let size = body.len();
+                    state.bytes += size;
+                    state.items.push_front(Item {
+                        body: Bytes::from(body),
+                        compressed: false,
+                        size,
+                        attempts,
+                        not_before: Some(not_before),
+                    });
+                }
+                PyroscopeStats::add(&self.stats.pushes_split, 1);
+                self.publish(&state);
+                return;
+            }
             Outcome::Retry(not_before) => {
                 front.attempts += 1;
                 front.not_before = Some(not_before);

@@ -7,9 +7,9 @@ use std::sync::{Mutex, PoisonError};
 ///
 /// Every push ends up in exactly one of `profiles_sent`, `profiles_failed` and
 /// `profiles_dropped`, or is still counted in `profiles_queued`; once the exporter is
-/// dropped the queue is empty, so those three add up to the pushes made. A profile within
-/// the limits is one push; a split one is as many pushes as its parts needed (see
-/// `profiles_split`). Fields are read one by one: a snapshot taken while uploads happen may be off
+/// dropped the queue is empty, so those three add up to the pushes made plus
+/// `pushes_split` (each split replaces one push by two). A profile within the limits is
+/// one push; a split one is as many pushes as its parts needed (see `profiles_split`). Fields are read one by one: a snapshot taken while uploads happen may be off
 /// by the profile in transit.
 #[derive(Debug, Default)]
 pub struct PyroscopeStats {
@@ -31,6 +31,17 @@ pub struct PyroscopeStats {
     pub profiles_split: AtomicU64,
     /// Parts those profiles were split into.
     pub split_parts: AtomicU64,
+    /// Pushes answered 429 that were replaced by two smaller ones (a push larger than the
+    /// server's ingestion burst is refused every time: it is never resent as is).
+    pub pushes_split: AtomicU64,
+    /// Answers 429 (rate limited), all attempts counted.
+    pub rate_limited: AtomicU64,
+    /// Answers 4xx other than 429 (refused for good; a limit, when named, is logged).
+    pub rejected: AtomicU64,
+    /// Answers 5xx.
+    pub server_errors: AtomicU64,
+    /// Attempts with no answer (connection refused or reset, timeout).
+    pub network_errors: AtomicU64,
     last_error: Mutex<Option<String>>,
 }
 
@@ -54,6 +65,16 @@ pub struct PyroscopeSnapshot {
     pub profiles_split: u64,
     /// See [`PyroscopeStats::split_parts`].
     pub split_parts: u64,
+    /// See [`PyroscopeStats::pushes_split`].
+    pub pushes_split: u64,
+    /// See [`PyroscopeStats::rate_limited`].
+    pub rate_limited: u64,
+    /// See [`PyroscopeStats::rejected`].
+    pub rejected: u64,
+    /// See [`PyroscopeStats::server_errors`].
+    pub server_errors: u64,
+    /// See [`PyroscopeStats::network_errors`].
+    pub network_errors: u64,
 }
 
 impl PyroscopeStats {
@@ -68,6 +89,11 @@ impl PyroscopeStats {
             bytes_queued: self.bytes_queued.load(Ordering::Relaxed),
             profiles_split: self.profiles_split.load(Ordering::Relaxed),
             split_parts: self.split_parts.load(Ordering::Relaxed),
+            pushes_split: self.pushes_split.load(Ordering::Relaxed),
+            rate_limited: self.rate_limited.load(Ordering::Relaxed),
+            rejected: self.rejected.load(Ordering::Relaxed),
+            server_errors: self.server_errors.load(Ordering::Relaxed),
+            network_errors: self.network_errors.load(Ordering::Relaxed),
         }
     }
 

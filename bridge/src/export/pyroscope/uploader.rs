@@ -8,8 +8,12 @@ use std::time::{Duration, Instant};
 use bytes::Bytes;
 use reqwest::StatusCode;
 
+use std::borrow::Cow;
+
 use super::config::ValidConfig;
+use super::proto;
 use super::queue::{Outcome, Shared, Take};
+use super::stats::PyroscopeStats;
 
 /// At most one failure line per this long (the first failure is always logged).
 const LOG_EVERY: Duration = Duration::from_secs(60);
@@ -92,6 +96,8 @@ enum Failure {
     Retryable {
         message: String,
         retry_after: Option<Duration>,
+        /// The answer was 429.
+        rate_limited: bool,
     },
 }
 
@@ -123,6 +129,8 @@ impl Uploader {
                     deadline,
                 } => (body, compressed, attempts, deadline),
             };
+            // The uncompressed request, kept for a split if the server answers 429.
+            let plain = (!compressed).then(|| body.clone());
             let (body, gzipped) = if compressed {
                 (body, None)
             } else {
@@ -143,6 +151,7 @@ impl Uploader {
                 timeout = timeout.min(deadline.saturating_duration_since(Instant::now()));
             }
             let timeout = timeout.max(Duration::from_millis(1));
+            let body_for_split = body.clone();
             let outcome = match self.attempt(body, timeout) {
                 Ok(()) => Outcome::Sent,
                 Err(Failure::Permanent(message)) => {
@@ -152,18 +161,38 @@ impl Uploader {
                 Err(Failure::Retryable {
                     message,
                     retry_after,
+                    rate_limited,
                 }) => {
                     let made = attempts.saturating_add(1);
-                    if made >= self.config.backoff.max_attempts {
+                    let delay = match retry_after {
+                        Some(asked) => asked.min(self.config.backoff.max),
+                        None => self.jitter.up_to(self.config.backoff.cap(made)),
+                    };
+                    // A push larger than the server's ingestion burst gets 429 every time:
+                    // never resend it as is, send two halves instead (until they fit, or
+                    // until a profile of one sample is left).
+                    let split = if rate_limited && made < self.config.backoff.max_attempts {
+                        plain
+                            .as_deref()
+                            .map(Cow::Borrowed)
+                            .or_else(|| gunzip(&body_for_split).ok().map(Cow::Owned))
+                            .and_then(|plain| proto::split_push(&plain))
+                    } else {
+                        None
+                    };
+                    if let Some([first, second]) = split {
+                        self.report(&format!(
+                            "{message} (attempt {made}; split into two smaller pushes, sent in \
+                             {} ms)",
+                            delay.as_millis()
+                        ));
+                        Outcome::Split(vec![first, second], Instant::now() + delay)
+                    } else if made >= self.config.backoff.max_attempts {
                         self.report(&format!(
                             "{message} (attempt {made} of {made}; profile dropped)"
                         ));
                         Outcome::GaveUp
                     } else {
-                        let delay = match retry_after {
-                            Some(asked) => asked.min(self.config.backoff.max),
-                            None => self.jitter.up_to(self.config.backoff.cap(made)),
-                        };
                         self.report(&format!(
                             "{message} (attempt {made} of {}; retrying in {} ms)",
                             self.config.backoff.max_attempts,
@@ -189,10 +218,12 @@ impl Uploader {
         let mut response = match response {
             Ok(response) => response,
             Err(e) => {
+                PyroscopeStats::add(&self.shared.stats.network_errors, 1);
                 return Err(Failure::Retryable {
                     message: describe(&e, timeout),
                     retry_after: None,
-                })
+                    rate_limited: false,
+                });
             }
         };
         let status = response.status();
@@ -218,13 +249,24 @@ impl Uploader {
             .take(MAX_RESPONSE_READ)
             .read_to_end(&mut text);
         let message = truncate(format!("HTTP {status}{}", error_detail(&text)));
-        if status.is_server_error() || status == StatusCode::TOO_MANY_REQUESTS {
+        let stats = &self.shared.stats;
+        let rate_limited = status == StatusCode::TOO_MANY_REQUESTS;
+        if status.is_server_error() || rate_limited {
+            let counter = if rate_limited {
+                &stats.rate_limited
+            } else {
+                &stats.server_errors
+            };
+            PyroscopeStats::add(counter, 1);
             Err(Failure::Retryable {
                 message,
                 retry_after,
+                rate_limited,
             })
         } else {
-            Err(Failure::Permanent(message))
+            PyroscopeStats::add(&stats.rejected, 1);
+            let hint = limit_hint(&message).map_or(String::new(), |h| format!(" [{h}]"));
+            Err(Failure::Permanent(format!("{message}{hint}")))
         }
     }
 
@@ -243,6 +285,48 @@ impl Uploader {
             );
         }
     }
+}
+
+/// Which of Pyroscope's limits a refusal names, and the setting that keeps pushes within
+/// it (the first failure and then one line a minute are logged with it).
+fn limit_hint(message: &str) -> Option<&'static str> {
+    let m = message.to_ascii_lowercase();
+    let hints: [(&[&str], &str); 4] = [
+        (
+            &["sample", "stacktrace"],
+            "limit: validation.max-profile-stacktrace-samples (16,000 samples per profile by \
+             default); lower pyroscope.limits.max_samples_per_profile to the server's value",
+        ),
+        (
+            &[
+                "profile size",
+                "size_limit",
+                "max-profile-size",
+                "size limit",
+            ],
+            "limit: validation.max-profile-size-bytes (4 MiB uncompressed by default); lower \
+             pyroscope.limits.max_profile_bytes to the server's value",
+        ),
+        (
+            &["label value", "label_value", "value too long"],
+            "limit: validation.max-label-value-length (2048 bytes)",
+        ),
+        (
+            &["labels", "label names", "label_names"],
+            "limit: validation.max-label-names-per-series (30)",
+        ),
+    ];
+    hints
+        .iter()
+        .find(|(needles, _)| needles.iter().any(|n| m.contains(n)))
+        .map(|(_, hint)| *hint)
+}
+
+/// Inflates a gzipped request body (to split a compressed retry).
+fn gunzip(data: &[u8]) -> std::io::Result<Vec<u8>> {
+    let mut out = Vec::new();
+    flate2::read::GzDecoder::new(data).read_to_end(&mut out)?;
+    Ok(out)
 }
 
 /// gzip at the fastest level: the pprof inside is compressed already.
