@@ -371,34 +371,52 @@ fn span_query_check_fails_when_samples_carry_another_span_id() {
 
 // ---- Pyroscope's and Tempo's rules ----
 
+/// Pyroscope does not refuse a `span_id` that is not 16 hex characters: it stores the
+/// sample with span 0 (`spanIDFromLabels`, `pkg/pprof/pprof.go`), so no span query finds it.
 #[test]
-fn a_15_hex_span_id_is_rejected_like_pyroscope_does() {
+fn a_15_hex_span_id_is_stored_as_span_0_like_pyroscope_does() {
     let b = &fixture().backends;
-    let before = fixture().standin.as_ref().map(|s| s.sample_count());
-    let mut profile = hand_profile(0x0123_4567_89ab_cdef, 7, 3);
+    let span = random_bytes::<8>(4);
+    let span_hex = to_hex(&span);
+    let mut profile = hand_profile(u64::from_be_bytes(span), 7, 3);
     let label = profile
         .string_table
         .iter_mut()
-        .find(|s| s.as_str() == "0123456789abcdef")
+        .find(|s| **s == span_hex)
         .expect("span id label");
-    *label = "123456789abcdef".into(); // 15 hex
+    *label = span_hex[1..].to_string(); // 15 hex
     let service = unique_service_name("badspan");
-    let err = b
-        .pyroscope
+    let zeroed_before = fixture()
+        .standin
+        .as_ref()
+        .map(|s| s.push_counters().span_ids_zeroed);
+    b.pyroscope
         .push(
             &[("__name__", PROFILE_NAME), ("service_name", &service)],
             &pprof::encode_gzip(&profile).unwrap(),
         )
-        .expect_err("a 15-hex span id must be rejected");
-    assert_eq!(err.status, 400, "{err:?}");
-    assert_eq!(err.code, "invalid_argument", "{err:?}");
-    assert!(err.message.contains("invalid span id length"), "{err:?}");
-    if let (Some(s), Some(before)) = (&fixture().standin, before) {
-        assert_eq!(
-            s.sample_count(),
-            before,
-            "nothing of a rejected push is stored"
-        );
+        .expect("a 15-hex span id is accepted, not rejected");
+    let now_ms = unix_nanos(SystemTime::now()) as i64 / 1_000_000;
+    let query = SpanProfileQuery {
+        profile_type_id: PROFILE_TYPE_ID.into(),
+        label_selector: format!("{{service_name=\"{service}\"}}"),
+        span_selector: vec![span_hex],
+        start_ms: now_ms - 60_000,
+        end_ms: now_ms + 60_000,
+    };
+    assert!(
+        b.pyroscope
+            .select_merge_span_profile(&query)
+            .unwrap()
+            .is_empty(),
+        "stored without the span: the span's query finds nothing"
+    );
+    if let (Some(s), Some(before)) = (&fixture().standin, zeroed_before) {
+        assert_eq!(s.push_counters().span_ids_zeroed, before + 1);
+        assert!(s
+            .samples()
+            .iter()
+            .any(|x| x.labels.get("service_name") == Some(&service) && x.span_id.is_none()));
     }
 }
 

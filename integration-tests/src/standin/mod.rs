@@ -9,14 +9,18 @@
 //!   (ids base64-encoded, as Tempo's protobuf JSON marshalling writes them), 404 when unknown,
 //!   400 for a malformed id;
 //! * Pyroscope's push: `POST /push.v1.PusherService/Push` (Connect unary, protobuf, optionally
-//!   `Content-Encoding: gzip`), with Pyroscope's rules for the `span_id` / `trace_id` sample
-//!   labels;
+//!   `Content-Encoding: gzip`), with Pyroscope's ingest limits ([`Limits`], defaults of
+//!   Pyroscope v2.2.1, lowerable per test), its 429 rate limiter, its per-series label
+//!   validation and its rules for the `span_id` / `trace_id` sample labels (see the
+//!   `pyroscope` module for the order of the checks); refusals are counted per reason
+//!   ([`StandIn::push_counters`]);
 //! * Pyroscope's span profile query: `POST /querier.v1.QuerierService/SelectMergeSpanProfile`
 //!   (Connect JSON) answering Pyroscope's flame graph shape.
 //!
 //! Everything is kept in memory; nothing is compacted, downsampled or persisted. It binds
 //! `127.0.0.1:0` and stops when dropped.
 
+mod limits;
 mod pyroscope;
 pub mod pyroscope_proto {
     //! `push.v1` messages (own prost definitions, shared with the push client).
@@ -24,6 +28,7 @@ pub mod pyroscope_proto {
 }
 mod selector;
 mod tempo;
+mod validate;
 
 use std::net::SocketAddr;
 use std::sync::{Arc, Mutex};
@@ -36,12 +41,13 @@ use axum::response::{IntoResponse, Response};
 use axum::routing::{get, post};
 use axum::Router;
 
+pub use limits::{Limits, PushCounters, Reason};
 pub use pyroscope::{connect_error, PyroscopeStore, StoredSample};
 pub use selector::{parse_selector, MatchOp, Matcher};
 pub use tempo::TempoStore;
+pub use validate::PushRejection;
 
 /// Shared state of the stand-in.
-#[derive(Default)]
 struct Stores {
     tempo: Mutex<TempoStore>,
     pyroscope: Mutex<PyroscopeStore>,
@@ -62,12 +68,20 @@ impl std::fmt::Debug for StandIn {
 }
 
 impl StandIn {
-    /// Starts the stand-in on `127.0.0.1:0`.
+    /// Starts the stand-in on `127.0.0.1:0` with Pyroscope's default limits.
     pub fn start() -> std::io::Result<StandIn> {
+        StandIn::start_with_limits(Limits::default())
+    }
+
+    /// Starts the stand-in on `127.0.0.1:0`; its Pyroscope push enforces `limits`.
+    pub fn start_with_limits(limits: Limits) -> std::io::Result<StandIn> {
         let listener = std::net::TcpListener::bind("127.0.0.1:0")?;
         listener.set_nonblocking(true)?;
         let addr = listener.local_addr()?;
-        let stores = Arc::new(Stores::default());
+        let stores = Arc::new(Stores {
+            tempo: Mutex::default(),
+            pyroscope: Mutex::new(PyroscopeStore::with_limits(limits)),
+        });
         let (tx, rx) = tokio::sync::oneshot::channel::<()>();
         let runtime = tokio::runtime::Builder::new_multi_thread()
             .worker_threads(1)
@@ -131,6 +145,31 @@ impl StandIn {
             .lock()
             .map(|p| p.samples().len())
             .unwrap_or(0)
+    }
+
+    /// Replaces the push limits (the rate limiter restarts with a full bucket).
+    pub fn set_limits(&self, limits: Limits) {
+        if let Ok(mut p) = self.stores.pyroscope.lock() {
+            p.set_limits(limits);
+        }
+    }
+
+    /// The push limits in force.
+    pub fn limits(&self) -> Limits {
+        self.stores
+            .pyroscope
+            .lock()
+            .map(|p| p.limits().clone())
+            .unwrap_or_default()
+    }
+
+    /// Profiles accepted, refused per [`Reason`], and span/trace ids stored as 0 (a copy).
+    pub fn push_counters(&self) -> PushCounters {
+        self.stores
+            .pyroscope
+            .lock()
+            .map(|p| p.counters().clone())
+            .unwrap_or_default()
     }
 
     /// Stored profile samples (copies), for assertions on the stored shape.
@@ -238,7 +277,11 @@ async fn pyroscope_push(
             Vec::<u8>::new(),
         )
             .into_response(),
-        Err(message) => connect_error(StatusCode::BAD_REQUEST, "invalid_argument", &message),
+        Err(e) => connect_error(
+            StatusCode::from_u16(e.status).unwrap_or(StatusCode::INTERNAL_SERVER_ERROR),
+            e.code,
+            &e.message,
+        ),
     }
 }
 
@@ -265,5 +308,89 @@ async fn pyroscope_select(State(stores): State<Arc<Stores>>, body: Bytes) -> Res
         )
             .into_response(),
         Err(message) => connect_error(StatusCode::BAD_REQUEST, "invalid_argument", &message),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use std::time::SystemTime;
+
+    use otel_profiling::pprof::{self, FrameLine, ProfileBuilder, SampleLabels, SymbolizedFrame};
+
+    use super::*;
+    use crate::clients::PyroscopeClient;
+
+    fn gz_profile(samples: u64) -> Vec<u8> {
+        let mut b = ProfileBuilder::new(
+            10_000_000,
+            SystemTime::now(),
+            std::time::Duration::from_secs(1),
+        );
+        for i in 0..samples {
+            let frame = SymbolizedFrame {
+                address: 0x1000 + i,
+                lines: vec![FrameLine {
+                    function: format!("f{i}").into(),
+                    file: None,
+                    line: None,
+                }],
+            };
+            b.add_sample(&[frame], &SampleLabels::default(), 1);
+        }
+        pprof::encode_gzip(&b.build()).expect("encode")
+    }
+
+    #[test]
+    fn refusals_reach_the_wire_as_pyroscopes_connect_errors() {
+        // Room in the bucket for one 5-sample profile (labels + inflated pprof), then none:
+        // the 6-sample one is charged too, since the limiter runs before validation.
+        let cost = |n| {
+            let p = pprof::decode(&gz_profile(n)).expect("decode");
+            ("__name__process_cpuservice_namesvc".len() + prost::Message::encoded_len(&p)) as u64
+        };
+        let limits = Limits::default()
+            .with_max_profile_samples(5)
+            .with_ingestion_rate(1.0, cost(6) + cost(5));
+        let standin = StandIn::start_with_limits(limits).expect("stand-in starts");
+        let client = PyroscopeClient::new(&standin.url());
+        let labels = [("__name__", "process_cpu"), ("service_name", "svc")];
+
+        let e = client
+            .push(&labels, &gz_profile(6))
+            .expect_err("6 > 5 samples");
+        assert_eq!(
+            (e.status, e.code.as_str()),
+            (400, "invalid_argument"),
+            "{e:?}"
+        );
+        assert!(
+            e.message.contains("max_profile_stacktrace_samples"),
+            "{e:?}"
+        );
+
+        client
+            .push(&labels, &gz_profile(5))
+            .expect("5 samples pass");
+        let e = client
+            .push(&labels, &gz_profile(5))
+            .expect_err("rate limited");
+        assert_eq!(
+            (e.status, e.code.as_str()),
+            (429, "resource_exhausted"),
+            "{e:?}"
+        );
+
+        let c = standin.push_counters();
+        assert_eq!(c.accepted_profiles, 1);
+        assert_eq!(c.rejected(Reason::SamplesLimit), 1);
+        assert_eq!(c.rejected(Reason::RateLimited), 1);
+        assert_eq!(standin.sample_count(), 5);
+
+        // Raised again at run time: the bucket starts full.
+        standin.set_limits(Limits::default());
+        client
+            .push(&labels, &gz_profile(6))
+            .expect("defaults accept it");
+        assert_eq!(standin.limits(), Limits::default());
     }
 }

@@ -1,15 +1,50 @@
 //! The Pyroscope half of the stand-in: the Connect push API and the span profile query,
-//! with Pyroscope's ingest rules for span labels.
+//! with Pyroscope's ingest limits and its rules for span labels.
+//!
+//! A push mirrors grafana/pyroscope v2.2.1 `pkg/distributor/distributor.go`
+//! (`Distributor.Push`, `pushSeries`, `visitSampleSeries`, `rateLimit`). Each profile (one
+//! `RawSample` of a series) is handled on its own, in this order:
+//!
+//! 1. decompressed with the size limit (`pprof.RawFromBytesWithLimit`): over it → 400
+//!    `uncompressed profile payload size exceeds limit of 4.2 MB`; bytes that are not
+//!    gzip/pprof → 500 `unknown` (Pyroscope does not classify that error);
+//! 2. `service_name=unknown_service` added when the series has none; the labels sorted;
+//! 3. rate limited: the profile costs its series labels' bytes plus its decompressed size,
+//!    taken from a token bucket at once (4 MiB/s, burst 2 MiB) → 429
+//!    `resource_exhausted`; a profile costing more than the burst is refused every time;
+//! 4. `validation.ValidateProfile` (`pkg/validation/validate.go`): samples (`len(Sample)`),
+//!    size, labels per sample, structure → 400;
+//! 5. `Normalize` (`pkg/pprof/pprof.go`): numeric labels and samples whose values are all
+//!    zero (or any negative) dropped;
+//! 6. split per series (`pkg/model/pprofsplit/pprof_split.go`, `VisitSampleSeries`):
+//!    `profile_id` is renamed `span_id`; samples are grouped by their labels other than
+//!    `span_id`/`trace_id`; each group's series labels are the push labels plus its sample
+//!    labels, **a series label winning over a sample label of the same name**; every series
+//!    is validated (`ValidateLabels`: label count, name/value length, syntax) and **one
+//!    failing series rejects the whole profile** (400);
+//! 7. stored: `span_id` is kept out of the labels as a per-sample column when it is 16 hex
+//!    characters, else the sample is stored with span 0 (`None`), not rejected
+//!    (`pkg/pprof/pprof.go`, `spanIDFromLabels`); `trace_id` likewise with 32 hex.
+//!
+//! Profiles of one push are independent, as in Pyroscope's `PushBatch`: valid ones are
+//! stored even when another one fails; the answer is then the first failure's status,
+//! code and message (Connect error JSON, `{"code": ..., "message": ...}`), without a
+//! `Retry-After` header (Pyroscope sends none). The ingestion time window
+//! (`validation.reject-older-than`/`-newer-than`) is not applied.
 
 use std::collections::{BTreeMap, BTreeSet, HashMap};
+use std::io::Read;
+use std::time::Instant;
 
 use axum::http::StatusCode;
 use axum::response::{IntoResponse, Response};
-use otel_profiling::pprof::proto::Profile;
+use otel_profiling::pprof::proto::{Profile, Sample};
 use prost::Message;
 use serde_json::{json, Value};
 
+use super::limits::{humanize_iec, humanize_si, Limits, PushCounters, TokenBucket};
 use super::selector::{parse_selector, Matcher};
+use super::validate::{validate_labels, validate_profile, PushRejection};
 
 /// `push.v1.PushRequest` (field numbers of grafana/pyroscope `api/push/v1/push.proto`).
 #[derive(Clone, PartialEq, prost::Message)]
@@ -57,11 +92,14 @@ pub struct RawSample {
 pub struct StoredSample {
     /// Profile type id, e.g. `process_cpu:cpu:nanoseconds:cpu:nanoseconds`.
     pub profile_type: String,
-    /// Series labels (push series labels plus ordinary sample labels, e.g. `span_name`).
+    /// Series labels: the push's series labels (sanitized by `ValidateLabels`) plus the
+    /// sample's ordinary labels (e.g. `span_name`) that the series did not already have.
     pub labels: BTreeMap<String, String>,
-    /// `span_id` sample label (16 lowercase hex), kept out of the series labels.
+    /// `span_id` sample label (16 hex, lowercased), kept out of the series labels; `None`
+    /// is span 0: no label, or one that is not 16 hex characters.
     pub span_id: Option<String>,
-    /// `trace_id` sample label (32 lowercase hex), kept out of the series labels.
+    /// `trace_id` sample label (32 hex, lowercased), kept out of the series labels; `None`
+    /// when absent or not 32 hex characters.
     pub trace_id: Option<String>,
     /// Profile timestamp, ms since the Unix epoch.
     pub time_ms: i64,
@@ -71,10 +109,20 @@ pub struct StoredSample {
     pub value: i64,
 }
 
-/// All accepted samples.
-#[derive(Debug, Default)]
+/// Accepted samples, the limits they were checked against, the rate limiter's bucket and
+/// the counters of accepted and refused profiles.
+#[derive(Debug)]
 pub struct PyroscopeStore {
     samples: Vec<StoredSample>,
+    limits: Limits,
+    bucket: TokenBucket,
+    counters: PushCounters,
+}
+
+impl Default for PyroscopeStore {
+    fn default() -> Self {
+        PyroscopeStore::with_limits(Limits::default())
+    }
 }
 
 /// A Connect error response (`{"code": ..., "message": ...}`).
@@ -87,38 +135,152 @@ pub fn connect_error(status: StatusCode, code: &str, message: &str) -> Response 
         .into_response()
 }
 
-fn is_lower_or_upper_hex(s: &str) -> bool {
-    s.bytes().all(|b| b.is_ascii_hexdigit())
+/// Pyroscope's `decodeSpanID` (and its trace id twin): exactly `len` hex digits, either
+/// case.
+fn valid_hex_id(s: &str, len: usize) -> bool {
+    s.len() == len && s.bytes().all(|b| b.is_ascii_hexdigit())
+}
+
+/// The decompressed pprof bytes, gzip or plain (`pprof.RawFromBytesWithLimit`): reading
+/// stops one byte past `limit` (0 = none), so a bomb is not inflated whole.
+fn decompress(raw: &[u8], limit: usize) -> Result<Vec<u8>, PushRejection> {
+    let cap = if limit == 0 {
+        u64::MAX
+    } else {
+        limit as u64 + 1
+    };
+    let mut out = Vec::new();
+    if raw.starts_with(&[0x1f, 0x8b]) {
+        flate2::read::MultiGzDecoder::new(raw)
+            .take(cap)
+            .read_to_end(&mut out)
+            .map_err(|e| PushRejection::unknown(format!("gzip: {e}")))?;
+    } else {
+        out.extend_from_slice(&raw[..raw.len().min(cap as usize)]);
+    }
+    if limit != 0 && out.len() > limit {
+        return Err(PushRejection::invalid(
+            Some(super::limits::Reason::ProfileSizeLimit),
+            format!(
+                "uncompressed profile payload size exceeds limit of {}",
+                humanize_si(limit as u64)
+            ),
+        ));
+    }
+    Ok(out)
 }
 
 impl PyroscopeStore {
+    /// An empty store enforcing `limits`.
+    pub fn with_limits(limits: Limits) -> PyroscopeStore {
+        PyroscopeStore {
+            samples: Vec::new(),
+            bucket: TokenBucket::new(limits.ingestion_rate_bytes, limits.ingestion_burst_bytes),
+            limits,
+            counters: PushCounters::default(),
+        }
+    }
+
+    /// Replaces the limits; the rate limiter starts again with a full bucket.
+    pub fn set_limits(&mut self, limits: Limits) {
+        self.bucket = TokenBucket::new(limits.ingestion_rate_bytes, limits.ingestion_burst_bytes);
+        self.limits = limits;
+    }
+
+    /// The limits in force.
+    pub fn limits(&self) -> &Limits {
+        &self.limits
+    }
+
     /// Accepted samples.
     pub fn samples(&self) -> &[StoredSample] {
         &self.samples
     }
 
-    /// Decodes and stores a protobuf `PushRequest`; the whole push is rejected on the first
-    /// invalid profile (nothing of it is stored).
-    pub fn push_protobuf(&mut self, raw: &[u8]) -> Result<(), String> {
-        let request =
-            PushRequest::decode(raw).map_err(|e| format!("bad PushRequest protobuf: {e}"))?;
-        let mut accepted = Vec::new();
+    /// Counters of accepted and refused profiles.
+    pub fn counters(&self) -> &PushCounters {
+        &self.counters
+    }
+
+    /// Decodes and ingests a protobuf `PushRequest` now; see the module docs.
+    pub fn push_protobuf(&mut self, raw: &[u8]) -> Result<(), PushRejection> {
+        self.push_protobuf_at(raw, Instant::now())
+    }
+
+    /// [`PyroscopeStore::push_protobuf`] with the rate limiter's clock reading `now`.
+    pub fn push_protobuf_at(&mut self, raw: &[u8], now: Instant) -> Result<(), PushRejection> {
+        let request = PushRequest::decode(raw)
+            .map_err(|e| PushRejection::invalid(None, format!("bad PushRequest protobuf: {e}")))?;
+        let mut first_error = None;
+        let mut profiles = 0;
         for series in &request.series {
-            let mut labels: BTreeMap<String, String> = BTreeMap::new();
-            for pair in &series.labels {
-                labels.insert(pair.name.clone(), pair.value.clone());
-            }
-            let name = labels
-                .get("__name__")
-                .cloned()
-                .ok_or("series without a __name__ label")?;
+            let labels: Vec<(String, String)> = series
+                .labels
+                .iter()
+                .map(|p| (p.name.clone(), p.value.clone()))
+                .collect();
             for raw_sample in &series.samples {
-                let profile = otel_profiling::pprof::decode(&raw_sample.raw_profile)
-                    .map_err(|e| format!("bad pprof: {e}"))?;
-                split_profile(&profile, &name, &labels, &mut accepted)?;
+                profiles += 1;
+                match self.push_profile(labels.clone(), &raw_sample.raw_profile, now) {
+                    Ok(()) => self.counters.accepted_profiles += 1,
+                    Err(e) => {
+                        if let Some(reason) = e.reason {
+                            self.counters.reject(reason);
+                        }
+                        first_error.get_or_insert(e);
+                    }
+                }
             }
         }
-        self.samples.extend(accepted);
+        if profiles == 0 {
+            return Err(PushRejection::invalid(None, "no profiles received".into()));
+        }
+        first_error.map_or(Ok(()), Err)
+    }
+
+    /// One profile of a push: steps 1–7 of the module docs; nothing is stored unless every
+    /// step passes.
+    fn push_profile(
+        &mut self,
+        mut labels: Vec<(String, String)>,
+        raw_profile: &[u8],
+        now: Instant,
+    ) -> Result<(), PushRejection> {
+        let plain = decompress(raw_profile, self.limits.max_profile_size_bytes)?;
+        let mut profile = Profile::decode(&plain[..])
+            .map_err(|e| PushRejection::unknown(format!("bad pprof: {e}")))?;
+
+        let has_service = labels
+            .iter()
+            .find(|(n, _)| n == "service_name")
+            .is_some_and(|(_, v)| !v.is_empty());
+        if !has_service {
+            labels.push(("service_name".into(), "unknown_service".into()));
+        }
+        labels.sort_by(|a, b| a.0.cmp(&b.0));
+
+        let cost = labels
+            .iter()
+            .map(|(n, v)| (n.len() + v.len()) as u64)
+            .sum::<u64>()
+            + plain.len() as u64;
+        if !self.bucket.allow(now, cost) {
+            return Err(PushRejection::rate_limited(format!(
+                "push rate limit ({}) exceeded while adding {}",
+                humanize_iec(self.limits.ingestion_rate_bytes.max(0.0) as u64),
+                humanize_iec(cost)
+            )));
+        }
+
+        validate_profile(&self.limits, &profile, &labels, plain.len(), &plain)?;
+        normalize(&mut profile);
+        let stored = split_profile(&self.limits, &profile, &labels)?;
+        for s in &stored.samples {
+            self.counters.span_ids_zeroed += u64::from(s.zeroed_span);
+            self.counters.trace_ids_zeroed += u64::from(s.zeroed_trace);
+        }
+        self.samples
+            .extend(stored.samples.into_iter().map(|s| s.sample));
         Ok(())
     }
 
@@ -172,13 +334,42 @@ fn json_i64(v: Option<&Value>) -> Option<i64> {
     }
 }
 
-/// Splits one pprof profile into stored samples, applying Pyroscope's label rules.
+/// One sample to store, with whether its span or trace id was invalid and so zeroed.
+struct SplitSample {
+    sample: StoredSample,
+    zeroed_span: bool,
+    zeroed_trace: bool,
+}
+
+/// A profile split into series, every series validated.
+struct Split {
+    samples: Vec<SplitSample>,
+}
+
+/// The part of Pyroscope's `Profile.Normalize` that changes what is stored or validated:
+/// numeric labels are dropped, and samples with a negative value or only zeros.
+fn normalize(profile: &mut Profile) {
+    for s in &mut profile.sample {
+        s.label.retain(|l| l.str != 0);
+    }
+    profile
+        .sample
+        .retain(|s| s.value.iter().all(|v| *v >= 0) && s.value.iter().any(|v| *v > 0));
+}
+
+/// Keys kept out of the series labels (`pprofsplit.VisitSampleSeries`; `profile_id` is
+/// the legacy name of `span_id`).
+fn is_id_key(key: &str) -> bool {
+    matches!(key, "span_id" | "profile_id" | "trace_id")
+}
+
+/// Splits a validated, normalized profile into stored samples per series, validating each
+/// series' labels; the first invalid series rejects the whole profile.
 fn split_profile(
+    limits: &Limits,
     profile: &Profile,
-    name: &str,
-    series: &BTreeMap<String, String>,
-    out: &mut Vec<StoredSample>,
-) -> Result<(), String> {
+    series: &[(String, String)],
+) -> Result<Split, PushRejection> {
     let s = |i: i64| -> &str {
         profile
             .string_table
@@ -186,6 +377,40 @@ fn split_profile(
             .map(String::as_str)
             .unwrap_or("")
     };
+    let series_map: BTreeMap<String, String> = series.iter().cloned().collect();
+    // Series labels of each sample: a series label wins over a sample label of the same
+    // name (`addSampleLabelsToLabelsBuilder` only sets names that are empty so far).
+    let label_sets: Vec<BTreeMap<String, String>> = profile
+        .sample
+        .iter()
+        .map(|sample| {
+            let mut labels = series_map.clone();
+            for l in &sample.label {
+                let key = s(l.key);
+                if is_id_key(key) || l.str <= 0 {
+                    continue;
+                }
+                if labels.get(key).is_none_or(|v| v.is_empty()) {
+                    labels.insert(key.to_string(), s(l.str).to_string());
+                }
+            }
+            labels
+        })
+        .collect();
+    // Validate each distinct series once, in order of first appearance.
+    let mut validated: HashMap<&BTreeMap<String, String>, BTreeMap<String, String>> =
+        HashMap::new();
+    for set in &label_sets {
+        if validated.contains_key(set) {
+            continue;
+        }
+        let pairs: Vec<(String, String)> =
+            set.iter().map(|(n, v)| (n.clone(), v.clone())).collect();
+        let ok = validate_labels(limits, pairs)?;
+        validated.insert(set, ok.into_iter().collect());
+    }
+
+    let name = series_map.get("__name__").map(String::as_str).unwrap_or("");
     let (period_type, period_unit) = profile
         .period_type
         .as_ref()
@@ -226,39 +451,11 @@ fn split_profile(
             .map(|d| d.as_millis() as i64)
             .unwrap_or(0)
     };
-    for sample in &profile.sample {
-        let mut labels = series.clone();
-        let mut span_id = None;
-        let mut trace_id = None;
-        for label in &sample.label {
-            let key = s(label.key);
-            let value = s(label.str);
-            match key {
-                // `profile_id` is the legacy name of `span_id`.
-                "span_id" | "profile_id" => {
-                    if value.len() != 16 {
-                        return Err("invalid span id length".into());
-                    }
-                    if !is_lower_or_upper_hex(value) {
-                        return Err("invalid span id".into());
-                    }
-                    span_id = Some(value.to_ascii_lowercase());
-                }
-                "trace_id" => {
-                    if value.len() != 32 {
-                        return Err("invalid trace id length".into());
-                    }
-                    if !is_lower_or_upper_hex(value) {
-                        return Err("invalid trace id".into());
-                    }
-                    trace_id = Some(value.to_ascii_lowercase());
-                }
-                _ if label.str != 0 => {
-                    labels.insert(key.to_string(), value.to_string());
-                }
-                _ => {}
-            }
-        }
+    let mut out = Vec::new();
+    for (sample, set) in profile.sample.iter().zip(&label_sets) {
+        let labels = validated.get(set).cloned().unwrap_or_default();
+        let (span_id, zeroed_span) = id_label(sample, &s, &["span_id", "profile_id"], 16);
+        let (trace_id, zeroed_trace) = id_label(sample, &s, &["trace_id"], 32);
         let mut stack: Vec<String> = Vec::new();
         for id in sample.location_id.iter().rev() {
             if let Some(names) = locations.get(id) {
@@ -270,18 +467,45 @@ fn split_profile(
             if value == 0 {
                 continue;
             }
-            out.push(StoredSample {
-                profile_type: type_id.clone(),
-                labels: labels.clone(),
-                span_id: span_id.clone(),
-                trace_id: trace_id.clone(),
-                time_ms,
-                stack: stack.clone(),
-                value,
+            out.push(SplitSample {
+                sample: StoredSample {
+                    profile_type: type_id.clone(),
+                    labels: labels.clone(),
+                    span_id: span_id.clone(),
+                    trace_id: trace_id.clone(),
+                    time_ms,
+                    stack: stack.clone(),
+                    value,
+                },
+                zeroed_span,
+                zeroed_trace,
             });
         }
     }
-    Ok(())
+    Ok(Split { samples: out })
+}
+
+/// The first valid `len`-hex value of a label named one of `keys` (lowercased), and
+/// whether such a label was present but invalid, which Pyroscope stores as id 0
+/// (`spanIDFromLabels`, `traceIDFromLabels` in `pkg/pprof/pprof.go`).
+fn id_label<'a>(
+    sample: &Sample,
+    s: &impl Fn(i64) -> &'a str,
+    keys: &[&str],
+    len: usize,
+) -> (Option<String>, bool) {
+    let mut present = false;
+    for l in &sample.label {
+        if !keys.contains(&s(l.key)) {
+            continue;
+        }
+        present = true;
+        let value = s(l.str);
+        if valid_hex_id(value, len) {
+            return (Some(value.to_ascii_lowercase()), false);
+        }
+    }
+    (None, present)
 }
 
 #[derive(Debug, Default)]
@@ -377,5 +601,410 @@ impl Tree {
             "total": self.nodes[0].total.to_string(),
             "maxSelf": max_self.to_string(),
         })
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use std::time::Duration;
+
+    use otel_profiling::pprof::proto::{Function, Label, Line, Location, ValueType};
+
+    use super::super::limits::Reason;
+    use super::*;
+
+    const SPAN: &str = "0123456789abcdef";
+    const TRACE: &str = "0123456789abcdef0123456789abcdef";
+
+    /// A CPU profile of `n` samples of `main`; `labels(i)` gives sample i's labels.
+    fn profile<'a>(n: usize, labels: impl Fn(usize) -> Vec<(&'a str, String)>) -> Profile {
+        let mut strings: Vec<String> = ["", "cpu", "nanoseconds", "main"]
+            .iter()
+            .map(|s| s.to_string())
+            .collect();
+        let mut intern = |s: &str| match strings.iter().position(|x| x == s) {
+            Some(i) => i as i64,
+            None => {
+                strings.push(s.to_string());
+                strings.len() as i64 - 1
+            }
+        };
+        let sample = (0..n)
+            .map(|i| Sample {
+                location_id: vec![1],
+                value: vec![10_000_000],
+                label: labels(i)
+                    .iter()
+                    .map(|(k, v)| Label {
+                        key: intern(k),
+                        str: intern(v),
+                        ..Label::default()
+                    })
+                    .collect(),
+            })
+            .collect();
+        Profile {
+            sample_type: vec![ValueType { r#type: 1, unit: 2 }],
+            period_type: Some(ValueType { r#type: 1, unit: 2 }),
+            period: 10_000_000,
+            sample,
+            function: vec![Function {
+                id: 1,
+                name: 3,
+                ..Function::default()
+            }],
+            location: vec![Location {
+                id: 1,
+                line: vec![Line {
+                    function_id: 1,
+                    line: 0,
+                    ..Line::default()
+                }],
+                ..Location::default()
+            }],
+            string_table: strings,
+            time_nanos: 1_700_000_000_000_000_000,
+            ..Profile::default()
+        }
+    }
+
+    fn spans(span: &str, name: &str) -> Vec<(&'static str, String)> {
+        vec![
+            ("span_id", span.to_string()),
+            ("trace_id", TRACE.to_string()),
+            ("span_name", name.to_string()),
+        ]
+    }
+
+    fn series(extra: &[(&str, &str)]) -> Vec<LabelPair> {
+        [("__name__", "process_cpu"), ("service_name", "svc")]
+            .iter()
+            .chain(extra)
+            .map(|(n, v)| LabelPair {
+                name: n.to_string(),
+                value: v.to_string(),
+            })
+            .collect()
+    }
+
+    /// A push of one series per `(labels, profiles)`; profiles gzipped as the bridge does.
+    fn push_body(parts: Vec<(Vec<LabelPair>, Vec<Profile>)>) -> Vec<u8> {
+        PushRequest {
+            series: parts
+                .into_iter()
+                .map(|(labels, profiles)| RawProfileSeries {
+                    labels,
+                    samples: profiles
+                        .iter()
+                        .map(|p| RawSample {
+                            raw_profile: otel_profiling::pprof::encode_gzip(p).unwrap(),
+                            id: String::new(),
+                        })
+                        .collect(),
+                })
+                .collect(),
+        }
+        .encode_to_vec()
+    }
+
+    fn one(labels: Vec<LabelPair>, p: Profile) -> Vec<u8> {
+        push_body(vec![(labels, vec![p])])
+    }
+
+    #[test]
+    fn sixteen_thousand_samples_pass_one_more_is_a_400() {
+        let mut store = PyroscopeStore::default();
+        let now = Instant::now();
+        store
+            .push_protobuf_at(&one(series(&[]), profile(16_000, |_| vec![])), now)
+            .unwrap();
+        let e = store
+            .push_protobuf_at(&one(series(&[]), profile(16_001, |_| vec![])), now)
+            .unwrap_err();
+        assert_eq!((e.status, e.code), (400, "invalid_argument"));
+        assert_eq!(e.reason, Some(Reason::SamplesLimit));
+        assert_eq!(
+            e.message,
+            "the profile with labels '{__name__=\"process_cpu\", service_name=\"svc\"}' exceeds \
+             the samples count limit (max_profile_stacktrace_samples, actual: 16001, limit: 16000)"
+        );
+        assert_eq!(store.samples().len(), 16_000);
+        assert_eq!(store.counters().rejected(Reason::SamplesLimit), 1);
+        assert_eq!(store.counters().accepted_profiles, 1);
+    }
+
+    #[test]
+    fn a_lowered_sample_limit_counts_samples_not_values() {
+        let mut store = PyroscopeStore::with_limits(Limits::default().with_max_profile_samples(3));
+        assert!(store
+            .push_protobuf(&one(series(&[]), profile(3, |_| vec![])))
+            .is_ok());
+        let e = store
+            .push_protobuf(&one(series(&[]), profile(4, |_| vec![])))
+            .unwrap_err();
+        assert_eq!(e.reason, Some(Reason::SamplesLimit));
+    }
+
+    #[test]
+    fn over_4_mib_uncompressed_is_a_400_before_the_rate_limiter() {
+        let mut store = PyroscopeStore::default();
+        let mut p = profile(1, |_| vec![]);
+        // A symbol this long compresses to almost nothing: the limit is on inflated bytes.
+        p.string_table[3] = "x".repeat(4 * 1024 * 1024);
+        let e = store.push_protobuf(&one(series(&[]), p)).unwrap_err();
+        assert_eq!((e.status, e.reason), (400, Some(Reason::ProfileSizeLimit)));
+        assert_eq!(
+            e.message,
+            "uncompressed profile payload size exceeds limit of 4.2 MB"
+        );
+        assert_eq!(store.counters().rejected(Reason::RateLimited), 0);
+    }
+
+    #[test]
+    fn a_lowered_size_limit_applies_to_plain_and_gzipped_profiles() {
+        let p = profile(50, |i| spans(SPAN, &format!("span {i}")));
+        let size = p.encode_to_vec().len();
+        for limit in [size, size - 1] {
+            let mut store =
+                PyroscopeStore::with_limits(Limits::default().with_max_profile_size_bytes(limit));
+            let gz = store.push_protobuf(&one(series(&[]), p.clone()));
+            let plain = PushRequest {
+                series: vec![RawProfileSeries {
+                    labels: series(&[]),
+                    samples: vec![RawSample {
+                        raw_profile: p.encode_to_vec(),
+                        id: String::new(),
+                    }],
+                }],
+            };
+            let plain = store.push_protobuf(&plain.encode_to_vec());
+            assert_eq!(gz.is_ok(), limit == size, "{gz:?}");
+            assert_eq!(plain.is_ok(), limit == size, "{plain:?}");
+        }
+    }
+
+    #[test]
+    fn a_profile_over_the_burst_is_a_429_every_time() {
+        // 2 MiB burst by default: a ~3 MiB profile can never pass, however long one waits.
+        let mut store = PyroscopeStore::default();
+        let mut p = profile(1, |_| vec![]);
+        p.string_table[3] = "x".repeat(3 * 1024 * 1024);
+        let body = one(series(&[]), p);
+        let t0 = Instant::now();
+        for wait in [0, 1, 60, 3_600] {
+            let e = store
+                .push_protobuf_at(&body, t0 + Duration::from_secs(wait))
+                .unwrap_err();
+            assert_eq!((e.status, e.code), (429, "resource_exhausted"));
+            assert!(
+                e.message
+                    .starts_with("push rate limit (4.0 MiB) exceeded while adding 3.0 MiB"),
+                "{e:?}"
+            );
+        }
+        assert_eq!(store.counters().rejected(Reason::RateLimited), 4);
+        assert!(store.samples().is_empty());
+    }
+
+    #[test]
+    fn the_bucket_drains_and_refills_at_the_rate() {
+        let body = one(series(&[]), profile(20, |_| vec![]));
+        let request = PushRequest::decode(&body[..]).unwrap();
+        let mut plain = Vec::new();
+        flate2::read::GzDecoder::new(&request.series[0].samples[0].raw_profile[..])
+            .read_to_end(&mut plain)
+            .unwrap();
+        // Cost = label bytes + inflated pprof bytes.
+        let cost = ("__name__process_cpuservice_namesvc".len() + plain.len()) as u64;
+        let limits = Limits::default().with_ingestion_rate(cost as f64, 2 * cost);
+        let mut store = PyroscopeStore::with_limits(limits);
+        let t0 = Instant::now();
+        assert!(store.push_protobuf_at(&body, t0).is_ok());
+        assert!(store.push_protobuf_at(&body, t0).is_ok());
+        let e = store.push_protobuf_at(&body, t0).unwrap_err();
+        assert_eq!(e.status, 429);
+        assert!(store
+            .push_protobuf_at(&body, t0 + Duration::from_millis(500))
+            .is_err());
+        assert!(store
+            .push_protobuf_at(&body, t0 + Duration::from_millis(1_001))
+            .is_ok());
+    }
+
+    #[test]
+    fn a_span_name_over_2048_bytes_rejects_the_whole_profile() {
+        let mut store = PyroscopeStore::default();
+        let long = "n".repeat(2049);
+        let p = profile(10, |i| spans(SPAN, if i == 9 { &long } else { "GET /" }));
+        let e = store.push_protobuf(&one(series(&[]), p)).unwrap_err();
+        assert_eq!((e.status, e.reason), (400, Some(Reason::LabelValueTooLong)));
+        assert!(
+            e.message.contains("has label value too long: 'nnn"),
+            "{e:?}"
+        );
+        assert!(store.samples().is_empty(), "one bad series, nothing stored");
+        // 2048 bytes is still fine.
+        let ok = "n".repeat(2048);
+        let p = profile(10, |i| spans(SPAN, if i == 9 { &ok } else { "GET /" }));
+        assert!(store.push_protobuf(&one(series(&[]), p)).is_ok());
+        assert_eq!(store.samples().len(), 10);
+    }
+
+    #[test]
+    fn span_name_counts_towards_thirty_label_names() {
+        let names: Vec<String> = (0..28).map(|i| format!("tag{i:02}")).collect();
+        let extra: Vec<(&str, &str)> = names.iter().map(|n| (n.as_str(), "v")).collect();
+        let mut store = PyroscopeStore::default();
+        // 30 series labels and samples without span_name: accepted.
+        assert!(store
+            .push_protobuf(&one(
+                series(&extra),
+                profile(2, |_| vec![("span_id", SPAN.into())])
+            ))
+            .is_ok());
+        // One sample with span_name makes its series 31 names: the whole profile goes.
+        let p = profile(2, |i| {
+            if i == 1 {
+                spans(SPAN, "GET /")
+            } else {
+                vec![("span_id", SPAN.into())]
+            }
+        });
+        let e = store.push_protobuf(&one(series(&extra), p)).unwrap_err();
+        assert_eq!(e.reason, Some(Reason::MaxLabelNamesPerSeries));
+        assert!(e.message.ends_with("has 31 label names; limit 30"), "{e:?}");
+        assert_eq!(store.samples().len(), 2);
+        assert_eq!(store.counters().rejected(Reason::MaxLabelNamesPerSeries), 1);
+    }
+
+    #[test]
+    fn a_span_id_that_is_not_16_hex_is_stored_as_span_0() {
+        let mut store = PyroscopeStore::default();
+        let p = profile(5, |i| {
+            let span = match i {
+                0 => "123456789abcdef".to_string(),   // 15 hex
+                1 => "0123456789abcdeg".to_string(),  // not hex
+                2 => "0123456789ABCDEF".to_string(),  // upper case is hex
+                3 => "0123456789abcdef0".to_string(), // 17
+                _ => SPAN.to_string(),
+            };
+            spans(&span, "GET /")
+        });
+        store.push_protobuf(&one(series(&[]), p)).unwrap();
+        let ids: Vec<Option<&str>> = store
+            .samples()
+            .iter()
+            .map(|s| s.span_id.as_deref())
+            .collect();
+        assert_eq!(ids, [None, None, Some(SPAN), None, Some(SPAN)]);
+        assert_eq!(store.counters().span_ids_zeroed, 3);
+        assert_eq!(store.counters().total_rejected(), 0);
+        assert!(store
+            .samples()
+            .iter()
+            .all(|s| !s.labels.contains_key("span_id")));
+    }
+
+    #[test]
+    fn profile_id_is_span_id_and_a_bad_trace_id_is_stored_as_0() {
+        let mut store = PyroscopeStore::default();
+        let p = profile(1, |_| {
+            vec![
+                ("profile_id", SPAN.to_string()),
+                ("trace_id", "abc".to_string()),
+            ]
+        });
+        store.push_protobuf(&one(series(&[]), p)).unwrap();
+        let s = &store.samples()[0];
+        assert_eq!(s.span_id.as_deref(), Some(SPAN));
+        assert_eq!(s.trace_id, None);
+        assert_eq!(store.counters().trace_ids_zeroed, 1);
+        assert!(!s.labels.contains_key("profile_id") && !s.labels.contains_key("trace_id"));
+    }
+
+    #[test]
+    fn a_series_label_wins_over_a_sample_label_of_the_same_name() {
+        let mut store = PyroscopeStore::default();
+        let p = profile(1, |_| {
+            vec![
+                ("span_name", "from sample".to_string()),
+                ("env", "sample".to_string()),
+            ]
+        });
+        store
+            .push_protobuf(&one(series(&[("span_name", "from series")]), p))
+            .unwrap();
+        let labels = &store.samples()[0].labels;
+        assert_eq!(labels["span_name"], "from series");
+        assert_eq!(labels["env"], "sample", "other sample labels still join");
+    }
+
+    #[test]
+    fn profiles_of_one_push_are_judged_one_by_one() {
+        let mut store = PyroscopeStore::default();
+        let good = profile(3, |_| spans(SPAN, "GET /"));
+        let bad = profile(3, |_| spans(SPAN, &"n".repeat(3000)));
+        let body = push_body(vec![
+            (series(&[]), vec![good.clone(), bad]),
+            (series(&[("env", "b")]), vec![good]),
+        ]);
+        let e = store.push_protobuf(&body).unwrap_err();
+        assert_eq!((e.status, e.reason), (400, Some(Reason::LabelValueTooLong)));
+        assert_eq!(store.samples().len(), 6, "both good profiles stored");
+        assert_eq!(store.counters().accepted_profiles, 2);
+        assert_eq!(store.counters().total_rejected(), 1);
+    }
+
+    #[test]
+    fn service_name_defaults_and_name_is_required() {
+        let mut store = PyroscopeStore::default();
+        let labels = vec![LabelPair {
+            name: "__name__".into(),
+            value: "process_cpu".into(),
+        }];
+        store
+            .push_protobuf(&one(labels, profile(1, |_| vec![])))
+            .unwrap();
+        assert_eq!(store.samples()[0].labels["service_name"], "unknown_service");
+        let labels = vec![LabelPair {
+            name: "service_name".into(),
+            value: "svc".into(),
+        }];
+        let e = store
+            .push_protobuf(&one(labels, profile(1, |_| vec![])))
+            .unwrap_err();
+        assert_eq!((e.status, e.reason), (400, Some(Reason::InvalidLabels)));
+    }
+
+    #[test]
+    fn too_many_labels_on_one_sample_is_a_400() {
+        let mut store = PyroscopeStore::with_limits(Limits::default().with_max_sample_labels(2));
+        let e = store
+            .push_protobuf(&one(series(&[]), profile(1, |_| spans(SPAN, "x"))))
+            .unwrap_err();
+        assert_eq!(e.reason, Some(Reason::SampleLabelsLimit));
+    }
+
+    #[test]
+    fn bytes_that_are_not_pprof_are_a_500_and_an_empty_push_a_400() {
+        let mut store = PyroscopeStore::default();
+        let body = PushRequest {
+            series: vec![RawProfileSeries {
+                labels: series(&[]),
+                samples: vec![RawSample {
+                    raw_profile: vec![0xff; 7],
+                    id: String::new(),
+                }],
+            }],
+        };
+        let e = store.push_protobuf(&body.encode_to_vec()).unwrap_err();
+        assert_eq!((e.status, e.code), (500, "unknown"));
+        let e = store
+            .push_protobuf(&PushRequest { series: vec![] }.encode_to_vec())
+            .unwrap_err();
+        assert_eq!(
+            (e.status, e.message.as_str()),
+            (400, "no profiles received")
+        );
     }
 }
