@@ -56,6 +56,11 @@ pub struct CollectorConfig {
     /// Whether samples carry the `span_name` label (default true). Pyroscope turns it into
     /// a series label, so switch it off if root span names are unbounded.
     pub span_name_label: bool,
+    /// Whether samples carry the `trace_id` label (default true). Pyroscope needs only
+    /// `span_id` for the span link; `trace_id` is a 32-character string per trace, about
+    /// 25 % of a sample's uncompressed bytes (see `docs/benchmarks.md`), which counts
+    /// against Pyroscope's per-profile size and per-tenant ingestion limits.
+    pub trace_id_label: bool,
 }
 
 impl Default for CollectorConfig {
@@ -64,6 +69,7 @@ impl Default for CollectorConfig {
             interval: Duration::from_secs(10),
             drain_every: Duration::from_millis(100),
             span_name_label: true,
+            trace_id_label: true,
         }
     }
 }
@@ -190,6 +196,30 @@ fn bounded_label_value(name: Arc<str>) -> Arc<str> {
         end -= 1;
     }
     Arc::from(format!("{}{CUT_MARKER}", &name[..end]))
+}
+
+/// The labels written for a sample of `key`, as `config` asks; names resolved (and cut)
+/// once per interval through `names`.
+fn sample_labels(
+    config: &CollectorConfig,
+    key: &LabelKey,
+    names: &mut HashMap<SpanName, Arc<str>>,
+) -> SampleLabels {
+    let span_name = if config.span_name_label {
+        key.name.map(|n| {
+            names
+                .entry(n)
+                .or_insert_with(|| bounded_label_value(n.resolve()))
+                .clone()
+        })
+    } else {
+        None
+    };
+    SampleLabels {
+        span_id: (key.span_id != 0).then_some(key.span_id),
+        trace_id: (config.trace_id_label && key.trace_id != 0).then_some(key.trace_id),
+        span_name,
+    }
 }
 
 /// Aggregation key: the labels of a sample, before name resolution.
@@ -339,21 +369,7 @@ impl State {
             for (i, &address) in frames.iter().enumerate() {
                 stack.push(symbolizer.frame(address, i > 0));
             }
-            let span_name = if self.config.span_name_label {
-                key.name.map(|n| {
-                    names
-                        .entry(n)
-                        .or_insert_with(|| bounded_label_value(n.resolve()))
-                        .clone()
-                })
-            } else {
-                None
-            };
-            let labels = SampleLabels {
-                span_id: (key.span_id != 0).then_some(key.span_id),
-                trace_id: (key.trace_id != 0).then_some(key.trace_id),
-                span_name,
-            };
+            let labels = sample_labels(&self.config, &key, &mut names);
             builder.add_sample(&stack, &labels, count);
             samples += count;
         }
@@ -390,6 +406,31 @@ impl State {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn labels_follow_the_config() {
+        let name = SpanName::intern(&"n".repeat(3000));
+        let key = LabelKey {
+            span_id: 7,
+            trace_id: 9,
+            name: Some(name),
+        };
+        let mut names = HashMap::new();
+        let all = sample_labels(&CollectorConfig::default(), &key, &mut names);
+        assert_eq!((all.span_id, all.trace_id), (Some(7), Some(9)));
+        let cut = all.span_name.expect("span_name");
+        assert!(cut.len() <= MAX_SPAN_NAME_LABEL_BYTES && cut.ends_with(CUT_MARKER));
+        let config = CollectorConfig {
+            trace_id_label: false,
+            span_name_label: false,
+            ..CollectorConfig::default()
+        };
+        let few = sample_labels(&config, &key, &mut names);
+        assert_eq!(
+            (few.span_id, few.trace_id, few.span_name),
+            (Some(7), None, None)
+        );
+    }
 
     #[test]
     fn long_span_names_are_cut_with_a_marker_within_the_limit() {

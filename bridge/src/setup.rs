@@ -84,6 +84,7 @@ pub struct Telemetry {
     interval: Option<Duration>,
     output_dir: Option<PathBuf>,
     span_name_label: Option<bool>,
+    trace_id_label: Option<bool>,
     scope: ProfileIdScope,
     unsampled: UnsampledTraces,
     shutdown_timeout: Option<Duration>,
@@ -174,6 +175,13 @@ impl Telemetry {
         self
     }
 
+    /// Whether samples carry `trace_id` (default true; Pyroscope's span link needs only
+    /// `span_id`, and `trace_id` is about a quarter of each sample's bytes).
+    pub fn trace_id_label(mut self, on: bool) -> Self {
+        self.trace_id_label = Some(on);
+        self
+    }
+
     /// Which spans get `pyroscope.profile.id` (default: local roots).
     pub fn profile_id_scope(mut self, scope: ProfileIdScope) -> Self {
         self.scope = scope;
@@ -228,6 +236,9 @@ impl Telemetry {
         }
         if let Some(on) = self.span_name_label {
             profiler = profiler.span_name_label(on);
+        }
+        if let Some(on) = self.trace_id_label {
+            profiler = profiler.trace_id_label(on);
         }
         let mut pyroscope_stats = None;
         if let Some(target) = self.pyroscope.as_ref().or(self.env.pyroscope.as_ref()) {
