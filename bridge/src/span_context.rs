@@ -97,7 +97,8 @@ impl LocalRoot {
     }
 }
 
-/// One thread's span context record. See the [module docs](self) for the protocol.
+/// One thread's span context record: a sequence lock (one writer, the owning thread;
+/// readers see a whole value or "no span", never a mix), read by the sampler's handler.
 #[repr(C, align(64))]
 #[derive(Debug)]
 pub struct SpanContextCell {

@@ -9,12 +9,21 @@
 //!
 //! # Wire protocol
 //!
-//! One HTTP/1.1 `POST {server}/push.v1.PusherService/Push` per profile, in the order the
-//! collector produced them: a Connect unary call whose body is the protobuf
-//! `push.v1.PushRequest` with one `RawProfileSeries` (the series labels) holding one
-//! `RawSample` (`raw_profile` = the gzipped pprof as the collector encoded it, `ID` = a random
-//! UUID v4). Field numbers follow `api/push/v1/push.proto` and `api/types/v1/types.proto` of
+//! One HTTP/1.1 `POST {server}/push.v1.PusherService/Push` per profile (or per part of a
+//! split profile), in the order the collector produced them: a Connect unary call whose
+//! body is the protobuf `push.v1.PushRequest` with one `RawProfileSeries` (the series
+//! labels) holding one `RawSample` (`raw_profile` = the gzipped pprof, `ID` = a random UUID
+//! v4). Field numbers follow `api/push/v1/push.proto` and `api/types/v1/types.proto` of
 //! grafana/pyroscope.
+//!
+//! # Limits
+//!
+//! A profile over [`PyroscopeLimits`] (samples, uncompressed bytes) is split with
+//! [`crate::pprof::split`] into parts that fit, each sent as its own push:
+//! Pyroscope v2.2.1 refuses a profile over 16,000 samples or 4 MiB (400), charges each
+//! profile's uncompressed size against its ingestion limiter at once (a profile over the
+//! 2 MiB burst gets 429 forever), and stores the profiles of one push one by one (so a
+//! multi-profile push resent after a partial failure would store some twice).
 //!
 //! Headers: `Content-Type: application/proto`, `Content-Encoding: gzip`,
 //! `Connect-Protocol-Version: 1`, `User-Agent: otel-profiling/<version>`, the credentials
@@ -34,10 +43,14 @@
 //!
 //! * Series labels: `__name__=process_cpu`, `service_name=<application>`, then the extra
 //!   labels (a later duplicate replaces an earlier one), sorted by name.
-//! * 2xx: sent. 5xx, 429 and network errors or timeouts: retried with exponential backoff
-//!   and full jitter (a 429's `Retry-After` seconds are honoured, capped by the maximum
-//!   backoff), up to [`PyroscopeBackoff::max_attempts`] attempts, then dropped. Any other
-//!   status (4xx, 3xx: redirects are not followed) is a permanent failure: not retried.
+//! * 2xx: sent. 5xx and network errors or timeouts: retried with exponential backoff and
+//!   full jitter, up to [`PyroscopeBackoff::max_attempts`] attempts, then dropped. 429:
+//!   the push is replaced by two halves (its profile's samples split in two) sent after
+//!   the backoff (a `Retry-After` in seconds is honoured, capped by the maximum backoff;
+//!   Pyroscope sends none), so a push over the server's burst is never resent as is; a
+//!   profile of one sample is retried as is. Any other status (4xx, 3xx: redirects are not
+//!   followed) is a permanent failure, not retried; when the answer names one of
+//!   Pyroscope's limits, the log line names it and the setting that avoids it.
 //! * The queue holds at most [`PyroscopeConfig::max_queue_bytes`] of encoded requests. A
 //!   profile that does not fit pushes the oldest queued ones out (the one being sent at that
 //!   moment stays); a profile larger than the whole queue is refused. Both count as dropped.
