@@ -83,6 +83,10 @@ pub struct CollectorStats {
     pub profiles_failed: AtomicU64,
     /// Samples put into profiles.
     pub samples_in_profiles: AtomicU64,
+    /// Nanoseconds spent naming the stacks of all intervals so far.
+    pub symbolize_nanos: AtomicU64,
+    /// The longest any one interval's naming took, in nanoseconds.
+    pub symbolize_nanos_max: AtomicU64,
 }
 
 enum Command {
@@ -357,6 +361,7 @@ impl State {
         self.interval_start = now;
         let duration = now.duration_since(start).unwrap_or_default();
         let counts = std::mem::take(&mut self.counts);
+        let naming = Instant::now();
         let symbolizer = self.symbolizer.get_or_insert_with(Symbolizer::new);
         // Modules loaded since the last interval (dlopen) become nameable.
         symbolizer.refresh();
@@ -373,6 +378,13 @@ impl State {
             builder.add_sample(&stack, &labels, count);
             samples += count;
         }
+        let naming = u64::try_from(naming.elapsed().as_nanos()).unwrap_or(u64::MAX);
+        self.stats
+            .symbolize_nanos
+            .fetch_add(naming, Ordering::Relaxed);
+        self.stats
+            .symbolize_nanos_max
+            .fetch_max(naming, Ordering::Relaxed);
         if samples == 0 {
             // Nothing ran on a sampled thread: no file, no upload.
             return;

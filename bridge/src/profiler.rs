@@ -39,6 +39,10 @@ pub struct ProfilerStats {
     pub profiles_failed: u64,
     /// Samples that went into profiles.
     pub samples_in_profiles: u64,
+    /// Time spent naming stacks (symbolization), all intervals together, in nanoseconds.
+    pub symbolize_nanos: u64,
+    /// The longest one interval's symbolization took, in nanoseconds.
+    pub symbolize_nanos_max: u64,
 }
 
 /// Builds a [`Profiler`].
@@ -203,6 +207,8 @@ impl Profiler {
             stats.profiles_exported = s.profiles_exported.load(Ordering::Relaxed);
             stats.profiles_failed = s.profiles_failed.load(Ordering::Relaxed);
             stats.samples_in_profiles = s.samples_in_profiles.load(Ordering::Relaxed);
+            stats.symbolize_nanos = s.symbolize_nanos.load(Ordering::Relaxed);
+            stats.symbolize_nanos_max = s.symbolize_nanos_max.load(Ordering::Relaxed);
         }
         stats
     }
