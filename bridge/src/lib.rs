@@ -35,6 +35,7 @@ pub mod export;
 mod layer;
 mod local_root;
 pub mod local_sink;
+mod never_freed;
 mod otel_scope;
 pub mod pprof;
 mod processor;

@@ -15,8 +15,8 @@
 //!  limbo → free once IN_FLIGHT == 0 is seen after the release
 //! ```
 //!
-//! **Never freed.** Slots live in chunks that are allocated on demand and never freed, so
-//! any index below the allocated count names valid memory; an index beyond it is refused.
+//! **Never freed.** Slots live in a [`NeverFreed`] table: any index below the allocated
+//! count names valid memory; an index beyond it is refused.
 //!
 //! **Generations.** A slot's generation is odd while a root owns it. The handler adds only
 //! when the generation it reads equals the handle's; a stale handle (its root ended) is
@@ -28,7 +28,9 @@
 //! Free and limbo lists live in the caller's shards (the evidence table), under locks it
 //! already holds; nothing here locks.
 
-use std::sync::atomic::{AtomicPtr, AtomicU32, AtomicU64, AtomicUsize, Ordering};
+use std::sync::atomic::{AtomicU32, AtomicU64, AtomicUsize, Ordering};
+
+use crate::never_freed::NeverFreed;
 
 /// Slots per chunk.
 const CHUNK: usize = 256;
@@ -53,12 +55,7 @@ impl Slot {
     }
 }
 
-struct Chunk([Slot; CHUNK]);
-
-static CHUNKS: [AtomicPtr<Chunk>; MAX_CHUNKS] =
-    [const { AtomicPtr::new(std::ptr::null_mut()) }; MAX_CHUNKS];
-/// Slots handed out for the first time so far.
-static FRESH: AtomicUsize = AtomicUsize::new(0);
+static TABLE: NeverFreed<Slot, CHUNK, MAX_CHUNKS> = NeverFreed::new();
 /// Handlers between their generation check and their last counter update.
 static IN_FLIGHT: AtomicUsize = AtomicUsize::new(0);
 /// Samples whose root had already ended.
@@ -88,42 +85,12 @@ impl CpuHandle {
 }
 
 fn slot(index: u32) -> Option<&'static Slot> {
-    let index = index as usize;
-    let chunk = CHUNKS.get(index / CHUNK)?.load(Ordering::Acquire);
-    // SAFETY: chunks are published once with a release store and never freed.
-    let chunk = unsafe { chunk.as_ref() }?;
-    chunk.0.get(index % CHUNK)
+    TABLE.get(index)
 }
 
 /// Why a slot could not be had.
 #[derive(Debug)]
 pub(crate) struct TableFull;
-
-/// A new slot index (never used before), allocating its chunk if needed.
-fn fresh() -> Result<u32, TableFull> {
-    let index = FRESH.fetch_add(1, Ordering::Relaxed);
-    if index >= CHUNK * MAX_CHUNKS {
-        FRESH.fetch_sub(1, Ordering::Relaxed);
-        return Err(TableFull);
-    }
-    let cell = &CHUNKS[index / CHUNK];
-    if cell.load(Ordering::Acquire).is_null() {
-        let chunk = Box::into_raw(Box::new(Chunk([const { Slot::new() }; CHUNK])));
-        if cell
-            .compare_exchange(
-                std::ptr::null_mut(),
-                chunk,
-                Ordering::AcqRel,
-                Ordering::Acquire,
-            )
-            .is_err()
-        {
-            // SAFETY: ours, never published.
-            drop(unsafe { Box::from_raw(chunk) });
-        }
-    }
-    Ok(index as u32)
-}
 
 /// The per-shard lists of reusable and released slots. The owner serialises access.
 #[derive(Debug, Default)]
@@ -142,7 +109,7 @@ impl SlotLists {
         }
         let index = match self.free.pop() {
             Some(index) => index,
-            None => fresh()?,
+            None => TABLE.fresh(|_| Slot::new()).ok_or(TableFull)?.0,
         };
         let slot = slot(index).ok_or(TableFull)?;
         slot.samples.store(0, Ordering::Relaxed);
@@ -253,7 +220,7 @@ mod tests {
         for raw in [
             u64::MAX,
             (u64::from(u32::MAX)) << 32,
-            ((CHUNK * MAX_CHUNKS) as u64 + 1) << 32 | 1,
+            (NeverFreed::<Slot, CHUNK, MAX_CHUNKS>::CAPACITY as u64 + 1) << 32 | 1,
             0x1234_5678_9abc_def1,
         ] {
             record(raw, 1);

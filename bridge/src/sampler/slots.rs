@@ -31,12 +31,13 @@
 //! forgets every timer id, empties every ring, zeroes the counters and frees every slot.
 
 use std::sync::atomic::{
-    AtomicBool, AtomicI32, AtomicPtr, AtomicU32, AtomicU64, AtomicU8, AtomicUsize, Ordering,
+    AtomicBool, AtomicI32, AtomicPtr, AtomicU32, AtomicU64, AtomicU8, Ordering,
 };
 
 use super::ring::Ring;
 use super::stack::StackBounds;
 use super::unwind::UnwindCache;
+use crate::never_freed::NeverFreed;
 use crate::span_context::SpanContextCell;
 
 /// Slots per chunk.
@@ -44,7 +45,7 @@ const CHUNK: usize = 64;
 /// Chunks at most: 65,536 threads registered at once.
 const MAX_CHUNKS: usize = 1024;
 /// Most slots the table can hold.
-pub(crate) const MAX_THREADS: usize = CHUNK * MAX_CHUNKS;
+pub(crate) const MAX_THREADS: usize = NeverFreed::<Slot, CHUNK, MAX_CHUNKS>::CAPACITY;
 
 const FREE: u8 = 0;
 const LIVE: u8 = 1;
@@ -230,12 +231,7 @@ impl TimerValue {
     }
 }
 
-struct Chunk([Slot; CHUNK]);
-
-static CHUNKS: [AtomicPtr<Chunk>; MAX_CHUNKS] =
-    [const { AtomicPtr::new(std::ptr::null_mut()) }; MAX_CHUNKS];
-/// Slots handed out for the first time so far.
-static FRESH: AtomicUsize = AtomicUsize::new(0);
+static TABLE: NeverFreed<Slot, CHUNK, MAX_CHUNKS> = NeverFreed::new();
 /// Free list head: (ABA tag << 32) | (index + 1); 0 in the low half: empty.
 static FREE_HEAD: AtomicU64 = AtomicU64::new(0);
 /// Held by the one drainer; fork-safe (see [`ForkSafeLock`]).
@@ -284,14 +280,10 @@ impl Drop for ForkSafeGuard<'_> {
     }
 }
 
-/// The slot at `index`, if its chunk exists. Async-signal-safe.
+/// The slot at `index`, if allocated. Async-signal-safe.
 #[inline]
 fn slot(index: u32) -> Option<&'static Slot> {
-    let index = index as usize;
-    let chunk = CHUNKS.get(index / CHUNK)?.load(Ordering::Acquire);
-    // SAFETY: chunks are published once, fully initialised, and never freed.
-    let chunk = unsafe { chunk.as_ref() }?;
-    chunk.0.get(index % CHUNK)
+    TABLE.get(index)
 }
 
 /// The slot a signal carrying `value` belongs to, if it is one of ours for this thread.
@@ -304,8 +296,7 @@ pub(crate) fn for_signal(value: TimerValue) -> Option<&'static Slot> {
 
 /// Every slot allocated so far (including free ones).
 pub(crate) fn all() -> impl Iterator<Item = &'static Slot> {
-    let n = FRESH.load(Ordering::Acquire).min(MAX_THREADS);
-    (0..n as u32).filter_map(slot)
+    TABLE.iter()
 }
 
 fn pop_free() -> Option<&'static Slot> {
@@ -335,31 +326,7 @@ fn push_free(slot: &Slot) {
 }
 
 fn fresh() -> Option<&'static Slot> {
-    let index = FRESH.fetch_add(1, Ordering::AcqRel);
-    if index >= MAX_THREADS {
-        FRESH.fetch_sub(1, Ordering::AcqRel);
-        return None;
-    }
-    let cell = &CHUNKS[index / CHUNK];
-    if cell.load(Ordering::Acquire).is_null() {
-        let base = (index / CHUNK * CHUNK) as u32;
-        let chunk: Box<Chunk> =
-            Box::new(Chunk(std::array::from_fn(|i| Slot::new(base + i as u32))));
-        let chunk = Box::into_raw(chunk);
-        if cell
-            .compare_exchange(
-                std::ptr::null_mut(),
-                chunk,
-                Ordering::AcqRel,
-                Ordering::Acquire,
-            )
-            .is_err()
-        {
-            // SAFETY: ours, never published.
-            drop(unsafe { Box::from_raw(chunk) });
-        }
-    }
-    slot(index as u32)
+    TABLE.fresh(Slot::new).map(|(_, slot)| slot)
 }
 
 /// What a new owner installs in its slot.

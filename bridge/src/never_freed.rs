@@ -1,0 +1,130 @@
+//! A table of slots allocated in chunks on demand and never freed: any index below the
+//! allocated count names valid memory for the life of the process, and any other index
+//! names nothing. This is what lets a signal handler follow an index (plus a generation it
+//! checks itself) that it was handed through a timer or a `Copy` label, where an address
+//! could already be freed. The sampler's thread slots and the root CPU counters use it.
+//!
+//! Reading ([`NeverFreed::get`]) is two atomic loads and a bounds check: async-signal-safe.
+//! Allocating ([`NeverFreed::fresh`]) may allocate a chunk: never from a handler.
+
+use std::ptr::null_mut;
+use std::sync::atomic::{AtomicPtr, AtomicUsize, Ordering};
+
+/// `CHUNKS` chunks of `CHUNK` slots of `T`, allocated on first use, never freed.
+pub(crate) struct NeverFreed<T: 'static, const CHUNK: usize, const CHUNKS: usize> {
+    chunks: [AtomicPtr<[T; CHUNK]>; CHUNKS],
+    /// Slots handed out by `fresh` so far.
+    fresh: AtomicUsize,
+}
+
+// SAFETY: the table hands out only shared references to `T` (which is `Sync`), and its
+// own fields are atomics.
+unsafe impl<T: Sync + 'static, const CHUNK: usize, const CHUNKS: usize> Sync
+    for NeverFreed<T, CHUNK, CHUNKS>
+{
+}
+
+impl<T: 'static, const CHUNK: usize, const CHUNKS: usize> NeverFreed<T, CHUNK, CHUNKS> {
+    /// Slots the table can hold.
+    pub(crate) const CAPACITY: usize = CHUNK * CHUNKS;
+
+    /// An empty table (for a `static`).
+    pub(crate) const fn new() -> Self {
+        NeverFreed {
+            chunks: [const { AtomicPtr::new(null_mut()) }; CHUNKS],
+            fresh: AtomicUsize::new(0),
+        }
+    }
+
+    /// The slot at `index`, if its chunk exists. Async-signal-safe.
+    #[inline]
+    pub(crate) fn get(&self, index: u32) -> Option<&'static T> {
+        let index = index as usize;
+        let chunk = self.chunks.get(index / CHUNK)?.load(Ordering::Acquire);
+        // SAFETY: chunks are published once, fully initialised (release store), and
+        // never freed, so the reference is valid for the rest of the process.
+        let chunk: &'static [T; CHUNK] = unsafe { chunk.as_ref() }?;
+        chunk.get(index % CHUNK)
+    }
+
+    /// A slot never handed out before, with its index; its chunk is allocated (each slot
+    /// built by `init(index)`) if this is the chunk's first. `None` when the table is full.
+    pub(crate) fn fresh(&self, init: impl Fn(u32) -> T) -> Option<(u32, &'static T)> {
+        let index = self.fresh.fetch_add(1, Ordering::AcqRel);
+        if index >= Self::CAPACITY {
+            self.fresh.fetch_sub(1, Ordering::AcqRel);
+            return None;
+        }
+        let cell = &self.chunks[index / CHUNK];
+        if cell.load(Ordering::Acquire).is_null() {
+            let base = (index / CHUNK * CHUNK) as u32;
+            let chunk: Box<[T; CHUNK]> = Box::new(std::array::from_fn(|i| init(base + i as u32)));
+            let chunk = Box::into_raw(chunk);
+            if cell
+                .compare_exchange(null_mut(), chunk, Ordering::AcqRel, Ordering::Acquire)
+                .is_err()
+            {
+                // SAFETY: ours, never published.
+                drop(unsafe { Box::from_raw(chunk) });
+            }
+        }
+        let slot = self.get(index as u32)?;
+        Some((index as u32, slot))
+    }
+
+    /// Every slot handed out so far (in index order).
+    pub(crate) fn iter(&self) -> impl Iterator<Item = &'static T> + '_ {
+        let n = self.fresh.load(Ordering::Acquire).min(Self::CAPACITY);
+        (0..n as u32).filter_map(|i| self.get(i))
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn indexes_name_slots_only_once_allocated_and_forever() {
+        static TABLE: NeverFreed<u64, 4, 3> = NeverFreed::new();
+        assert!(TABLE.get(0).is_none());
+        let slots: Vec<(u32, &u64)> = (0..12)
+            .map(|_| TABLE.fresh(|i| u64::from(i) * 10).expect("room"))
+            .collect();
+        for (i, (index, slot)) in slots.iter().enumerate() {
+            assert_eq!(*index as usize, i);
+            assert_eq!(**slot, i as u64 * 10, "built with its own index");
+            assert!(std::ptr::eq(TABLE.get(*index).expect("slot"), *slot));
+        }
+        assert!(TABLE.fresh(|_| 0).is_none(), "full");
+        assert!(TABLE.get(12).is_none() && TABLE.get(u32::MAX).is_none());
+        assert_eq!(TABLE.iter().count(), 12);
+    }
+
+    #[test]
+    fn racing_first_users_of_a_chunk_share_one() {
+        static TABLE: NeverFreed<AtomicUsize, 64, 8> = NeverFreed::new();
+        let indexes: Vec<u32> = std::thread::scope(|s| {
+            let handles: Vec<_> = (0..4)
+                .map(|_| {
+                    s.spawn(|| {
+                        (0..100)
+                            .map(|_| {
+                                let (i, slot) = TABLE.fresh(|_| AtomicUsize::new(0)).expect("room");
+                                slot.fetch_add(1, Ordering::Relaxed);
+                                i
+                            })
+                            .collect::<Vec<_>>()
+                    })
+                })
+                .collect();
+            handles
+                .into_iter()
+                .flat_map(|h| h.join().expect("thread"))
+                .collect()
+        });
+        assert_eq!(indexes.len(), 400);
+        // Every slot was handed to exactly one user, in the chunk every reader sees.
+        assert!(TABLE.iter().all(|slot| slot.load(Ordering::Relaxed) == 1));
+        assert_eq!(TABLE.iter().count(), 400);
+    }
+}
