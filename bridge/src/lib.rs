@@ -28,6 +28,12 @@
 //! queries. Unsampled traces keep only the root's name by default ([`UnsampledTraces`]).
 #![warn(missing_docs, unreachable_pub)]
 
+/// The README's Rust blocks that are not marked `ignore` are compiled as doc tests (e.g.
+/// composing `guard.layer()` with an existing subscriber).
+#[cfg(doctest)]
+#[doc = include_str!("../../README.md")]
+pub struct ReadmeDoctests;
+
 pub mod collector;
 pub mod config;
 mod evidence;

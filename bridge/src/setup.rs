@@ -10,6 +10,11 @@
 //! drop(telemetry); // last profile written, spans flushed
 //! # Ok::<(), otel_profiling::SetupError>(())
 //! ```
+//!
+//! When the application already has a `tracing` subscriber, [`Telemetry::init`] fails with
+//! [`SetupError::GlobalSubscriber`]: use [`Telemetry::build`] and add
+//! [`TelemetryGuard::layer`] to that subscriber instead. The README ("One-call setup") shows
+//! it with `tracing_subscriber::fmt::layer()` and an `EnvFilter`, compiled as a doc test.
 
 use std::path::{Path, PathBuf};
 use std::sync::Arc;
@@ -48,7 +53,10 @@ pub const RESOURCE_SERIES_LABELS: &[(&str, &str)] = &[
 ];
 
 /// Errors of the one-call setup.
-#[derive(Debug, thiserror::Error)]
+///
+/// `Debug` prints the same message as `Display`, so `fn main() -> Result<(), SetupError>`
+/// (which reports errors with `Debug`) shows the hint rather than a bare variant name.
+#[derive(thiserror::Error)]
 #[non_exhaustive]
 pub enum SetupError {
     /// A configuration value was malformed (names the variable or field).
@@ -66,8 +74,18 @@ pub enum SetupError {
         message: String,
     },
     /// A global subscriber was already installed.
-    #[error("a global tracing subscriber is already installed; use `build()` and compose `layer()` instead")]
+    #[error(
+        "a global tracing subscriber is already installed (e.g. by `tracing_subscriber::fmt::init()`); \
+         call `Telemetry::build()` instead of `init()` and add `guard.layer()` to your own \
+         subscriber (see the `setup` module docs)"
+    )]
     GlobalSubscriber,
+}
+
+impl std::fmt::Debug for SetupError {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        std::fmt::Display::fmt(self, f)
+    }
 }
 
 /// Builds the whole telemetry pipeline. Code settings win over the environment.
@@ -479,6 +497,31 @@ mod tests {
             s(period.unit)
         );
         assert_eq!(derived, PROFILE_TYPE_ID);
+    }
+
+    /// `main` returning `Result<_, SetupError>` prints the error with `Debug`: it must carry
+    /// the same hint as `Display`, not a bare `GlobalSubscriber`.
+    #[test]
+    fn setup_error_debug_is_the_display_message() {
+        let e = SetupError::GlobalSubscriber;
+        assert_eq!(format!("{e:?}"), e.to_string());
+        assert!(format!("{e:?}").contains("build()"), "{e:?}");
+        let e = SetupError::from(ConfigError::new(
+            "PYROSCOPE_SAMPLE_RATE",
+            "not a sampling rate",
+            "fast",
+            "an integer from 1 to 1000 (samples per second)",
+        ));
+        assert_eq!(format!("{e:?}"), e.to_string());
+        assert!(
+            format!("{e:?}").starts_with("PYROSCOPE_SAMPLE_RATE: "),
+            "{e:?}"
+        );
+        let e = SetupError::Exporter {
+            what: "otlp",
+            message: "bad".into(),
+        };
+        assert_eq!(format!("{e:?}"), "otlp: bad");
     }
 
     #[test]
