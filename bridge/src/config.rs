@@ -12,7 +12,7 @@
 //! | `PYROSCOPE_AUTH_TOKEN` | bearer token (instead of basic auth) | text |
 //! | `PYROSCOPE_TENANT_ID` | `X-Scope-OrgID` header | text |
 //! | `PYROSCOPE_SAMPLE_RATE` | samples per second | integer 1–1000 |
-//! | `PYROSCOPE_UPLOAD_INTERVAL` | profile length | `10s`, `500ms`, `1m` or whole seconds |
+//! | `PYROSCOPE_UPLOAD_INTERVAL` | profile length, at least 100 ms | `10s`, `500ms`, `1m`, `2h` or whole seconds (`10`); no space before the unit (`10 s` is rejected, as Go's `time.ParseDuration` that Pyroscope's own agents use rejects it) |
 //! | `OTEL_PROFILING_OUTPUT_DIR` | local files directory (no backend configured) | a path |
 //!
 //! An empty variable counts as unset. A malformed one fails setup with an error naming the
@@ -173,7 +173,11 @@ impl EnvConfig {
                 }
             };
             config.otlp = Some(OtlpTarget {
-                endpoint: parse_url("OTEL_EXPORTER_OTLP_ENDPOINT", &endpoint)?,
+                endpoint: parse_url(
+                    "OTEL_EXPORTER_OTLP_ENDPOINT",
+                    &endpoint,
+                    otlp_url_example(protocol),
+                )?,
                 protocol,
             });
         } else if let Some(protocol) = get("OTEL_EXPORTER_OTLP_PROTOCOL") {
@@ -219,7 +223,7 @@ impl EnvConfig {
         match get("PYROSCOPE_SERVER_ADDRESS") {
             Some(server) => {
                 config.pyroscope = Some(PyroscopeTarget {
-                    server: parse_url("PYROSCOPE_SERVER_ADDRESS", &server)?,
+                    server: parse_url("PYROSCOPE_SERVER_ADDRESS", &server, PYROSCOPE_URL_EXAMPLE)?,
                     credentials,
                     tenant_id,
                 });
@@ -256,7 +260,7 @@ impl EnvConfig {
                     "PYROSCOPE_UPLOAD_INTERVAL",
                     "not a duration of at least 100 ms",
                     &v,
-                    "a duration like `10s`, `500ms`, `1m`, or whole seconds",
+                    "a duration like `10s`, `500ms`, `1m`, or whole seconds, with no space before the unit",
                 )
             })?);
         }
@@ -265,22 +269,42 @@ impl EnvConfig {
     }
 }
 
+/// The accepted form of a Pyroscope server URL (Pyroscope listens on 4040).
+pub(crate) const PYROSCOPE_URL_EXAMPLE: &str =
+    "an http:// or https:// URL such as http://localhost:4040 (Pyroscope's port)";
+
+/// The accepted form of an OTLP endpoint for `protocol`, with that protocol's default port
+/// (OTLP/HTTP 4318, OTLP/gRPC 4317).
+pub(crate) fn otlp_url_example(protocol: OtlpProtocol) -> &'static str {
+    match protocol {
+        OtlpProtocol::HttpProtobuf => {
+            "an http:// or https:// URL such as http://localhost:4318 (OTLP/HTTP; OTLP/gRPC uses 4317)"
+        }
+        OtlpProtocol::Grpc => {
+            "an http:// or https:// URL such as http://localhost:4317 (OTLP/gRPC; OTLP/HTTP uses 4318)"
+        }
+    }
+}
+
 /// `http(s)://host[:port][/path]`, without query or fragment; returned without a
-/// trailing slash.
-pub(crate) fn parse_url(field: &'static str, value: &str) -> Result<String, ConfigError> {
-    const EXPECTED: &str = "an http:// or https:// URL such as http://localhost:4040";
+/// trailing slash. `expected` is the accepted form with an example for this variable.
+pub(crate) fn parse_url(
+    field: &'static str,
+    value: &str,
+    expected: &'static str,
+) -> Result<String, ConfigError> {
     let v = value.trim();
     let rest = v
         .strip_prefix("http://")
         .or_else(|| v.strip_prefix("https://"))
-        .ok_or_else(|| ConfigError::new(field, "not an http(s) URL", value, EXPECTED))?;
+        .ok_or_else(|| ConfigError::new(field, "not an http(s) URL", value, expected))?;
     let host = rest.split('/').next().unwrap_or("");
     if host.is_empty() || host.contains(char::is_whitespace) || host.contains('@') {
-        return Err(ConfigError::new(field, "no valid host", value, EXPECTED));
+        return Err(ConfigError::new(field, "no valid host", value, expected));
     }
     if let Some((_, port)) = host.rsplit_once(':').filter(|_| !host.ends_with(']')) {
         if port.parse::<u16>().is_err() {
-            return Err(ConfigError::new(field, "invalid port", value, EXPECTED));
+            return Err(ConfigError::new(field, "invalid port", value, expected));
         }
     }
     if v.contains('?') || v.contains('#') {
@@ -288,7 +312,7 @@ pub(crate) fn parse_url(field: &'static str, value: &str) -> Result<String, Conf
             field,
             "query or fragment not allowed",
             value,
-            EXPECTED,
+            expected,
         ));
     }
     Ok(v.trim_end_matches('/').to_string())
@@ -347,13 +371,14 @@ fn percent_decode(s: &str) -> Option<String> {
     String::from_utf8(out).ok()
 }
 
-/// `10s`, `500ms`, `1m`, `2h`, or a bare number of seconds.
+/// `10s`, `500ms`, `1m`, `2h`, or a bare number of seconds; surrounding blanks are
+/// ignored, a blank between the number and the unit (`10 s`) is not accepted.
 pub(crate) fn parse_duration(s: &str) -> Option<Duration> {
     let s = s.trim();
     let split = s.find(|c: char| !c.is_ascii_digit()).unwrap_or(s.len());
     let (num, unit) = s.split_at(split);
     let n: u64 = num.parse().ok()?;
-    match unit.trim() {
+    match unit {
         "" | "s" => Some(Duration::from_secs(n)),
         "ms" => Some(Duration::from_millis(n)),
         "m" => n.checked_mul(60).map(Duration::from_secs),

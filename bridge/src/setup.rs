@@ -148,7 +148,11 @@ impl Telemetry {
     /// Sends traces over OTLP to `endpoint` (e.g. `http://localhost:4318`).
     pub fn otlp(mut self, endpoint: &str, protocol: OtlpProtocol) -> Result<Self, SetupError> {
         self.otlp = Some(OtlpTarget {
-            endpoint: crate::config::parse_url("otlp.endpoint", endpoint)?,
+            endpoint: crate::config::parse_url(
+                "otlp.endpoint",
+                endpoint,
+                crate::config::otlp_url_example(protocol),
+            )?,
             protocol,
         });
         Ok(self)
@@ -162,7 +166,11 @@ impl Telemetry {
         tenant_id: Option<String>,
     ) -> Result<Self, SetupError> {
         self.pyroscope = Some(PyroscopeTarget {
-            server: crate::config::parse_url("pyroscope.server_address", server)?,
+            server: crate::config::parse_url(
+                "pyroscope.server_address",
+                server,
+                crate::config::PYROSCOPE_URL_EXAMPLE,
+            )?,
             credentials,
             tenant_id,
         });
@@ -522,6 +530,24 @@ mod tests {
             message: "bad".into(),
         };
         assert_eq!(format!("{e:?}"), "otlp: bad");
+    }
+
+    /// Endpoint errors from the builder suggest the protocol's own port, not Pyroscope's.
+    #[test]
+    fn builder_endpoint_errors_suggest_the_right_port() {
+        let e = Telemetry::builder()
+            .otlp("tempo:4317", OtlpProtocol::Grpc)
+            .expect_err("no scheme");
+        let msg = e.to_string();
+        assert!(msg.starts_with("otlp.endpoint: "), "{msg}");
+        assert!(
+            msg.contains("http://localhost:4317") && !msg.contains("4040"),
+            "{msg}"
+        );
+        let e = Telemetry::builder()
+            .otlp("tempo:4318", OtlpProtocol::HttpProtobuf)
+            .expect_err("no scheme");
+        assert!(e.to_string().contains("http://localhost:4318"), "{e}");
     }
 
     #[test]

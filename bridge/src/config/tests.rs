@@ -189,3 +189,39 @@ fn output_dir() {
     let c = env(&[("OTEL_PROFILING_OUTPUT_DIR", "/tmp/prof")]).expect("ok");
     assert_eq!(c.output_dir, Some(PathBuf::from("/tmp/prof")));
 }
+
+/// `10 s` used to be read as ten seconds without a word; it is rejected, naming the
+/// variable and the accepted forms (blanks around the whole value still count as nothing).
+#[test]
+fn upload_interval_with_a_blank_before_the_unit_is_rejected() {
+    for bad in ["10 s", "500 ms", "1 m", "10\ts"] {
+        let e = env(&[("PYROSCOPE_UPLOAD_INTERVAL", bad)]).expect_err(bad);
+        assert_eq!(e.field, "PYROSCOPE_UPLOAD_INTERVAL", "{bad}");
+        let msg = e.to_string();
+        assert!(msg.starts_with("PYROSCOPE_UPLOAD_INTERVAL: "), "{msg}");
+        assert!(msg.contains("`10s`") && msg.contains("`500ms`"), "{msg}");
+        assert!(msg.contains("no space before the unit"), "{msg}");
+        assert_eq!(parse_duration(bad), None, "{bad}");
+    }
+    let c = env(&[("PYROSCOPE_UPLOAD_INTERVAL", " 10s ")]).expect("surrounding blanks");
+    assert_eq!(c.upload_interval, Some(Duration::from_secs(10)));
+}
+
+/// The example in an endpoint error is that variable's own port: OTLP/HTTP 4318, OTLP/gRPC
+/// 4317, Pyroscope 4040 (the OTLP error used to suggest Pyroscope's 4040).
+#[test]
+fn url_errors_suggest_each_variables_own_port() {
+    let msg = |pairs: &[(&str, &str)]| env(pairs).expect_err("malformed").to_string();
+    let http = msg(&[("OTEL_EXPORTER_OTLP_ENDPOINT", "tempo:4318")]);
+    assert!(http.contains("http://localhost:4318"), "{http}");
+    assert!(!http.contains("4040"), "{http}");
+    let grpc = msg(&[
+        ("OTEL_EXPORTER_OTLP_ENDPOINT", "tempo:4317"),
+        ("OTEL_EXPORTER_OTLP_PROTOCOL", "grpc"),
+    ]);
+    assert!(grpc.contains("http://localhost:4317"), "{grpc}");
+    assert!(!grpc.contains("4040"), "{grpc}");
+    let pyroscope = msg(&[("PYROSCOPE_SERVER_ADDRESS", "pyroscope:4040")]);
+    assert!(pyroscope.contains("http://localhost:4040"), "{pyroscope}");
+    assert!(!pyroscope.contains("4318"), "{pyroscope}");
+}
