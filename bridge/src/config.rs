@@ -13,7 +13,8 @@
 //! | `PYROSCOPE_TENANT_ID` | `X-Scope-OrgID` header | text |
 //! | `PYROSCOPE_SAMPLE_RATE` | samples per second | integer 1–1000 |
 //! | `PYROSCOPE_UPLOAD_INTERVAL` | profile length, at least 100 ms | `10s`, `500ms`, `1m`, `2h` or whole seconds (`10`); no space before the unit (`10 s` is rejected, as Go's `time.ParseDuration` that Pyroscope's own agents use rejects it) |
-//! | `OTEL_PROFILING_OUTPUT_DIR` | local files directory (no backend configured) | a path |
+//! | `OTEL_PROFILING_OUTPUT_DIR` | local files directory (no backend configured); default `$CARGO_TARGET_DIR/otel-profiling` when `CARGO_TARGET_DIR` is set, else `target/otel-profiling` (see [`crate::local_sink`]) | a path |
+//! | `OTEL_PROFILING_QUIET` | no stderr line at start saying where local files go (`Telemetry::quiet` wins) | `1`/`true` or `0`/`false` |
 //!
 //! An empty variable counts as unset. A malformed one fails setup with an error naming the
 //! variable and the accepted form. Secrets never appear in `Debug` output or errors.
@@ -141,6 +142,8 @@ pub struct EnvConfig {
     pub upload_interval: Option<Duration>,
     /// `OTEL_PROFILING_OUTPUT_DIR`.
     pub output_dir: Option<PathBuf>,
+    /// `OTEL_PROFILING_QUIET`: no stderr line saying where local files go.
+    pub quiet: Option<bool>,
 }
 
 impl EnvConfig {
@@ -265,6 +268,20 @@ impl EnvConfig {
             })?);
         }
         config.output_dir = get("OTEL_PROFILING_OUTPUT_DIR").map(PathBuf::from);
+        if let Some(v) = get("OTEL_PROFILING_QUIET") {
+            config.quiet = Some(match v.trim().to_ascii_lowercase().as_str() {
+                "1" | "true" => true,
+                "0" | "false" => false,
+                _ => {
+                    return Err(ConfigError::new(
+                        "OTEL_PROFILING_QUIET",
+                        "not a switch",
+                        &v,
+                        "`1` or `true` (quiet), `0` or `false`",
+                    ))
+                }
+            });
+        }
         Ok(config)
     }
 }

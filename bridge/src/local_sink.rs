@@ -5,10 +5,19 @@
 //!   line, as the OpenTelemetry Collector's file exporter writes them.
 //!
 //! `<start>` is a UTC timestamp like `2026-11-29T23-50-12.345Z`, so a directory listing
-//! reads as a timeline. The directory is, in order: the one given to the builder,
-//! `OTEL_PROFILING_OUTPUT_DIR`, or `otel-profiling/` inside the Cargo `target` directory the
-//! program runs from (else `./target/otel-profiling`).
+//! reads as a timeline. The directory is the first of:
+//!
+//! 1. the one given to the builder (`Telemetry::output_dir`, `ProfilerBuilder::output_dir`);
+//! 2. `OTEL_PROFILING_OUTPUT_DIR`;
+//! 3. `$CARGO_TARGET_DIR/otel-profiling` when `CARGO_TARGET_DIR` is set (as `cargo run`
+//!    passes it on from the shell);
+//! 4. `otel-profiling/` inside the `target` directory the program's binary is in;
+//! 5. `./target/otel-profiling` under the working directory.
+//!
+//! `Telemetry::build` prints the directory once on stderr
+//! (`otel-profiling: writing profiles and spans to <dir>`) unless told to be quiet.
 
+use std::ffi::OsString;
 use std::fs::{File, OpenOptions};
 use std::io::{self, Write};
 use std::path::{Path, PathBuf};
@@ -27,20 +36,40 @@ use crate::collector::{EncodedProfile, ProfileSink};
 /// The environment variable that overrides the default output directory.
 pub const OUTPUT_DIR_ENV: &str = "OTEL_PROFILING_OUTPUT_DIR";
 
+/// Cargo's variable for a target directory outside `./target`; the default output directory
+/// follows it.
+pub const CARGO_TARGET_DIR_ENV: &str = "CARGO_TARGET_DIR";
+
 /// The output directory: `explicit`, else `OTEL_PROFILING_OUTPUT_DIR`, else
-/// `<cargo target dir>/otel-profiling`.
+/// `$CARGO_TARGET_DIR/otel-profiling`, else `otel-profiling` in the `target` directory the
+/// binary is in, else `./target/otel-profiling` (see the module docs).
 pub fn output_dir(explicit: Option<&Path>) -> PathBuf {
-    choose_output_dir(explicit, std::env::var_os(OUTPUT_DIR_ENV))
+    choose_output_dir(
+        explicit,
+        std::env::var_os(OUTPUT_DIR_ENV),
+        std::env::var_os(CARGO_TARGET_DIR_ENV),
+        std::env::current_exe().ok().as_deref(),
+    )
 }
 
-fn choose_output_dir(explicit: Option<&Path>, env: Option<std::ffi::OsString>) -> PathBuf {
+/// [`output_dir`] with the environment and the binary's path passed in (so tests need not
+/// change the process environment). Empty variables count as unset.
+fn choose_output_dir(
+    explicit: Option<&Path>,
+    output_dir_env: Option<OsString>,
+    cargo_target_dir_env: Option<OsString>,
+    exe: Option<&Path>,
+) -> PathBuf {
     if let Some(dir) = explicit {
         return dir.to_path_buf();
     }
-    if let Some(dir) = env.filter(|d| !d.is_empty()) {
+    if let Some(dir) = output_dir_env.filter(|d| !d.is_empty()) {
         return PathBuf::from(dir);
     }
-    let target = std::env::current_exe().ok().and_then(|exe| {
+    if let Some(dir) = cargo_target_dir_env.filter(|d| !d.is_empty()) {
+        return PathBuf::from(dir).join("otel-profiling");
+    }
+    let target = exe.and_then(|exe| {
         exe.ancestors()
             .find(|p| p.file_name().is_some_and(|n| n == "target"))
             .map(Path::to_path_buf)
@@ -198,18 +227,54 @@ mod tests {
         assert!(a < b);
     }
 
+    /// Builder > `OTEL_PROFILING_OUTPUT_DIR` > `CARGO_TARGET_DIR` > the binary's `target`
+    /// directory > `./target`. Without the `CARGO_TARGET_DIR` step a binary built into
+    /// `CARGO_TARGET_DIR=/build` wrote to `./target/otel-profiling` instead.
     #[test]
-    fn builder_then_environment_then_target_dir() {
-        let env = Some(std::ffi::OsString::from("/from/env"));
+    fn builder_then_environment_then_cargo_target_dir_then_target() {
+        let os = |s: &str| Some(OsString::from(s));
+        let exe_in_target = Path::new("/src/app/target/debug/app");
+        let exe_elsewhere = Path::new("/build/debug/app");
+        let builder = Some(Path::new("/x/y"));
+        let dir = |explicit, out, cargo, exe| choose_output_dir(explicit, out, cargo, exe);
         assert_eq!(
-            choose_output_dir(Some(Path::new("/x/y")), env.clone()),
+            dir(builder, os("/from/env"), os("/build"), Some(exe_elsewhere)),
             PathBuf::from("/x/y")
         );
-        assert_eq!(choose_output_dir(None, env), PathBuf::from("/from/env"));
-        let empty = Some(std::ffi::OsString::new());
-        let dir = choose_output_dir(None, empty);
-        // Test binaries run from target/<profile>/deps.
-        assert!(dir.ends_with("target/otel-profiling"), "{}", dir.display());
+        assert_eq!(
+            dir(None, os("/from/env"), os("/build"), Some(exe_elsewhere)),
+            PathBuf::from("/from/env")
+        );
+        assert_eq!(
+            dir(None, None, os("/build"), Some(exe_elsewhere)),
+            PathBuf::from("/build/otel-profiling")
+        );
+        // CARGO_TARGET_DIR wins over a `target` directory in the binary's path, too.
+        assert_eq!(
+            dir(None, None, os("/build"), Some(exe_in_target)),
+            PathBuf::from("/build/otel-profiling")
+        );
+        assert_eq!(
+            dir(None, None, None, Some(exe_in_target)),
+            PathBuf::from("/src/app/target/otel-profiling")
+        );
+        assert_eq!(
+            dir(None, None, None, Some(exe_elsewhere)),
+            PathBuf::from("target/otel-profiling")
+        );
+        assert_eq!(
+            dir(None, None, None, None),
+            PathBuf::from("target/otel-profiling")
+        );
+        // Empty variables count as unset.
+        assert_eq!(
+            dir(None, os(""), os(""), Some(exe_elsewhere)),
+            PathBuf::from("target/otel-profiling")
+        );
+        assert_eq!(
+            dir(None, os(""), os("rel/tgt"), None),
+            PathBuf::from("rel/tgt/otel-profiling")
+        );
     }
 
     #[test]

@@ -101,6 +101,7 @@ pub struct Telemetry {
     frequency_hz: Option<u32>,
     interval: Option<Duration>,
     output_dir: Option<PathBuf>,
+    quiet: Option<bool>,
     span_name_label: Option<bool>,
     trace_id_label: Option<bool>,
     scope: ProfileIdScope,
@@ -189,9 +190,19 @@ impl Telemetry {
         self
     }
 
-    /// Directory for local files.
+    /// Directory for local files (default: `OTEL_PROFILING_OUTPUT_DIR`, else
+    /// `$CARGO_TARGET_DIR/otel-profiling`, else `target/otel-profiling`; see
+    /// [`crate::local_sink`]).
     pub fn output_dir(mut self, dir: impl Into<PathBuf>) -> Self {
         self.output_dir = Some(dir.into());
+        self
+    }
+
+    /// Whether to leave out the one stderr line [`build`](Self::build) prints when profiles
+    /// or spans go to local files (`otel-profiling: writing profiles and spans to <dir>`).
+    /// Default: `OTEL_PROFILING_QUIET`, else false.
+    pub fn quiet(mut self, quiet: bool) -> Self {
+        self.quiet = Some(quiet);
         self
     }
 
@@ -295,6 +306,12 @@ impl Telemetry {
         }
         let provider = provider.build();
         let profiler = profiler.start()?;
+        if !self.quiet.or(self.env.quiet).unwrap_or(false) {
+            let spans_dir = spans_file.as_deref().and_then(Path::parent);
+            if let Some(line) = local_files_notice(profiler.output_dir(), spans_dir) {
+                eprintln!("{line}");
+            }
+        }
         Ok(TelemetryGuard {
             provider,
             profiler: Some(profiler),
@@ -317,6 +334,25 @@ impl Telemetry {
         opentelemetry::global::set_tracer_provider(guard.provider.clone());
         Ok(guard)
     }
+}
+
+/// The line printed at start saying where local files go (absolute), or `None` when
+/// nothing is written locally.
+fn local_files_notice(profiles_dir: Option<&Path>, spans_dir: Option<&Path>) -> Option<String> {
+    let shown = |dir: &Path| {
+        std::path::absolute(dir)
+            .unwrap_or_else(|_| dir.to_path_buf())
+            .display()
+            .to_string()
+    };
+    let what = match (profiles_dir, spans_dir) {
+        (Some(p), Some(s)) if p == s => format!("profiles and spans to {}", shown(p)),
+        (Some(p), Some(s)) => format!("profiles to {} and spans to {}", shown(p), shown(s)),
+        (Some(p), None) => format!("profiles to {}", shown(p)),
+        (None, Some(s)) => format!("spans to {}", shown(s)),
+        (None, None) => return None,
+    };
+    Some(format!("otel-profiling: writing {what}"))
 }
 
 /// Series labels from resource attributes, per [`RESOURCE_SERIES_LABELS`].
@@ -530,6 +566,35 @@ mod tests {
             message: "bad".into(),
         };
         assert_eq!(format!("{e:?}"), "otlp: bad");
+    }
+
+    /// One line saying where local files go (absolute), and none when nothing is local.
+    #[test]
+    fn local_files_notice_names_the_directory() {
+        let abs = Path::new("/data/otel-profiling");
+        assert_eq!(
+            local_files_notice(Some(abs), Some(abs)).as_deref(),
+            Some("otel-profiling: writing profiles and spans to /data/otel-profiling")
+        );
+        assert_eq!(
+            local_files_notice(Some(abs), None).as_deref(),
+            Some("otel-profiling: writing profiles to /data/otel-profiling")
+        );
+        assert_eq!(
+            local_files_notice(None, Some(abs)).as_deref(),
+            Some("otel-profiling: writing spans to /data/otel-profiling")
+        );
+        assert_eq!(local_files_notice(None, None), None);
+        let rel =
+            local_files_notice(Some(Path::new("target/otel-profiling")), None).expect("a line");
+        let cwd = std::env::current_dir().expect("cwd");
+        assert_eq!(
+            rel,
+            format!(
+                "otel-profiling: writing profiles to {}",
+                cwd.join("target/otel-profiling").display()
+            )
+        );
     }
 
     /// Endpoint errors from the builder suggest the protocol's own port, not Pyroscope's.

@@ -225,3 +225,26 @@ fn url_errors_suggest_each_variables_own_port() {
     assert!(pyroscope.contains("http://localhost:4040"), "{pyroscope}");
     assert!(!pyroscope.contains("4318"), "{pyroscope}");
 }
+
+#[test]
+fn quiet_switch() {
+    assert_eq!(env(&[]).expect("unset").quiet, None);
+    for (v, q) in [
+        ("1", true),
+        ("true", true),
+        ("TRUE", true),
+        ("0", false),
+        ("false", false),
+    ] {
+        assert_eq!(
+            env(&[("OTEL_PROFILING_QUIET", v)]).expect(v).quiet,
+            Some(q),
+            "{v}"
+        );
+    }
+    for bad in ["yes", "2", "quiet"] {
+        let e = env(&[("OTEL_PROFILING_QUIET", bad)]).expect_err(bad);
+        assert_eq!(e.field, "OTEL_PROFILING_QUIET");
+        assert!(e.to_string().contains("`1` or `true`"), "{e}");
+    }
+}
