@@ -311,6 +311,10 @@ impl Telemetry {
             if let Some(line) = local_files_notice(profiler.output_dir(), spans_dir) {
                 eprintln!("{line}");
             }
+            let interval = self.interval.or(self.env.upload_interval);
+            if let Some(line) = interval_notice(interval, pyroscope_stats.is_some()) {
+                eprintln!("{line}");
+            }
         }
         Ok(TelemetryGuard {
             provider,
@@ -353,6 +357,23 @@ fn local_files_notice(profiles_dir: Option<&Path>, spans_dir: Option<&Path>) -> 
         (None, None) => return None,
     };
     Some(format!("otel-profiling: writing {what}"))
+}
+
+/// Grafana's embedded span flame graph queries 30 s around the span.
+const EMBEDDED_FLAME_GRAPH_WINDOW: Duration = Duration::from_secs(30);
+
+/// The line printed at start when profiles go to Pyroscope with an upload interval longer
+/// than Grafana's embedded flame-graph window: a profile is stamped with its interval's
+/// start, so spans late in a longer interval fall outside that window.
+fn interval_notice(interval: Option<Duration>, to_pyroscope: bool) -> Option<String> {
+    let interval = interval?;
+    (to_pyroscope && interval > EMBEDDED_FLAME_GRAPH_WINDOW).then(|| {
+        format!(
+            "otel-profiling: upload interval {interval:?} is longer than the 30 s Grafana's \
+             span flame graph searches around a span: spans late in an interval will be \
+             missing there (the \"Profiles for this span\" link searches 60 s); 10-30 s is safe"
+        )
+    })
 }
 
 /// Series labels from resource attributes, per [`RESOURCE_SERIES_LABELS`].
@@ -569,6 +590,15 @@ mod tests {
     }
 
     /// One line saying where local files go (absolute), and none when nothing is local.
+    #[test]
+    fn a_long_upload_interval_to_pyroscope_is_flagged() {
+        assert_eq!(interval_notice(None, true), None);
+        assert_eq!(interval_notice(Some(Duration::from_secs(30)), true), None);
+        assert_eq!(interval_notice(Some(Duration::from_secs(60)), false), None);
+        let line = interval_notice(Some(Duration::from_secs(60)), true).expect("a line");
+        assert!(line.contains("60s") && line.contains("30 s"), "{line}");
+    }
+
     #[test]
     fn local_files_notice_names_the_directory() {
         let abs = Path::new("/data/otel-profiling");
