@@ -34,6 +34,7 @@ use crate::config::{
 };
 use crate::export::otlp::GrpcSpanExporter;
 use crate::export::pyroscope::{PyroscopeAuth, PyroscopeConfig, PyroscopeExporter, PyroscopeStats};
+use crate::export::span_stats::{CountingSpanExporter, SpanExportSnapshot, SpanExportStats};
 use crate::local_sink::{output_dir, LocalSpanExporter};
 use crate::{
     CpuEvidenceProcessor, ProfileIdScope, ProfileIdSpanProcessor, Profiler, ProfilerError,
@@ -291,14 +292,17 @@ impl Telemetry {
             .with_resource(resource)
             .with_span_processor(ProfileIdSpanProcessor::new(self.scope));
         let mut spans_file = None;
+        let span_stats;
         match self.otlp.as_ref().or(self.env.otlp.as_ref()) {
-            Some(target) => provider = with_otlp(provider, target)?,
+            Some(target) => (provider, span_stats) = with_otlp(provider, target)?,
             None => {
                 let exporter = LocalSpanExporter::new(&dir).map_err(|e| SetupError::Exporter {
                     what: "local span file",
                     message: format!("{}: {e}", dir.display()),
                 })?;
                 spans_file = Some(exporter.path().to_path_buf());
+                let exporter = CountingSpanExporter::new(exporter, "local span file");
+                span_stats = exporter.stats();
                 provider = provider.with_span_processor(CpuEvidenceProcessor::new(
                     BatchSpanProcessor::builder(exporter).build(),
                 ));
@@ -320,6 +324,7 @@ impl Telemetry {
             provider,
             profiler: Some(profiler),
             pyroscope_stats,
+            span_stats,
             spans_file,
             unsampled: self.unsampled,
             timeout,
@@ -421,7 +426,13 @@ fn pyroscope_sink(
 fn with_otlp(
     provider: opentelemetry_sdk::trace::TracerProviderBuilder,
     target: &OtlpTarget,
-) -> Result<opentelemetry_sdk::trace::TracerProviderBuilder, SetupError> {
+) -> Result<
+    (
+        opentelemetry_sdk::trace::TracerProviderBuilder,
+        Arc<SpanExportStats>,
+    ),
+    SetupError,
+> {
     use opentelemetry_otlp::WithExportConfig;
     let err = |message: String| SetupError::Exporter {
         what: "otlp",
@@ -435,15 +446,21 @@ fn with_otlp(
                 .with_endpoint(target.traces_url())
                 .build()
                 .map_err(|e| err(e.to_string()))?;
-            provider.with_span_processor(CpuEvidenceProcessor::new(
+            let exporter = CountingSpanExporter::new(exporter, "otlp (http/protobuf)");
+            let stats = exporter.stats();
+            let provider = provider.with_span_processor(CpuEvidenceProcessor::new(
                 BatchSpanProcessor::builder(exporter).build(),
-            ))
+            ));
+            (provider, stats)
         }
         OtlpProtocol::Grpc => {
             let exporter = GrpcSpanExporter::new(&target.traces_url()).map_err(err)?;
-            provider.with_span_processor(CpuEvidenceProcessor::new(
+            let exporter = CountingSpanExporter::new(exporter, "otlp (grpc)");
+            let stats = exporter.stats();
+            let provider = provider.with_span_processor(CpuEvidenceProcessor::new(
                 BatchSpanProcessor::builder(exporter).build(),
-            ))
+            ));
+            (provider, stats)
         }
     })
 }
@@ -455,6 +472,7 @@ pub struct TelemetryGuard {
     provider: SdkTracerProvider,
     profiler: Option<Profiler>,
     pyroscope_stats: Option<Arc<PyroscopeStats>>,
+    span_stats: Arc<SpanExportStats>,
     spans_file: Option<PathBuf>,
     unsampled: UnsampledTraces,
     timeout: Duration,
@@ -468,6 +486,9 @@ pub struct HealthStats {
     pub profiler: ProfilerStats,
     /// Pyroscope upload counters, when profiles go to Pyroscope.
     pub pyroscope: Option<crate::export::pyroscope::PyroscopeSnapshot>,
+    /// Span export counters (OTLP or the local span file): batches and spans sent and
+    /// failed. Failures are also logged, the first at once, then at most once a minute.
+    pub spans: SpanExportSnapshot,
 }
 
 impl TelemetryGuard {
@@ -512,6 +533,7 @@ impl TelemetryGuard {
                 .map(Profiler::stats)
                 .unwrap_or_default(),
             pyroscope: self.pyroscope_stats.as_ref().map(|s| s.snapshot()),
+            spans: self.span_stats.snapshot(),
         }
     }
 

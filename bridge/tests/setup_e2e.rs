@@ -282,6 +282,13 @@ fn an_unreachable_grpc_collector_never_blocks_the_host() {
         "spans took {:?}",
         start.elapsed()
     );
+    // The failure is counted (and logged), not silent.
+    telemetry.flush();
+    let spans = telemetry.stats().spans;
+    assert!(
+        spans.batches_failed >= 1 && spans.spans_failed >= 1 && spans.spans_sent == 0,
+        "{spans:?}"
+    );
     let stop = Instant::now();
     drop(telemetry);
     assert!(
@@ -289,5 +296,33 @@ fn an_unreachable_grpc_collector_never_blocks_the_host() {
         "shutdown took {:?}",
         stop.elapsed()
     );
+    let _ = std::fs::remove_dir_all(&dir);
+}
+
+/// OTLP/HTTP to an address where nothing listens: every lost batch is counted with its
+/// spans in the health counters (and logged, at most once a minute).
+#[test]
+fn an_unreachable_http_collector_is_counted() {
+    let _turn = common::turn();
+    let dir = std::env::temp_dir().join(format!("otel-profiling-http-{}", std::process::id()));
+    let telemetry = Telemetry::builder()
+        .service_name("checkout")
+        .otlp("http://127.0.0.1:9", OtlpProtocol::HttpProtobuf)
+        .expect("otlp url")
+        .output_dir(&dir)
+        .shutdown_timeout(Duration::from_secs(2))
+        .build()
+        .expect("telemetry");
+    let subscriber = tracing_subscriber::registry().with(telemetry.layer());
+    tracing::subscriber::with_default(subscriber, || {
+        for _ in 0..10 {
+            tracing::info_span!("GET /ping").in_scope(|| {});
+        }
+    });
+    telemetry.flush();
+    let spans = telemetry.stats().spans;
+    assert_eq!((spans.spans_failed, spans.spans_sent), (10, 0), "{spans:?}");
+    assert!(spans.batches_failed >= 1, "{spans:?}");
+    drop(telemetry);
     let _ = std::fs::remove_dir_all(&dir);
 }

@@ -1,4 +1,6 @@
 //! Shipping profiles and traces to the real backends.
 
+mod log_limiter;
 pub mod otlp;
 pub mod pyroscope;
+pub mod span_stats;

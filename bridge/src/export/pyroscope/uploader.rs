@@ -10,13 +10,11 @@ use reqwest::StatusCode;
 
 use std::borrow::Cow;
 
+use super::super::log_limiter::LogLimiter;
 use super::config::ValidConfig;
 use super::proto;
 use super::queue::{Outcome, Shared, Take};
 use super::stats::PyroscopeStats;
-
-/// At most one failure line per this long (the first failure is always logged).
-const LOG_EVERY: Duration = Duration::from_secs(60);
 
 /// How much of an error response is read (for the message) or drained (for reuse).
 const MAX_RESPONSE_READ: u64 = 64 * 1024;
@@ -402,29 +400,6 @@ fn truncate(mut message: String) -> String {
     message
 }
 
-/// The first failure, then at most one line per [`LOG_EVERY`].
-#[derive(Debug, Default)]
-struct LogLimiter {
-    last: Option<Instant>,
-    suppressed: u64,
-}
-
-impl LogLimiter {
-    /// `Some(lines suppressed since the last one)` if a line may be written now.
-    fn permit(&mut self, now: Instant) -> Option<u64> {
-        match self.last {
-            Some(last) if now.saturating_duration_since(last) < LOG_EVERY => {
-                self.suppressed += 1;
-                None
-            }
-            _ => {
-                self.last = Some(now);
-                Some(std::mem::take(&mut self.suppressed))
-            }
-        }
-    }
-}
-
 /// SplitMix64 seeded from the standard library's per-process random hash keys: enough
 /// to spread retries, not for secrets.
 #[derive(Debug)]
@@ -465,17 +440,6 @@ impl Jitter {
 #[cfg(test)]
 mod tests {
     use super::*;
-
-    #[test]
-    fn log_limiter_allows_the_first_then_one_a_minute() {
-        let mut log = LogLimiter::default();
-        let t0 = Instant::now();
-        assert_eq!(log.permit(t0), Some(0));
-        assert_eq!(log.permit(t0 + Duration::from_secs(1)), None);
-        assert_eq!(log.permit(t0 + Duration::from_secs(59)), None);
-        assert_eq!(log.permit(t0 + Duration::from_secs(61)), Some(2));
-        assert_eq!(log.permit(t0 + Duration::from_secs(62)), None);
-    }
 
     #[test]
     fn jitter_stays_within_the_cap() {
