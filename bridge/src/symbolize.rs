@@ -17,6 +17,13 @@
 //! mapped now; a file no longer mapped is dropped with them. Addresses in no object are
 //! not cached, since a later `dlopen` may map them.
 //!
+//! **The vDSO** (`clock_gettime`, `gettimeofday`) has no file: its ELF image is copied
+//! once from memory (`getauxval(AT_SYSINFO_EHDR)`, the extent `/proc/self/maps` gives it)
+//! and its dynamic symbols name its addresses. Shared libraries without debug info (libc)
+//! are named from their symbol tables, `.dynsym` when `.symtab` was stripped: an address
+//! gets the nearest symbol at or below it that spans it; one in a function the library
+//! does not export stays `libc.so.6+0x…`.
+//!
 //! **Limits.** Samples are named when their interval is reported, from the objects mapped
 //! then: a sample taken in an object unloaded before that gets the name of whatever is
 //! mapped there by then, or a hex address. A library replaced on disk while it stays
@@ -75,13 +82,13 @@ impl ModuleMap {
         }
     }
 
-    /// The mapping of a listed object; `None` for one without a file to read (the vDSO).
+    /// The mapping of a listed object; the vDSO's path is [`VDSO`].
     fn of(object: &LoadedObject) -> Option<ModuleMap> {
         let path = if object.name.is_empty() {
             // The loader names the main executable "".
             std::env::current_exe().ok()?
         } else if object.name.starts_with("linux-vdso") || object.name.starts_with("linux-gate") {
-            return None;
+            PathBuf::from(VDSO)
         } else {
             PathBuf::from(&object.name)
         };
@@ -89,11 +96,16 @@ impl ModuleMap {
     }
 }
 
+/// The path standing for the vDSO, as `/proc/self/maps` names its mapping; no file has it.
+const VDSO: &str = "[vdso]";
+
 /// One file's debug info, loaded on first use, and the names found so far by file address.
 #[derive(Default)]
 struct FileNames {
     /// `None`: not loaded yet; `Some(None)`: the file could not be read.
     loader: Option<Option<addr2line::Loader>>,
+    /// The vDSO's symbols, read from memory on first use; `Some(None)`: not readable.
+    vdso: Option<Option<MemorySymbols>>,
     names: HashMap<u64, Arc<[FrameLine]>>,
 }
 
@@ -183,6 +195,18 @@ impl FileNames {
     }
 
     fn resolve(&mut self, path: &Path, file_address: u64) -> Vec<FrameLine> {
+        if path == Path::new(VDSO) {
+            let symbols = self.vdso.get_or_insert_with(MemorySymbols::vdso);
+            let name = symbols.as_ref().and_then(|s| s.containing(file_address));
+            return vec![match name {
+                Some(function) => FrameLine {
+                    function,
+                    file: None,
+                    line: None,
+                },
+                None => unknown(path, file_address),
+            }];
+        }
         let loader = self
             .loader
             .get_or_insert_with(|| addr2line::Loader::new(path).ok());
@@ -222,6 +246,79 @@ impl FileNames {
         }
         lines
     }
+}
+
+/// The function symbols of an ELF image, by address in the image.
+struct MemorySymbols {
+    /// (address, size, demangled name), sorted by address.
+    symbols: Vec<(u64, u64, Arc<str>)>,
+}
+
+impl MemorySymbols {
+    /// The symbols of this process's vDSO, `None` without one or if it cannot be parsed.
+    fn vdso() -> Option<MemorySymbols> {
+        MemorySymbols::parse(&vdso_image()?)
+    }
+
+    /// The defined function symbols of the ELF `image` (`.symtab`, else `.dynsym`).
+    fn parse(image: &[u8]) -> Option<MemorySymbols> {
+        use object::{Object, ObjectSymbol, SymbolKind};
+        let file = object::File::parse(image).ok()?;
+        let mut symbols: Vec<(u64, u64, Arc<str>)> = file
+            .symbols()
+            .chain(file.dynamic_symbols())
+            .filter(|s| s.is_definition() && s.kind() == SymbolKind::Text)
+            .filter_map(|s| {
+                let name = s.name().ok()?;
+                let name = addr2line::demangle_auto(name.into(), None);
+                Some((s.address(), s.size(), Arc::from(name.as_ref())))
+            })
+            .collect();
+        // At one address, the `__vdso_` name first: it says where the code lives, where
+        // `clock_gettime` could be libc's.
+        symbols.sort_by(|a, b| {
+            a.0.cmp(&b.0)
+                .then(b.2.starts_with("__vdso_").cmp(&a.2.starts_with("__vdso_")))
+        });
+        symbols.dedup_by_key(|s| s.0);
+        Some(MemorySymbols { symbols })
+    }
+
+    /// The nearest symbol at or below `address` that spans it.
+    fn containing(&self, address: u64) -> Option<Arc<str>> {
+        let i = self.symbols.partition_point(|s| s.0 <= address);
+        let (start, size, name) = self.symbols[..i].last()?;
+        (address - start < (*size).max(1)).then(|| name.clone())
+    }
+}
+
+/// A copy of this process's vDSO ELF image, `None` without one.
+fn vdso_image() -> Option<Vec<u8>> {
+    // SAFETY: getauxval only reads the auxiliary vector the kernel gave the process.
+    let base = unsafe { libc::getauxval(libc::AT_SYSINFO_EHDR) };
+    if base == 0 {
+        return None;
+    }
+    let base = base as u64;
+    // The image's extent: the readable `[vdso]` mapping that starts at `base`.
+    let maps = std::fs::read_to_string("/proc/self/maps").ok()?;
+    let end = maps.lines().find_map(|line| {
+        let mut fields = line.split_whitespace();
+        let (range, perms) = (fields.next()?, fields.next()?);
+        if fields.last() != Some(VDSO) || !perms.starts_with('r') {
+            return None;
+        }
+        let (start, end) = range.split_once('-')?;
+        let start = u64::from_str_radix(start, 16).ok()?;
+        let end = u64::from_str_radix(end, 16).ok()?;
+        (start == base && end > start).then_some(end)
+    })?;
+    let len = usize::try_from(end - base).ok()?;
+    // SAFETY: [base, end) is a mapping of this process that the kernel lists as readable
+    // (checked above), and the vDSO is mapped for the life of the process, so the bytes
+    // stay valid while they are copied.
+    let image = unsafe { std::slice::from_raw_parts(base as usize as *const u8, len) };
+    Some(image.to_vec())
 }
 
 /// The object of `modules` (sorted by code start) whose code contains `address`.
@@ -296,9 +393,42 @@ mod tests {
         assert!(modules
             .iter()
             .any(|m| m.file.path.to_string_lossy().contains("libc")));
-        assert!(modules
+        // The vDSO has no file: it is listed under its own name, read from memory.
+        assert!(modules.iter().any(|m| m.file.path == Path::new(VDSO)));
+    }
+
+    #[test]
+    fn names_clock_gettime_in_the_vdso() {
+        let image = vdso_image().expect("a vDSO");
+        let vdso = MemorySymbols::parse(&image).expect("the vDSO parses");
+        let (start, size, name) = vdso
+            .symbols
             .iter()
-            .all(|m| !m.file.path.to_string_lossy().contains("vdso")));
+            .find(|s| s.2.contains("clock_gettime"))
+            .expect("the vDSO exports clock_gettime")
+            .clone();
+        assert!(size > 8, "{name}: {size} bytes");
+        let module = listed_modules()
+            .into_iter()
+            .find(|m| m.file.path == Path::new(VDSO))
+            .expect("the vDSO is listed");
+        let mut symbolizer = Symbolizer::new();
+        let frame = symbolizer.frame(module.bias + start + size / 2, false);
+        let names: Vec<&str> = frame.lines.iter().map(|l| &*l.function).collect();
+        assert_eq!(names, [&*name], "an address inside {name}");
+        assert!(name.contains("clock_gettime"), "{name}");
+    }
+
+    #[test]
+    fn names_getpid_in_libc_from_its_symbol_table() {
+        // SAFETY: dlsym on RTLD_DEFAULT with a NUL-terminated name only looks it up.
+        let getpid = unsafe { libc::dlsym(libc::RTLD_DEFAULT, c"getpid".as_ptr()) } as u64;
+        assert_ne!(getpid, 0, "getpid resolves");
+        let mut symbolizer = Symbolizer::new();
+        // A few bytes in: a sampled instruction inside the function, not its first.
+        let frame = symbolizer.frame(getpid + 4, false);
+        let names: Vec<&str> = frame.lines.iter().map(|l| &*l.function).collect();
+        assert!(names.iter().any(|n| n.contains("getpid")), "{names:?}");
     }
 
     /// Makes `path` the only object, mapped with `bias` over `text`.

@@ -1,4 +1,5 @@
-//! CPU per function: self time (the innermost frame) and total time (anywhere on the stack).
+//! CPU per function: self time (the innermost frame) and total time (anywhere on the stack),
+//! over every frame or over the user's own code only, with the rest grouped by library.
 
 use std::collections::HashMap;
 use std::sync::Arc;
@@ -25,6 +26,11 @@ pub(crate) struct FunctionTotals {
     /// Deepest position seen from the outermost frame (0): breaks ties in favour of the
     /// frames nearer the work (the handler rather than the thread's entry point).
     depth: HashMap<Arc<str>, usize>,
+    /// CPU per innermost frame of the user's code (see [`library_group`]): its own CPU and
+    /// that of the library code it called, which is where a user can act on it.
+    user_self_ns: HashMap<Arc<str>, u64>,
+    /// CPU per library group of the innermost frame, when that frame is not the user's.
+    grouped_ns: HashMap<&'static str, u64>,
 }
 
 impl FunctionTotals {
@@ -47,6 +53,12 @@ impl FunctionTotals {
         for (depth, function) in sample.frames.iter().rev().enumerate() {
             let deepest = self.depth.entry(function.clone()).or_default();
             *deepest = (*deepest).max(depth);
+        }
+        if let Some(group) = library_group(innermost) {
+            *self.grouped_ns.entry(group).or_default() += sample.cpu_ns;
+        }
+        if let Some(user) = sample.frames.iter().find(|f| library_group(f).is_none()) {
+            *self.user_self_ns.entry(user.clone()).or_default() += sample.cpu_ns;
         }
     }
 
@@ -76,6 +88,40 @@ impl FunctionTotals {
         self.top(&self.total_ns, n)
     }
 
+    /// The `n` functions of the user's code with the most CPU in them or in the library
+    /// code they called (innermost frame of the user's code), most first.
+    pub(crate) fn top_user_self(&self, n: usize) -> Vec<FunctionCpu> {
+        self.top(&self.user_self_ns, n)
+    }
+
+    /// The `n` functions of the user's code with the most total CPU, most first; among
+    /// equals, the deepest first.
+    pub(crate) fn top_user_total(&self, n: usize) -> Vec<FunctionCpu> {
+        let user: HashMap<Arc<str>, u64> = self
+            .total_ns
+            .iter()
+            .filter(|(f, _)| library_group(f).is_none())
+            .map(|(f, &ns)| (f.clone(), ns))
+            .collect();
+        self.top(&user, n)
+    }
+
+    /// CPU whose innermost frame is library or runtime code, per group (`tokio`, `std`,
+    /// `libc`…), most first; `function` is the group's name.
+    pub(crate) fn grouped(&self) -> Vec<FunctionCpu> {
+        let mut groups: Vec<FunctionCpu> = self
+            .grouped_ns
+            .iter()
+            .filter(|(_, &ns)| ns > 0)
+            .map(|(group, &ns)| FunctionCpu {
+                function: (*group).to_owned(),
+                cpu_ns: ns,
+            })
+            .collect();
+        groups.sort_by(|a, b| b.cpu_ns.cmp(&a.cpu_ns).then(a.function.cmp(&b.function)));
+        groups
+    }
+
     /// Most CPU first, then deepest first, then by name.
     fn top(&self, map: &HashMap<Arc<str>, u64>, n: usize) -> Vec<FunctionCpu> {
         let mut all: Vec<(&Arc<str>, u64, usize)> = map
@@ -92,6 +138,145 @@ impl FunctionTotals {
             })
             .collect()
     }
+}
+
+/// Crate families whose frames are runtime or library code, not the user's: a crate
+/// belongs to a family when its name is the family's or starts with it and `_`
+/// (`tokio_util`, `opentelemetry_sdk`, `serde_json`). The family names the group.
+const LIBRARY_FAMILIES: &[&str] = &[
+    "std",
+    "core",
+    "alloc",
+    "tokio",
+    "tracing",
+    "opentelemetry",
+    "hyper",
+    "h2",
+    "http",
+    "axum",
+    "tower",
+    "futures",
+    "mio",
+    "serde",
+    "otel_profiling",
+    "bytes",
+    "matchit",
+    "parking_lot",
+    "crossbeam",
+    "pin_project",
+    "tonic",
+    "prost",
+    "reqwest",
+    "rustls",
+    "backtrace",
+    "panic_unwind",
+    "libc",
+];
+
+/// Bare (path-less) names of C library and loader functions that show up on Rust stacks:
+/// the C `main` rustc generates (it calls `std::rt::lang_start`; the user's is
+/// `crate::main`), thread entry, clocks, allocation, memory and system calls.
+const NATIVE_FUNCTIONS: &[&str] = &[
+    "main",
+    "start_thread",
+    "clone",
+    "clone3",
+    "syscall",
+    "clock_gettime",
+    "gettimeofday",
+    "time",
+    "getpid",
+    "malloc",
+    "free",
+    "realloc",
+    "calloc",
+    "memcpy",
+    "memmove",
+    "memset",
+    "memcmp",
+    "bcmp",
+    "strlen",
+    "read",
+    "write",
+    "readv",
+    "writev",
+    "recv",
+    "send",
+    "recvfrom",
+    "sendto",
+    "epoll_wait",
+    "poll",
+    "nanosleep",
+    "clock_nanosleep",
+    "sched_yield",
+];
+
+/// The group name of C library, loader and vDSO frames.
+pub const NATIVE_GROUP: &str = "libc";
+
+/// The library or runtime group a frame's code belongs to, or `None` for the user's own
+/// code. A frame is classified by the path that owns its code: `<A as Trait>::method` by
+/// `A` (a `Serialize` impl derived on the user's type is the user's code), falling back to
+/// the trait when `A` is no path (`[T]`, `u8`); generic wrappers (`…::{{closure}}`,
+/// `{closure#0}`, `poll`, `call_once`) by the function they belong to, so a handler's
+/// async block counts as the handler's crate and `tokio::…::poll` as tokio's.
+pub fn library_group(frame: &str) -> Option<&'static str> {
+    let frame = frame.trim();
+    if frame == NO_STACK {
+        return Some(NO_STACK);
+    }
+    match owning_crate(frame) {
+        Some(krate) => LIBRARY_FAMILIES.iter().copied().find(|family| {
+            krate == *family
+                || krate
+                    .strip_prefix(family)
+                    .is_some_and(|rest| rest.starts_with('_'))
+        }),
+        None => is_native(frame).then_some(NATIVE_GROUP),
+    }
+}
+
+/// The first path segment (the crate) of the path owning `frame`'s code; `None` for a
+/// name without a path (a C symbol, or an unnamed `file+0x…` address).
+fn owning_crate(frame: &str) -> Option<&str> {
+    let mut path = frame;
+    while let Some(inner) = path.strip_prefix('<') {
+        let inner = ["&mut ", "&", "*const ", "*mut ", "dyn ", "impl "]
+            .iter()
+            .fold(inner, |s, p| s.strip_prefix(p).unwrap_or(s));
+        match first_segment(inner) {
+            Some(_) => path = inner,
+            // `<[T] as alloc::…>::m`, `<u8 as core::…>::m`: the trait's crate owns it.
+            None => {
+                let (_, rest) = inner.split_once(" as ")?;
+                path = rest;
+            }
+        }
+    }
+    first_segment(path)
+}
+
+/// `krate` of `krate::rest`, when `path` starts with an identifier followed by `::`.
+fn first_segment(path: &str) -> Option<&str> {
+    let end = path
+        .find(|c: char| !(c.is_alphanumeric() || c == '_'))
+        .unwrap_or(path.len());
+    let (ident, rest) = path.split_at(end);
+    (!ident.is_empty() && rest.starts_with("::")).then_some(ident)
+}
+
+/// A path-less name of the C library, the loader or the vDSO: an unnamed `libc.so.6+0x…`
+/// address, `[vdso]`, a reserved `_`/`__` symbol (`__libc_start_main`, `_start`,
+/// `__vdso_clock_gettime`) or one of [`NATIVE_FUNCTIONS`].
+fn is_native(frame: &str) -> bool {
+    let name = frame.split('@').next().unwrap_or(frame);
+    name.starts_with('_')
+        || name.starts_with('[')
+        || name.starts_with("0x")
+        || name.contains(".so")
+        || name.contains("+0x")
+        || name.starts_with("pthread_")
+        || NATIVE_FUNCTIONS.contains(&name)
 }
 
 #[cfg(test)]
@@ -125,5 +310,89 @@ mod tests {
         assert_eq!(top[0].function, "rec");
         assert_eq!(top[1].function, "main");
         assert_eq!(totals.top_self(1)[0].function, "leaf");
+    }
+
+    #[test]
+    fn frames_are_classified_by_the_path_owning_their_code() {
+        for (frame, group) in [
+            ("shop::catalog::serialize_catalog", None),
+            ("shop::handlers::get_catalog::{{closure}}", None),
+            ("shop::handlers::get_catalog::{closure#0}", None),
+            ("<shop::Catalog as serde::ser::Serialize>::serialize", None),
+            ("handle_report", None),
+            (
+                "tokio::runtime::task::core::Core<T,S>::poll::{{closure}}",
+                Some("tokio"),
+            ),
+            (
+                "<core::pin::Pin<P> as core::future::future::Future>::poll",
+                Some("core"),
+            ),
+            (
+                "<&mut serde_json::ser::Serializer<W> as serde::ser::Serializer>::serialize_str",
+                Some("serde"),
+            ),
+            (
+                "<[T] as alloc::slice::hack::ConvertVec>::to_vec",
+                Some("alloc"),
+            ),
+            ("core::ops::function::FnOnce::call_once", Some("core")),
+            (
+                "tracing_subscriber::registry::Registry::enter",
+                Some("tracing"),
+            ),
+            (
+                "opentelemetry_sdk::trace::span::Span::end",
+                Some("opentelemetry"),
+            ),
+            ("axum::routing::Router::call", Some("axum")),
+            ("tower_http::trace::service::Trace::call", Some("tower")),
+            ("std::rt::lang_start_internal", Some("std")),
+            ("libc.so.6+0x9508b", Some(NATIVE_GROUP)),
+            ("__libc_start_main", Some(NATIVE_GROUP)),
+            ("__vdso_clock_gettime", Some(NATIVE_GROUP)),
+            ("clock_gettime", Some(NATIVE_GROUP)),
+            ("main", Some(NATIVE_GROUP)),
+            // A crate whose name only starts like a library's is the user's.
+            ("tokioish::run", None),
+        ] {
+            assert_eq!(library_group(frame), group, "{frame}");
+        }
+    }
+
+    #[test]
+    fn user_functions_take_the_cpu_of_the_library_code_they_call() {
+        let mut totals = FunctionTotals::default();
+        let entry = [
+            "shop::main::{{closure}}",
+            "<core::pin::Pin<P> as core::future::future::Future>::poll",
+            "tokio::runtime::task::harness::poll",
+            "main",
+        ];
+        let stack = |inner: &[&'static str]| -> Vec<&'static str> { [inner, &entry[..]].concat() };
+        totals.add(&sample(
+            &stack(&["alloc::vec::Vec<T>::push", "shop::serialize_catalog"]),
+            30,
+        ));
+        totals.add(&sample(&stack(&["shop::serialize_catalog"]), 10));
+        totals.add(&sample(&["tokio::runtime::park", "main"], 60));
+        let named = |list: Vec<FunctionCpu>| -> Vec<(String, u64)> {
+            list.into_iter().map(|f| (f.function, f.cpu_ns)).collect()
+        };
+        assert_eq!(
+            named(totals.top_user_self(5)),
+            [("shop::serialize_catalog".to_owned(), 40)]
+        );
+        assert_eq!(
+            named(totals.top_user_total(5)),
+            [
+                ("shop::serialize_catalog".to_owned(), 40),
+                ("shop::main::{{closure}}".to_owned(), 40),
+            ]
+        );
+        assert_eq!(
+            named(totals.grouped()),
+            [("tokio".to_owned(), 60), ("alloc".to_owned(), 30)]
+        );
     }
 }

@@ -7,7 +7,8 @@
 //!
 //! * [`report::SpanReport`]: per (span name, `service.version`), wall time p50/p95 against
 //!   the CPU time the profile and the span attributes record, a verdict (CPU-bound,
-//!   mixed, waiting) with its reason, and the top functions by self and total CPU;
+//!   mixed, waiting) with its reason, and the top functions by self and total CPU, the
+//!   user's own crates first ([`functions::library_group`]);
 //! * [`flame::FlameGraph`]: an SVG flame graph of one span id or one span name;
 //! * [`diff::VersionDiff`]: one span name in two versions or two directories, per
 //!   request, naming the functions whose CPU grew most.

@@ -30,6 +30,10 @@ enum Command {
         /// Directories written by the local sink.
         #[arg(required = true)]
         dirs: Vec<PathBuf>,
+        /// List every frame in the top functions, runtime and libraries included, rather
+        /// than your own code first with the rest grouped by crate.
+        #[arg(long)]
+        all_frames: bool,
     },
     /// An SVG flame graph of one span (by id) or of every span of one name.
     #[command(group(ArgGroup::new("selection").required(true).args(["span_id", "span_name"])))]
@@ -77,8 +81,10 @@ fn main() -> ExitCode {
 
 fn run(command: Command) -> Result<(), ReportError> {
     match command {
-        Command::Report { dirs } => {
-            print!("{}", SpanReport::from_dirs(&dirs)?);
+        Command::Report { dirs, all_frames } => {
+            let mut report = SpanReport::from_dirs(&dirs)?;
+            report.all_frames = all_frames;
+            print!("{report}");
         }
         Command::Flame {
             dir,

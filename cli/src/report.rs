@@ -35,6 +35,9 @@ pub struct SpanReport {
     pub without_samples: Vec<SpanWithoutSamples>,
     /// CPU samples not tied to any local root span read.
     pub outside_spans: OutsideSpans,
+    /// Whether the text form lists every frame (`--all-frames`) rather than the user's
+    /// own code first with the runtime and libraries grouped.
+    pub all_frames: bool,
 }
 
 /// The local root spans of one name and one `service.version`.
@@ -74,6 +77,14 @@ pub struct SpanGroup {
     pub top_self: Vec<FunctionCpu>,
     /// The functions with the most total CPU (anywhere on the stack), most first.
     pub top_total: Vec<FunctionCpu>,
+    /// The functions of the user's code with the most CPU in them or in the library code
+    /// they called (innermost frame of the user's code), most first.
+    pub user_self: Vec<FunctionCpu>,
+    /// The functions of the user's code with the most total CPU, most first.
+    pub user_total: Vec<FunctionCpu>,
+    /// CPU whose innermost frame is runtime or library code, per group (`tokio`, `std`,
+    /// `libc`…; `function` is the group), most first.
+    pub grouped: Vec<FunctionCpu>,
 }
 
 /// A local root span that has no CPU sample.
@@ -151,6 +162,7 @@ impl SpanReport {
             groups,
             without_samples,
             outside_spans: outside_spans(input, &roots),
+            all_frames: false,
         }
     }
 
@@ -233,6 +245,9 @@ fn build_group(
         no_samples,
         top_self: functions.top_self(TOP_FUNCTIONS),
         top_total: functions.top_total(TOP_FUNCTIONS),
+        user_self: functions.top_user_self(TOP_FUNCTIONS),
+        user_total: functions.top_user_total(TOP_FUNCTIONS),
+        grouped: functions.grouped(),
     }
 }
 
@@ -302,14 +317,14 @@ impl fmt::Display for SpanReport {
         }
         write!(f, "{table}")?;
         for g in &self.groups {
-            write_group(f, g)?;
+            write_group(f, g, self.all_frames)?;
         }
         self.write_without_samples(f)?;
         self.write_outside_spans(f)
     }
 }
 
-fn write_group(f: &mut fmt::Formatter<'_>, g: &SpanGroup) -> fmt::Result {
+fn write_group(f: &mut fmt::Formatter<'_>, g: &SpanGroup, all_frames: bool) -> fmt::Result {
     writeln!(
         f,
         "\n{}, {}: {} — {}",
@@ -334,13 +349,29 @@ fn write_group(f: &mut fmt::Formatter<'_>, g: &SpanGroup) -> fmt::Result {
         ms(g.profile_cpu_ns),
         g.profile_samples,
     )?;
-    for (title, list) in [
-        ("top functions by self CPU (innermost frame):", &g.top_self),
-        (
-            "top functions by total CPU (anywhere on the stack):",
-            &g.top_total,
-        ),
-    ] {
+    // Stacks of async services are mostly runtime frames, which hold 100 % of the total
+    // and hide the user's functions; those come first unless every frame was asked for.
+    let lists = if all_frames {
+        [
+            ("top functions by self CPU (innermost frame):", &g.top_self),
+            (
+                "top functions by total CPU (anywhere on the stack):",
+                &g.top_total,
+            ),
+        ]
+    } else {
+        [
+            (
+                "top functions of your code by self CPU (its own code and the library calls it makes):",
+                &g.user_self,
+            ),
+            (
+                "top functions of your code by total CPU (anywhere on the stack):",
+                &g.user_total,
+            ),
+        ]
+    };
+    for (title, list) in lists {
         if list.is_empty() {
             continue;
         }
@@ -356,6 +387,24 @@ fn write_group(f: &mut fmt::Formatter<'_>, g: &SpanGroup) -> fmt::Result {
             ]);
         }
         write!(f, "{table}")?;
+    }
+    if !all_frames && !g.grouped.is_empty() {
+        let groups: Vec<String> = g
+            .grouped
+            .iter()
+            .map(|group| {
+                format!(
+                    "{} {}",
+                    group.function,
+                    percent(group.cpu_ns, g.profile_cpu_ns).trim()
+                )
+            })
+            .collect();
+        writeln!(
+            f,
+            "  in runtime and libraries (innermost frame; --all-frames lists them): {}",
+            groups.join(", ")
+        )?;
     }
     Ok(())
 }

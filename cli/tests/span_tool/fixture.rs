@@ -31,7 +31,7 @@ pub const MS: u64 = 1_000_000;
 pub const V1: &str = "1.0.0";
 pub const V2: &str = "2.0.0";
 
-/// A stack, outermost first; `"outer>inner"` is one address whose lines are `inner`
+/// A stack, outermost first; `"outer > inner"` is one address (spaced: Rust names hold `>`) whose lines are `inner`
 /// inlined into `outer`.
 pub type Stack = &'static [&'static str];
 
@@ -45,7 +45,7 @@ pub const REPORT_PAGED: Stack = &[
     "paginate",
     "encode_json",
 ];
-pub const SEARCH: Stack = &["main", "handle_search>search_index"];
+pub const SEARCH: Stack = &["main", "handle_search > search_index"];
 pub const UNSAMPLED: Stack = &["main", "handle_report", "legacy_encoder"];
 
 #[derive(Clone, Debug)]
@@ -205,8 +205,7 @@ fn frames(stack: Stack, addresses: &mut HashMap<&'static str, u64>) -> Vec<Symbo
             let next = 0x1000 * (addresses.len() as u64 + 1);
             let address = *addresses.entry(entry).or_insert(next);
             let lines = entry
-                .split('>')
-                .rev()
+                .rsplit(" > ")
                 .map(|function| FrameLine {
                     function: Arc::from(function),
                     file: None,
@@ -274,6 +273,82 @@ fn span_json(index: usize, s: &FixtureSpan) -> Value {
         "links": [],
         "status": {"message": "", "code": 0}
     })
+}
+
+/// An async service's stacks as a release build names them: the C `main`, std's and
+/// tokio's frames around the handler's async block (`{{closure}}`, polled through
+/// `Pin<P>`), and the user's `serialize_catalog` under it calling into serde and alloc.
+const RUNTIME: [&str; 5] = [
+    "main",
+    "std::rt::lang_start_internal",
+    "tokio::runtime::scheduler::multi_thread::worker::run",
+    "tokio::runtime::task::harness::Harness<T,S>::poll",
+    "<core::pin::Pin<P> as core::future::future::Future>::poll",
+];
+pub const HANDLER: &str = "shop::handlers::get_catalog::{{closure}}";
+pub const SERIALIZE_CATALOG: &str = "shop::catalog::serialize_catalog";
+pub const ASYNC_SERIALIZE: Stack = &[
+    RUNTIME[0],
+    RUNTIME[1],
+    RUNTIME[2],
+    RUNTIME[3],
+    RUNTIME[4],
+    HANDLER,
+    SERIALIZE_CATALOG,
+];
+pub const ASYNC_SERIALIZE_ALLOC: Stack = &[
+    RUNTIME[0],
+    RUNTIME[1],
+    RUNTIME[2],
+    RUNTIME[3],
+    RUNTIME[4],
+    HANDLER,
+    SERIALIZE_CATALOG,
+    "<&mut serde_json::ser::Serializer<W> as serde::ser::Serializer>::serialize_str",
+    "alloc::vec::Vec<T>::extend_from_slice",
+];
+pub const ASYNC_CLOCK: Stack = &[
+    RUNTIME[0],
+    RUNTIME[1],
+    RUNTIME[2],
+    RUNTIME[3],
+    RUNTIME[4],
+    HANDLER,
+    "std::time::Instant::now",
+    "clock_gettime",
+];
+pub const ASYNC_HANDLER: Stack = &[
+    RUNTIME[0], RUNTIME[1], RUNTIME[2], RUNTIME[3], RUNTIME[4], HANDLER,
+];
+pub const ASYNC_IDLE: Stack = &[
+    RUNTIME[0],
+    RUNTIME[1],
+    RUNTIME[2],
+    "tokio::runtime::io::driver::Driver::turn",
+    "mio::poll::Poll::poll",
+    "epoll_wait",
+];
+
+/// A temporary directory with one `GET /catalog` span of an async service, 100 ms of CPU
+/// in 10 samples: `serialize_catalog` 40 ms (20 ms in serde/alloc under it), the handler's
+/// async block 30 ms more (20 ms of it in `clock_gettime`), tokio's I/O driver 30 ms.
+pub fn async_service() -> tempfile::TempDir {
+    let dir = tempfile::tempdir().expect("tempdir");
+    let spans = [span(
+        "GET /catalog",
+        Some(V1),
+        0x4000,
+        200,
+        vec![
+            (ASYNC_SERIALIZE, 2),
+            (ASYNC_SERIALIZE_ALLOC, 2),
+            (ASYNC_CLOCK, 2),
+            (ASYNC_HANDLER, 1),
+            (ASYNC_IDLE, 3),
+        ],
+    )];
+    write(dir.path(), "2026-01-01T00-00-00.000Z", &spans, 0);
+    dir
 }
 
 /// A temporary directory with both versions, in two pairs of files (as two services

@@ -199,6 +199,86 @@ fn top_functions_by_self_and_total_cpu() {
 }
 
 #[test]
+fn the_users_functions_come_first_under_async_runtime_frames() {
+    let dir = fixture::async_service();
+    let report = SpanReport::from_dirs(&[dir.path().to_path_buf()]).expect("report");
+    let g = report.group("GET /catalog", Some(V1)).expect("group");
+    let named = |list: &[otel_profiling_cli::functions::FunctionCpu]| -> Vec<(String, u64)> {
+        list.iter()
+            .map(|f| (f.function.clone(), f.cpu_ns / MS))
+            .collect()
+    };
+    // serde and alloc under serialize_catalog are charged to it; clock_gettime to the
+    // handler that asked the time.
+    assert_eq!(
+        named(&g.user_self),
+        [
+            (fixture::SERIALIZE_CATALOG.to_owned(), 40),
+            (fixture::HANDLER.to_owned(), 30),
+        ]
+    );
+    assert_eq!(
+        named(&g.user_total),
+        [
+            (fixture::HANDLER.to_owned(), 70),
+            (fixture::SERIALIZE_CATALOG.to_owned(), 40),
+        ]
+    );
+    assert_eq!(
+        named(&g.grouped),
+        [("libc".to_owned(), 50), ("alloc".to_owned(), 20),]
+    );
+
+    // The text lists the user's functions under each title, and names what was grouped.
+    let text = report.to_string();
+    let after = |title: &str| -> Vec<String> {
+        text.lines()
+            .skip_while(|l| !l.contains(title))
+            .skip(2)
+            .take(2)
+            .map(|l| l.split_whitespace().collect::<Vec<_>>().join(" "))
+            .collect()
+    };
+    assert_eq!(
+        after("top functions of your code by self CPU"),
+        [
+            format!("40.0 ms 40.0% {}", fixture::SERIALIZE_CATALOG),
+            format!("30.0 ms 30.0% {}", fixture::HANDLER),
+        ],
+        "{text}"
+    );
+    assert_eq!(
+        after("top functions of your code by total CPU"),
+        [
+            format!("70.0 ms 70.0% {}", fixture::HANDLER),
+            format!("40.0 ms 40.0% {}", fixture::SERIALIZE_CATALOG),
+        ],
+        "{text}"
+    );
+    assert!(
+        text.contains("in runtime and libraries (innermost frame; --all-frames lists them): libc 50.0%, alloc 20.0%"),
+        "{text}"
+    );
+
+    // Every frame, as before, on request: the runtime's frames hold 100 % of the total
+    // and fill the list.
+    let all = SpanReport {
+        all_frames: true,
+        ..report
+    }
+    .to_string();
+    assert!(
+        all.contains("top functions by total CPU (anywhere on the stack):"),
+        "{all}"
+    );
+    assert!(
+        all.contains("100.0%  std::rt::lang_start_internal"),
+        "{all}"
+    );
+    assert!(!all.contains("in runtime and libraries"), "{all}");
+}
+
+#[test]
 fn samples_without_a_span_id_are_reported_apart() {
     let (_dir, report) = report();
     assert_eq!(
@@ -264,7 +344,7 @@ fn display_is_a_readable_table() {
         ]
     );
     assert!(
-        text.contains("top functions by self CPU (innermost frame):"),
+        text.contains("top functions of your code by self CPU"),
         "{text}"
     );
     assert!(text.contains("400.0 ms   62.5%  encode_json"), "{text}");
