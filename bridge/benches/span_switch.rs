@@ -3,6 +3,12 @@
 //! * `enter_exit`: one enter+exit of an existing span, `tracing-opentelemetry` alone vs
 //!   with `ProfilingLayer` beside it (target: at most +25 %);
 //! * `new_root_span`: create, enter, exit and close a root span, same two set-ups;
+//! * `span_lifecycle`: a root span's whole life as a tokio task sees it — create, 4 polls
+//!   (enter+exit), close — with `tracing-opentelemetry` alone vs with everything this
+//!   crate adds in a service (the layer, the profile-id and CPU-evidence processors, the
+//!   sampler running at 100 Hz with the thread registered, so active-time clock reads and
+//!   counter claims happen); both providers end in the same no-op processor (target: at
+//!   most +15 %);
 //! * `context_switch`: this crate's context switch (set + restore) vs the `pyroscope`
 //!   crate's `tag_wrapper` add+remove with its pprof backend running at 100 Hz
 //!   (target: at least 100x cheaper).
@@ -18,9 +24,13 @@ use std::time::Duration;
 
 use criterion::Criterion;
 use opentelemetry::trace::{SpanId, TraceId, TracerProvider as _};
+use opentelemetry_sdk::error::OTelSdkResult;
 use opentelemetry_sdk::trace::SdkTracerProvider;
+use opentelemetry_sdk::trace::{SpanData, SpanProcessor};
+use otel_profiling::sampler::{Sampler, SamplerConfig};
 use otel_profiling::{
-    LocalRoot, ProfileIdSpanProcessor, ProfilingLayer, SpanContextGuard, SpanName,
+    CpuEvidenceProcessor, LocalRoot, ProfileIdSpanProcessor, ProfilingLayer, SpanContextGuard,
+    SpanName,
 };
 use tracing_subscriber::layer::SubscriberExt;
 
@@ -90,6 +100,63 @@ fn bench_enter_exit(c: &mut Criterion) {
         });
     }
     group.finish();
+}
+
+/// Receives ended spans and drops them: the exporter's cost is not what is measured.
+#[derive(Debug)]
+struct Discard;
+
+impl SpanProcessor for Discard {
+    fn on_start(&self, _span: &mut opentelemetry_sdk::trace::Span, _cx: &opentelemetry::Context) {}
+    fn on_end(&self, span: SpanData) {
+        black_box(span);
+    }
+    fn force_flush(&self) -> OTelSdkResult {
+        Ok(())
+    }
+    fn shutdown_with_timeout(&self, _timeout: Duration) -> OTelSdkResult {
+        Ok(())
+    }
+}
+
+fn bench_span_lifecycle(c: &mut Criterion) {
+    let plain = SdkTracerProvider::builder()
+        .with_span_processor(Discard)
+        .build();
+    let bridged = SdkTracerProvider::builder()
+        .with_span_processor(ProfileIdSpanProcessor::default())
+        .with_span_processor(CpuEvidenceProcessor::new(Discard))
+        .build();
+    let sampler = match Sampler::start(SamplerConfig::default().with_frequency_hz(100)) {
+        Ok(sampler) => sampler,
+        Err(err) => {
+            eprintln!("sampler did not start, skipping span_lifecycle: {err}");
+            return;
+        }
+    };
+    if let Err(err) = sampler.register_current_thread() {
+        eprintln!("thread not registered, skipping span_lifecycle: {err}");
+        return;
+    }
+    let mut group = c.benchmark_group("span_lifecycle");
+    for (name, dispatch) in [
+        ("otel", otel_only(&plain)),
+        ("otel+bridge", otel_and_profiling(&bridged)),
+    ] {
+        tracing::dispatcher::with_default(&dispatch, || {
+            group.bench_function(name, |b| {
+                b.iter(|| {
+                    let span = tracing::info_span!("GET /report");
+                    for _ in 0..4 {
+                        drop(black_box(span.enter()));
+                    }
+                    drop(black_box(span));
+                })
+            });
+        });
+    }
+    group.finish();
+    drop(sampler);
 }
 
 fn bench_context_switch(c: &mut Criterion) {
@@ -183,6 +250,12 @@ fn print_ratios() {
         "otel+profiling",
     );
     row(
+        "root span lifecycle (create, 4 polls, close): bridge vs otel",
+        "span_lifecycle",
+        "otel",
+        "otel+bridge",
+    );
+    row(
         "switch: pyroscope tag_wrapper add+remove vs otel-profiling",
         "context_switch",
         "otel-profiling",
@@ -196,6 +269,7 @@ fn main() {
         .measurement_time(Duration::from_secs(3))
         .configure_from_args();
     bench_enter_exit(&mut c);
+    bench_span_lifecycle(&mut c);
     // Last: the pyroscope agent installs a SIGPROF handler that would disturb the others.
     bench_context_switch(&mut c);
     c.final_summary();
