@@ -15,6 +15,11 @@
 //! [`SetupError::GlobalSubscriber`]: use [`Telemetry::build`] and add
 //! [`TelemetryGuard::layer`] to that subscriber instead. The README ("One-call setup") shows
 //! it with `tracing_subscriber::fmt::layer()` and an `EnvFilter`, compiled as a doc test.
+//!
+//! Each backend is a default-on cargo feature (`pyroscope`, `otlp-http`, `otlp-grpc`,
+//! `tls`); configuring one the build leaves out fails [`Telemetry::build`] with
+//! [`SetupError::FeatureDisabled`], naming the setting and the feature. Drop the guard
+//! after the async runtime has shut down (the README's complete `main` says why).
 
 use std::path::{Path, PathBuf};
 use std::sync::Arc;
