@@ -24,6 +24,10 @@
 //!   OpenTelemetry API on every poll or call.
 //! * [`current_local_root`] tells what a sample taken now on this thread would carry.
 //!
+//! Cargo features, all default-on: `pyroscope` (push profiles), `otlp-http` and `otlp-grpc`
+//! (export spans), `tls` (`https://` for the HTTP ones). Without them profiles and spans go
+//! to local files only ([`local_sink`]); see the README's "In your project".
+//!
 //! Labels are always the thread's *local root* span: the span whose id Grafana's link
 //! queries. Unsampled traces keep only the root's name by default ([`UnsampledTraces`]).
 #![warn(missing_docs, unreachable_pub)]

@@ -15,6 +15,11 @@
 //! [`SetupError::GlobalSubscriber`]: use [`Telemetry::build`] and add
 //! [`TelemetryGuard::layer`] to that subscriber instead. The README ("One-call setup") shows
 //! it with `tracing_subscriber::fmt::layer()` and an `EnvFilter`, compiled as a doc test.
+//!
+//! Each backend is a default-on cargo feature (`pyroscope`, `otlp-http`, `otlp-grpc`,
+//! `tls`); configuring one the build leaves out fails [`Telemetry::build`] with
+//! [`SetupError::FeatureDisabled`], naming the setting and the feature. Drop the guard
+//! after the async runtime has shut down (the README's complete `main` says why).
 
 use std::path::{Path, PathBuf};
 use std::sync::Arc;
@@ -22,24 +27,26 @@ use std::time::Duration;
 
 use opentelemetry::trace::TracerProvider as _;
 use opentelemetry::KeyValue;
-use opentelemetry_sdk::trace::{BatchSpanProcessor, SdkTracerProvider};
+use opentelemetry_sdk::trace::SdkTracerProvider;
 use opentelemetry_sdk::Resource;
 use tracing_core::Subscriber;
 use tracing_subscriber::registry::LookupSpan;
 use tracing_subscriber::Layer;
 
-use crate::collector::ProfileSink;
 use crate::config::{
     ConfigError, Credentials, EnvConfig, OtlpProtocol, OtlpTarget, PyroscopeTarget,
 };
-use crate::export::otlp::GrpcSpanExporter;
-use crate::export::pyroscope::{PyroscopeAuth, PyroscopeConfig, PyroscopeExporter, PyroscopeStats};
-use crate::export::span_stats::{CountingSpanExporter, SpanExportSnapshot, SpanExportStats};
+use crate::export::pyroscope::PyroscopeStats;
+use crate::export::span_stats::{SpanExportSnapshot, SpanExportStats};
 use crate::local_sink::{output_dir, LocalSpanExporter};
 use crate::{
-    CpuEvidenceProcessor, ProfileIdScope, ProfileIdSpanProcessor, Profiler, ProfilerError,
-    ProfilerStats, ProfilingLayer, UnsampledTraces,
+    ProfileIdScope, ProfileIdSpanProcessor, Profiler, ProfilerError, ProfilerStats, ProfilingLayer,
+    UnsampledTraces,
 };
+
+mod backends;
+
+use backends::{Compiled, Source};
 
 /// OpenTelemetry resource attributes that become Pyroscope series labels (dots become
 /// underscores). The Grafana provisioning maps the same keys, so a span's "Profiles for
@@ -73,6 +80,22 @@ pub enum SetupError {
         what: &'static str,
         /// Why.
         message: String,
+    },
+    /// A setting asks for a backend this build of the crate leaves out (a cargo feature of
+    /// `otel-profiling` that is off).
+    #[error(
+        "{field}={value} needs the otel-profiling feature \"{feature}\" ({purpose}), which this \
+         build leaves out: add it to the `features` of the otel-profiling dependency in Cargo.toml"
+    )]
+    FeatureDisabled {
+        /// The variable or builder field that asked for it.
+        field: &'static str,
+        /// Its value.
+        value: String,
+        /// The cargo feature to enable.
+        feature: &'static str,
+        /// What the feature provides.
+        purpose: &'static str,
     },
     /// A global subscriber was already installed.
     #[error(
@@ -263,6 +286,10 @@ impl Telemetry {
                 .or(self.env.output_dir.as_deref()),
         );
         let timeout = self.shutdown_timeout.unwrap_or(Duration::from_secs(5));
+        let otlp = self.otlp_target();
+        let pyroscope = self.pyroscope_target();
+        // Before anything starts: a backend compiled out is an error, never ignored.
+        backends::check(Compiled::THIS_BUILD, otlp, pyroscope)?;
 
         // Profiles: Pyroscope if configured, else local files.
         let mut profiler = Profiler::builder().output_dir(&dir);
@@ -279,10 +306,10 @@ impl Telemetry {
             profiler = profiler.trace_id_label(on);
         }
         let mut pyroscope_stats = None;
-        if let Some(target) = self.pyroscope.as_ref().or(self.env.pyroscope.as_ref()) {
+        if let Some((target, _)) = pyroscope {
             let mut labels = series_labels(&attributes);
             labels.extend(self.tags.iter().cloned());
-            let (sink, stats) = pyroscope_sink(target, &service_name, labels, timeout)?;
+            let (sink, stats) = backends::pyroscope_sink(target, &service_name, labels, timeout)?;
             pyroscope_stats = Some(stats);
             profiler = profiler.sink_boxed(sink);
         }
@@ -293,19 +320,16 @@ impl Telemetry {
             .with_span_processor(ProfileIdSpanProcessor::new(self.scope));
         let mut spans_file = None;
         let span_stats;
-        match self.otlp.as_ref().or(self.env.otlp.as_ref()) {
-            Some(target) => (provider, span_stats) = with_otlp(provider, target)?,
+        match otlp {
+            Some((target, _)) => (provider, span_stats) = backends::with_otlp(provider, target)?,
             None => {
                 let exporter = LocalSpanExporter::new(&dir).map_err(|e| SetupError::Exporter {
                     what: "local span file",
                     message: format!("{}: {e}", dir.display()),
                 })?;
                 spans_file = Some(exporter.path().to_path_buf());
-                let exporter = CountingSpanExporter::new(exporter, "local span file");
-                span_stats = exporter.stats();
-                provider = provider.with_span_processor(CpuEvidenceProcessor::new(
-                    BatchSpanProcessor::builder(exporter).build(),
-                ));
+                (provider, span_stats) =
+                    backends::add_span_exporter(provider, exporter, "local span file");
             }
         }
         let provider = provider.build();
@@ -330,6 +354,24 @@ impl Telemetry {
             timeout,
             service_name,
         })
+    }
+
+    /// The OTLP target, code winning over the environment, and where it came from.
+    fn otlp_target(&self) -> Option<(&OtlpTarget, Source)> {
+        match (&self.otlp, &self.env.otlp) {
+            (Some(target), _) => Some((target, Source::Builder)),
+            (None, Some(target)) => Some((target, Source::Env)),
+            (None, None) => None,
+        }
+    }
+
+    /// The Pyroscope target, code winning over the environment, and where it came from.
+    fn pyroscope_target(&self) -> Option<(&PyroscopeTarget, Source)> {
+        match (&self.pyroscope, &self.env.pyroscope) {
+            (Some(target), _) => Some((target, Source::Builder)),
+            (None, Some(target)) => Some((target, Source::Env)),
+            (None, None) => None,
+        }
     }
 
     /// [`build`](Self::build), then installs the layers as the global `tracing`
@@ -391,78 +433,6 @@ pub fn series_labels(attributes: &[(String, String)]) -> Vec<(String, String)> {
         }
     }
     labels
-}
-
-fn pyroscope_sink(
-    target: &PyroscopeTarget,
-    service_name: &str,
-    labels: Vec<(String, String)>,
-    timeout: Duration,
-) -> Result<(Box<dyn ProfileSink>, Arc<PyroscopeStats>), SetupError> {
-    let mut config = PyroscopeConfig::new(&target.server, service_name)
-        .with_labels(labels.into_iter().filter(|(k, _)| k != "service_name"))
-        .with_shutdown_timeout(timeout);
-    config = match &target.credentials {
-        Some(Credentials::Basic { user, password }) => config.with_auth(PyroscopeAuth::Basic {
-            user: user.clone(),
-            password: password.clone(),
-        }),
-        Some(Credentials::Bearer(token)) => config.with_auth(PyroscopeAuth::Bearer(token.clone())),
-        None => config,
-    };
-    if let Some(tenant) = &target.tenant_id {
-        config = config.with_tenant_id(tenant.clone());
-    }
-    let exporter = PyroscopeExporter::new(config).map_err(|e| SetupError::Exporter {
-        what: "pyroscope",
-        message: e.to_string(),
-    })?;
-    let stats = exporter.stats();
-    Ok((Box::new(exporter), stats))
-}
-
-/// Adds the OTLP exporter for `target` (behind the CPU evidence processor and a batch
-/// processor) to `provider`.
-fn with_otlp(
-    provider: opentelemetry_sdk::trace::TracerProviderBuilder,
-    target: &OtlpTarget,
-) -> Result<
-    (
-        opentelemetry_sdk::trace::TracerProviderBuilder,
-        Arc<SpanExportStats>,
-    ),
-    SetupError,
-> {
-    use opentelemetry_otlp::WithExportConfig;
-    let err = |message: String| SetupError::Exporter {
-        what: "otlp",
-        message,
-    };
-    Ok(match target.protocol {
-        OtlpProtocol::HttpProtobuf => {
-            let exporter = opentelemetry_otlp::SpanExporter::builder()
-                .with_http()
-                .with_protocol(opentelemetry_otlp::Protocol::HttpBinary)
-                .with_endpoint(target.traces_url())
-                .build()
-                .map_err(|e| err(e.to_string()))?;
-            let exporter = CountingSpanExporter::new(exporter, "otlp (http/protobuf)");
-            let stats = exporter.stats();
-            let provider = provider.with_span_processor(CpuEvidenceProcessor::new(
-                BatchSpanProcessor::builder(exporter).build(),
-            ));
-            (provider, stats)
-        }
-        OtlpProtocol::Grpc => {
-            let exporter = GrpcSpanExporter::new(&target.traces_url()).map_err(err)?;
-            let exporter = CountingSpanExporter::new(exporter, "otlp (grpc)");
-            let stats = exporter.stats();
-            let provider = provider.with_span_processor(CpuEvidenceProcessor::new(
-                BatchSpanProcessor::builder(exporter).build(),
-            ));
-            (provider, stats)
-        }
-    })
 }
 
 /// Everything running. Dropping it stops sampling, writes the last profile, uploads what
@@ -665,6 +635,65 @@ mod tests {
             .otlp("tempo:4318", OtlpProtocol::HttpProtobuf)
             .expect_err("no scheme");
         assert!(e.to_string().contains("http://localhost:4318"), "{e}");
+    }
+
+    /// A build without a backend refuses its configuration at `build()`, before anything
+    /// starts, naming the variable and the feature (these run in CI's
+    /// `--no-default-features` pass; `backends` tests every combination in any build).
+    #[cfg(not(all(feature = "pyroscope", feature = "otlp-http", feature = "otlp-grpc")))]
+    fn refused(vars: &[(&str, &str)]) -> String {
+        let env = EnvConfig::from_lookup(|name| {
+            vars.iter()
+                .find(|(k, _)| *k == name)
+                .map(|(_, v)| v.to_string())
+        })
+        .expect("valid variables");
+        match Telemetry::from_env_config(env).quiet(true).build() {
+            Err(e @ SetupError::FeatureDisabled { .. }) => e.to_string(),
+            Err(e) => panic!("expected FeatureDisabled, got {e}"),
+            Ok(_) => panic!("a compiled-out backend was accepted: {vars:?}"),
+        }
+    }
+
+    #[cfg(not(feature = "otlp-grpc"))]
+    #[test]
+    fn grpc_without_its_feature_fails_setup() {
+        let msg = refused(&[
+            ("OTEL_EXPORTER_OTLP_ENDPOINT", "http://localhost:4317"),
+            ("OTEL_EXPORTER_OTLP_PROTOCOL", "grpc"),
+        ]);
+        assert!(
+            msg.starts_with(
+                "OTEL_EXPORTER_OTLP_PROTOCOL=grpc needs the otel-profiling feature \"otlp-grpc\""
+            ),
+            "{msg}"
+        );
+    }
+
+    #[cfg(not(feature = "otlp-http"))]
+    #[test]
+    fn otlp_http_without_its_feature_fails_setup() {
+        let msg = refused(&[("OTEL_EXPORTER_OTLP_ENDPOINT", "http://localhost:4318")]);
+        assert!(
+            msg.starts_with(
+                "OTEL_EXPORTER_OTLP_ENDPOINT=http://localhost:4318 needs the otel-profiling \
+                 feature \"otlp-http\""
+            ),
+            "{msg}"
+        );
+    }
+
+    #[cfg(not(feature = "pyroscope"))]
+    #[test]
+    fn pyroscope_without_its_feature_fails_setup() {
+        let msg = refused(&[("PYROSCOPE_SERVER_ADDRESS", "http://localhost:4040")]);
+        assert!(
+            msg.starts_with(
+                "PYROSCOPE_SERVER_ADDRESS=http://localhost:4040 needs the otel-profiling \
+                 feature \"pyroscope\""
+            ),
+            "{msg}"
+        );
     }
 
     #[test]

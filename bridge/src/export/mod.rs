@@ -1,6 +1,7 @@
 //! Shipping profiles and traces to the real backends.
 
 mod log_limiter;
+#[cfg(feature = "otlp-grpc")]
 pub mod otlp;
 pub mod pyroscope;
 pub mod span_stats;

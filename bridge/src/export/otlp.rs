@@ -1,6 +1,6 @@
-//! OTLP span export for the one-call setup.
+//! OTLP span export for the one-call setup (this module: the `otlp-grpc` feature).
 //!
-//! HTTP/protobuf uses `opentelemetry-otlp`'s blocking reqwest client and runs on the batch
+//! HTTP/protobuf (the `otlp-http` feature) uses `opentelemetry-otlp`'s blocking reqwest client and runs on the batch
 //! span processor's own thread. gRPC (tonic) needs a Tokio reactor for its connection, and
 //! the batch processor's thread has none, so [`GrpcSpanExporter`] owns a one-worker Tokio
 //! runtime: the channel is created inside it and every export is driven on it. The host

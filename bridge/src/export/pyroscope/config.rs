@@ -8,16 +8,10 @@ use reqwest::header::{HeaderMap, HeaderName, HeaderValue};
 use reqwest::Url;
 
 use super::error::PyroscopeError;
+use super::PROFILE_NAME;
 
 /// Path of the push RPC, relative to the server address.
 pub(crate) const PUSH_PATH: &str = "push.v1.PusherService/Push";
-
-/// Value of the `__name__` series label: the profile type's name.
-pub const PROFILE_NAME: &str = "process_cpu";
-
-/// The Pyroscope profile type id of the profiles this crate pushes (`__name__`, sample type
-/// and period type): what Grafana's `tracesToProfiles.profileTypeId` must be.
-pub const PROFILE_TYPE_ID: &str = "process_cpu:cpu:nanoseconds:cpu:nanoseconds";
 
 /// Credentials for the Pyroscope server.
 ///

@@ -104,7 +104,11 @@ impl PyroscopeStats {
             .unwrap_or_else(PoisonError::into_inner)
             .clone()
     }
+}
 
+// Written only by the push client.
+#[cfg(feature = "pyroscope")]
+impl PyroscopeStats {
     pub(crate) fn set_last_error(&self, error: &str) {
         *self
             .last_error

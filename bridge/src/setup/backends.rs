@@ -1,0 +1,412 @@
+//! The backends of the one-call setup, each behind its cargo feature (`pyroscope`,
+//! `otlp-http`, `otlp-grpc`, `tls`). This is the one place that knows which are compiled
+//! in: [`check`] refuses a setting that needs one left out, naming the setting and the
+//! feature, before anything starts, so nothing is silently dropped.
+
+use std::sync::Arc;
+use std::time::Duration;
+
+use opentelemetry_sdk::trace::{BatchSpanProcessor, SpanExporter, TracerProviderBuilder};
+
+use super::SetupError;
+use crate::collector::ProfileSink;
+use crate::config::{OtlpProtocol, OtlpTarget, PyroscopeTarget};
+use crate::export::pyroscope::PyroscopeStats;
+use crate::export::span_stats::{CountingSpanExporter, SpanExportStats};
+use crate::CpuEvidenceProcessor;
+
+/// Where a setting came from, so errors name it as the user wrote it.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub(super) enum Source {
+    /// A `Telemetry` builder method.
+    Builder,
+    /// An environment variable.
+    Env,
+}
+
+impl Source {
+    fn pyroscope_server(self) -> &'static str {
+        match self {
+            Source::Builder => "pyroscope.server_address",
+            Source::Env => "PYROSCOPE_SERVER_ADDRESS",
+        }
+    }
+
+    fn otlp_endpoint(self) -> &'static str {
+        match self {
+            Source::Builder => "otlp.endpoint",
+            Source::Env => "OTEL_EXPORTER_OTLP_ENDPOINT",
+        }
+    }
+
+    fn otlp_protocol(self) -> &'static str {
+        match self {
+            Source::Builder => "otlp.protocol",
+            Source::Env => "OTEL_EXPORTER_OTLP_PROTOCOL",
+        }
+    }
+}
+
+/// The backend features compiled into a build.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub(super) struct Compiled {
+    pub(super) pyroscope: bool,
+    pub(super) otlp_http: bool,
+    pub(super) otlp_grpc: bool,
+    pub(super) tls: bool,
+}
+
+impl Compiled {
+    /// This build's.
+    pub(super) const THIS_BUILD: Compiled = Compiled {
+        pyroscope: cfg!(feature = "pyroscope"),
+        otlp_http: cfg!(feature = "otlp-http"),
+        otlp_grpc: cfg!(feature = "otlp-grpc"),
+        tls: cfg!(feature = "tls"),
+    };
+}
+
+fn disabled(
+    field: &'static str,
+    value: &str,
+    feature: &'static str,
+    purpose: &'static str,
+) -> SetupError {
+    SetupError::FeatureDisabled {
+        field,
+        value: value.to_string(),
+        feature,
+        purpose,
+    }
+}
+
+/// `https://` needs the `tls` feature (reqwest without it refuses the scheme at every
+/// request, which would only show up as failed exports).
+fn check_tls(compiled: Compiled, field: &'static str, url: &str) -> Result<(), SetupError> {
+    if url.starts_with("https://") && !compiled.tls {
+        return Err(disabled(field, url, "tls", "https:// URLs"));
+    }
+    Ok(())
+}
+
+/// Fails when a configured backend needs a feature `compiled` lacks.
+pub(super) fn check(
+    compiled: Compiled,
+    otlp: Option<(&OtlpTarget, Source)>,
+    pyroscope: Option<(&PyroscopeTarget, Source)>,
+) -> Result<(), SetupError> {
+    if let Some((target, source)) = pyroscope {
+        let field = source.pyroscope_server();
+        if !compiled.pyroscope {
+            return Err(disabled(
+                field,
+                &target.server,
+                "pyroscope",
+                "pushing profiles to Pyroscope",
+            ));
+        }
+        check_tls(compiled, field, &target.server)?;
+    }
+    if let Some((target, source)) = otlp {
+        match target.protocol {
+            OtlpProtocol::HttpProtobuf if !compiled.otlp_http => {
+                // From the environment the protocol is usually just the default: name the
+                // endpoint that was set.
+                return Err(match source {
+                    Source::Env => disabled(
+                        source.otlp_endpoint(),
+                        &target.endpoint,
+                        "otlp-http",
+                        "OTLP span export over http/protobuf, the default OTEL_EXPORTER_OTLP_PROTOCOL",
+                    ),
+                    Source::Builder => disabled(
+                        source.otlp_protocol(),
+                        "http/protobuf",
+                        "otlp-http",
+                        "OTLP span export over HTTP",
+                    ),
+                });
+            }
+            OtlpProtocol::HttpProtobuf => {
+                check_tls(compiled, source.otlp_endpoint(), &target.endpoint)?
+            }
+            OtlpProtocol::Grpc if !compiled.otlp_grpc => {
+                return Err(disabled(
+                    source.otlp_protocol(),
+                    "grpc",
+                    "otlp-grpc",
+                    "OTLP span export over gRPC",
+                ));
+            }
+            OtlpProtocol::Grpc => {}
+        }
+    }
+    Ok(())
+}
+
+/// Counts and batches `exporter`'s spans, with CPU evidence, into `provider`.
+pub(super) fn add_span_exporter(
+    provider: TracerProviderBuilder,
+    exporter: impl SpanExporter + 'static,
+    what: &'static str,
+) -> (TracerProviderBuilder, Arc<SpanExportStats>) {
+    let exporter = CountingSpanExporter::new(exporter, what);
+    let stats = exporter.stats();
+    let provider = provider.with_span_processor(CpuEvidenceProcessor::new(
+        BatchSpanProcessor::builder(exporter).build(),
+    ));
+    (provider, stats)
+}
+
+/// Adds the OTLP exporter for `target` to `provider`.
+pub(super) fn with_otlp(
+    provider: TracerProviderBuilder,
+    target: &OtlpTarget,
+) -> Result<(TracerProviderBuilder, Arc<SpanExportStats>), SetupError> {
+    match target.protocol {
+        OtlpProtocol::HttpProtobuf => with_otlp_http(provider, target),
+        OtlpProtocol::Grpc => with_otlp_grpc(provider, target),
+    }
+}
+
+#[cfg(any(feature = "pyroscope", feature = "otlp-http", feature = "otlp-grpc"))]
+fn exporter_error(what: &'static str, e: impl std::fmt::Display) -> SetupError {
+    SetupError::Exporter {
+        what,
+        message: e.to_string(),
+    }
+}
+
+/// Only reached when [`check`] was skipped: still an error, never a silent drop.
+#[allow(dead_code)] // unused when every backend is compiled in
+fn not_compiled(what: &'static str, feature: &'static str) -> SetupError {
+    SetupError::Exporter {
+        what,
+        message: format!("not compiled in (the otel-profiling feature \"{feature}\")"),
+    }
+}
+
+#[cfg(feature = "otlp-http")]
+fn with_otlp_http(
+    provider: TracerProviderBuilder,
+    target: &OtlpTarget,
+) -> Result<(TracerProviderBuilder, Arc<SpanExportStats>), SetupError> {
+    use opentelemetry_otlp::WithExportConfig;
+    let exporter = opentelemetry_otlp::SpanExporter::builder()
+        .with_http()
+        .with_protocol(opentelemetry_otlp::Protocol::HttpBinary)
+        .with_endpoint(target.traces_url())
+        .build()
+        .map_err(|e| exporter_error("otlp", e))?;
+    Ok(add_span_exporter(
+        provider,
+        exporter,
+        "otlp (http/protobuf)",
+    ))
+}
+
+#[cfg(not(feature = "otlp-http"))]
+fn with_otlp_http(
+    _: TracerProviderBuilder,
+    _: &OtlpTarget,
+) -> Result<(TracerProviderBuilder, Arc<SpanExportStats>), SetupError> {
+    Err(not_compiled("otlp", "otlp-http"))
+}
+
+#[cfg(feature = "otlp-grpc")]
+fn with_otlp_grpc(
+    provider: TracerProviderBuilder,
+    target: &OtlpTarget,
+) -> Result<(TracerProviderBuilder, Arc<SpanExportStats>), SetupError> {
+    let exporter = crate::export::otlp::GrpcSpanExporter::new(&target.traces_url())
+        .map_err(|e| exporter_error("otlp", e))?;
+    Ok(add_span_exporter(provider, exporter, "otlp (grpc)"))
+}
+
+#[cfg(not(feature = "otlp-grpc"))]
+fn with_otlp_grpc(
+    _: TracerProviderBuilder,
+    _: &OtlpTarget,
+) -> Result<(TracerProviderBuilder, Arc<SpanExportStats>), SetupError> {
+    Err(not_compiled("otlp", "otlp-grpc"))
+}
+
+/// The Pyroscope push sink for `target`, and its counters.
+#[cfg(feature = "pyroscope")]
+pub(super) fn pyroscope_sink(
+    target: &PyroscopeTarget,
+    service_name: &str,
+    labels: Vec<(String, String)>,
+    timeout: Duration,
+) -> Result<(Box<dyn ProfileSink>, Arc<PyroscopeStats>), SetupError> {
+    use crate::config::Credentials;
+    use crate::export::pyroscope::{PyroscopeAuth, PyroscopeConfig, PyroscopeExporter};
+    let mut config = PyroscopeConfig::new(&target.server, service_name)
+        .with_labels(labels.into_iter().filter(|(k, _)| k != "service_name"))
+        .with_shutdown_timeout(timeout);
+    config = match &target.credentials {
+        Some(Credentials::Basic { user, password }) => config.with_auth(PyroscopeAuth::Basic {
+            user: user.clone(),
+            password: password.clone(),
+        }),
+        Some(Credentials::Bearer(token)) => config.with_auth(PyroscopeAuth::Bearer(token.clone())),
+        None => config,
+    };
+    if let Some(tenant) = &target.tenant_id {
+        config = config.with_tenant_id(tenant.clone());
+    }
+    let exporter = PyroscopeExporter::new(config).map_err(|e| exporter_error("pyroscope", e))?;
+    let stats = exporter.stats();
+    Ok((Box::new(exporter), stats))
+}
+
+#[cfg(not(feature = "pyroscope"))]
+pub(super) fn pyroscope_sink(
+    _: &PyroscopeTarget,
+    _: &str,
+    _: Vec<(String, String)>,
+    _: Duration,
+) -> Result<(Box<dyn ProfileSink>, Arc<PyroscopeStats>), SetupError> {
+    Err(not_compiled("pyroscope", "pyroscope"))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    const ALL: Compiled = Compiled {
+        pyroscope: true,
+        otlp_http: true,
+        otlp_grpc: true,
+        tls: true,
+    };
+
+    fn otlp(endpoint: &str, protocol: OtlpProtocol) -> OtlpTarget {
+        OtlpTarget {
+            endpoint: endpoint.into(),
+            protocol,
+        }
+    }
+
+    fn pyroscope(server: &str) -> PyroscopeTarget {
+        PyroscopeTarget {
+            server: server.into(),
+            credentials: None,
+            tenant_id: None,
+        }
+    }
+
+    /// Compiled features, the OTLP and Pyroscope settings, the message's start.
+    type Case<'a> = (
+        Compiled,
+        Option<(&'a OtlpTarget, Source)>,
+        Option<(&'a PyroscopeTarget, Source)>,
+        &'static str,
+    );
+
+    fn message(result: Result<(), SetupError>) -> String {
+        match result {
+            Err(e @ SetupError::FeatureDisabled { .. }) => e.to_string(),
+            other => panic!("expected FeatureDisabled, got {other:?}"),
+        }
+    }
+
+    /// Every backend asked for but compiled out fails, naming the setting as the user
+    /// wrote it and the feature; with the feature, the same setting passes. Pure, so every
+    /// build checks every combination.
+    #[test]
+    fn a_backend_compiled_out_is_refused_naming_the_setting_and_the_feature() {
+        let grpc = otlp("http://tempo:4317", OtlpProtocol::Grpc);
+        let http = otlp("http://tempo:4318", OtlpProtocol::HttpProtobuf);
+        let https = otlp("https://tempo:4318", OtlpProtocol::HttpProtobuf);
+        let pyro = pyroscope("http://pyroscope:4040");
+        let pyros = pyroscope("https://pyroscope:4040");
+        let cases: [Case; 9] = [
+            (
+                Compiled { otlp_grpc: false, ..ALL },
+                Some((&grpc, Source::Env)),
+                None,
+                "OTEL_EXPORTER_OTLP_PROTOCOL=grpc needs the otel-profiling feature \"otlp-grpc\"",
+            ),
+            (
+                Compiled { otlp_grpc: false, ..ALL },
+                Some((&grpc, Source::Builder)),
+                None,
+                "otlp.protocol=grpc needs the otel-profiling feature \"otlp-grpc\"",
+            ),
+            (
+                Compiled { otlp_http: false, ..ALL },
+                Some((&http, Source::Env)),
+                None,
+                "OTEL_EXPORTER_OTLP_ENDPOINT=http://tempo:4318 needs the otel-profiling feature \"otlp-http\"",
+            ),
+            (
+                Compiled { otlp_http: false, ..ALL },
+                Some((&http, Source::Builder)),
+                None,
+                "otlp.protocol=http/protobuf needs the otel-profiling feature \"otlp-http\"",
+            ),
+            (
+                Compiled { tls: false, ..ALL },
+                Some((&https, Source::Env)),
+                None,
+                "OTEL_EXPORTER_OTLP_ENDPOINT=https://tempo:4318 needs the otel-profiling feature \"tls\"",
+            ),
+            (
+                Compiled { pyroscope: false, ..ALL },
+                None,
+                Some((&pyro, Source::Env)),
+                "PYROSCOPE_SERVER_ADDRESS=http://pyroscope:4040 needs the otel-profiling feature \"pyroscope\"",
+            ),
+            (
+                Compiled { pyroscope: false, ..ALL },
+                None,
+                Some((&pyro, Source::Builder)),
+                "pyroscope.server_address=http://pyroscope:4040 needs the otel-profiling feature \"pyroscope\"",
+            ),
+            (
+                Compiled { tls: false, ..ALL },
+                None,
+                Some((&pyros, Source::Env)),
+                "PYROSCOPE_SERVER_ADDRESS=https://pyroscope:4040 needs the otel-profiling feature \"tls\"",
+            ),
+            // Pyroscope is checked first, whichever is also wrong.
+            (
+                Compiled { pyroscope: false, otlp_grpc: false, ..ALL },
+                Some((&grpc, Source::Env)),
+                Some((&pyro, Source::Env)),
+                "PYROSCOPE_SERVER_ADDRESS=http://pyroscope:4040 needs the otel-profiling feature \"pyroscope\"",
+            ),
+        ];
+        for (compiled, otlp, pyroscope, expected) in cases {
+            let msg = message(check(compiled, otlp, pyroscope));
+            assert!(msg.starts_with(expected), "{msg}\nexpected: {expected}");
+            assert!(msg.contains("Cargo.toml"), "{msg}");
+            assert!(check(ALL, otlp, pyroscope).is_ok(), "{msg}");
+        }
+    }
+
+    /// What needs no feature passes in any build: nothing configured (local files), plain
+    /// http:// without `tls`, gRPC's own URL (tonic, not reqwest, makes that connection).
+    #[test]
+    fn what_needs_no_feature_passes() {
+        let none = Compiled {
+            pyroscope: false,
+            otlp_http: false,
+            otlp_grpc: false,
+            tls: false,
+        };
+        assert!(check(none, None, None).is_ok());
+        let no_tls = Compiled { tls: false, ..ALL };
+        let http = otlp("http://tempo:4318", OtlpProtocol::HttpProtobuf);
+        let pyro = pyroscope("http://pyroscope:4040");
+        assert!(check(
+            no_tls,
+            Some((&http, Source::Env)),
+            Some((&pyro, Source::Env))
+        )
+        .is_ok());
+        let grpc = otlp("https://tempo:4317", OtlpProtocol::Grpc);
+        assert!(check(no_tls, Some((&grpc, Source::Env)), None).is_ok());
+    }
+}
