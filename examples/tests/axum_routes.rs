@@ -77,6 +77,14 @@ fn the_report_has_one_row_per_route_with_its_verdict() {
         assert_ne!(cpu.verdict, Verdict::Waiting, "{}", cpu.reason);
     }
 
+    // And the report points at the handler's own function, not at runtime frames.
+    let top = cpu.user_self.first().map(|f| f.function.as_str());
+    assert!(
+        top.is_some_and(|f| f.ends_with("axum_routes::checksums")),
+        "{:?}",
+        cpu.user_self
+    );
+
     // GET /io awaits its dependency: little CPU for a long wall time.
     let io = group("GET /io");
     assert_eq!(io.verdict, Verdict::Waiting, "{}", io.reason);
