@@ -34,7 +34,7 @@ fn run() -> Result<(), axum_routes::RunError> {
         "answered: /cpu {cpu}, /io {io}, /sleep {sleep}; failed {}\n",
         summary.failed
     );
-    let report = otel_profiling_cli::report::SpanReport::from_dirs(&[dir.clone()])?;
+    let report = otel_profiling_cli::report::SpanReport::from_dirs(std::slice::from_ref(&dir))?;
     println!("{report}");
     Ok(())
 }
