@@ -38,6 +38,8 @@
 #[doc = include_str!("../../README.md")]
 pub struct ReadmeDoctests;
 
+#[cfg(feature = "axum")]
+pub mod axum;
 pub mod collector;
 pub mod config;
 mod evidence;

@@ -187,12 +187,16 @@ impl VersionDiff {
     }
 }
 
-/// The local root spans named `name`, or the error listing the names there are.
+/// The local root spans named `name` (or whose route makes that name), or the error listing the names there are.
 fn spans_named<'a>(input: &'a Input, name: &str) -> Result<Vec<&'a Span>, ReportError> {
     let roots = input.local_roots();
-    let spans: Vec<&Span> = roots.iter().copied().filter(|s| s.name == name).collect();
+    let spans: Vec<&Span> = roots
+        .iter()
+        .copied()
+        .filter(|s| s.answers_to(name))
+        .collect();
     if spans.is_empty() {
-        let mut known: Vec<String> = roots.iter().map(|s| s.name.clone()).collect();
+        let mut known: Vec<String> = roots.iter().map(|s| s.report_name().into_owned()).collect();
         known.sort();
         known.dedup();
         return Err(ReportError::UnknownSpanName {

@@ -132,7 +132,7 @@ fn select_span_id<'a>(input: &'a Input, id: &str) -> Result<Selected<'a>, Report
         .filter(|s| s.span_id.as_deref() == Some(id.as_str()))
         .collect();
     let span = input.spans.iter().find(|s| s.span_id == id);
-    let name = span.map(|s| s.name.clone()).or_else(|| {
+    let name = span.map(|s| s.report_name().into_owned()).or_else(|| {
         samples
             .iter()
             .find_map(|s| s.span_name.as_deref().map(str::to_owned))
@@ -191,7 +191,7 @@ fn select_span_name<'a>(input: &'a Input, name: &str) -> Result<Selected<'a>, Re
     let roots: Vec<&Span> = input
         .local_roots()
         .into_iter()
-        .filter(|s| s.name == name)
+        .filter(|s| s.answers_to(name))
         .collect();
     let ids: HashSet<&str> = roots.iter().map(|s| s.span_id.as_str()).collect();
     let samples: Vec<&Sample> = input

@@ -173,6 +173,17 @@ const LIBRARY_FAMILIES: &[&str] = &[
     "libc",
 ];
 
+/// Families matched by their exact name only: a service crate named after this one
+/// (`otel_profiling_examples`) is the user's code, not the profiler's.
+const EXACT_FAMILIES: &[&str] = &["otel_profiling"];
+
+/// Primitive types: their inherent methods (`<u64>::rotate_left`, kept as frames in debug
+/// builds) are the standard library's code.
+const PRIMITIVES: &[&str] = &[
+    "u8", "u16", "u32", "u64", "u128", "usize", "i8", "i16", "i32", "i64", "i128", "isize", "f32",
+    "f64", "bool", "char", "str",
+];
+
 /// Bare (path-less) names of C library and loader functions that show up on Rust stacks:
 /// the C `main` rustc generates (it calls `std::rt::lang_start`; the user's is
 /// `crate::main`), thread entry, clocks, allocation, memory and system calls.
@@ -228,9 +239,10 @@ pub fn library_group(frame: &str) -> Option<&'static str> {
     match owning_crate(frame) {
         Some(krate) => LIBRARY_FAMILIES.iter().copied().find(|family| {
             krate == *family
-                || krate
-                    .strip_prefix(family)
-                    .is_some_and(|rest| rest.starts_with('_'))
+                || (!EXACT_FAMILIES.contains(family)
+                    && krate
+                        .strip_prefix(family)
+                        .is_some_and(|rest| rest.starts_with('_')))
         }),
         None => is_native(frame).then_some(NATIVE_GROUP),
     }
@@ -247,10 +259,21 @@ fn owning_crate(frame: &str) -> Option<&str> {
         match first_segment(inner) {
             Some(_) => path = inner,
             // `<[T] as alloc::…>::m`, `<u8 as core::…>::m`: the trait's crate owns it.
-            None => {
-                let (_, rest) = inner.split_once(" as ")?;
-                path = rest;
-            }
+            None => match inner.split_once(" as ") {
+                Some((_, rest)) => path = rest,
+                // `<u64>::rotate_left`, `<[T]>::iter`: inherent methods of the language's
+                // own types.
+                None if inner.starts_with('[')
+                    || PRIMITIVES.iter().any(|p| {
+                        inner
+                            .strip_prefix(p)
+                            .is_some_and(|rest| rest.starts_with('>'))
+                    }) =>
+                {
+                    return Some("core")
+                }
+                None => return None,
+            },
         }
     }
     first_segment(path)
@@ -355,6 +378,15 @@ mod tests {
             ("main", Some(NATIVE_GROUP)),
             // A crate whose name only starts like a library's is the user's.
             ("tokioish::run", None),
+            // So is a service crate named after this one.
+            ("otel_profiling_examples::axum_routes::checksums", None),
+            (
+                "otel_profiling::layer::ProfilingLayer::on_enter",
+                Some("otel_profiling"),
+            ),
+            // Inherent methods of primitive types and slices (debug builds).
+            ("<u64>::rotate_left", Some("core")),
+            ("<[T]>::iter", Some("core")),
         ] {
             assert_eq!(library_group(frame), group, "{frame}");
         }

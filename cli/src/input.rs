@@ -141,7 +141,7 @@ impl Input {
         let mut names: Vec<String> = self
             .local_roots()
             .iter()
-            .map(|s| s.name.clone())
+            .map(|s| s.report_name().into_owned())
             .chain(
                 self.samples
                     .iter()
@@ -206,6 +206,8 @@ mod tests {
             profile_id: profile_id.then(|| id.to_owned()),
             cpu_samples: None,
             cpu_time_ns: None,
+            http_route: None,
+            http_method: None,
         }
     }
 

@@ -1,6 +1,8 @@
-//! The span report: per (span name, service version), wall time against the CPU time the
+//! The span report: per (span name — or `{method} {route}` for HTTP server spans with an
+//! `http.route` — and service version), wall time against the CPU time the
 //! profiles and the span attributes record, a verdict, and the functions that used the CPU.
 
+use std::borrow::Cow;
 use std::collections::{BTreeMap, HashMap};
 use std::fmt;
 use std::path::PathBuf;
@@ -29,7 +31,7 @@ pub struct SpanReport {
     pub span_files: usize,
     /// The sampling the profiles were taken with.
     pub sampling: Sampling,
-    /// One entry per (span name, service version) of the local root spans, sorted.
+    /// One entry per (span name or route, service version) of the local root spans, sorted.
     pub groups: Vec<SpanGroup>,
     /// Every local root span without CPU samples, with the reason.
     pub without_samples: Vec<SpanWithoutSamples>,
@@ -43,7 +45,7 @@ pub struct SpanReport {
 /// The local root spans of one name and one `service.version`.
 #[derive(Clone, Debug)]
 pub struct SpanGroup {
-    /// Span name.
+    /// Span name, or `{method} {route}` for spans carrying `http.route`.
     pub name: String,
     /// The resource's `service.version` (`None` when absent).
     pub version: Option<String>,
@@ -90,7 +92,7 @@ pub struct SpanGroup {
 /// A local root span that has no CPU sample.
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub struct SpanWithoutSamples {
-    /// Span name.
+    /// Span name, or `{method} {route}` (as its group's).
     pub name: String,
     /// The resource's `service.version`.
     pub version: Option<String>,
@@ -128,10 +130,11 @@ impl SpanReport {
         let sampling = input.sampling();
         let by_id = input.samples_by_span_id();
         let roots = input.local_roots();
-        let mut grouped: BTreeMap<(&str, Option<&str>), Vec<&Span>> = BTreeMap::new();
+        // By route when the span has one (see `Span::report_name`).
+        let mut grouped: BTreeMap<(Cow<'_, str>, Option<&str>), Vec<&Span>> = BTreeMap::new();
         for span in &roots {
             grouped
-                .entry((span.name.as_str(), span.service_version.as_deref()))
+                .entry((span.report_name(), span.service_version.as_deref()))
                 .or_default()
                 .push(span);
         }
@@ -139,6 +142,7 @@ impl SpanReport {
         let groups = grouped
             .into_iter()
             .map(|((name, version), spans)| {
+                let name = name.as_ref();
                 for span in &spans {
                     if !by_id.contains_key(span.span_id.as_str()) {
                         without_samples.push(SpanWithoutSamples {

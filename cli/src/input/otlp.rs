@@ -4,6 +4,7 @@
 //! accepted as JSON strings (what OTLP JSON writes for 64-bit values) or numbers, ids as
 //! hex in either case.
 
+use std::borrow::Cow;
 use std::path::Path;
 
 use otel_profiling::{CPU_SAMPLES_ATTRIBUTE, CPU_TIME_ATTRIBUTE, PROFILE_ID_ATTRIBUTE};
@@ -14,6 +15,11 @@ use crate::error::ReportError;
 
 /// The resource attribute holding the service version.
 pub const SERVICE_VERSION_ATTRIBUTE: &str = "service.version";
+
+/// The span attribute holding an HTTP server span's route template (`/items/{id}`).
+pub const HTTP_ROUTE_ATTRIBUTE: &str = "http.route";
+/// The HTTP method of the current semantic conventions, then of the older ones.
+pub const HTTP_METHOD_ATTRIBUTES: [&str; 2] = ["http.request.method", "http.method"];
 
 /// `SpanFlags`: the `parent_is_remote` bit is set meaningfully.
 const FLAG_HAS_IS_REMOTE: u64 = 0x100;
@@ -45,12 +51,37 @@ pub struct Span {
     pub cpu_samples: Option<u64>,
     /// `profiling.cpu.time_ns`, when the span carries CPU evidence.
     pub cpu_time_ns: Option<u64>,
+    /// `http.route`, when the span carries one.
+    pub http_route: Option<String>,
+    /// `http.request.method` (or the older `http.method`), when the span carries one.
+    pub http_method: Option<String>,
 }
 
 impl Span {
     /// Wall time: end − start (0 if the end is before the start).
     pub fn wall_ns(&self) -> u64 {
         self.end_unix_nano.saturating_sub(self.start_unix_nano)
+    }
+
+    /// The name the report groups by: `{method} {route}` for a span with `http.route`
+    /// (so servers whose spans are all named e.g. `request` get one row per endpoint),
+    /// else the span name.
+    pub fn report_name(&self) -> Cow<'_, str> {
+        let Some(route) = self.http_route.as_deref() else {
+            return Cow::Borrowed(&self.name);
+        };
+        match self.http_method.as_deref() {
+            // The conventions' placeholder for a non-standard method, named `HTTP`.
+            Some("_OTHER") => Cow::Owned(format!("HTTP {route}")),
+            Some(method) => Cow::Owned(format!("{method} {route}")),
+            None => Cow::Borrowed(route),
+        }
+    }
+
+    /// Whether `name` selects this span: its [`report_name`](Self::report_name) or its
+    /// span name.
+    pub fn answers_to(&self, name: &str) -> bool {
+        self.name == name || self.report_name() == name
     }
 }
 
@@ -218,6 +249,8 @@ fn convert(span: JsonSpan, service_version: Option<String>) -> Result<Span, Stri
         profile_id: None,
         cpu_samples: None,
         cpu_time_ns: None,
+        http_route: None,
+        http_method: None,
     };
     let id = out.span_id.clone();
     let in_span = |e: String| format!("span {id}: {e}");
@@ -228,6 +261,12 @@ fn convert(span: JsonSpan, service_version: Option<String>) -> Result<Span, Stri
             }
             CPU_SAMPLES_ATTRIBUTE => out.cpu_samples = Some(attribute.unsigned().map_err(in_span)?),
             CPU_TIME_ATTRIBUTE => out.cpu_time_ns = Some(attribute.unsigned().map_err(in_span)?),
+            HTTP_ROUTE_ATTRIBUTE => out.http_route = attribute.text(),
+            // The current convention's key wins whichever comes first.
+            key if key == HTTP_METHOD_ATTRIBUTES[0] => out.http_method = attribute.text(),
+            key if key == HTTP_METHOD_ATTRIBUTES[1] && out.http_method.is_none() => {
+                out.http_method = attribute.text();
+            }
             _ => {}
         }
     }
@@ -279,6 +318,8 @@ mod tests {
                 profile_id: Some("00000000000000ab".into()),
                 cpu_samples: Some(2),
                 cpu_time_ns: Some(20_000_000),
+                http_route: None,
+                http_method: None,
             }]
         );
         assert_eq!(spans[0].wall_ns(), 2500);

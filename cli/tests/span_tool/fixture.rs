@@ -60,6 +60,9 @@ pub struct FixtureSpan {
     /// `profiling.cpu.samples` (time = samples × period), when the span carries evidence.
     pub evidence: Option<u64>,
     pub stacks: Vec<(Stack, u64)>,
+    /// (method attribute key, method, `http.route`) of an HTTP server span named apart
+    /// from its route; `None`: `http.route` is the span name.
+    pub route: Option<(&'static str, &'static str, &'static str)>,
 }
 
 impl FixtureSpan {
@@ -86,6 +89,7 @@ fn span(
         profile_id: true,
         evidence: Some(samples),
         stacks,
+        route: None,
     }
 }
 
@@ -244,7 +248,13 @@ fn request_line(version: Option<&str>, spans: &[&FixtureSpan]) -> String {
 
 fn span_json(index: usize, s: &FixtureSpan) -> Value {
     let start: u64 = 1_700_000_000_000_000_000 + index as u64 * 1_000_000_000;
-    let mut attributes = vec![json!({"key": "http.route", "value": {"stringValue": s.name}})];
+    let mut attributes = match s.route {
+        None => vec![json!({"key": "http.route", "value": {"stringValue": s.name}})],
+        Some((method_key, method, route)) => vec![
+            json!({"key": method_key, "value": {"stringValue": method}}),
+            json!({"key": "http.route", "value": {"stringValue": route}}),
+        ],
+    };
     if s.profile_id {
         attributes.push(json!({"key": "pyroscope.profile.id", "value": {"stringValue": s.id()}}));
     }
@@ -367,4 +377,40 @@ pub fn one_version_each() -> (tempfile::TempDir, tempfile::TempDir) {
     write(before.path(), "2026-01-01T00-00-00.000Z", &v1_spans(), 0);
     write(after.path(), "2026-01-02T00-00-00.000Z", &v2_spans(), 0);
     (before, after)
+}
+
+pub const CPU_WORK: Stack = &["main", "handle", "compute_checksums"];
+
+/// A temporary directory with an axum service traced by tower-http's default `TraceLayer`
+/// plus a hand-written `http.route`: every root span is named `request`. 10 ms sampling.
+///
+/// | route | method key | spans | wall (ms) | CPU per span |
+/// |---|---|---|---|---|
+/// | `GET /cpu` | `http.request.method` | 3 | 100 | 80 ms |
+/// | `GET /io` | `http.request.method` | 3 | 100 | none (evidence 0) |
+/// | `POST /items/{id}` | `http.method` (older conventions) | 2 | 100 | 30 ms |
+pub fn spans_named_request_with_routes() -> tempfile::TempDir {
+    let dir = tempfile::tempdir().expect("tempdir");
+    let mut spans = Vec::new();
+    let routes: [(&str, &str, &str, u64, u64); 3] = [
+        ("http.request.method", "GET", "/cpu", 3, 8),
+        ("http.request.method", "GET", "/io", 3, 0),
+        ("http.method", "POST", "/items/{id}", 2, 3),
+    ];
+    let mut id = 0x5000;
+    for (key, method, route, count, samples) in routes {
+        for _ in 0..count {
+            let stacks = if samples > 0 {
+                vec![(CPU_WORK, samples)]
+            } else {
+                vec![]
+            };
+            let mut span = span("request", Some(V1), id, 100, stacks);
+            span.route = Some((key, method, route));
+            spans.push(span);
+            id += 1;
+        }
+    }
+    write(dir.path(), "2026-01-01T00-00-00.000Z", &spans, 0);
+    dir
 }

@@ -377,3 +377,47 @@ fn several_directories_are_read_together_and_each_once() {
         320 * MS
     );
 }
+
+/// tower-http's default `TraceLayer` names every root span `request`: grouped by span name,
+/// every endpoint would be one row (here `request`, 8 spans, CPU/wall 0.375, "mixed"). Spans carrying
+/// `http.route` are grouped by `{method} {route}` instead.
+#[test]
+fn spans_with_a_route_are_grouped_by_method_and_route() {
+    let dir = fixture::spans_named_request_with_routes();
+    let report = SpanReport::from_dirs(&[dir.path().to_path_buf()]).expect("report");
+    let rows: Vec<(&str, usize, u64, Verdict)> = report
+        .groups
+        .iter()
+        .map(|g| (g.name.as_str(), g.count, g.profile_cpu_ns / MS, g.verdict))
+        .collect();
+    assert_eq!(
+        rows,
+        [
+            ("GET /cpu", 3, 240, Verdict::CpuBound),
+            ("GET /io", 3, 0, Verdict::Waiting),
+            // The older conventions' `http.method` names the method too.
+            ("POST /items/{id}", 2, 60, Verdict::Mixed),
+        ]
+    );
+    let text = report.to_string();
+    assert!(
+        text.contains("GET /cpu, version 1.0.0: CPU-bound"),
+        "{text}"
+    );
+    assert!(!text.contains("\nrequest"), "{text}");
+
+    // The flame graph and the diff select the same rows by that name.
+    let graph = otel_profiling_cli::flame::FlameGraph::from_dirs(
+        &[dir.path().to_path_buf()],
+        &otel_profiling_cli::flame::FlameSelection::SpanName("GET /cpu".into()),
+    )
+    .expect("flame of a route");
+    assert_eq!((graph.samples, graph.cpu_ns), (24, 240 * MS));
+    let diff = otel_profiling_cli::diff::VersionDiff::between_dirs(
+        dir.path(),
+        dir.path(),
+        "POST /items/{id}",
+    )
+    .expect("diff of a route");
+    assert_eq!(diff.before.requests, 2, "{diff}");
+}
