@@ -206,6 +206,8 @@ mod tests {
             profile_id: profile_id.then(|| id.to_owned()),
             cpu_samples: None,
             cpu_time_ns: None,
+            wall_active_ns: None,
+            busy_ns: None,
         }
     }
 

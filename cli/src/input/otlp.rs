@@ -15,6 +15,14 @@ use crate::error::ReportError;
 /// The resource attribute holding the service version.
 pub const SERVICE_VERSION_ATTRIBUTE: &str = "service.version";
 
+/// Nanoseconds the span was entered (polled), as `tracing-opentelemetry` writes it on every
+/// span it exports; per span only, on whichever thread entered it.
+pub const BUSY_NS_ATTRIBUTE: &str = "busy_ns";
+
+/// Nanoseconds threads spent inside the local root or a descendant, over all its threads:
+/// the attribute planned for the bridge (issue 11); preferred over `busy_ns` when present.
+pub const WALL_ACTIVE_ATTRIBUTE: &str = "profiling.wall.active_ns";
+
 /// `SpanFlags`: the `parent_is_remote` bit is set meaningfully.
 const FLAG_HAS_IS_REMOTE: u64 = 0x100;
 /// `SpanFlags`: the parent span context was received from another process.
@@ -45,6 +53,10 @@ pub struct Span {
     pub cpu_samples: Option<u64>,
     /// `profiling.cpu.time_ns`, when the span carries CPU evidence.
     pub cpu_time_ns: Option<u64>,
+    /// [`WALL_ACTIVE_ATTRIBUTE`], when the span carries it.
+    pub wall_active_ns: Option<u64>,
+    /// [`BUSY_NS_ATTRIBUTE`], when the span carries it.
+    pub busy_ns: Option<u64>,
 }
 
 impl Span {
@@ -218,6 +230,8 @@ fn convert(span: JsonSpan, service_version: Option<String>) -> Result<Span, Stri
         profile_id: None,
         cpu_samples: None,
         cpu_time_ns: None,
+        wall_active_ns: None,
+        busy_ns: None,
     };
     let id = out.span_id.clone();
     let in_span = |e: String| format!("span {id}: {e}");
@@ -228,6 +242,11 @@ fn convert(span: JsonSpan, service_version: Option<String>) -> Result<Span, Stri
             }
             CPU_SAMPLES_ATTRIBUTE => out.cpu_samples = Some(attribute.unsigned().map_err(in_span)?),
             CPU_TIME_ATTRIBUTE => out.cpu_time_ns = Some(attribute.unsigned().map_err(in_span)?),
+            WALL_ACTIVE_ATTRIBUTE => {
+                out.wall_active_ns = Some(attribute.unsigned().map_err(in_span)?);
+            }
+            // Written by another library: a malformed value is ignored, not fatal.
+            BUSY_NS_ATTRIBUTE => out.busy_ns = attribute.unsigned().ok(),
             _ => {}
         }
     }
@@ -262,7 +281,9 @@ mod tests {
               "endTimeUnixNano":"3500","attributes":[
                 {"key":"pyroscope.profile.id","value":{"stringValue":"00000000000000AB"}},
                 {"key":"profiling.cpu.samples","value":{"intValue":2}},
-                {"key":"profiling.cpu.time_ns","value":{"intValue":"20000000"}}]}]}]}]}"#,
+                {"key":"profiling.cpu.time_ns","value":{"intValue":"20000000"}},
+                {"key":"busy_ns","value":{"intValue":"1500"}},
+                {"key":"idle_ns","value":{"intValue":"1000"}}]}]}]}]}"#,
         )
         .expect("parse");
         assert_eq!(
@@ -279,6 +300,8 @@ mod tests {
                 profile_id: Some("00000000000000ab".into()),
                 cpu_samples: Some(2),
                 cpu_time_ns: Some(20_000_000),
+                wall_active_ns: None,
+                busy_ns: Some(1500),
             }]
         );
         assert_eq!(spans[0].wall_ns(), 2500);
