@@ -62,7 +62,8 @@ pub enum CpuSource {
 pub enum Part {
     /// Running on a CPU.
     Cpu,
-    /// Active (being polled) but not on a CPU: blocked inside a poll.
+    /// Active (being polled) but not on a CPU: blocked inside a poll, or runnable while
+    /// the machine's CPUs ran other work (the two cannot be told apart from these figures).
     Blocked,
     /// Not being polled: awaiting a wake-up (I/O, timers, other tasks) or queued.
     Awaiting,

@@ -572,6 +572,16 @@ fn write_diff(out: &mut String, diff: &VersionDiff) -> fmt::Result {
         ms_delta(a.cpu_per_request_ns - b.cpu_per_request_ns),
         ms_delta(a.wall_p50_ns as f64 - b.wall_p50_ns as f64),
     )?;
+    // When CPU per request did not grow, what grew is mostly sampling noise: folded away so
+    // the regressions stand out.
+    let folded = a.cpu_per_request_ns <= b.cpu_per_request_ns
+        && (!diff.new_functions.is_empty() || !diff.grown.is_empty());
+    if folded {
+        writeln!(
+            out,
+            "<details><summary>CPU per request did not grow: the functions that grew anyway (mostly sampling noise at this size)</summary>"
+        )?;
+    }
     if !diff.new_functions.is_empty() {
         writeln!(
             out,
@@ -590,8 +600,12 @@ fn write_diff(out: &mut String, diff: &VersionDiff) -> fmt::Result {
         }
         writeln!(out, "</tbody></table>")?;
     }
+    let close = if folded { "</details>" } else { "" };
     if diff.grown.is_empty() {
-        return writeln!(out, "<p>No function's CPU per request grew.</p></article>");
+        return writeln!(
+            out,
+            "<p>No function's CPU per request grew.</p>{close}</article>"
+        );
     }
     let largest = diff
         .grown
@@ -606,7 +620,7 @@ fn write_diff(out: &mut String, diff: &VersionDiff) -> fmt::Result {
         let width = d.delta_ns().max(0.0) * 100.0 / largest;
         writeln!(
             out,
-            r#"<tr><td><code>{}</code></td><td class="num">{}</td><td class="num">{}</td><td><div class="share grow"><span style="width:{width:.1}%"></span></div>{}</td><td class="num">{}</td></tr>"#,
+            r#"<tr><td><code>{}</code></td><td class="num">{}</td><td class="num">{}</td><td class="nowrap"><div class="share grow"><span style="width:{width:.1}%"></span></div>{}</td><td class="num">{}</td></tr>"#,
             Esc(&d.function),
             ms_f(d.before_ns),
             ms_f(d.after_ns),
@@ -614,7 +628,7 @@ fn write_diff(out: &mut String, diff: &VersionDiff) -> fmt::Result {
             ms_delta(d.total_delta_ns()),
         )?;
     }
-    writeln!(out, "</tbody></table></article>")
+    writeln!(out, "</tbody></table>{close}</article>")
 }
 
 fn write_notes(out: &mut String, period_ms: f64) -> fmt::Result {
@@ -622,7 +636,7 @@ fn write_notes(out: &mut String, period_ms: f64) -> fmt::Result {
         out,
         r#"<section id="notes"><h2>How to read this</h2><ul>
 <li>CPU is sampled: each sample stands for one {period_ms:.0} ms period of CPU, so a CPU figure from n samples is good to about ±√n periods; the sample count is shown beside it.</li>
-<li>Blocked in poll ≈ active time − CPU: the span kept its thread busy but off the CPU (a blocking call inside async code stalls every other task on that worker). Awaiting ≈ wall − active time: the span was not being polled (waiting on I/O, a timer, a lock, another task, or queued behind other work).</li>
+<li>Blocked in poll ≈ active time − CPU: the span kept its thread busy but off the CPU — a blocking call inside async code (which stalls every other task on that worker), or the thread waiting for a CPU the machine gave to other work. Awaiting ≈ wall − active time: the span was not being polled (waiting on I/O, a timer, a lock, another task, or queued behind other work).</li>
 <li>Active time comes from span attributes: <code>busy_ns</code> (tracing-opentelemetry, the root span's own entered time) or <code>profiling.wall.active_ns</code> (all threads of the local root) when the spans carry it. Without either, only CPU against not on CPU is known.</li>
 <li>Verdicts compare CPU with wall time: CPU-bound at {bound:.0} % or more, waiting under {waiting:.0} %, mixed between; a slow span with no samples is never called fast.</li>
 </ul><p class="generated">Written by otel-profiling-cli {version}; no server, no network.</p></section>"#,

@@ -46,11 +46,14 @@ fn input() -> Input {
             span(1, HOSTILE, "1.0", 100, Some(80)),
             span(2, HOSTILE, "2.0", 200, Some(150)),
             span(3, "GET /orders", "1.0", 300, None),
+            // A third version, faster again: its diff is folded away.
+            span(4, HOSTILE, "3.0", 100, Some(80)),
         ],
         samples: vec![
             sample(1, &["main", "handle", HOSTILE_FN], 4),
             sample(2, &["main", "handle", HOSTILE_FN], 4),
             sample(2, &["main", "handle", "paginate"], 6),
+            sample(4, &["main", "handle", "compress"], 2),
         ],
         profile_files: 1,
         span_files: 1,
@@ -103,7 +106,7 @@ fn shows_split_verdicts_flame_graphs_and_the_version_diff() {
     let html = HtmlReport::from_input(&input());
     let page = html.to_string();
     // A flame graph per endpoint and version with samples; none for GET /orders.
-    assert_eq!(page.matches(r#"<svg class="flame""#).count(), 2);
+    assert_eq!(page.matches(r#"<svg class="flame""#).count(), 3);
     assert!(page.contains(r#"data-n="paginate""#));
     assert!(page.contains("No flame graph:"));
     // busy_ns on the hostile endpoint's spans: CPU 40 of 100 ms, blocked 40, awaiting 20.
@@ -114,9 +117,20 @@ fn shows_split_verdicts_flame_graphs_and_the_version_diff() {
     assert!(page.contains("none: CPU vs not on CPU"));
     assert!(page.contains("CPU 0.0% · not on CPU 100.0%"));
     assert!(page.contains("CPU-bound") && page.contains("waiting"));
-    // The diff 1.0 → 2.0 names the new function.
-    assert_eq!(html.diffs().len(), 1);
+    // The diff 1.0 → 2.0 names the new function; 2.0 → 3.0 got cheaper and is folded.
+    assert_eq!(html.diffs().len(), 2);
     assert_eq!(html.diffs()[0].new_functions[0].function, "paginate");
     assert!(page.contains("New in 2.0"));
     assert!(page.contains("<code>paginate</code>"));
+    assert_eq!(html.diffs()[1].after.label, "3.0");
+    assert_eq!(page.matches("<details>").count(), 1);
+    for tag in [
+        "details", "section", "article", "table", "figure", "svg", "script",
+    ] {
+        assert_eq!(
+            page.matches(&format!("<{tag}>")).count() + page.matches(&format!("<{tag} ")).count(),
+            page.matches(&format!("</{tag}>")).count(),
+            "unbalanced <{tag}>"
+        );
+    }
 }

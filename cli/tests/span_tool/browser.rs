@@ -454,3 +454,25 @@ fn decode_rgb(path: &Path) -> (u32, u32, Vec<[u8; 3]>) {
         .collect();
     (info.width, info.height, pixels)
 }
+
+/// Without a browser too: the binary writes the page, and refuses a text-only flag with it.
+#[test]
+fn report_html_writes_one_page_and_refuses_all_frames() {
+    let dir = fixture_run();
+    let page = write_report(dir.path());
+    let html = std::fs::read_to_string(&page).expect("page written");
+    assert!(html.starts_with("<!DOCTYPE html>"));
+    for text in ["GET /report", "render_rows", "New in 2.0.0"] {
+        assert!(html.contains(text), "no {text:?} in the page");
+    }
+    let out = Command::new(env!("CARGO_BIN_EXE_otel-profiling"))
+        .arg("report")
+        .arg(dir.path())
+        .args(["--all-frames", "--html"])
+        .arg(dir.path().join("other.html"))
+        .output()
+        .expect("run otel-profiling");
+    assert_eq!(out.status.code(), Some(2));
+    assert!(String::from_utf8_lossy(&out.stderr).contains("--all-frames"));
+    assert!(!dir.path().join("other.html").exists());
+}
