@@ -51,9 +51,10 @@ impl ActiveSource {
 pub enum CpuSource {
     /// The profile samples labelled with the spans' ids.
     Profile,
-    /// `profiling.cpu.time_ns` (no profile read has the spans' samples).
+    /// `profiling.cpu.time_ns` (no profile read has the spans' samples, yet the attribute
+    /// records CPU).
     Attributes,
-    /// Neither: no CPU evidence at all.
+    /// No samples and no CPU recorded in the attributes.
     None,
 }
 
@@ -126,7 +127,8 @@ impl TimeSplit {
         };
         let cpu_source = if spans.iter().any(|s| by_id.contains_key(s.span_id.as_str())) {
             CpuSource::Profile
-        } else if spans.iter().any(|s| s.cpu_time_ns.is_some()) {
+        } else if spans.iter().any(|s| s.cpu_time_ns.unwrap_or(0) > 0) {
+            // Only a non-zero attribute says a profile exists that was not read.
             CpuSource::Attributes
         } else {
             CpuSource::None
@@ -218,7 +220,7 @@ impl TimeSplit {
             CpuSource::Attributes => {
                 "CPU from profiling.cpu.time_ns (no profile read has these spans' samples)"
             }
-            CpuSource::None => "no CPU evidence (no samples, no profiling.cpu.time_ns)",
+            CpuSource::None => "no CPU samples and no CPU in profiling.cpu.time_ns",
         };
         let active = match (self.active, self.partial) {
             (Some(source), _) => format!(

@@ -253,11 +253,16 @@ impl HtmlReport {
             write_bar(out, s)?;
             writeln!(
                 out,
-                r#"</td><td class="num">{cpu}<br><small>{samples} samples</small></td><td class="source" title="{source}">{tag}</td><td><span class="verdict {class}">{verdict}</span></td></tr>"#,
+                r#"</td><td class="num">{cpu}<br><small>{samples} samples</small></td><td class="source" title="{source}">{tag}<br><small>{kind}</small></td><td><span class="verdict {class}">{verdict}</span></td></tr>"#,
                 cpu = ms(s.cpu_ns),
                 samples = s.cpu_samples,
                 source = Esc(&s.source()),
-                tag = source_tag(s),
+                tag = Esc(&source_tag(s)),
+                kind = if s.active.is_some() {
+                    "CPU / blocked / awaiting"
+                } else {
+                    "CPU vs not on CPU"
+                },
                 class = verdict_class(g.verdict),
                 verdict = g.verdict,
             )?;
@@ -428,7 +433,7 @@ fn source_tag(split: &TimeSplit) -> String {
     match (split.active, split.partial) {
         (Some(source), _) => source.attribute().to_owned(),
         (None, Some((source, n))) => format!("{} on {n}/{} spans", source.attribute(), split.spans),
-        (None, None) => "none: CPU vs not on CPU".to_owned(),
+        (None, None) => "none".to_owned(),
     }
 }
 

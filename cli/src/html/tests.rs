@@ -114,7 +114,7 @@ fn shows_split_verdicts_flame_graphs_and_the_version_diff() {
     assert!(page.contains("blocked in poll 40.0% · awaiting 20.0%"));
     assert!(page.contains(">busy_ns<"));
     // No busy_ns on GET /orders: said so, and only CPU against not on CPU.
-    assert!(page.contains("none: CPU vs not on CPU"));
+    assert!(page.contains(">none<br><small>CPU vs not on CPU<"));
     assert!(page.contains("CPU 0.0% · not on CPU 100.0%"));
     assert!(page.contains("CPU-bound") && page.contains("waiting"));
     // The diff 1.0 → 2.0 names the new function; 2.0 → 3.0 got cheaper and is folded.

@@ -334,7 +334,7 @@ const EXPECTED: Expected = Expected {
         "waiting",
         "busy_ns",
         "blocked in poll",
-        "none: CPU vs not on CPU",
+        ">none<br><small>CPU vs not on CPU<",
         "GET /report: 1.0.0 → 2.0.0, per request",
         "New in 2.0.0",
     ],
