@@ -21,12 +21,21 @@ use opentelemetry_sdk::error::OTelSdkResult;
 use opentelemetry_sdk::trace::{Span, SpanData, SpanProcessor};
 use opentelemetry_sdk::Resource;
 
-use crate::root_cpu::{CpuHandle, SlotLists};
+use crate::root_cpu::{CpuHandle, RootTotals, SlotLists};
 
 /// Samples taken while the span (or its local children) ran on some thread.
 pub const CPU_SAMPLES_ATTRIBUTE: &str = "profiling.cpu.samples";
 /// The CPU time those samples stand for, in nanoseconds (samples × sampling period).
 pub const CPU_TIME_ATTRIBUTE: &str = "profiling.cpu.time_ns";
+/// Wall time threads spent running inside the span or its local descendants (entered, or
+/// being polled), summed over threads, in nanoseconds. With the span's duration and
+/// [`CPU_TIME_ATTRIBUTE`] it says where the elapsed time went: active − CPU was spent
+/// blocked inside a poll (off CPU, holding the thread); duration − active was spent with
+/// no thread working for the span (awaiting something, or queued). Measured at the
+/// thread's root transitions with the monotonic clock, so it is exact up to the span's
+/// end; the CPU it is compared with is sampled (± one sampling period per thread, see
+/// [`CPU_SAMPLES_ATTRIBUTE`] for how many samples back it).
+pub const WALL_ACTIVE_ATTRIBUTE: &str = "profiling.wall.active_ns";
 
 /// Entries whose span is gone without having ended through a processor are purged
 /// after this long.
@@ -109,16 +118,16 @@ pub(crate) fn track(span_id: SpanId) -> Option<Arc<RootCounters>> {
     Some(cpu)
 }
 
-/// Ends counting for the root `span_id` and returns its totals `(samples, time_ns)`.
-fn take(span_id: SpanId) -> Option<(u64, u64)> {
+/// Ends counting for the root `span_id` and returns its totals.
+fn take(span_id: SpanId) -> Option<RootTotals> {
     let key = u64::from_be_bytes(span_id.to_bytes());
     let mut shard = shard(key).lock().unwrap_or_else(PoisonError::into_inner);
     let entry = shard.entries.remove(&key)?;
     Some(shard.slots.release(entry.cpu.handle))
 }
 
-/// Wraps the exporting span processor and adds [`CPU_SAMPLES_ATTRIBUTE`] and
-/// [`CPU_TIME_ATTRIBUTE`] to local root spans as they end.
+/// Wraps the exporting span processor and adds [`CPU_SAMPLES_ATTRIBUTE`],
+/// [`CPU_TIME_ATTRIBUTE`] and [`WALL_ACTIVE_ATTRIBUTE`] to local root spans as they end.
 ///
 /// Spans that started while no sampler ran carry no evidence attributes (rather than a
 /// misleading zero).
@@ -158,15 +167,13 @@ impl<P: SpanProcessor> SpanProcessor for CpuEvidenceProcessor<P> {
     }
 
     fn on_end(&self, mut span: SpanData) {
-        if let Some((samples, time_ns)) = take(span.span_context.span_id()) {
-            span.attributes.push(KeyValue::new(
-                CPU_SAMPLES_ATTRIBUTE,
-                i64::try_from(samples).unwrap_or(i64::MAX),
-            ));
-            span.attributes.push(KeyValue::new(
-                CPU_TIME_ATTRIBUTE,
-                i64::try_from(time_ns).unwrap_or(i64::MAX),
-            ));
+        if let Some(totals) = take(span.span_context.span_id()) {
+            let int = |v: u64| i64::try_from(v).unwrap_or(i64::MAX);
+            span.attributes.extend([
+                KeyValue::new(CPU_SAMPLES_ATTRIBUTE, int(totals.samples)),
+                KeyValue::new(CPU_TIME_ATTRIBUTE, int(totals.cpu_ns)),
+                KeyValue::new(WALL_ACTIVE_ATTRIBUTE, int(totals.active_ns)),
+            ]);
         }
         self.inner.on_end(span);
     }

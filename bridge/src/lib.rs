@@ -53,7 +53,10 @@ mod span_context;
 mod span_name;
 mod symbolize;
 
-pub use evidence::{CpuEvidenceProcessor, CPU_SAMPLES_ATTRIBUTE, CPU_TIME_ATTRIBUTE, ORPHAN_AGE};
+pub use evidence::{
+    CpuEvidenceProcessor, CPU_SAMPLES_ATTRIBUTE, CPU_TIME_ATTRIBUTE, ORPHAN_AGE,
+    WALL_ACTIVE_ATTRIBUTE,
+};
 pub use layer::ProfilingLayer;
 pub use local_root::UnsampledTraces;
 pub use otel_scope::{ProfiledFuture, ProfilingContext, ProfilingFutureExt};

@@ -34,7 +34,7 @@ use crate::never_freed::NeverFreed;
 
 /// Slots per chunk.
 const CHUNK: usize = 256;
-/// Chunks at most: 4,194,304 local roots alive at once (a chunk is 6 KiB).
+/// Chunks at most: 4,194,304 local roots alive at once (a chunk is 8 KiB).
 const MAX_CHUNKS: usize = 16_384;
 
 /// One root's counters.
@@ -43,6 +43,12 @@ struct Slot {
     generation: AtomicU32,
     samples: AtomicU64,
     time_ns: AtomicU64,
+    /// Wall time threads spent inside the root: the low 16 bits of the owning generation
+    /// in the top 16 bits, nanoseconds in the low 48 (78 hours). Added to by span hooks on
+    /// any thread, not by the handler, so it does not take part in the `IN_FLIGHT`
+    /// quiescence; the generation inside the word makes an add from a thread that left
+    /// the root after it ended fail instead of landing in the next owner's total.
+    active: AtomicU64,
 }
 
 impl Slot {
@@ -51,8 +57,18 @@ impl Slot {
             generation: AtomicU32::new(0),
             samples: AtomicU64::new(0),
             time_ns: AtomicU64::new(0),
+            active: AtomicU64::new(0),
         }
     }
+}
+
+/// Bits of [`Slot::active`] holding nanoseconds.
+const ACTIVE_NS_BITS: u32 = 48;
+const ACTIVE_NS_MASK: u64 = (1 << ACTIVE_NS_BITS) - 1;
+
+/// The generation tag [`Slot::active`] carries for `generation`.
+fn active_tag(generation: u32) -> u64 {
+    u64::from(generation & 0xffff) << ACTIVE_NS_BITS
 }
 
 static TABLE: NeverFreed<Slot, CHUNK, MAX_CHUNKS> = NeverFreed::new();
@@ -60,6 +76,8 @@ static TABLE: NeverFreed<Slot, CHUNK, MAX_CHUNKS> = NeverFreed::new();
 static IN_FLIGHT: AtomicUsize = AtomicUsize::new(0);
 /// Samples whose root had already ended.
 static STALE: AtomicU64 = AtomicU64::new(0);
+/// Active-time adds whose root had already ended.
+static STALE_ACTIVE: AtomicU64 = AtomicU64::new(0);
 
 /// Names one root's counters: slot index and generation. `Copy`, no address.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
@@ -114,6 +132,8 @@ impl SlotLists {
         let slot = slot(index).ok_or(TableFull)?;
         slot.samples.store(0, Ordering::Relaxed);
         slot.time_ns.store(0, Ordering::Relaxed);
+        let next = slot.generation.load(Ordering::Relaxed).wrapping_add(1);
+        slot.active.store(active_tag(next), Ordering::Relaxed);
         // Even (free) → odd (owned); the release orders the zeroing before it.
         let generation = slot
             .generation
@@ -122,11 +142,11 @@ impl SlotLists {
         Ok(CpuHandle { index, generation })
     }
 
-    /// Ends `handle`'s ownership and returns its totals `(samples, time_ns)`. Later
-    /// samples under the same handle are not counted.
-    pub(crate) fn release(&mut self, handle: CpuHandle) -> (u64, u64) {
+    /// Ends `handle`'s ownership and returns its totals. Later samples and active time
+    /// under the same handle are not counted.
+    pub(crate) fn release(&mut self, handle: CpuHandle) -> RootTotals {
         let Some(slot) = slot(handle.index) else {
-            return (0, 0);
+            return RootTotals::default();
         };
         if slot
             .generation
@@ -138,8 +158,13 @@ impl SlotLists {
             )
             .is_err()
         {
-            return (0, 0);
+            return RootTotals::default();
         }
+        // Closes the active word to adds under the old tag, and takes its total.
+        let active = slot.active.swap(
+            active_tag(handle.generation.wrapping_add(1)),
+            Ordering::SeqCst,
+        );
         // A handler that passed the generation check just before the release may still be
         // adding: wait for it a little (handlers are short), without ever blocking long.
         for _ in 0..1000 {
@@ -148,13 +173,65 @@ impl SlotLists {
             }
             std::hint::spin_loop();
         }
-        let totals = (
-            slot.samples.load(Ordering::Relaxed),
-            slot.time_ns.load(Ordering::Relaxed),
-        );
+        let totals = RootTotals {
+            samples: slot.samples.load(Ordering::Relaxed),
+            cpu_ns: slot.time_ns.load(Ordering::Relaxed),
+            active_ns: active & ACTIVE_NS_MASK,
+        };
         self.limbo.push(handle.index);
         totals
     }
+}
+
+/// What one root's counters add up to when it ends.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub(crate) struct RootTotals {
+    /// CPU samples taken under the root.
+    pub(crate) samples: u64,
+    /// The CPU time they stand for.
+    pub(crate) cpu_ns: u64,
+    /// Wall time threads spent inside the root (see [`add_active`]).
+    pub(crate) active_ns: u64,
+}
+
+/// Adds `ns` of wall time spent inside the root `raw` (a [`CpuHandle::to_raw`]) by the
+/// calling thread. Saturates at 2⁴⁸ ns; returns false (and adds nothing) when the root
+/// has ended. Lock-free: one compare-and-swap on the root's own slot, so threads of
+/// different roots never touch the same cache line.
+#[inline]
+pub(crate) fn add_active(raw: u64, ns: u64) -> bool {
+    let Some(handle) = CpuHandle::from_raw(raw) else {
+        return false;
+    };
+    let Some(slot) = slot(handle.index) else {
+        return false;
+    };
+    let tag = active_tag(handle.generation);
+    let mut current = slot.active.load(Ordering::Relaxed);
+    loop {
+        if current & !ACTIVE_NS_MASK != tag {
+            STALE_ACTIVE.fetch_add(1, Ordering::Relaxed);
+            return false;
+        }
+        let total = (current & ACTIVE_NS_MASK)
+            .saturating_add(ns)
+            .min(ACTIVE_NS_MASK);
+        match slot.active.compare_exchange_weak(
+            current,
+            tag | total,
+            Ordering::Relaxed,
+            Ordering::Relaxed,
+        ) {
+            Ok(_) => return true,
+            Err(seen) => current = seen,
+        }
+    }
+}
+
+/// Active-time adds refused because their root had already ended (work that went on
+/// under a root after its span closed, such as a detached task).
+pub(crate) fn stale_active() -> u64 {
+    STALE_ACTIVE.load(Ordering::Relaxed)
 }
 
 /// Counts one sample standing for `time_ns` of CPU under `raw` (a [`CpuHandle::to_raw`]).
@@ -198,7 +275,16 @@ mod tests {
         let a = lists.claim().expect("slot");
         record(a.to_raw(), 10);
         record(a.to_raw(), 10);
-        assert_eq!(lists.release(a), (2, 20));
+        assert!(add_active(a.to_raw(), 100));
+        assert_eq!(
+            lists.release(a),
+            RootTotals {
+                samples: 2,
+                cpu_ns: 20,
+                active_ns: 100
+            }
+        );
+        assert!(!add_active(a.to_raw(), 5), "ended root refuses active time");
         let stale_before = stale_handles();
         record(a.to_raw(), 10);
         assert_eq!(stale_handles(), stale_before + 1, "stale handle refused");
@@ -209,9 +295,21 @@ mod tests {
         assert_ne!(b.generation, a.generation);
         record(a.to_raw(), 10);
         record(b.to_raw(), 7);
-        assert_eq!(lists.release(b), (1, 7));
+        assert!(
+            !add_active(a.to_raw(), 1_000),
+            "old handle adds nothing to the new root"
+        );
+        assert!(add_active(b.to_raw(), 3));
+        assert_eq!(
+            lists.release(b),
+            RootTotals {
+                samples: 1,
+                cpu_ns: 7,
+                active_ns: 3
+            }
+        );
         // Releasing twice is harmless.
-        assert_eq!(lists.release(b), (0, 0));
+        assert_eq!(lists.release(b), RootTotals::default());
     }
 
     #[test]
@@ -229,6 +327,28 @@ mod tests {
         record(0, 1);
         assert_eq!(stale_handles(), before + 4, "0 is no handle");
         assert_eq!(CpuHandle::from_raw(0), None);
+    }
+
+    #[test]
+    fn active_time_saturates_and_survives_racing_threads() {
+        let mut lists = SlotLists::default();
+        let a = lists.claim().expect("slot");
+        let raw = a.to_raw();
+        std::thread::scope(|s| {
+            for _ in 0..4 {
+                s.spawn(move || {
+                    for _ in 0..10_000 {
+                        add_active(raw, 3);
+                    }
+                });
+            }
+        });
+        add_active(raw, 0);
+        assert_eq!(lists.release(a).active_ns, 4 * 10_000 * 3, "no add lost");
+        let b = lists.claim().expect("slot");
+        assert!(add_active(b.to_raw(), u64::MAX));
+        assert!(add_active(b.to_raw(), 1));
+        assert_eq!(lists.release(b).active_ns, ACTIVE_NS_MASK);
     }
 
     #[test]

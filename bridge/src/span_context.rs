@@ -219,6 +219,7 @@ pub(crate) fn replace(root: Option<LocalRoot>) -> Option<LocalRoot> {
     CELL.with(|cell| {
         let previous = cell.own_value();
         if previous != root {
+            active::transition(previous.map_or(0, |r| r.cpu), root.map_or(0, |r| r.cpu));
             cell.write(root);
         }
         previous
@@ -282,6 +283,7 @@ impl Drop for SpanContextGuard {
     }
 }
 
+mod active;
 pub(crate) mod scopes;
 #[cfg(test)]
 mod tests;

@@ -512,3 +512,61 @@ fn flame_graph_uses_pyroscope_shape_with_int64_strings() {
     assert_eq!(graph.function_total("checklist_cpu_work"), 250_000_000);
     assert_eq!(graph.top_function().unwrap().0, "checklist_cpu_work");
 }
+
+// ---- The command line follows the conventions ----
+
+#[test]
+fn help_goes_to_stdout_and_exits_0() {
+    let out = std::process::Command::new(CHECKLIST_EXE)
+        .arg("--help")
+        .output()
+        .expect("checklist runs");
+    let stdout = String::from_utf8_lossy(&out.stdout);
+    assert_eq!(
+        out.status.code(),
+        Some(0),
+        "stderr: {}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    for flag in ["--tempo", "--pyroscope", "--otlp", "--timeout", "--standin"] {
+        assert!(stdout.contains(flag), "{flag} in the help: {stdout}");
+    }
+    assert!(
+        !stdout.contains("Commands:"),
+        "the internal mode stays hidden: {stdout}"
+    );
+}
+
+#[test]
+fn usage_errors_go_to_stderr_and_exit_2() {
+    for args in [
+        &["--bogus"][..],
+        &["--timeout", "soon"],
+        &["--standin", "--tempo", "http://127.0.0.1:3200"],
+    ] {
+        let out = std::process::Command::new(CHECKLIST_EXE)
+            .args(args)
+            .env_remove("TEMPO_URL")
+            .env_remove("PYROSCOPE_URL")
+            .env_remove("OTEL_EXPORTER_OTLP_ENDPOINT")
+            .output()
+            .expect("checklist runs");
+        let stderr = String::from_utf8_lossy(&out.stderr);
+        assert_eq!(out.status.code(), Some(2), "{args:?}: {stderr}");
+        assert!(stderr.contains("error"), "{args:?}: {stderr}");
+        assert!(out.stdout.is_empty(), "{args:?}: nothing on stdout");
+    }
+    // No backends and no --standin: a usage error naming the variables.
+    let out = std::process::Command::new(CHECKLIST_EXE)
+        .env_remove("TEMPO_URL")
+        .env_remove("PYROSCOPE_URL")
+        .env_remove("OTEL_EXPORTER_OTLP_ENDPOINT")
+        .output()
+        .expect("checklist runs");
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert_eq!(out.status.code(), Some(2), "{stderr}");
+    assert!(
+        stderr.contains("TEMPO_URL") && stderr.contains("--standin"),
+        "{stderr}"
+    );
+}

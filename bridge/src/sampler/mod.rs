@@ -258,6 +258,10 @@ pub struct SamplerStats {
     /// Samples taken under a local root whose span had already ended (a `LocalRoot`
     /// kept past its span); not counted for any span.
     pub stale_roots: u64,
+    /// Stretches of wall time spent inside a local root after its span had ended (a
+    /// detached task still running under it, or a plain-API span ended inside its own
+    /// scope); not counted in any span's `profiling.wall.active_ns`.
+    pub stale_active: u64,
 }
 
 /// The unwinder's view of the loaded objects.
@@ -437,6 +441,7 @@ pub fn stats() -> SamplerStats {
         blocked_threads: BLOCKED.load(Ordering::Relaxed),
         handler_replaced: REPLACED.load(Ordering::Relaxed),
         stale_roots: crate::root_cpu::stale_handles(),
+        stale_active: crate::root_cpu::stale_active(),
         ..SamplerStats::default()
     };
     for slot in slots::all() {

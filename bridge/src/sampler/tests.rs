@@ -209,7 +209,8 @@ fn overrun_weights_the_sample_and_the_span_time() {
         }
     });
     assert_eq!(weights, [4]);
-    assert_eq!(lists.release(handle), (1, 4 * 10_000_000));
+    let totals = lists.release(handle);
+    assert_eq!((totals.samples, totals.cpu_ns), (1, 4 * 10_000_000));
     drop(sampler);
 }
 
@@ -235,8 +236,9 @@ fn a_local_root_kept_past_its_span_counts_for_no_span() {
         // Thread CPU: the kernel delivers about 100 signals per CPU second here.
         burn(Duration::from_millis(300));
     }
-    let (samples, _) = lists.release(new);
-    assert_eq!(samples, 0, "the new root ran nothing");
+    let totals = lists.release(new);
+    assert_eq!(totals.samples, 0, "the new root ran nothing");
+    assert_eq!(totals.active_ns, 0, "nor was it ever entered");
     assert!(stats().stale_roots >= stale_before + 5, "{:?}", stats());
     drop(sampler);
 }

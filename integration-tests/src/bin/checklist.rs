@@ -14,68 +14,98 @@
 use std::process::ExitCode;
 use std::time::{Duration, Instant};
 
+use clap::{Args, Parser, Subcommand};
 use otel_profiling_integration_tests::checklist::{record_all, run_all, Backends};
 use otel_profiling_integration_tests::standin::StandIn;
 use otel_profiling_integration_tests::workload::{record, RecordSpec, Scenario};
 
+/// Runs the verification checklist against a stack (Tempo, Pyroscope, an OTLP receiver)
+/// and prints a pass/fail table with the evidence of each check.
+///
+/// Exit code 0 when every check passes, 1 when one fails, 2 on usage errors.
+#[derive(Parser, Debug)]
+#[command(name = "checklist", version)]
+struct Cli {
+    /// Tempo's HTTP API.
+    #[arg(long, env = "TEMPO_URL", value_name = "URL")]
+    tempo: Option<String>,
+    /// Pyroscope's HTTP API.
+    #[arg(long, env = "PYROSCOPE_URL", value_name = "URL")]
+    pyroscope: Option<String>,
+    /// Where the recorded operations send their spans (OTLP/HTTP).
+    #[arg(long, env = "OTEL_EXPORTER_OTLP_ENDPOINT", value_name = "URL")]
+    otlp: Option<String>,
+    /// How long to wait for each trace and profile to become queryable.
+    #[arg(long, value_name = "SECS", default_value_t = 60)]
+    timeout: u64,
+    /// Start the in-process stand-in (a stand-in for tests, not a backend) instead of
+    /// using a stack.
+    #[arg(long, conflicts_with_all = ["tempo", "pyroscope", "otlp"])]
+    standin: bool,
+    #[command(subcommand)]
+    mode: Option<Mode>,
+}
+
+#[derive(Subcommand, Debug)]
+enum Mode {
+    /// Internal: records one scenario in this process (the parent runs it as a child,
+    /// since the profiler is process-global).
+    #[command(hide = true)]
+    Record(RecordArgs),
+}
+
+#[derive(Args, Debug)]
+struct RecordArgs {
+    #[arg(long)]
+    otlp: String,
+    #[arg(long)]
+    pyroscope: String,
+    #[arg(long)]
+    service: String,
+    #[arg(long)]
+    version: String,
+    #[arg(long, value_parser = parse_scenario)]
+    scenario: Scenario,
+    #[arg(long)]
+    no_profile_id: bool,
+}
+
+fn parse_scenario(text: &str) -> Result<Scenario, String> {
+    Scenario::parse(text).ok_or_else(|| format!("unknown scenario {text}"))
+}
+
+/// A usage error found after parsing, reported the way clap reports its own.
 fn usage(message: &str) -> ExitCode {
-    eprintln!("checklist: {message}");
-    eprintln!(
-        "usage: checklist [--tempo URL] [--pyroscope URL] [--otlp URL] [--timeout SECS] [--standin]"
-    );
+    eprintln!("error: {message}\n\nFor more information, try '--help'.");
     ExitCode::from(2)
 }
 
 fn main() -> ExitCode {
-    let args: Vec<String> = std::env::args().skip(1).collect();
-    if args.first().map(String::as_str) == Some("record") {
-        return record_mode(&args[1..]);
+    let cli = Cli::parse();
+    if let Some(Mode::Record(args)) = cli.mode {
+        return record_mode(args);
     }
-    let env = |k: &str| std::env::var(k).ok().filter(|v| !v.trim().is_empty());
-    let mut tempo = env("TEMPO_URL");
-    let mut pyroscope = env("PYROSCOPE_URL");
-    let mut otlp = env("OTEL_EXPORTER_OTLP_ENDPOINT");
-    let mut timeout = 60u64;
-    let mut standin = false;
-    let mut it = args.iter();
-    while let Some(arg) = it.next() {
-        let mut value = |name: &str| it.next().cloned().ok_or(format!("{name} needs a value"));
-        let r = match arg.as_str() {
-            "--tempo" => value("--tempo").map(|v| tempo = Some(v)),
-            "--pyroscope" => value("--pyroscope").map(|v| pyroscope = Some(v)),
-            "--otlp" => value("--otlp").map(|v| otlp = Some(v)),
-            "--timeout" => value("--timeout").and_then(|v| {
-                v.parse()
-                    .map(|t| timeout = t)
-                    .map_err(|_| format!("--timeout {v}: not a number of seconds"))
-            }),
-            "--standin" => {
-                standin = true;
-                Ok(())
-            }
-            "-h" | "--help" => return usage("runs the verification checklist"),
-            other => Err(format!("unknown argument {other}")),
-        };
-        if let Err(e) = r {
-            return usage(&e);
-        }
-    }
+    let blank = |v: Option<String>| v.filter(|v| !v.trim().is_empty());
+    let timeout = cli.timeout;
     let _guard;
-    let backends = if standin {
+    let backends = if cli.standin {
         let s = match StandIn::start() {
             Ok(s) => s,
-            Err(e) => return usage(&format!("starting the stand-in: {e}")),
+            Err(e) => {
+                eprintln!("checklist: starting the stand-in: {e}");
+                return ExitCode::from(1);
+            }
         };
         let url = s.url();
         println!("using the in-process stand-in at {url} (a stand-in for tests, not a backend)");
         _guard = s;
         Backends::new(&url, &url, &url, Duration::from_secs(timeout.min(5)))
     } else {
-        match (tempo, pyroscope, otlp) {
+        match (blank(cli.tempo), blank(cli.pyroscope), blank(cli.otlp)) {
             (Some(t), Some(p), Some(o)) => Backends::new(&t, &p, &o, Duration::from_secs(timeout)),
             _ => {
                 return usage(
-                    "set TEMPO_URL, PYROSCOPE_URL and OTEL_EXPORTER_OTLP_ENDPOINT (or the flags), or pass --standin",
+                    "set TEMPO_URL, PYROSCOPE_URL and OTEL_EXPORTER_OTLP_ENDPOINT (or --tempo, --pyroscope, --otlp), or pass --standin",
                 )
             }
         }
@@ -87,7 +117,10 @@ fn main() -> ExitCode {
     let started = Instant::now();
     let exe = match std::env::current_exe() {
         Ok(e) => e,
-        Err(e) => return usage(&format!("cannot find this executable: {e}")),
+        Err(e) => {
+            eprintln!("checklist: cannot find this executable: {e}");
+            return ExitCode::from(1);
+        }
     };
     let recordings = match record_all(&exe, &backends) {
         Ok(r) => r,
@@ -146,36 +179,15 @@ fn main() -> ExitCode {
     }
 }
 
-fn record_mode(args: &[String]) -> ExitCode {
-    let mut spec = RecordSpec {
-        otlp_endpoint: String::new(),
-        pyroscope_url: String::new(),
-        service_name: String::new(),
-        service_version: String::new(),
-        scenario: Scenario::CpuAndIo,
-        profile_id: true,
+fn record_mode(args: RecordArgs) -> ExitCode {
+    let spec = RecordSpec {
+        otlp_endpoint: args.otlp,
+        pyroscope_url: args.pyroscope,
+        service_name: args.service,
+        service_version: args.version,
+        scenario: args.scenario,
+        profile_id: !args.no_profile_id,
     };
-    let mut it = args.iter();
-    while let Some(arg) = it.next() {
-        if arg == "--no-profile-id" {
-            spec.profile_id = false;
-            continue;
-        }
-        let Some(v) = it.next().cloned() else {
-            return usage(&format!("{arg} needs a value"));
-        };
-        match arg.as_str() {
-            "--otlp" => spec.otlp_endpoint = v,
-            "--pyroscope" => spec.pyroscope_url = v,
-            "--service" => spec.service_name = v,
-            "--version" => spec.service_version = v,
-            "--scenario" => match Scenario::parse(&v) {
-                Some(s) => spec.scenario = s,
-                None => return usage(&format!("unknown scenario {v}")),
-            },
-            other => return usage(&format!("unknown argument {other}")),
-        }
-    }
     match record(&spec) {
         Ok(lines) => {
             for l in lines {

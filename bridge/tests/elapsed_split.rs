@@ -1,0 +1,196 @@
+//! Where a root span's elapsed time went, on a 2-worker tokio runtime: a root that burns
+//! CPU, one that blocks inside its poll (`std::thread::sleep`), one that awaits a timer,
+//! and one whose work runs on a blocking-pool thread. `profiling.wall.active_ns` (time a
+//! thread was inside the root) must tell them apart together with CPU and duration.
+
+mod common;
+
+use std::time::Duration;
+
+use opentelemetry::trace::{TraceContextExt, Tracer, TracerProvider as _};
+use opentelemetry::{Context, Value};
+use opentelemetry_sdk::trace::{InMemorySpanExporter, SdkTracerProvider, SimpleSpanProcessor};
+use otel_profiling::sampler::{Sampler, SamplerConfig};
+use otel_profiling::{
+    CpuEvidenceProcessor, ProfilingContext, ProfilingFutureExt, CPU_TIME_ATTRIBUTE,
+    WALL_ACTIVE_ATTRIBUTE,
+};
+
+const STRETCH: Duration = Duration::from_millis(300);
+
+#[inline(never)]
+fn burn(d: Duration) {
+    let start = common::thread_cpu_time();
+    let mut x = 0x9e37_79b9_7f4a_7c15_u64;
+    while common::thread_cpu_time() - start < d {
+        for _ in 0..2_000 {
+            x ^= x << 13;
+            x ^= x >> 7;
+            x ^= x << 17;
+        }
+    }
+    std::hint::black_box(x);
+}
+
+struct Split {
+    duration: Duration,
+    cpu: Duration,
+    active: Duration,
+}
+
+fn ns(span: &opentelemetry_sdk::trace::SpanData, key: &str) -> Duration {
+    let value = span
+        .attributes
+        .iter()
+        .find(|kv| kv.key.as_str() == key)
+        .unwrap_or_else(|| panic!("{} has no {key}", span.name));
+    match value.value {
+        Value::I64(v) => Duration::from_nanos(v as u64),
+        ref other => panic!("{key} is {other:?}"),
+    }
+}
+
+#[test]
+fn cpu_blocked_in_poll_and_awaiting_are_told_apart() {
+    let _turn = common::turn();
+    let exporter = InMemorySpanExporter::default();
+    let provider = SdkTracerProvider::builder()
+        .with_span_processor(CpuEvidenceProcessor::new(SimpleSpanProcessor::new(
+            exporter.clone(),
+        )))
+        .build();
+    let tracer = provider.tracer("elapsed");
+    let sampler = Sampler::start(SamplerConfig::default().with_frequency_hz(100)).expect("sampler");
+    let runtime = tokio::runtime::Builder::new_multi_thread()
+        .worker_threads(2)
+        .enable_all()
+        .build()
+        .expect("runtime");
+
+    let root = |name: &'static str| {
+        let span = tracer.start(name);
+        ProfilingContext::new(Context::current_with_span(span), name)
+    };
+    let cpu = root("cpu");
+    let blocked = root("blocked");
+    let awaiting = root("awaiting");
+    let offloaded = root("offloaded");
+    let offloaded_cx = offloaded.clone();
+
+    let burned = runtime.block_on(async {
+        let cpu_task = tokio::spawn(
+            async {
+                // Six polls of 50 ms CPU each, yielding between them.
+                let start = common::thread_cpu_time();
+                for _ in 0..6 {
+                    burn(STRETCH / 6);
+                    tokio::task::yield_now().await;
+                }
+                common::thread_cpu_time() - start
+            }
+            .with_profiling_context(cpu.clone()),
+        );
+        let blocked_task = tokio::spawn(
+            async {
+                tokio::task::yield_now().await;
+                std::thread::sleep(STRETCH);
+            }
+            .with_profiling_context(blocked.clone()),
+        );
+        let awaiting_task = tokio::spawn(
+            async {
+                tokio::time::sleep(STRETCH).await;
+            }
+            .with_profiling_context(awaiting.clone()),
+        );
+        let offloaded_task = tokio::spawn(
+            async move {
+                // The work runs on a blocking-pool thread under the same root; the task
+                // itself only awaits it.
+                tokio::task::spawn_blocking(move || {
+                    offloaded_cx.in_scope(|| std::thread::sleep(STRETCH))
+                })
+                .await
+            }
+            .with_profiling_context(offloaded.clone()),
+        );
+        let (burned, _, _, _) = tokio::join!(cpu_task, blocked_task, awaiting_task, offloaded_task);
+        burned.expect("cpu task")
+    });
+    for cx in [&cpu, &blocked, &awaiting, &offloaded] {
+        cx.context().span().end();
+    }
+    drop(runtime);
+    drop(sampler);
+
+    let spans = exporter.get_finished_spans().expect("spans");
+    let split = |name: &str| {
+        let span = spans
+            .iter()
+            .find(|s| s.name == name)
+            .unwrap_or_else(|| panic!("{name} exported"));
+        Split {
+            duration: span
+                .end_time
+                .duration_since(span.start_time)
+                .unwrap_or_default(),
+            cpu: ns(span, CPU_TIME_ATTRIBUTE),
+            active: ns(span, WALL_ACTIVE_ATTRIBUTE),
+        }
+    };
+    let show = |name: &str, s: &Split| {
+        eprintln!(
+            "{name:>9}: duration {:>4} ms, active {:>4} ms, cpu {:>4} ms",
+            s.duration.as_millis(),
+            s.active.as_millis(),
+            s.cpu.as_millis()
+        )
+    };
+    let (c, b, a, o) = (
+        split("cpu"),
+        split("blocked"),
+        split("awaiting"),
+        split("offloaded"),
+    );
+    for (name, s) in [
+        ("cpu", &c),
+        ("blocked", &b),
+        ("awaiting", &a),
+        ("offloaded", &o),
+    ] {
+        show(name, s);
+        assert!(
+            s.active <= s.duration,
+            "{name}: active within the span's duration"
+        );
+    }
+    let ms = Duration::from_millis;
+    // CPU-bound: a thread was inside the root at least as long as it burned CPU, and the
+    // sampled CPU matches the burned CPU within a few sampling periods.
+    assert!(
+        c.active >= burned.mul_f64(0.95),
+        "cpu: active {:?} vs burned {burned:?}",
+        c.active
+    );
+    assert!(
+        c.cpu >= burned.mul_f64(0.7),
+        "cpu: sampled {:?} vs burned {burned:?}",
+        c.cpu
+    );
+    // Blocked in its poll: the thread was held the whole sleep, with almost no CPU.
+    assert!(
+        b.active >= STRETCH.mul_f64(0.95),
+        "blocked: active {:?}",
+        b.active
+    );
+    assert!(b.cpu <= ms(50), "blocked: cpu {:?}", b.cpu);
+    // Awaiting a timer: no thread was inside the root for (nearly) all of it.
+    assert!(a.duration >= STRETCH, "awaiting: duration {:?}", a.duration);
+    assert!(a.active <= ms(60), "awaiting: active {:?}", a.active);
+    // Offloaded: the blocking-pool thread's stretch counts for the root too.
+    assert!(
+        o.active >= STRETCH.mul_f64(0.95),
+        "offloaded: active {:?}",
+        o.active
+    );
+}
