@@ -3,7 +3,7 @@
 //!
 //! CPU comes from the profile samples (or `profiling.cpu.time_ns` when no profile read has
 //! them). Telling blocked from awaiting needs the time the span was *active* (entered,
-//! polled). Two span attributes say it, best first: `profiling.wall.active_ns` (planned for
+//! polled). Two span attributes say it, best first: `profiling.wall.active_ns` (written by
 //! the bridge: the whole local root over all its threads) and `busy_ns` (written by
 //! `tracing-opentelemetry`: the time the span itself was entered). Then, per span,
 //! blocked ≈ active − CPU and awaiting ≈ wall − active. Without either on every span of a
@@ -11,7 +11,9 @@
 
 use std::collections::HashMap;
 
-use crate::input::otlp::{BUSY_NS_ATTRIBUTE, WALL_ACTIVE_ATTRIBUTE};
+use otel_profiling::WALL_ACTIVE_ATTRIBUTE;
+
+use crate::input::otlp::BUSY_NS_ATTRIBUTE;
 use crate::input::{Sample, Span};
 
 /// Where the active time of a split came from.

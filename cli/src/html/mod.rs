@@ -390,7 +390,7 @@ fn write_legend(out: &mut String) -> fmt::Result {
     }
     writeln!(
         out,
-        "<span class=\"hint\">Blocked and awaiting need the spans' active time (busy_ns from tracing-opentelemetry); without it the bar is CPU against not on CPU.</span></p>"
+        "<span class=\"hint\">Blocked and awaiting need the spans' active time (profiling.wall.active_ns, or busy_ns from tracing-opentelemetry); without it the bar is CPU against not on CPU.</span></p>"
     )
 }
 
@@ -642,7 +642,7 @@ fn write_notes(out: &mut String, period_ms: f64) -> fmt::Result {
         r#"<section id="notes"><h2>How to read this</h2><ul>
 <li>CPU is sampled: each sample stands for one {period_ms:.0} ms period of CPU, so a CPU figure from n samples is good to about ±√n periods; the sample count is shown beside it.</li>
 <li>Blocked in poll ≈ active time − CPU: the span kept its thread busy but off the CPU — a blocking call inside async code (which stalls every other task on that worker), or the thread waiting for a CPU the machine gave to other work. Awaiting ≈ wall − active time: the span was not being polled (waiting on I/O, a timer, a lock, another task, or queued behind other work).</li>
-<li>Active time comes from span attributes: <code>busy_ns</code> (tracing-opentelemetry, the root span's own entered time) or <code>profiling.wall.active_ns</code> (all threads of the local root) when the spans carry it. Without either, only CPU against not on CPU is known.</li>
+<li>Active time comes from span attributes: <code>profiling.wall.active_ns</code> (written by otel-profiling: all threads of the local root) or else <code>busy_ns</code> (written by tracing-opentelemetry: the root span's own entered time), when every span of the row carries it. Without either, only CPU against not on CPU is known.</li>
 <li>Verdicts compare CPU with wall time: CPU-bound at {bound:.0} % or more, waiting under {waiting:.0} %, mixed between; a slow span with no samples is never called fast.</li>
 </ul><p class="generated">Written by otel-profiling-cli {version}; no server, no network.</p></section>"#,
         version = env!("CARGO_PKG_VERSION"),

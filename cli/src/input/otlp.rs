@@ -6,7 +6,9 @@
 
 use std::path::Path;
 
-use otel_profiling::{CPU_SAMPLES_ATTRIBUTE, CPU_TIME_ATTRIBUTE, PROFILE_ID_ATTRIBUTE};
+use otel_profiling::{
+    CPU_SAMPLES_ATTRIBUTE, CPU_TIME_ATTRIBUTE, PROFILE_ID_ATTRIBUTE, WALL_ACTIVE_ATTRIBUTE,
+};
 use serde::Deserialize;
 use serde_json::Value;
 
@@ -18,10 +20,6 @@ pub const SERVICE_VERSION_ATTRIBUTE: &str = "service.version";
 /// Nanoseconds the span was entered (polled), as `tracing-opentelemetry` writes it on every
 /// span it exports; per span only, on whichever thread entered it.
 pub const BUSY_NS_ATTRIBUTE: &str = "busy_ns";
-
-/// Nanoseconds threads spent inside the local root or a descendant, over all its threads:
-/// the attribute planned for the bridge (issue 11); preferred over `busy_ns` when present.
-pub const WALL_ACTIVE_ATTRIBUTE: &str = "profiling.wall.active_ns";
 
 /// `SpanFlags`: the `parent_is_remote` bit is set meaningfully.
 const FLAG_HAS_IS_REMOTE: u64 = 0x100;
@@ -53,7 +51,8 @@ pub struct Span {
     pub cpu_samples: Option<u64>,
     /// `profiling.cpu.time_ns`, when the span carries CPU evidence.
     pub cpu_time_ns: Option<u64>,
-    /// [`WALL_ACTIVE_ATTRIBUTE`], when the span carries it.
+    /// `profiling.wall.active_ns` (the bridge's wall time of threads inside the local root,
+    /// over all its threads), when the span carries it.
     pub wall_active_ns: Option<u64>,
     /// [`BUSY_NS_ATTRIBUTE`], when the span carries it.
     pub busy_ns: Option<u64>,

@@ -222,8 +222,9 @@ fn unescape(text: &str) -> String {
         .replace("&amp;", "&")
 }
 
-/// The fixture run, with `busy_ns` on the `GET /report` spans (90 % of their wall time) and
-/// a span whose name is markup; returns the directory.
+/// The fixture run, with `busy_ns` on the `GET /report` spans (90 % of their wall time),
+/// `profiling.wall.active_ns` on `GET /search` (60 %) and a span whose name is markup;
+/// returns the directory.
 fn fixture_run() -> tempfile::TempDir {
     let dir = fixture::both_versions();
     for entry in std::fs::read_dir(dir.path()).expect("fixture dir") {
@@ -236,7 +237,7 @@ fn fixture_run() -> tempfile::TempDir {
             .lines()
             .map(|line| {
                 let mut request: Value = serde_json::from_str(line).expect("fixture line");
-                add_busy_time(&mut request);
+                add_active_time(&mut request);
                 request.to_string()
             })
             .collect();
@@ -248,7 +249,7 @@ fn fixture_run() -> tempfile::TempDir {
     dir
 }
 
-fn add_busy_time(request: &mut Value) {
+fn add_active_time(request: &mut Value) {
     let spans = request["resourceSpans"]
         .as_array_mut()
         .into_iter()
@@ -256,14 +257,18 @@ fn add_busy_time(request: &mut Value) {
         .flat_map(|r| r["scopeSpans"].as_array_mut().into_iter().flatten())
         .flat_map(|s| s["spans"].as_array_mut().into_iter().flatten());
     for span in spans {
-        if span["name"] != "GET /report" {
-            continue;
-        }
+        // busy_ns (tracing-opentelemetry) on GET /report, the bridge's active time on
+        // GET /search; none on the others.
+        let (key, tenths) = match span["name"].as_str() {
+            Some("GET /report") => ("busy_ns", 9),
+            Some("GET /search") => ("profiling.wall.active_ns", 6),
+            _ => continue,
+        };
         let time = |key: &str| span[key].as_str().and_then(|t| t.parse::<u64>().ok());
         let wall = time("endTimeUnixNano").unwrap_or(0) - time("startTimeUnixNano").unwrap_or(0);
         if let Some(attributes) = span["attributes"].as_array_mut() {
             attributes.push(json!({
-                "key": "busy_ns", "value": {"intValue": (wall / 10 * 9).to_string()}
+                "key": key, "value": {"intValue": (wall / 10 * tenths).to_string()}
             }));
         }
     }
@@ -332,8 +337,10 @@ const EXPECTED: Expected = Expected {
     texts: &[
         "CPU-bound",
         "waiting",
-        "busy_ns",
-        "blocked in poll",
+        ">busy_ns<br><small>CPU / blocked / awaiting<",
+        ">profiling.wall.active_ns<br><small>CPU / blocked / awaiting<",
+        // GET /search: 30 of 100 ms on CPU, 60 ms active.
+        "CPU 30.0% · blocked in poll 30.0% · awaiting 40.0%",
         ">none<br><small>CPU vs not on CPU<",
         "GET /report: 1.0.0 → 2.0.0, per request",
         "New in 2.0.0",
