@@ -116,6 +116,21 @@ impl VersionDiff {
         Ok(VersionDiff::new(span_name, before, after))
     }
 
+    /// Compares two sets of `span_name` spans read into `input` (one report group each,
+    /// say), labelled `before.0` and `after.0`.
+    pub fn between_spans(
+        input: &Input,
+        span_name: &str,
+        before: (&str, &[&Span]),
+        after: (&str, &[&Span]),
+    ) -> VersionDiff {
+        VersionDiff::new(
+            span_name,
+            side(before.0.to_owned(), input, before.1),
+            side(after.0.to_owned(), input, after.1),
+        )
+    }
+
     /// Compares the `span_name` spans of directory `before` with those of `after`.
     pub fn between_dirs(
         before: &Path,

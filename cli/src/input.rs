@@ -208,6 +208,8 @@ mod tests {
             cpu_time_ns: None,
             http_route: None,
             http_method: None,
+            wall_active_ns: None,
+            busy_ns: None,
         }
     }
 

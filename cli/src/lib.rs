@@ -11,7 +11,9 @@
 //!   user's own crates first ([`functions::library_group`]);
 //! * [`flame::FlameGraph`]: an SVG flame graph of one span id or one span name;
 //! * [`diff::VersionDiff`]: one span name in two versions or two directories, per
-//!   request, naming the functions whose CPU grew most.
+//!   request, naming the functions whose CPU grew most;
+//! * [`html::HtmlReport`]: all of it as one self-contained HTML page, with where the wall
+//!   time went ([`split::TimeSplit`]: CPU, blocked in a poll, awaiting) drawn as bars.
 //!
 //! ```no_run
 //! # fn main() -> Result<(), otel_profiling_cli::ReportError> {
@@ -31,8 +33,10 @@ pub mod error;
 pub mod flame;
 mod format;
 pub mod functions;
+pub mod html;
 pub mod input;
 pub mod report;
+pub mod split;
 pub mod stats;
 pub mod verdict;
 

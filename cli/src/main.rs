@@ -10,6 +10,7 @@ use clap::error::ErrorKind;
 use clap::{ArgGroup, CommandFactory, Parser, Subcommand};
 use otel_profiling_cli::diff::VersionDiff;
 use otel_profiling_cli::flame::{FlameGraph, FlameSelection};
+use otel_profiling_cli::html::HtmlReport;
 use otel_profiling_cli::report::SpanReport;
 use otel_profiling_cli::ReportError;
 
@@ -34,6 +35,11 @@ enum Command {
         /// than your own code first with the rest grouped by crate.
         #[arg(long)]
         all_frames: bool,
+        /// Write the report as one self-contained HTML page to this file instead (the
+        /// table with the CPU / blocked / awaiting split as bars, verdicts, a flame graph
+        /// per endpoint and version, the version diffs); it opens from disk, no network.
+        #[arg(long, value_name = "PATH")]
+        html: Option<PathBuf>,
     },
     /// An SVG flame graph of one span (by id) or of every span of one name.
     #[command(group(ArgGroup::new("selection").required(true).args(["span_id", "span_name"])))]
@@ -81,7 +87,37 @@ fn main() -> ExitCode {
 
 fn run(command: Command) -> Result<(), ReportError> {
     match command {
-        Command::Report { dirs, all_frames } => {
+        Command::Report {
+            dirs,
+            all_frames,
+            html: Some(path),
+        } => {
+            if all_frames {
+                usage_error(
+                    "report",
+                    "--all-frames applies to the text report, not --html",
+                );
+            }
+            let page = HtmlReport::from_dirs(&dirs)?;
+            page.write_file(&path)?;
+            let report = page.report();
+            println!(
+                "wrote {}: {} span group(s), {} flame graph(s), {} version diff(s)",
+                path.display(),
+                report.groups.len(),
+                report
+                    .groups
+                    .iter()
+                    .filter(|g| g.profile_cpu_ns > 0)
+                    .count(),
+                page.diffs().len()
+            );
+        }
+        Command::Report {
+            dirs,
+            all_frames,
+            html: None,
+        } => {
             let mut report = SpanReport::from_dirs(&dirs)?;
             report.all_frames = all_frames;
             print!("{report}");

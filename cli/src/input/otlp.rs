@@ -7,7 +7,9 @@
 use std::borrow::Cow;
 use std::path::Path;
 
-use otel_profiling::{CPU_SAMPLES_ATTRIBUTE, CPU_TIME_ATTRIBUTE, PROFILE_ID_ATTRIBUTE};
+use otel_profiling::{
+    CPU_SAMPLES_ATTRIBUTE, CPU_TIME_ATTRIBUTE, PROFILE_ID_ATTRIBUTE, WALL_ACTIVE_ATTRIBUTE,
+};
 use serde::Deserialize;
 use serde_json::Value;
 
@@ -20,6 +22,9 @@ pub const SERVICE_VERSION_ATTRIBUTE: &str = "service.version";
 pub const HTTP_ROUTE_ATTRIBUTE: &str = "http.route";
 /// The HTTP method of the current semantic conventions, then of the older ones.
 pub const HTTP_METHOD_ATTRIBUTES: [&str; 2] = ["http.request.method", "http.method"];
+/// Nanoseconds the span was entered (polled), as `tracing-opentelemetry` writes it on every
+/// span it exports; per span only, on whichever thread entered it.
+pub const BUSY_NS_ATTRIBUTE: &str = "busy_ns";
 
 /// `SpanFlags`: the `parent_is_remote` bit is set meaningfully.
 const FLAG_HAS_IS_REMOTE: u64 = 0x100;
@@ -55,6 +60,11 @@ pub struct Span {
     pub http_route: Option<String>,
     /// `http.request.method` (or the older `http.method`), when the span carries one.
     pub http_method: Option<String>,
+    /// `profiling.wall.active_ns` (the bridge's wall time of threads inside the local root,
+    /// over all its threads), when the span carries it.
+    pub wall_active_ns: Option<u64>,
+    /// [`BUSY_NS_ATTRIBUTE`], when the span carries it.
+    pub busy_ns: Option<u64>,
 }
 
 impl Span {
@@ -251,6 +261,8 @@ fn convert(span: JsonSpan, service_version: Option<String>) -> Result<Span, Stri
         cpu_time_ns: None,
         http_route: None,
         http_method: None,
+        wall_active_ns: None,
+        busy_ns: None,
     };
     let id = out.span_id.clone();
     let in_span = |e: String| format!("span {id}: {e}");
@@ -267,6 +279,11 @@ fn convert(span: JsonSpan, service_version: Option<String>) -> Result<Span, Stri
             key if key == HTTP_METHOD_ATTRIBUTES[1] && out.http_method.is_none() => {
                 out.http_method = attribute.text();
             }
+            WALL_ACTIVE_ATTRIBUTE => {
+                out.wall_active_ns = Some(attribute.unsigned().map_err(in_span)?);
+            }
+            // Written by another library: a malformed value is ignored, not fatal.
+            BUSY_NS_ATTRIBUTE => out.busy_ns = attribute.unsigned().ok(),
             _ => {}
         }
     }
@@ -301,7 +318,9 @@ mod tests {
               "endTimeUnixNano":"3500","attributes":[
                 {"key":"pyroscope.profile.id","value":{"stringValue":"00000000000000AB"}},
                 {"key":"profiling.cpu.samples","value":{"intValue":2}},
-                {"key":"profiling.cpu.time_ns","value":{"intValue":"20000000"}}]}]}]}]}"#,
+                {"key":"profiling.cpu.time_ns","value":{"intValue":"20000000"}},
+                {"key":"busy_ns","value":{"intValue":"1500"}},
+                {"key":"idle_ns","value":{"intValue":"1000"}}]}]}]}]}"#,
         )
         .expect("parse");
         assert_eq!(
@@ -320,6 +339,8 @@ mod tests {
                 cpu_time_ns: Some(20_000_000),
                 http_route: None,
                 http_method: None,
+                wall_active_ns: None,
+                busy_ns: Some(1500),
             }]
         );
         assert_eq!(spans[0].wall_ns(), 2500);

@@ -1,7 +1,9 @@
 //! The span report tool on fixture directories built with `ProfileBuilder` and handwritten
-//! OTLP JSON: report numbers and verdicts, flame graphs, diffs, errors and the binary.
+//! OTLP JSON: report numbers and verdicts, flame graphs, diffs, errors and the binary, and
+//! the HTML report in a headless browser.
 
 mod binary;
+mod browser;
 mod diff;
 mod errors;
 mod fixture;

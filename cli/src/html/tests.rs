@@ -1,0 +1,136 @@
+use std::path::PathBuf;
+use std::sync::Arc;
+
+use super::*;
+use crate::input::Sample;
+
+const MS: u64 = 1_000_000;
+const HOSTILE: &str = r#"GET /<script>alert("x")</script>&'q'"#;
+const HOSTILE_FN: &str = "<img/src=x onerror=alert(1)>::render";
+
+fn span(id: u64, name: &str, version: &str, wall_ms: u64, busy_ms: Option<u64>) -> Span {
+    Span {
+        trace_id: format!("{id:032x}"),
+        span_id: format!("{id:016x}"),
+        parent_span_id: None,
+        parent_is_remote: false,
+        name: name.to_owned(),
+        start_unix_nano: id * 1_000 * MS,
+        end_unix_nano: id * 1_000 * MS + wall_ms * MS,
+        service_version: Some(version.to_owned()),
+        profile_id: Some(format!("{id:016x}")),
+        cpu_samples: None,
+        cpu_time_ns: None,
+        wall_active_ns: None,
+        busy_ns: busy_ms.map(|b| b * MS),
+    }
+}
+
+fn sample(id: u64, frames: &[&str], samples: u64) -> Sample {
+    Sample {
+        frames: frames.iter().rev().map(|f| Arc::from(*f)).collect(),
+        cpu_ns: samples * 10 * MS,
+        count: samples,
+        span_id: Some(Arc::from(format!("{id:016x}").as_str())),
+        trace_id: None,
+        span_name: None,
+    }
+}
+
+/// Two versions of a hostile-named endpoint (the second one slower in a new function)
+/// and an endpoint without samples.
+fn input() -> Input {
+    Input {
+        dirs: vec![PathBuf::from("/tmp/<run>&\"dir\"")],
+        spans: vec![
+            span(1, HOSTILE, "1.0", 100, Some(80)),
+            span(2, HOSTILE, "2.0", 200, Some(150)),
+            span(3, "GET /orders", "1.0", 300, None),
+            // A third version, faster again: its diff is folded away.
+            span(4, HOSTILE, "3.0", 100, Some(80)),
+        ],
+        samples: vec![
+            sample(1, &["main", "handle", HOSTILE_FN], 4),
+            sample(2, &["main", "handle", HOSTILE_FN], 4),
+            sample(2, &["main", "handle", "paginate"], 6),
+            sample(4, &["main", "handle", "compress"], 2),
+        ],
+        profile_files: 1,
+        span_files: 1,
+        period_ns: Some(10 * MS),
+    }
+}
+
+#[test]
+fn escapes_every_character_that_could_open_markup() {
+    assert_eq!(
+        Esc(r#"a<b>&"c"'d'"#).to_string(),
+        "a&lt;b&gt;&amp;&quot;c&quot;&#39;d&#39;"
+    );
+    assert_eq!(Esc("plain ünïcode").to_string(), "plain ünïcode");
+}
+
+#[test]
+fn hostile_span_and_function_names_are_text_not_markup() {
+    let page = HtmlReport::from_input(&input()).to_string();
+    for raw in [HOSTILE, HOSTILE_FN, "<run>"] {
+        assert!(!page.contains(raw), "unescaped {raw:?} in the page");
+    }
+    assert!(page.contains("GET /&lt;script&gt;alert(&quot;x&quot;)&lt;/script&gt;&amp;&#39;q&#39;"));
+    assert!(page.contains("&lt;img/src=x onerror=alert(1)&gt;::render"));
+    // The page's own two scripts are the only ones.
+    assert_eq!(page.matches("<script>").count(), 2, "{page}");
+    assert_eq!(page.matches("</script>").count(), 2);
+    assert!(!page.contains("<img"));
+}
+
+#[test]
+fn the_page_loads_nothing_from_anywhere() {
+    let page = HtmlReport::from_input(&input()).to_string();
+    assert!(!page.contains("http://") && !page.contains("https://"));
+    for attribute in [" src=", " href=", "url("] {
+        for (at, _) in page.match_indices(attribute) {
+            let value = &page[at + attribute.len()..];
+            assert!(
+                value.starts_with("\"#") || value.starts_with("'#"),
+                "{attribute} outside the page: {}",
+                &value[..value.len().min(60)]
+            );
+        }
+    }
+    assert!(page.contains(r#"content="default-src 'none';"#));
+}
+
+#[test]
+fn shows_split_verdicts_flame_graphs_and_the_version_diff() {
+    let html = HtmlReport::from_input(&input());
+    let page = html.to_string();
+    // A flame graph per endpoint and version with samples; none for GET /orders.
+    assert_eq!(page.matches(r#"<svg class="flame""#).count(), 3);
+    assert!(page.contains(r#"data-n="paginate""#));
+    assert!(page.contains("No flame graph:"));
+    // busy_ns on the hostile endpoint's spans: CPU 40 of 100 ms, blocked 40, awaiting 20.
+    assert!(page.contains("CPU 40.0%"), "{page}");
+    assert!(page.contains("blocked in poll 40.0% · awaiting 20.0%"));
+    assert!(page.contains(">busy_ns<"));
+    // No busy_ns on GET /orders: said so, and only CPU against not on CPU.
+    assert!(page.contains(">none<br><small>CPU vs not on CPU<"));
+    assert!(page.contains("CPU 0.0% · not on CPU 100.0%"));
+    assert!(page.contains("CPU-bound") && page.contains("waiting"));
+    // The diff 1.0 → 2.0 names the new function; 2.0 → 3.0 got cheaper and is folded.
+    assert_eq!(html.diffs().len(), 2);
+    assert_eq!(html.diffs()[0].new_functions[0].function, "paginate");
+    assert!(page.contains("New in 2.0"));
+    assert!(page.contains("<code>paginate</code>"));
+    assert_eq!(html.diffs()[1].after.label, "3.0");
+    assert_eq!(page.matches("<details>").count(), 1);
+    for tag in [
+        "details", "section", "article", "table", "figure", "svg", "script",
+    ] {
+        assert_eq!(
+            page.matches(&format!("<{tag}>")).count() + page.matches(&format!("<{tag} ")).count(),
+            page.matches(&format!("</{tag}>")).count(),
+            "unbalanced <{tag}>"
+        );
+    }
+}

@@ -1,0 +1,340 @@
+//! Where a group's wall time went: on CPU, busy but off CPU (blocked inside a poll), or
+//! awaiting (not being polled at all).
+//!
+//! CPU comes from the profile samples (or `profiling.cpu.time_ns` when no profile read has
+//! them). Telling blocked from awaiting needs the time the span was *active* (entered,
+//! polled). Two span attributes say it, best first: `profiling.wall.active_ns` (written by
+//! the bridge: the whole local root over all its threads) and `busy_ns` (written by
+//! `tracing-opentelemetry`: the time the span itself was entered). Then, per span,
+//! blocked ≈ active − CPU and awaiting ≈ wall − active. Without either on every span of a
+//! group, the split is CPU against "not on CPU", and says so.
+
+use std::collections::HashMap;
+
+use otel_profiling::WALL_ACTIVE_ATTRIBUTE;
+
+use crate::input::otlp::BUSY_NS_ATTRIBUTE;
+use crate::input::{Sample, Span};
+
+/// Where the active time of a split came from.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum ActiveSource {
+    /// `profiling.wall.active_ns` on every span.
+    WallActive,
+    /// `busy_ns` (tracing-opentelemetry) on every span.
+    BusyNs,
+}
+
+impl ActiveSource {
+    /// The span attribute read.
+    pub fn attribute(self) -> &'static str {
+        match self {
+            ActiveSource::WallActive => WALL_ACTIVE_ATTRIBUTE,
+            ActiveSource::BusyNs => BUSY_NS_ATTRIBUTE,
+        }
+    }
+
+    /// What the attribute measures, for the reader.
+    pub fn describe(self) -> &'static str {
+        match self {
+            ActiveSource::WallActive => {
+                "time threads ran inside the local root or a descendant, over all its threads"
+            }
+            ActiveSource::BusyNs => {
+                "tracing-opentelemetry's time the root span was entered (polled); work on \
+                 other threads under other spans is not in it"
+            }
+        }
+    }
+}
+
+/// Where the CPU time of a split came from.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum CpuSource {
+    /// The profile samples labelled with the spans' ids.
+    Profile,
+    /// `profiling.cpu.time_ns` (no profile read has the spans' samples, yet the attribute
+    /// records CPU).
+    Attributes,
+    /// No samples and no CPU recorded in the attributes.
+    None,
+}
+
+/// One part of the wall time, for drawing.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Part {
+    /// Running on a CPU.
+    Cpu,
+    /// Active (being polled) but not on a CPU: blocked inside a poll, or runnable while
+    /// the machine's CPUs ran other work (the two cannot be told apart from these figures).
+    Blocked,
+    /// Not being polled: awaiting a wake-up (I/O, timers, other tasks) or queued.
+    Awaiting,
+    /// Not on CPU, with no active time to tell blocked from awaiting.
+    OffCpu,
+}
+
+impl Part {
+    /// A short label.
+    pub fn label(self) -> &'static str {
+        match self {
+            Part::Cpu => "CPU",
+            Part::Blocked => "blocked in poll",
+            Part::Awaiting => "awaiting",
+            Part::OffCpu => "not on CPU",
+        }
+    }
+}
+
+/// The split of a group's summed wall time.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct TimeSplit {
+    /// Spans.
+    pub spans: usize,
+    /// Summed wall time, nanoseconds.
+    pub wall_ns: u64,
+    /// Summed CPU time, nanoseconds (can exceed the wall time when threads ran in parallel).
+    pub cpu_ns: u64,
+    /// The samples (or `profiling.cpu.samples`) behind `cpu_ns`; each stands for one
+    /// sampling period, so the CPU figure is good to about a period per sample's worth.
+    pub cpu_samples: u64,
+    /// Where `cpu_ns` came from.
+    pub cpu_source: CpuSource,
+    /// The CPU time counted inside the wall time (per span at most its wall time).
+    pub cpu_in_wall_ns: u64,
+    /// Blocked inside a poll: active − CPU, per span, summed (0 without active time).
+    pub blocked_ns: u64,
+    /// Awaiting: wall − active, per span, summed (0 without active time).
+    pub awaiting_ns: u64,
+    /// Not on CPU: wall − CPU, when there is no active time (0 with it).
+    pub off_cpu_ns: u64,
+    /// The active time's source, when every span carries one.
+    pub active: Option<ActiveSource>,
+    /// Summed active time, nanoseconds (0 without).
+    pub active_ns: u64,
+    /// Without active time on every span: the best attribute and how many spans carry it,
+    /// when some do.
+    pub partial: Option<(ActiveSource, usize)>,
+}
+
+impl TimeSplit {
+    /// The split of `spans`, with CPU from their samples in `by_id` (by span id).
+    pub fn of_spans(spans: &[&Span], by_id: &HashMap<&str, Vec<&Sample>>) -> TimeSplit {
+        let profile_cpu = |span: &Span| -> (u64, u64) {
+            by_id.get(span.span_id.as_str()).map_or((0, 0), |samples| {
+                samples
+                    .iter()
+                    .fold((0, 0), |(ns, n), s| (ns + s.cpu_ns, n + s.count))
+            })
+        };
+        let cpu_source = if spans.iter().any(|s| by_id.contains_key(s.span_id.as_str())) {
+            CpuSource::Profile
+        } else if spans.iter().any(|s| s.cpu_time_ns.unwrap_or(0) > 0) {
+            // Only a non-zero attribute says a profile exists that was not read.
+            CpuSource::Attributes
+        } else {
+            CpuSource::None
+        };
+        let with =
+            |field: fn(&Span) -> Option<u64>| spans.iter().filter(|s| field(s).is_some()).count();
+        let with_active = with(|s| s.wall_active_ns);
+        let with_busy = with(|s| s.busy_ns);
+        let active = if !spans.is_empty() && with_active == spans.len() {
+            Some(ActiveSource::WallActive)
+        } else if !spans.is_empty() && with_busy == spans.len() {
+            Some(ActiveSource::BusyNs)
+        } else {
+            None
+        };
+        let partial = match (active, with_active, with_busy) {
+            (Some(_), _, _) | (None, 0, 0) => None,
+            (None, a, _) if a > 0 => Some((ActiveSource::WallActive, a)),
+            (None, _, b) => Some((ActiveSource::BusyNs, b)),
+        };
+        let mut split = TimeSplit {
+            spans: spans.len(),
+            wall_ns: 0,
+            cpu_ns: 0,
+            cpu_samples: 0,
+            cpu_source,
+            cpu_in_wall_ns: 0,
+            blocked_ns: 0,
+            awaiting_ns: 0,
+            off_cpu_ns: 0,
+            active,
+            active_ns: 0,
+            partial,
+        };
+        for span in spans {
+            let wall = span.wall_ns();
+            let (cpu, samples) = match cpu_source {
+                CpuSource::Profile => profile_cpu(span),
+                CpuSource::Attributes => {
+                    (span.cpu_time_ns.unwrap_or(0), span.cpu_samples.unwrap_or(0))
+                }
+                CpuSource::None => (0, 0),
+            };
+            let cpu_in_wall = cpu.min(wall);
+            split.wall_ns += wall;
+            split.cpu_ns += cpu;
+            split.cpu_samples += samples;
+            split.cpu_in_wall_ns += cpu_in_wall;
+            let active_ns = match active {
+                Some(ActiveSource::WallActive) => span.wall_active_ns,
+                Some(ActiveSource::BusyNs) => span.busy_ns,
+                None => None,
+            };
+            match active_ns {
+                Some(active_ns) => {
+                    // Sampled CPU can exceed the active time by a sample or so; the parts
+                    // still add up to the wall time.
+                    let blocked = active_ns.saturating_sub(cpu).min(wall - cpu_in_wall);
+                    split.active_ns += active_ns;
+                    split.blocked_ns += blocked;
+                    split.awaiting_ns += wall - cpu_in_wall - blocked;
+                }
+                None => split.off_cpu_ns += wall - cpu_in_wall,
+            }
+        }
+        split
+    }
+
+    /// The parts in drawing order, each with its nanoseconds; they add up to `wall_ns`.
+    pub fn parts(&self) -> Vec<(Part, u64)> {
+        if self.active.is_some() {
+            vec![
+                (Part::Cpu, self.cpu_in_wall_ns),
+                (Part::Blocked, self.blocked_ns),
+                (Part::Awaiting, self.awaiting_ns),
+            ]
+        } else {
+            vec![
+                (Part::Cpu, self.cpu_in_wall_ns),
+                (Part::OffCpu, self.off_cpu_ns),
+            ]
+        }
+    }
+
+    /// Where the split's figures came from, in a sentence.
+    pub fn source(&self) -> String {
+        let cpu = match self.cpu_source {
+            CpuSource::Profile => "CPU from the profile samples",
+            CpuSource::Attributes => {
+                "CPU from profiling.cpu.time_ns (no profile read has these spans' samples)"
+            }
+            CpuSource::None => "no CPU samples and no CPU in profiling.cpu.time_ns",
+        };
+        let active = match (self.active, self.partial) {
+            (Some(source), _) => format!(
+                "blocked = {attr} − CPU, awaiting = wall − {attr} ({})",
+                source.describe(),
+                attr = source.attribute()
+            ),
+            (None, Some((source, n))) => format!(
+                "{} on {n} of {} spans only, so CPU against not on CPU",
+                source.attribute(),
+                self.spans
+            ),
+            (None, None) => format!(
+                "no {BUSY_NS_ATTRIBUTE} or {WALL_ACTIVE_ATTRIBUTE} on the spans, so CPU against \
+                 not on CPU (blocked and awaiting cannot be told apart)"
+            ),
+        };
+        format!("{cpu}; {active}")
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use std::sync::Arc;
+
+    const MS: u64 = 1_000_000;
+
+    fn span(id: &str, wall_ms: u64, busy_ms: Option<u64>) -> Span {
+        Span {
+            trace_id: "0102030405060708090a0b0c0d0e0f10".into(),
+            span_id: id.into(),
+            parent_span_id: None,
+            parent_is_remote: false,
+            name: "GET /x".into(),
+            start_unix_nano: 0,
+            end_unix_nano: wall_ms * MS,
+            service_version: None,
+            profile_id: Some(id.into()),
+            cpu_samples: None,
+            cpu_time_ns: None,
+            wall_active_ns: None,
+            busy_ns: busy_ms.map(|b| b * MS),
+        }
+    }
+
+    fn sample(id: &str, cpu_ms: u64) -> Sample {
+        Sample {
+            frames: vec![Arc::from("f")],
+            cpu_ns: cpu_ms * MS,
+            count: cpu_ms / 10,
+            span_id: Some(Arc::from(id)),
+            trace_id: None,
+            span_name: None,
+        }
+    }
+
+    #[test]
+    fn busy_time_splits_off_cpu_time_into_blocked_and_awaiting() {
+        // 100 ms wall: 20 ms CPU, 70 ms busy (50 ms blocked), 30 ms awaiting; a second
+        // span whose sampled CPU (40 ms) exceeds its busy time (30 ms) blocks for 0.
+        let (a, b) = (span("a", 100, Some(70)), span("b", 50, Some(30)));
+        let samples = [sample("a", 20), sample("b", 40)];
+        let mut by_id: HashMap<&str, Vec<&Sample>> = HashMap::new();
+        by_id.insert("a", vec![&samples[0]]);
+        by_id.insert("b", vec![&samples[1]]);
+        let split = TimeSplit::of_spans(&[&a, &b], &by_id);
+        assert_eq!(split.active, Some(ActiveSource::BusyNs));
+        assert_eq!(split.cpu_source, CpuSource::Profile);
+        assert_eq!((split.cpu_ns, split.cpu_samples), (60 * MS, 6));
+        assert_eq!(split.blocked_ns, 50 * MS);
+        assert_eq!(split.awaiting_ns, (30 + 10) * MS);
+        let total: u64 = split.parts().iter().map(|(_, ns)| ns).sum();
+        assert_eq!(total, split.wall_ns);
+        assert!(
+            split.source().contains("busy_ns − CPU"),
+            "{}",
+            split.source()
+        );
+    }
+
+    #[test]
+    fn without_busy_time_on_every_span_it_is_cpu_against_not_on_cpu() {
+        let (a, b) = (span("a", 100, Some(70)), span("b", 50, None));
+        let split = TimeSplit::of_spans(&[&a, &b], &HashMap::new());
+        assert_eq!(split.active, None);
+        assert_eq!(split.partial, Some((ActiveSource::BusyNs, 1)));
+        assert_eq!(split.cpu_source, CpuSource::None);
+        assert_eq!(split.parts(), [(Part::Cpu, 0), (Part::OffCpu, 150 * MS)]);
+        assert!(
+            split.source().contains("busy_ns on 1 of 2 spans only"),
+            "{}",
+            split.source()
+        );
+    }
+
+    #[test]
+    fn wall_active_time_is_preferred_over_busy_time() {
+        let mut a = span("a", 100, Some(10));
+        a.wall_active_ns = Some(60 * MS);
+        a.cpu_time_ns = Some(20 * MS);
+        a.cpu_samples = Some(2);
+        let split = TimeSplit::of_spans(&[&a], &HashMap::new());
+        assert_eq!(split.active, Some(ActiveSource::WallActive));
+        assert_eq!(split.cpu_source, CpuSource::Attributes);
+        assert_eq!(
+            split.parts(),
+            [
+                (Part::Cpu, 20 * MS),
+                (Part::Blocked, 40 * MS),
+                (Part::Awaiting, 40 * MS)
+            ]
+        );
+    }
+}
