@@ -266,6 +266,8 @@ mod tests {
             cpu_time_ns: None,
             wall_active_ns: None,
             busy_ns: busy_ms.map(|b| b * MS),
+            http_route: None,
+            http_method: None,
         }
     }
 
