@@ -11,6 +11,7 @@ use crate::error::ReportError;
 use crate::format::{ms, percent, Table};
 use crate::functions::{FunctionCpu, FunctionTotals};
 use crate::input::{version_label, Input, Span};
+use crate::split::TimeSplit;
 use crate::stats::percentile;
 use crate::verdict::{NoSamples, Sampling, Verdict};
 
@@ -69,7 +70,9 @@ pub struct SpanGroup {
     pub attribute_samples: Option<u64>,
     /// Profile CPU / total wall time (0 when the wall time is 0).
     pub cpu_ratio: f64,
-    /// Computing, waiting or mixed.
+    /// Where the wall time went: CPU, blocked inside a poll, awaiting (see [`TimeSplit`]).
+    pub split: TimeSplit,
+    /// Computing, blocked in poll, waiting or mixed.
     pub verdict: Verdict,
     /// Why.
     pub reason: String,
@@ -215,17 +218,47 @@ fn build_group(
         }
     };
     let cpu_ratio = ratio(profile_cpu_ns);
+    let split = TimeSplit::of_spans(spans, by_id);
+    // Blocked in poll needs the spans' active time; without it off-CPU time is waiting.
+    let blocked_ratio = split.active.map(|_| ratio(split.blocked_ns));
     let (verdict, reason, no_samples) = if profile_cpu_ns > 0 {
-        let verdict = Verdict::from_ratio(cpu_ratio);
-        (verdict, verdict.reason(cpu_ratio), None)
+        let verdict = Verdict::from_split(cpu_ratio, blocked_ratio);
+        (
+            verdict,
+            verdict.reason_split(cpu_ratio, blocked_ratio),
+            None,
+        )
     } else {
         let why = NoSamples::classify(spans, sampling);
         let explanation = why.explain(sampling);
         match why {
             NoSamples::ProfileNotRead => {
                 let by_attributes = ratio(attribute_cpu_ns.unwrap_or(0));
-                let verdict = Verdict::from_ratio(by_attributes);
-                let reason = format!("{}; {explanation}", verdict.reason(by_attributes));
+                let verdict = Verdict::from_split(by_attributes, blocked_ratio);
+                let reason = format!(
+                    "{}; {explanation}",
+                    verdict.reason_split(by_attributes, blocked_ratio)
+                );
+                (verdict, reason, Some(why))
+            }
+            // No samples, yet a thread sat inside the span: blocked, not awaiting.
+            NoSamples::BlockedInPoll => {
+                let verdict = Verdict::BlockedInPoll;
+                let reason = match blocked_ratio {
+                    Some(_) => format!(
+                        "{} (no CPU sample: it ran on no CPU long enough to be sampled)",
+                        verdict.reason_split(0.0, blocked_ratio)
+                    ),
+                    None => explanation,
+                };
+                (verdict, reason, Some(why))
+            }
+            NoSamples::Waiting if blocked_ratio.is_some() => {
+                let verdict = Verdict::Waiting;
+                let reason = format!(
+                    "{}; {explanation}",
+                    verdict.reason_split(0.0, blocked_ratio)
+                );
                 (verdict, reason, Some(why))
             }
             _ => (Verdict::Waiting, explanation, Some(why)),
@@ -244,6 +277,7 @@ fn build_group(
         attribute_cpu_ns,
         attribute_samples,
         cpu_ratio,
+        split,
         verdict,
         reason,
         no_samples,
@@ -302,10 +336,12 @@ impl fmt::Display for SpanReport {
             "CPU (PROFILE)",
             "CPU (ATTRS)",
             "CPU/WALL",
+            "BLOCKED",
+            "AWAITING",
             "VERDICT",
         ])
         .left_align(1)
-        .left_align(8);
+        .left_align(10);
         for g in &self.groups {
             table.row(vec![
                 g.name.clone(),
@@ -316,6 +352,8 @@ impl fmt::Display for SpanReport {
                 ms(g.profile_cpu_ns),
                 g.attribute_cpu_ns.map_or_else(|| "-".to_owned(), ms),
                 format!("{:.2}", g.cpu_ratio),
+                share_of_wall(g, g.split.blocked_ns),
+                share_of_wall(g, g.split.awaiting_ns),
                 g.verdict.to_string(),
             ]);
         }
@@ -325,6 +363,15 @@ impl fmt::Display for SpanReport {
         }
         self.write_without_samples(f)?;
         self.write_outside_spans(f)
+    }
+}
+
+/// `part` as a share of the group's wall time, or `-` without active time to split by.
+fn share_of_wall(g: &SpanGroup, part: u64) -> String {
+    if g.split.active.is_none() || g.wall_total_ns == 0 {
+        "-".to_owned()
+    } else {
+        format!("{:.2}", part as f64 / g.wall_total_ns as f64)
     }
 }
 
@@ -352,6 +399,20 @@ fn write_group(f: &mut fmt::Formatter<'_>, g: &SpanGroup, all_frames: bool) -> f
         ms(g.wall_total_ns),
         ms(g.profile_cpu_ns),
         g.profile_samples,
+    )?;
+    let parts: Vec<String> = g
+        .split
+        .parts()
+        .into_iter()
+        .map(|(part, ns)| format!("{} {}", part.label(), ms(ns)))
+        .collect();
+    writeln!(
+        f,
+        "  where the wall time went: {} ({}; CPU sampled: {} sample(s), about one sampling \
+         period each)",
+        parts.join(", "),
+        g.split.source(),
+        g.split.cpu_samples
     )?;
     // Stacks of async services are mostly runtime frames, which hold 100 % of the total
     // and hide the user's functions; those come first unless every frame was asked for.

@@ -102,9 +102,10 @@ pub struct TimeSplit {
     pub cpu_source: CpuSource,
     /// The CPU time counted inside the wall time (per span at most its wall time).
     pub cpu_in_wall_ns: u64,
-    /// Blocked inside a poll: active − CPU, per span, summed (0 without active time).
+    /// Blocked inside a poll: summed active − summed CPU, at most the off-CPU time (0
+    /// without active time).
     pub blocked_ns: u64,
-    /// Awaiting: wall − active, per span, summed (0 without active time).
+    /// Awaiting: the rest of the off-CPU time (0 without active time).
     pub awaiting_ns: u64,
     /// Not on CPU: wall − CPU, when there is no active time (0 with it).
     pub off_cpu_ns: u64,
@@ -185,16 +186,19 @@ impl TimeSplit {
                 None => None,
             };
             match active_ns {
-                Some(active_ns) => {
-                    // Sampled CPU can exceed the active time by a sample or so; the parts
-                    // still add up to the wall time.
-                    let blocked = active_ns.saturating_sub(cpu).min(wall - cpu_in_wall);
-                    split.active_ns += active_ns;
-                    split.blocked_ns += blocked;
-                    split.awaiting_ns += wall - cpu_in_wall - blocked;
-                }
+                Some(active_ns) => split.active_ns += active_ns,
                 None => split.off_cpu_ns += wall - cpu_in_wall,
             }
+        }
+        if split.active.is_some() {
+            // Subtracted over the whole group, not per span: a span's CPU is a handful of
+            // samples of one period each, so per span "active − CPU" rounds up whenever the
+            // samples fall short and is clipped at 0 when they overshoot — biased towards
+            // "blocked". Summed first, the sampling errors cancel. The parts still add up
+            // to the wall time.
+            let off_cpu = split.wall_ns - split.cpu_in_wall_ns;
+            split.blocked_ns = split.active_ns.saturating_sub(split.cpu_ns).min(off_cpu);
+            split.awaiting_ns = off_cpu - split.blocked_ns;
         }
         split
     }
@@ -284,8 +288,10 @@ mod tests {
 
     #[test]
     fn busy_time_splits_off_cpu_time_into_blocked_and_awaiting() {
-        // 100 ms wall: 20 ms CPU, 70 ms busy (50 ms blocked), 30 ms awaiting; a second
-        // span whose sampled CPU (40 ms) exceeds its busy time (30 ms) blocks for 0.
+        // 100 ms wall: 20 ms CPU, 70 ms busy; a second span whose sampled CPU (40 ms)
+        // exceeds its busy time (30 ms) by a sample's rounding. Summed over the group:
+        // 100 ms busy − 60 ms CPU = 40 ms blocked (the overshoot cancels, where per span
+        // it would be clipped and leave 50 ms); awaiting 150 − 60 − 40 = 50 ms.
         let (a, b) = (span("a", 100, Some(70)), span("b", 50, Some(30)));
         let samples = [sample("a", 20), sample("b", 40)];
         let mut by_id: HashMap<&str, Vec<&Sample>> = HashMap::new();
@@ -295,8 +301,8 @@ mod tests {
         assert_eq!(split.active, Some(ActiveSource::BusyNs));
         assert_eq!(split.cpu_source, CpuSource::Profile);
         assert_eq!((split.cpu_ns, split.cpu_samples), (60 * MS, 6));
-        assert_eq!(split.blocked_ns, 50 * MS);
-        assert_eq!(split.awaiting_ns, (30 + 10) * MS);
+        assert_eq!(split.blocked_ns, 40 * MS);
+        assert_eq!(split.awaiting_ns, 50 * MS);
         let total: u64 = split.parts().iter().map(|(_, ns)| ns).sum();
         assert_eq!(total, split.wall_ns);
         assert!(

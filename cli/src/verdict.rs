@@ -1,5 +1,11 @@
-//! What CPU time against wall time says about a span: computing, waiting, or in between —
-//! and why a span has no CPU samples at all.
+//! What CPU time against wall time says about a span: computing, blocked inside a poll,
+//! waiting, or in between — and why a span has no CPU samples at all.
+//!
+//! With the spans' active time (`profiling.wall.active_ns`, or `busy_ns`; see
+//! [`crate::split`]) the time off CPU splits in two: *blocked in poll* (a thread was inside
+//! the span but not running: a blocking call inside a poll, which also stalls every other
+//! task of that worker) and *awaiting* (no thread was inside the span: waiting on a
+//! dependency, a timer, or queued). Without it, off-CPU time is all called waiting.
 //!
 //! An empty profile is never read as "fast": a slow span without samples did not run on a
 //! CPU long enough to be sampled, so it was waiting; a short one may simply have been
@@ -14,12 +20,17 @@ use crate::stats::percentile;
 pub const CPU_BOUND_RATIO: f64 = 0.5;
 /// CPU/wall ratio below which a span is [`Verdict::Waiting`].
 pub const WAITING_RATIO: f64 = 0.1;
+/// Blocked/wall ratio from which a span that is not CPU-bound is [`Verdict::BlockedInPoll`].
+pub const BLOCKED_RATIO: f64 = 0.5;
 
 /// Whether spans spent their wall time computing or waiting.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
 pub enum Verdict {
     /// CPU time is at least [`CPU_BOUND_RATIO`] of wall time.
     CpuBound,
+    /// Not CPU-bound, and a thread was inside the span but off CPU for at least
+    /// [`BLOCKED_RATIO`] of the wall time: a blocking call inside a poll.
+    BlockedInPoll,
     /// Between the two thresholds: part computing, part waiting.
     Mixed,
     /// CPU time is under [`WAITING_RATIO`] of wall time, or there are no CPU samples.
@@ -38,10 +49,57 @@ impl Verdict {
         }
     }
 
+    /// The verdict for a CPU/wall ratio and, when the spans' active time is known, the
+    /// blocked/wall ratio.
+    pub fn from_split(cpu_ratio: f64, blocked_ratio: Option<f64>) -> Verdict {
+        match blocked_ratio {
+            Some(blocked) if cpu_ratio < CPU_BOUND_RATIO && blocked >= BLOCKED_RATIO => {
+                Verdict::BlockedInPoll
+            }
+            _ => Verdict::from_ratio(cpu_ratio),
+        }
+    }
+
+    /// Why this verdict follows from the ratios (`blocked_ratio` as for
+    /// [`Verdict::from_split`]).
+    pub fn reason_split(self, cpu_ratio: f64, blocked_ratio: Option<f64>) -> String {
+        let Some(blocked) = blocked_ratio else {
+            return self.reason(cpu_ratio);
+        };
+        let (cpu, blocked) = (cpu_ratio * 100.0, blocked * 100.0);
+        let awaiting = (100.0 - cpu.min(100.0) - blocked).max(0.0);
+        match self {
+            Verdict::BlockedInPoll => format!(
+                "a thread was inside the span but off CPU for {blocked:.0}% of the wall time \
+                 (CPU {cpu:.0}%, awaiting {awaiting:.0}%): a blocking call inside a poll \
+                 (std::fs, std::thread::sleep, a contended std::sync::Mutex, blocking DNS or \
+                 HTTP) holds its worker and stalls the other tasks on it — or the machine's \
+                 CPUs were busy with other work"
+            ),
+            Verdict::Waiting => format!(
+                "CPU is {cpu:.0}% and blocked in poll {blocked:.0}% of the wall time: for \
+                 {awaiting:.0}% no thread was inside the span — awaiting a dependency, a timer \
+                 or a free worker, not computing"
+            ),
+            Verdict::Mixed => format!(
+                "CPU {cpu:.0}%, blocked in poll {blocked:.0}%, awaiting {awaiting:.0}% of the \
+                 wall time: part computing, part waiting"
+            ),
+            Verdict::CpuBound => format!(
+                "CPU is {cpu:.0}% of the wall time (blocked in poll {blocked:.0}%, awaiting \
+                 {awaiting:.0}%): the span is computing; the top functions say where"
+            ),
+        }
+    }
+
     /// Why this verdict follows from `ratio`.
     pub fn reason(self, ratio: f64) -> String {
         let share = ratio * 100.0;
         match self {
+            Verdict::BlockedInPoll => format!(
+                "CPU is {share:.0}% of the wall time and a thread was held inside the span \
+                 off CPU: a blocking call inside a poll"
+            ),
             Verdict::CpuBound => format!(
                 "CPU is {share:.0}% of the wall time: the span is computing; the top functions say where"
             ),
@@ -59,6 +117,7 @@ impl fmt::Display for Verdict {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         f.pad(match self {
             Verdict::CpuBound => "CPU-bound",
+            Verdict::BlockedInPoll => "blocked in poll",
             Verdict::Mixed => "mixed",
             Verdict::Waiting => "waiting",
         })
@@ -94,6 +153,10 @@ pub enum NoSamples {
     Unsampled,
     /// Shorter (p95) than two sampling periods: likely missed by the sampling.
     TooShort,
+    /// Long enough to be sampled had it computed, and a thread sat inside it off CPU for
+    /// at least [`BLOCKED_RATIO`] of the wall time (its active time says so): blocked in
+    /// a poll.
+    BlockedInPoll,
     /// Long enough to be sampled had it computed: it was waiting.
     Waiting,
 }
@@ -113,9 +176,16 @@ impl NoSamples {
         let mut walls: Vec<u64> = spans.iter().map(|s| s.wall_ns()).collect();
         walls.sort_unstable();
         if percentile(&walls, 95.0) < sampling.too_short_ns() {
-            NoSamples::TooShort
-        } else {
-            NoSamples::Waiting
+            return NoSamples::TooShort;
+        }
+        // The active time (the bridge's, else tracing-opentelemetry's) on every span.
+        let active: Option<u64> = spans.iter().map(|s| s.wall_active_ns.or(s.busy_ns)).sum();
+        let wall: u64 = walls.iter().sum();
+        match active {
+            Some(active) if wall > 0 && active as f64 >= BLOCKED_RATIO * wall as f64 => {
+                NoSamples::BlockedInPoll
+            }
+            _ => NoSamples::Waiting,
         }
     }
 
@@ -126,6 +196,7 @@ impl NoSamples {
             NoSamples::NoProfiles => "no profiles",
             NoSamples::Unsampled => "unsampled",
             NoSamples::TooShort => "too short",
+            NoSamples::BlockedInPoll => "blocked in poll",
             NoSamples::Waiting => "waiting",
         }
     }
@@ -158,6 +229,12 @@ impl NoSamples {
                  ~20 ms at 100 Hz); they may also be waiting",
                 sampling.too_short_ns() as f64 / 1e6
             ),
+            NoSamples::BlockedInPoll => format!(
+                "no CPU samples, yet a thread was inside the span for most of its wall time: \
+                 it was blocked inside a poll (a blocking call holding its thread off CPU), \
+                 not computing and not awaiting; at {hz:.0} Hz every {period_ms:.0} ms of CPU \
+                 is sampled"
+            ),
             NoSamples::Waiting => format!(
                 "a slow span with no CPU samples is waiting (I/O, locks, downstream calls), \
                  not computing: at {hz:.0} Hz every {period_ms:.0} ms of CPU is sampled"
@@ -184,5 +261,26 @@ mod tests {
         assert_eq!(Verdict::from_ratio(0.099), Verdict::Waiting);
         assert_eq!(Verdict::from_ratio(0.0), Verdict::Waiting);
         assert_eq!(Verdict::CpuBound.to_string(), "CPU-bound");
+    }
+
+    #[test]
+    fn blocked_in_poll_needs_active_time_and_loses_to_cpu() {
+        // Without active time, off-CPU time is waiting as before.
+        assert_eq!(Verdict::from_split(0.02, None), Verdict::Waiting);
+        assert_eq!(Verdict::from_split(0.02, Some(0.9)), Verdict::BlockedInPoll);
+        assert_eq!(Verdict::from_split(0.3, Some(0.5)), Verdict::BlockedInPoll);
+        assert_eq!(Verdict::from_split(0.02, Some(0.49)), Verdict::Waiting);
+        assert_eq!(Verdict::from_split(0.3, Some(0.2)), Verdict::Mixed);
+        assert_eq!(Verdict::from_split(0.6, Some(0.4)), Verdict::CpuBound);
+        let reason = Verdict::BlockedInPoll.reason_split(0.02, Some(0.9));
+        assert!(
+            reason.contains("90%") && reason.contains("awaiting 8%"),
+            "{reason}"
+        );
+        let reason = Verdict::Waiting.reason_split(0.02, Some(0.01));
+        assert!(
+            reason.contains("97%") && reason.contains("no thread"),
+            "{reason}"
+        );
     }
 }

@@ -91,10 +91,20 @@ fn the_report_has_one_row_per_route_with_its_verdict() {
     assert!(io.cpu_ratio < 0.1, "{}", io.cpu_ratio);
 
     // GET /sleep blocks its runtime worker in `std::thread::sleep`: the thread uses no CPU,
-    // so today it reads "waiting" exactly like GET /io. The report cannot yet tell a
-    // worker blocked inside a poll from a task awaiting (issue 11 separates them).
+    // like GET /io, but a thread sits inside the span the whole time
+    // (`profiling.wall.active_ns` ≈ wall), so it is "blocked in poll", not "waiting".
     let sleep = group("GET /sleep");
-    assert_eq!(sleep.verdict, Verdict::Waiting, "{}", sleep.reason);
+    assert_eq!(sleep.verdict, Verdict::BlockedInPoll, "{}", sleep.reason);
     assert!(sleep.cpu_ratio < 0.1, "{}", sleep.cpu_ratio);
     assert!(summary.measured.get("/sleep").ratio() < 0.1);
+    assert!(
+        sleep.split.blocked_ns as f64 >= 0.8 * sleep.wall_total_ns as f64,
+        "{:?}",
+        sleep.split
+    );
+    assert!(
+        io.split.awaiting_ns as f64 >= 0.8 * io.wall_total_ns as f64,
+        "{:?}",
+        io.split
+    );
 }

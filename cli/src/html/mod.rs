@@ -440,6 +440,7 @@ fn source_tag(split: &TimeSplit) -> String {
 fn verdict_class(verdict: Verdict) -> &'static str {
     match verdict {
         Verdict::CpuBound => "cpu-bound",
+        Verdict::BlockedInPoll => "blocked",
         Verdict::Mixed => "mixed",
         Verdict::Waiting => "waiting",
     }

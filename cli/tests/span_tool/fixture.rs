@@ -63,6 +63,8 @@ pub struct FixtureSpan {
     /// (method attribute key, method, `http.route`) of an HTTP server span named apart
     /// from its route; `None`: `http.route` is the span name.
     pub route: Option<(&'static str, &'static str, &'static str)>,
+    /// `profiling.wall.active_ns` in ms, when the span carries it.
+    pub active_ms: Option<u64>,
 }
 
 impl FixtureSpan {
@@ -90,6 +92,7 @@ fn span(
         evidence: Some(samples),
         stacks,
         route: None,
+        active_ms: None,
     }
 }
 
@@ -267,6 +270,12 @@ fn span_json(index: usize, s: &FixtureSpan) -> Value {
             "value": {"intValue": (samples * PERIOD_NS as u64).to_string()}
         }));
     }
+    if let Some(active) = s.active_ms {
+        attributes.push(json!({
+            "key": "profiling.wall.active_ns",
+            "value": {"intValue": (active * 1_000_000).to_string()}
+        }));
+    }
     json!({
         "traceId": format!("{:032x}", s.trace_id),
         "spanId": s.id(),
@@ -407,6 +416,33 @@ pub fn spans_named_request_with_routes() -> tempfile::TempDir {
             };
             let mut span = span("request", Some(V1), id, 100, stacks);
             span.route = Some((key, method, route));
+            spans.push(span);
+            id += 1;
+        }
+    }
+    write(dir.path(), "2026-01-01T00-00-00.000Z", &spans, 0);
+    dir
+}
+
+/// Three routes of one service whose spans carry their active time: `GET /cpu` computes,
+/// `GET /sleep` holds its thread off CPU (a blocking call inside the poll, no samples),
+/// `GET /io` awaits with no thread inside it.
+pub fn routes_with_active_time() -> tempfile::TempDir {
+    let dir = tempfile::tempdir().expect("tempdir");
+    let mut spans = Vec::new();
+    // (route, samples of 10 ms, active ms) of 100 ms spans.
+    let routes: [(&str, u64, u64); 3] = [("/cpu", 8, 95), ("/sleep", 0, 98), ("/io", 0, 2)];
+    let mut id = 0x6000;
+    for (route, samples, active) in routes {
+        for _ in 0..3 {
+            let stacks = if samples > 0 {
+                vec![(CPU_WORK, samples)]
+            } else {
+                vec![]
+            };
+            let mut span = span("request", Some(V1), id, 100, stacks);
+            span.route = Some(("http.request.method", "GET", route));
+            span.active_ms = Some(active);
             spans.push(span);
             id += 1;
         }

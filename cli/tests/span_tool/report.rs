@@ -316,6 +316,8 @@ fn display_is_a_readable_table() {
         "CPU (PROFILE)",
         "CPU (ATTRS)",
         "CPU/WALL",
+        "BLOCKED",
+        "AWAITING",
         "VERDICT",
     ] {
         assert!(header.contains(column), "{header}");
@@ -340,6 +342,9 @@ fn display_is_a_readable_table() {
             "640.0 ms",
             "640.0 ms",
             "0.67",
+            // No active time on these spans: nothing to split off-CPU time by.
+            "-",
+            "-",
             "CPU-bound"
         ]
     );
@@ -420,4 +425,53 @@ fn spans_with_a_route_are_grouped_by_method_and_route() {
     )
     .expect("diff of a route");
     assert_eq!(diff.before.requests, 2, "{diff}");
+}
+
+/// Issue 11: with the spans' active time, a route that holds its thread off CPU (a
+/// blocking call inside the poll) is "blocked in poll", not "waiting" like one that awaits;
+/// without active time both would read "waiting" (CPU/wall ≈ 0).
+#[test]
+fn a_span_holding_its_thread_off_cpu_is_blocked_in_poll_not_waiting() {
+    let dir = fixture::routes_with_active_time();
+    let report = SpanReport::from_dirs(&[dir.path().to_path_buf()]).expect("report");
+    let rows: Vec<(&str, Verdict, u64, u64)> = report
+        .groups
+        .iter()
+        .map(|g| {
+            (
+                g.name.as_str(),
+                g.verdict,
+                g.split.blocked_ns / MS,
+                g.split.awaiting_ns / MS,
+            )
+        })
+        .collect();
+    assert_eq!(
+        rows,
+        [
+            ("GET /cpu", Verdict::CpuBound, 45, 15),
+            ("GET /io", Verdict::Waiting, 6, 294),
+            ("GET /sleep", Verdict::BlockedInPoll, 294, 6),
+        ]
+    );
+    let text = report.to_string();
+    let sleep = text
+        .lines()
+        .find(|l| l.starts_with("GET /sleep, "))
+        .expect("sleep group");
+    assert!(
+        sleep.contains("blocked in poll") && sleep.contains("off CPU for 98%"),
+        "{sleep}"
+    );
+    let io = text
+        .lines()
+        .find(|l| l.starts_with("GET /io, "))
+        .expect("io group");
+    assert!(io.contains("waiting") && io.contains("no thread"), "{io}");
+    assert!(
+        text.contains(
+            "where the wall time went: CPU 0.0 ms, blocked in poll 294.0 ms, awaiting 6.0 ms"
+        ),
+        "{text}"
+    );
 }
