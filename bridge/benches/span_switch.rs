@@ -127,22 +127,8 @@ fn bench_span_lifecycle(c: &mut Criterion) {
         .with_span_processor(ProfileIdSpanProcessor::default())
         .with_span_processor(CpuEvidenceProcessor::new(Discard))
         .build();
-    let sampler = match Sampler::start(SamplerConfig::default().with_frequency_hz(100)) {
-        Ok(sampler) => sampler,
-        Err(err) => {
-            eprintln!("sampler did not start, skipping span_lifecycle: {err}");
-            return;
-        }
-    };
-    if let Err(err) = sampler.register_current_thread() {
-        eprintln!("thread not registered, skipping span_lifecycle: {err}");
-        return;
-    }
     let mut group = c.benchmark_group("span_lifecycle");
-    for (name, dispatch) in [
-        ("otel", otel_only(&plain)),
-        ("otel+bridge", otel_and_profiling(&bridged)),
-    ] {
+    let lifecycle = |group: &mut criterion::BenchmarkGroup<'_, _>, name: &str, dispatch| {
         tracing::dispatcher::with_default(&dispatch, || {
             group.bench_function(name, |b| {
                 b.iter(|| {
@@ -154,7 +140,28 @@ fn bench_span_lifecycle(c: &mut Criterion) {
                 })
             });
         });
+    };
+    lifecycle(&mut group, "otel", otel_only(&plain));
+    // Where the added cost goes: the layer alone, then with the processors (no sampler:
+    // no CPU counters are claimed), then everything.
+    lifecycle(&mut group, "otel+layer", otel_and_profiling(&plain));
+    lifecycle(
+        &mut group,
+        "otel+layer+processors",
+        otel_and_profiling(&bridged),
+    );
+    let sampler = match Sampler::start(SamplerConfig::default().with_frequency_hz(100)) {
+        Ok(sampler) => sampler,
+        Err(err) => {
+            eprintln!("sampler did not start, skipping span_lifecycle/otel+bridge: {err}");
+            return;
+        }
+    };
+    if let Err(err) = sampler.register_current_thread() {
+        eprintln!("thread not registered, skipping span_lifecycle/otel+bridge: {err}");
+        return;
     }
+    lifecycle(&mut group, "otel+bridge", otel_and_profiling(&bridged));
     group.finish();
     drop(sampler);
 }
@@ -249,12 +256,22 @@ fn print_ratios() {
         "otel",
         "otel+profiling",
     );
-    row(
-        "root span lifecycle (create, 4 polls, close): bridge vs otel",
-        "span_lifecycle",
-        "otel",
-        "otel+bridge",
-    );
+    for (label, other) in [
+        (
+            "root span lifecycle (create, 4 polls, close): layer vs otel",
+            "otel+layer",
+        ),
+        (
+            "root span lifecycle: layer + processors vs otel",
+            "otel+layer+processors",
+        ),
+        (
+            "root span lifecycle: bridge (+ sampler running) vs otel",
+            "otel+bridge",
+        ),
+    ] {
+        row(label, "span_lifecycle", "otel", other);
+    }
     row(
         "switch: pyroscope tag_wrapper add+remove vs otel-profiling",
         "context_switch",

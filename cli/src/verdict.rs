@@ -71,10 +71,10 @@ impl Verdict {
         match self {
             Verdict::BlockedInPoll => format!(
                 "a thread was inside the span but off CPU for {blocked:.0}% of the wall time \
-                 (CPU {cpu:.0}%, awaiting {awaiting:.0}%): a blocking call inside a poll \
-                 (std::fs, std::thread::sleep, a contended std::sync::Mutex, blocking DNS or \
-                 HTTP) holds its worker and stalls the other tasks on it — or the machine's \
-                 CPUs were busy with other work"
+                 (CPU {cpu:.0}%, awaiting {awaiting:.0}%): a blocking call (std::fs, \
+                 std::thread::sleep, a contended std::sync::Mutex, blocking DNS or HTTP) — \
+                 inside an async task's poll it holds the worker and stalls every other task \
+                 on it — or the machine's CPUs were busy with other work"
             ),
             Verdict::Waiting => format!(
                 "CPU is {cpu:.0}% and blocked in poll {blocked:.0}% of the wall time: for \

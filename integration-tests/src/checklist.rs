@@ -8,7 +8,7 @@ use std::collections::BTreeMap;
 use std::fmt;
 use std::time::{Duration, Instant};
 
-use otel_profiling::PROFILE_ID_ATTRIBUTE;
+use otel_profiling::{CPU_TIME_ATTRIBUTE, PROFILE_ID_ATTRIBUTE, WALL_ACTIVE_ATTRIBUTE};
 
 use crate::clients::{FlameGraph, PyroscopeClient, SpanProfileQuery, TempoClient, TraceSpan};
 use crate::recorder::RecordedOp;
@@ -564,7 +564,119 @@ pub fn check_control(
     }
 }
 
-/// The recorded operations the four checks need.
+/// Where a span's wall time went, from its own attributes: CPU (`profiling.cpu.time_ns`),
+/// blocked inside a poll (`profiling.wall.active_ns` − CPU: a thread was inside the span
+/// but off CPU) and awaiting (wall − active: no thread inside it).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum TimeVerdict {
+    /// CPU ≥ 50 % of wall.
+    CpuBound,
+    /// Not CPU-bound; blocked in poll ≥ 50 % of wall.
+    BlockedInPoll,
+    /// Awaiting ≥ 50 % of wall.
+    Awaiting,
+    /// None of these dominates.
+    Mixed,
+}
+
+/// Classifies a span by its CPU and active time (ms), with the reason; `None` when the span
+/// lacks the attributes.
+pub fn classify_time(span: &TraceSpan) -> Option<(TimeVerdict, String)> {
+    let attr = |key: &str| -> Option<f64> { span.attributes.get(key)?.parse::<f64>().ok() };
+    let wall = span.wall_ms();
+    let cpu = attr(CPU_TIME_ATTRIBUTE)? / 1e6;
+    let active = attr(WALL_ACTIVE_ATTRIBUTE)? / 1e6;
+    if wall <= 0.0 {
+        return None;
+    }
+    let blocked = (active - cpu).max(0.0).min(wall - cpu.min(wall));
+    let awaiting = (wall - cpu.min(wall) - blocked).max(0.0);
+    let shares = format!(
+        "wall {wall:.0} ms: CPU {cpu:.0} ms, blocked in poll {blocked:.0} ms, awaiting {awaiting:.0} ms"
+    );
+    let verdict = if cpu >= 0.5 * wall {
+        TimeVerdict::CpuBound
+    } else if blocked >= 0.5 * wall {
+        TimeVerdict::BlockedInPoll
+    } else if awaiting >= 0.5 * wall {
+        TimeVerdict::Awaiting
+    } else {
+        TimeVerdict::Mixed
+    };
+    let what = match verdict {
+        TimeVerdict::CpuBound => "CPU-bound",
+        TimeVerdict::BlockedInPoll => "blocked in poll (its thread held off CPU)",
+        TimeVerdict::Awaiting => "awaiting (no thread inside it)",
+        TimeVerdict::Mixed => "mixed",
+    };
+    Some((verdict, format!("{shares}: {what}")))
+}
+
+/// (5) A span whose task blocks its worker inside a poll is called blocked in poll — not
+/// waiting on a dependency, not CPU-bound — while a span awaiting a timer for as long is
+/// called awaiting (so the check tells the two apart rather than naming everything
+/// blocked).
+pub fn check_blocked_in_poll(
+    b: &Backends,
+    blocking_op: &RecordedOp,
+    awaiting_op: &RecordedOp,
+) -> CheckResult {
+    const TITLE: &str = "a span that blocks its worker is blocked in poll, not waiting";
+    let mut evs = Vec::new();
+    let mut spans = Vec::new();
+    for op in [blocking_op, awaiting_op] {
+        match wait_for_span(b, &op.trace_id, &op.span_id) {
+            Ok(s) => spans.push(s),
+            Err(e) => {
+                evs.push(evidence(op, None, None, &[]));
+                return fail(5, TITLE, format!("trace backend: {e}"), evs);
+            }
+        }
+    }
+    let mut problems = Vec::new();
+    let mut verdicts = Vec::new();
+    for (op, span) in [blocking_op, awaiting_op].into_iter().zip(&spans) {
+        let mut ev = evidence(op, Some(span), None, &[]);
+        match classify_time(span) {
+            Some((verdict, reason)) => {
+                ev.notes.push(format!("{}: {reason}", span.name));
+                verdicts.push(Some((verdict, reason)));
+            }
+            None => {
+                problems.push(format!(
+                    "{} lacks {CPU_TIME_ATTRIBUTE} or {WALL_ACTIVE_ATTRIBUTE}",
+                    span.name
+                ));
+                verdicts.push(None);
+            }
+        }
+        evs.push(ev);
+    }
+    if let Some((verdict, reason)) = &verdicts[0] {
+        if *verdict != TimeVerdict::BlockedInPoll {
+            problems.push(format!("blocking span: {reason}, expected blocked in poll"));
+        }
+    }
+    if let Some((verdict, reason)) = &verdicts[1] {
+        if *verdict != TimeVerdict::Awaiting {
+            problems.push(format!("awaiting span: {reason}, expected awaiting"));
+        }
+    }
+    if problems.is_empty() {
+        CheckResult {
+            number: 5,
+            title: TITLE,
+            passed: true,
+            reason: "the blocking span is blocked in poll, the awaiting span is awaiting"
+                .to_string(),
+            evidence: evs,
+        }
+    } else {
+        fail(5, TITLE, problems.join("; "), evs)
+    }
+}
+
+/// The recorded operations the five checks need.
 #[derive(Clone, Debug)]
 pub struct Recordings {
     /// CPU-heavy root span.
@@ -575,9 +687,13 @@ pub struct Recordings {
     pub report_old: RecordedOp,
     /// `GET /report`, newer version.
     pub report_new: RecordedOp,
+    /// A task blocking its worker inside a poll.
+    pub blocking: RecordedOp,
+    /// A task awaiting a timer.
+    pub awaiting: RecordedOp,
 }
 
-/// Runs the four checks.
+/// Runs the five checks.
 pub fn run_all(b: &Backends, r: &Recordings) -> Vec<CheckResult> {
     use crate::workload::{CPU_FUNCTION, SERIALIZE_FUNCTION};
     vec![
@@ -585,6 +701,7 @@ pub fn run_all(b: &Backends, r: &Recordings) -> Vec<CheckResult> {
         check_profile_link(b, &r.cpu, CPU_FUNCTION),
         check_cpu_vs_io(b, &r.cpu, &r.io, CPU_FUNCTION),
         check_control(b, &r.report_old, &r.report_new, SERIALIZE_FUNCTION),
+        check_blocked_in_poll(b, &r.blocking, &r.awaiting),
     ]
 }
 
@@ -592,7 +709,7 @@ pub fn run_all(b: &Backends, r: &Recordings) -> Vec<CheckResult> {
 /// (`exe record ...`), one after the other (so they do not compete for CPU).
 pub fn record_all(exe: &std::path::Path, b: &Backends) -> Result<Recordings, String> {
     use crate::recorder::{record_in_child, unique_service_name};
-    use crate::workload::{RecordSpec, Scenario, CPU_SPAN, IO_SPAN};
+    use crate::workload::{RecordSpec, Scenario, AWAITING_SPAN, BLOCKING_SPAN, CPU_SPAN, IO_SPAN};
     let service = unique_service_name("app");
     let spec = |scenario, version: &str| RecordSpec {
         otlp_endpoint: b.otlp_endpoint.clone(),
@@ -608,10 +725,19 @@ pub fn record_all(exe: &std::path::Path, b: &Backends) -> Result<Recordings, Str
     let io = (*by_name.get(IO_SPAN).ok_or("no I/O-bound span recorded")?).clone();
     let report_old = record_in_child(exe, &spec(Scenario::ReportOld, "1.4.0"))?.remove(0);
     let report_new = record_in_child(exe, &spec(Scenario::ReportNew, "1.5.0"))?.remove(0);
+    let ops = record_in_child(exe, &spec(Scenario::BlockingAndAwaiting, "1.5.0"))?;
+    let find = |name: &str| {
+        ops.iter()
+            .find(|o| o.name == name)
+            .cloned()
+            .ok_or(format!("no {name} span recorded"))
+    };
     Ok(Recordings {
         cpu,
         io,
         report_old,
         report_new,
+        blocking: find(BLOCKING_SPAN)?,
+        awaiting: find(AWAITING_SPAN)?,
     })
 }

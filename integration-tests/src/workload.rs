@@ -19,6 +19,10 @@ pub const SERIALIZE_FUNCTION: &str = "repeat_serialize";
 pub const CPU_SPAN: &str = "checklist cpu-heavy";
 /// Name of the I/O-bound root span.
 pub const IO_SPAN: &str = "checklist io-bound";
+/// Name of the root span whose async task blocks its worker (`std::thread::sleep` in a poll).
+pub const BLOCKING_SPAN: &str = "checklist blocks-its-worker";
+/// Name of the root span whose async task awaits a timer (no thread inside it meanwhile).
+pub const AWAITING_SPAN: &str = "checklist awaits-a-timer";
 /// Name of the control scenario's root span.
 pub const REPORT_SPAN: &str = "GET /report";
 /// How long the CPU-heavy and I/O-bound spans last.
@@ -35,6 +39,11 @@ pub enum Scenario {
     CpuAndIo,
     /// Broken on purpose: the "I/O-bound" span burns CPU instead of waiting.
     CpuAndBusyIo,
+    /// Two tasks on a one-worker tokio runtime: one blocks its worker inside a poll, one
+    /// awaits a timer.
+    BlockingAndAwaiting,
+    /// Broken on purpose: the "blocking" task awaits a timer too.
+    AwaitingTwice,
     /// `GET /report`, older version (one serialization pass).
     ReportOld,
     /// `GET /report`, newer version (eight serialization passes, same response size).
@@ -47,6 +56,8 @@ impl Scenario {
         match self {
             Scenario::CpuAndIo => "cpu-and-io",
             Scenario::CpuAndBusyIo => "cpu-and-busy-io",
+            Scenario::BlockingAndAwaiting => "blocking-and-awaiting",
+            Scenario::AwaitingTwice => "awaiting-twice",
             Scenario::ReportOld => "report-old",
             Scenario::ReportNew => "report-new",
         }
@@ -57,6 +68,8 @@ impl Scenario {
         [
             Scenario::CpuAndIo,
             Scenario::CpuAndBusyIo,
+            Scenario::BlockingAndAwaiting,
+            Scenario::AwaitingTwice,
             Scenario::ReportOld,
             Scenario::ReportNew,
         ]
@@ -129,6 +142,42 @@ fn ids() -> (String, String) {
     (sc.trace_id().to_string(), sc.span_id().to_string())
 }
 
+/// Runs one root span as a task on a one-worker tokio runtime: the task either blocks its
+/// worker inside a poll (`std::thread::sleep`) or awaits a timer for as long.
+fn run_async(name: &'static str, blocks: bool) -> Result<serde_json::Value, String> {
+    use tracing::Instrument as _;
+    let runtime = tokio::runtime::Builder::new_multi_thread()
+        .worker_threads(1)
+        .enable_time()
+        .build()
+        .map_err(|e| format!("tokio runtime: {e}"))?;
+    let span = tracing::info_span!("root", otel.name = name);
+    let started = Instant::now();
+    let task = async move {
+        let ids = ids();
+        tokio::task::yield_now().await;
+        if blocks {
+            checklist_blocking_call(SPAN_DURATION);
+        } else {
+            tokio::time::sleep(SPAN_DURATION).await;
+        }
+        ids
+    };
+    let handle = runtime.spawn(task.instrument(span));
+    let (trace_id, span_id) = runtime.block_on(handle).map_err(|e| format!("task: {e}"))?;
+    let wall_ms = started.elapsed().as_secs_f64() * 1e3;
+    Ok(json!({
+        "name": name, "trace_id": trace_id, "span_id": span_id,
+        "wall_ms": wall_ms, "response_bytes": null,
+    }))
+}
+
+/// A blocking call made inside an async task: holds the worker thread off CPU.
+#[inline(never)]
+pub fn checklist_blocking_call(d: Duration) {
+    std::thread::sleep(d);
+}
+
 /// Records the scenario in this process and returns one JSON line per root span
 /// (`name`, `trace_id`, `span_id`, `wall_ms`). Call once per process.
 pub fn record(spec: &RecordSpec) -> Result<Vec<serde_json::Value>, String> {
@@ -190,6 +239,11 @@ pub fn record(spec: &RecordSpec) -> Result<Vec<serde_json::Value>, String> {
                 }
                 None
             });
+        }
+        Scenario::BlockingAndAwaiting | Scenario::AwaitingTwice => {
+            let blocks = spec.scenario == Scenario::BlockingAndAwaiting;
+            out.push(run_async(BLOCKING_SPAN, blocks)?);
+            out.push(run_async(AWAITING_SPAN, false)?);
         }
         Scenario::ReportOld => run(REPORT_SPAN, &|| {
             Some(render_report(SERIALIZE_PASSES_OLD).len())

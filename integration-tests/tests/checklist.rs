@@ -17,8 +17,8 @@ use otel_profiling::export::pyroscope::{PROFILE_NAME, PROFILE_TYPE_ID};
 use otel_profiling::pprof::{self, FrameLine, ProfileBuilder, SampleLabels, SymbolizedFrame};
 use otel_profiling::PROFILE_ID_ATTRIBUTE;
 use otel_profiling_integration_tests::checklist::{
-    check_control, check_cpu_vs_io, check_profile_link, check_recorded, classify, record_all,
-    Backends, Recordings, Verdict,
+    check_blocked_in_poll, check_control, check_cpu_vs_io, check_profile_link, check_recorded,
+    classify, record_all, Backends, Recordings, Verdict,
 };
 use otel_profiling_integration_tests::clients::{to_hex, OtlpClient, SpanProfileQuery, TraceSpan};
 use otel_profiling_integration_tests::recorder::{
@@ -26,7 +26,8 @@ use otel_profiling_integration_tests::recorder::{
 };
 use otel_profiling_integration_tests::standin::StandIn;
 use otel_profiling_integration_tests::workload::{
-    RecordSpec, Scenario, CPU_FUNCTION, CPU_SPAN, IO_SPAN, SERIALIZE_FUNCTION,
+    RecordSpec, Scenario, AWAITING_SPAN, BLOCKING_SPAN, CPU_FUNCTION, CPU_SPAN, IO_SPAN,
+    SERIALIZE_FUNCTION,
 };
 
 const CHECKLIST_EXE: &str = env!("CARGO_BIN_EXE_checklist");
@@ -55,7 +56,9 @@ fn fixture() -> &'static Fixture {
                 let url = s.url();
                 (
                     Some(s),
-                    Backends::new(&url, &url, &url, Duration::from_secs(2)),
+                    // Polls end as soon as the data is there; the bound only matters on a
+                    // loaded machine, where a child's last push can take seconds to land.
+                    Backends::new(&url, &url, &url, Duration::from_secs(8)),
                 )
             }
         };
@@ -184,6 +187,26 @@ fn check3_fails_when_the_io_span_burns_cpu() {
     println!("{r}");
     assert!(!r.passed, "{r}");
     assert!(r.reason.contains("I/O-bound span"), "{r}");
+}
+
+#[test]
+fn check5_a_span_blocking_its_worker_is_blocked_in_poll_not_waiting() {
+    let rec = recordings();
+    let r = check_blocked_in_poll(&fixture().backends, &rec.blocking, &rec.awaiting);
+    println!("{r}");
+    assert!(r.passed, "{r}");
+    assert!(r.evidence[0].notes[0].contains("blocked in poll"), "{r}");
+    assert!(r.evidence[1].notes[0].contains("awaiting"), "{r}");
+}
+
+#[test]
+fn check5_fails_when_the_blocking_span_awaits_instead() {
+    let ops = record(Scenario::AwaitingTwice, true);
+    let b = &fixture().backends;
+    let r = check_blocked_in_poll(b, find(&ops, BLOCKING_SPAN), find(&ops, AWAITING_SPAN));
+    println!("{r}");
+    assert!(!r.passed, "{r}");
+    assert!(r.reason.contains("blocking span"), "{r}");
 }
 
 #[test]
