@@ -32,9 +32,14 @@ type Dwarf<'a> = gimli::Dwarf<Slice<'a>>;
 type Unit<'a> = gimli::Unit<Slice<'a>>;
 type UnitRef<'u, 'a> = gimli::UnitRef<'u, Slice<'a>>;
 
-/// How many bytes of `.debug_info` a pass (or the index build) reads before it drops the
-/// file pages read so far from the resident set.
-pub(super) const RELEASE_EVERY: u64 = 4 << 20;
+/// About how many bytes of the file a pass (or the index build) touches before it drops
+/// the file pages read so far from the resident set: this bounds the file-backed part of
+/// the peak. Reading them again costs minor faults (the page cache keeps them).
+pub(super) const RELEASE_EVERY: u64 = 2 << 20;
+
+/// What reading one unit's header, root entry, abbreviations and line program header
+/// touches beside its entries: a few scattered pages.
+const PAGES_PER_UNIT: u64 = 16 << 10;
 
 /// The DWARF sections of an object, borrowed from its mapping; `None` without
 /// `.debug_info` or with a section that cannot be read in place (compressed).
@@ -101,7 +106,7 @@ impl UnitIndex {
         let mut read = 0u64;
         let mut units = dwarf.units();
         while let Ok(Some(header)) = units.next() {
-            read += header.length_including_self() as u64;
+            read += PAGES_PER_UNIT;
             if read > RELEASE_EVERY {
                 release();
                 read = 0;
@@ -469,7 +474,8 @@ impl<'d, 'a> Pass<'d, 'a> {
             .debug_info
             .header_from_offset(gimli::DebugInfoOffset(entry.offset))
             .ok()?;
-        self.read += header.length_including_self() as u64;
+        // Its entries, and a line program of about the same size.
+        self.read += 2 * header.length_including_self() as u64 + PAGES_PER_UNIT;
         let parsed = self.dwarf.unit(header).ok()?;
         let unit_ref = gimli::UnitRef::new(self.dwarf, &parsed);
         let mut answers: Vec<Answer<'a>> = (0..addresses.len()).map(|_| Answer::default()).collect();
@@ -551,6 +557,30 @@ impl<'d, 'a> Pass<'d, 'a> {
                 }
                 continue;
             }
+            // For an inlined subroutine: its depth counts the inlined ones open since the
+            // nearest subprogram (lexical blocks in between do not count), and that
+            // subprogram says which addresses it may cover.
+            let mut level = 0;
+            let mut function = None;
+            if tag == gimli::DW_TAG_inlined_subroutine {
+                for (at, (_, o)) in open.iter().enumerate().rev() {
+                    match o {
+                        Open::Inlined => level += 1,
+                        Open::Function(chosen) => {
+                            function = (!chosen.is_empty()).then_some(at);
+                            break;
+                        }
+                    }
+                }
+                if function.is_none() {
+                    // Most entries: inlined code of functions no address is in.
+                    if entries.skip_attributes(abbrev.attributes()).is_err() {
+                        return;
+                    }
+                    open.push((depth, Open::Inlined));
+                    continue;
+                }
+            }
             let mut ranges = Ranges::default();
             let mut names = NameAttrs::default();
             let mut call_file = None;
@@ -600,19 +630,10 @@ impl<'d, 'a> Pass<'d, 'a> {
                 open.push((depth, Open::Function(scratch.clone())));
                 continue;
             }
-            // An inlined subroutine: its depth counts the inlined ones open since the
-            // nearest subprogram (lexical blocks in between do not count).
-            let mut level = 0;
-            let mut chosen: &[usize] = &[];
-            for (_, o) in open.iter().rev() {
-                match o {
-                    Open::Inlined => level += 1,
-                    Open::Function(c) => {
-                        chosen = c;
-                        break;
-                    }
-                }
-            }
+            let chosen: &[usize] = match function.and_then(|at| open.get(at)) {
+                Some((_, Open::Function(chosen))) => chosen,
+                _ => &[],
+            };
             if !chosen.is_empty() {
                 let mut hits = Vec::new();
                 ranges.for_each(unit, |b, e| {
@@ -685,6 +706,7 @@ impl<'d, 'a> Pass<'d, 'a> {
                             .debug_info
                             .header_from_offset(gimli::DebugInfoOffset(entry.offset))
                             .ok()?;
+                        self.read += PAGES_PER_UNIT;
                         let u = Rc::new(self.dwarf.unit(header).ok()?);
                         self.referred.insert(position, u.clone());
                         u
