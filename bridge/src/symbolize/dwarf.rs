@@ -350,9 +350,7 @@ impl<'a> NameAttrs<'a> {
             gimli::DW_AT_linkage_name | gimli::DW_AT_MIPS_linkage_name => {
                 self.linkage = Some(attr.value())
             }
-            gimli::DW_AT_name
-            | gimli::DW_AT_abstract_origin
-            | gimli::DW_AT_specification => {
+            gimli::DW_AT_name | gimli::DW_AT_abstract_origin | gimli::DW_AT_specification => {
                 if let Some(slot) = self.others.get_mut(self.others_len) {
                     *slot = Some(attr.value());
                     self.others_len += 1;
@@ -478,7 +476,8 @@ impl<'d, 'a> Pass<'d, 'a> {
         self.read += 2 * header.length_including_self() as u64 + PAGES_PER_UNIT;
         let parsed = self.dwarf.unit(header).ok()?;
         let unit_ref = gimli::UnitRef::new(self.dwarf, &parsed);
-        let mut answers: Vec<Answer<'a>> = (0..addresses.len()).map(|_| Answer::default()).collect();
+        let mut answers: Vec<Answer<'a>> =
+            (0..addresses.len()).map(|_| Answer::default()).collect();
         self.functions(unit_ref, addresses, &mut answers);
         rows(unit_ref, addresses, &mut answers);
 
@@ -492,7 +491,9 @@ impl<'d, 'a> Pass<'d, 'a> {
         let mut answered = Vec::with_capacity(addresses.len());
         for (answer, &p) in answers.into_iter().zip(members) {
             answered.push(answer.function.is_some() || answer.row.is_some());
-            let location = answer.row.map(|(f, line)| (file(f, intern), (line != 0).then_some(line)));
+            let location = answer
+                .row
+                .map(|(f, line)| (file(f, intern), (line != 0).then_some(line)));
             let Some(function) = answer.function else {
                 found[p].location = location;
                 continue;
@@ -518,7 +519,10 @@ impl<'d, 'a> Pass<'d, 'a> {
                     (Some(f), Some(_)) => file(f, intern),
                     _ => None,
                 };
-                at = Some((call_file, (inlined.call_line != 0).then_some(inlined.call_line)));
+                at = Some((
+                    call_file,
+                    (inlined.call_line != 0).then_some(inlined.call_line),
+                ));
             }
             push(function.name, &at, intern);
             found[p] = Found { frames, location };
@@ -639,7 +643,10 @@ impl<'d, 'a> Pass<'d, 'a> {
                 ranges.for_each(unit, |b, e| {
                     hits.extend(chosen.iter().copied().filter(|&i| {
                         (b..e).contains(&addresses[i])
-                            && answers[i].function.as_ref().is_some_and(|f| f.inlined.len() == level)
+                            && answers[i]
+                                .function
+                                .as_ref()
+                                .is_some_and(|f| f.inlined.len() == level)
                     }));
                 });
                 hits.sort_unstable();
@@ -856,8 +863,7 @@ mod tests {
         let mut lines = Vec::new();
         if let Ok(mut frames) = loader.find_frames(address) {
             while let Ok(Some(frame)) = frames.next() {
-                let Some(function) = frame.function.as_ref().and_then(|f| f.demangle().ok())
-                else {
+                let Some(function) = frame.function.as_ref().and_then(|f| f.demangle().ok()) else {
                     continue;
                 };
                 let (file, line) = frame
@@ -918,7 +924,11 @@ mod tests {
             .symbols()
             .filter(|s| s.kind() == SymbolKind::Text && s.size() > 0 && s.address() > 0);
         for s in functions.step_by(step) {
-            addresses.extend([s.address(), s.address() + s.size() / 2, s.address() + s.size() - 1]);
+            addresses.extend([
+                s.address(),
+                s.address() + s.size() / 2,
+                s.address() + s.size() - 1,
+            ]);
         }
         // Runtime return addresses to file addresses: the executable's load bias.
         let function = through_inlined_code as fn() -> Vec<u64> as usize as u64;
@@ -998,11 +1008,17 @@ mod tests {
         let mut data = std::fs::read(&exe).expect("read the test binary");
         let ranges: Vec<(usize, usize)> = {
             let file = object::File::parse(&*data).expect("parse");
-            [".debug_info", ".debug_line", ".debug_abbrev", ".debug_str", ".debug_ranges"]
-                .iter()
-                .filter_map(|name| file.section_by_name(name)?.file_range())
-                .map(|(start, size)| (start as usize, size as usize))
-                .collect()
+            [
+                ".debug_info",
+                ".debug_line",
+                ".debug_abbrev",
+                ".debug_str",
+                ".debug_ranges",
+            ]
+            .iter()
+            .filter_map(|name| file.section_by_name(name)?.file_range())
+            .map(|(start, size)| (start as usize, size as usize))
+            .collect()
         };
         let mut seed = 0x9e37_79b9_7f4a_7c15u64;
         for (start, size) in ranges {
