@@ -545,6 +545,10 @@ impl<'d, 'a> Pass<'d, 'a> {
         };
         let mut open: Vec<(isize, Open)> = Vec::new();
         let mut scratch = Vec::new();
+        // Addresses without a subprogram yet, and open subprograms that some address took:
+        // once both are zero nothing later can change an answer.
+        let mut unmatched = addresses.len();
+        let mut open_chosen = 0usize;
         while !entries.is_empty() {
             let depth = entries.next_depth();
             let Ok(abbrev) = entries.read_abbreviation() else {
@@ -552,7 +556,12 @@ impl<'d, 'a> Pass<'d, 'a> {
             };
             let Some(abbrev) = abbrev else { continue };
             while open.last().is_some_and(|(d, _)| *d >= depth) {
-                open.pop();
+                if let Some((_, Open::Function(chosen))) = open.pop() {
+                    open_chosen -= usize::from(!chosen.is_empty());
+                }
+            }
+            if unmatched == 0 && open_chosen == 0 {
+                return;
             }
             let tag = abbrev.tag();
             if tag != gimli::DW_TAG_subprogram && tag != gimli::DW_TAG_inlined_subroutine {
@@ -631,6 +640,8 @@ impl<'d, 'a> Pass<'d, 'a> {
                         });
                     }
                 }
+                unmatched -= scratch.len();
+                open_chosen += usize::from(!scratch.is_empty());
                 open.push((depth, Open::Function(scratch.clone())));
                 continue;
             }
@@ -774,6 +785,8 @@ fn rows(unit: UnitRef<'_, '_>, addresses: &[u64], answers: &mut [Answer<'_>]) {
     let mut start: Option<u64> = None;
     let mut last: Option<(u64, u64, u32)> = None;
     let mut tentative: Vec<(usize, u64, u32)> = Vec::new();
+    // Addresses without a row: the program is read no further once it is zero.
+    let mut missing = addresses.len();
     let assign = |from: u64, to: u64, file: u64, line: u32, tentative: &mut Vec<_>| {
         let first = addresses.partition_point(|&a| a < from);
         for (i, &a) in addresses.iter().enumerate().skip(first) {
@@ -792,9 +805,13 @@ fn rows(unit: UnitRef<'_, '_>, addresses: &[u64], answers: &mut [Answer<'_>]) {
                     for &(i, file, line) in &tentative {
                         if answers[i].row.is_none() {
                             answers[i].row = Some((file, line));
+                            missing -= 1;
                         }
                     }
                 }
+            }
+            if missing == 0 {
+                return;
             }
             start = None;
             last = None;
