@@ -1086,3 +1086,33 @@ mod tests {
         );
     }
 }
+
+#[cfg(test)]
+mod measure {
+    use super::super::mapped::{Mapped, SymbolTable};
+    use super::*;
+
+    /// What the index and symbol table keep for the file at `$SYMBOLIZE_INDEX_FILE` (the
+    /// figures in docs/benchmarks.md): `cargo test -p otel-profiling --lib
+    /// index_size_of_a_file -- --ignored --nocapture`.
+    #[test]
+    #[ignore = "a measurement of a file named by $SYMBOLIZE_INDEX_FILE"]
+    fn index_size_of_a_file() {
+        let Some(path) = std::env::var_os("SYMBOLIZE_INDEX_FILE") else {
+            return;
+        };
+        let mapped = Mapped::open(std::path::Path::new(&path)).expect("map");
+        let object = object::File::parse(mapped.bytes()).expect("parse");
+        let dwarf = load(&object).expect("debug info");
+        let index = UnitIndex::build(&dwarf, &|| mapped.release());
+        let symbols = SymbolTable::parse(&object, mapped.bytes());
+        eprintln!(
+            "{}: {} units, {} ranges, index {} KiB; symbol table {} KiB",
+            path.to_string_lossy(),
+            index.units.len(),
+            index.ranges.len(),
+            index.heap_bytes() / 1024,
+            symbols.heap_bytes() / 1024
+        );
+    }
+}

@@ -753,6 +753,26 @@ mod tests {
         assert_eq!(cached(&symbolizer), 0, "dropped with the file");
     }
 
+    /// A long-running service keeps sampling new addresses: the names kept per file stay
+    /// within the cap.
+    #[test]
+    fn the_names_kept_per_file_are_bounded() {
+        let mut file = FileNames::default();
+        let path = Path::new(VDSO);
+        let step = (MAX_NAMED_ADDRESSES / 4) as u64;
+        for round in 0..6u64 {
+            file.name_all(path, (round * step..(round + 1) * step).collect());
+            assert!(
+                file.names.len() <= MAX_NAMED_ADDRESSES,
+                "{}",
+                file.names.len()
+            );
+        }
+        assert!(file.strings.len() <= file.names.len() + 1);
+        // The newest addresses are named.
+        assert!(file.names.contains_key(&(6 * step - 1)));
+    }
+
     #[test]
     fn unknown_addresses_get_a_hex_name() {
         let mut symbolizer = Symbolizer::new();
