@@ -32,11 +32,6 @@ type Dwarf<'a> = gimli::Dwarf<Slice<'a>>;
 type Unit<'a> = gimli::Unit<Slice<'a>>;
 type UnitRef<'u, 'a> = gimli::UnitRef<'u, Slice<'a>>;
 
-/// About how many bytes of the file a pass (or the index build) touches before it drops
-/// the file pages read so far from the resident set: this bounds the file-backed part of
-/// the peak. Reading them again costs minor faults (the page cache keeps them).
-pub(super) const RELEASE_EVERY: u64 = 2 << 20;
-
 /// What reading one unit's header, root entry, abbreviations and line program header
 /// touches beside its entries: a few scattered pages.
 const PAGES_PER_UNIT: u64 = 16 << 10;
@@ -91,9 +86,9 @@ struct UnitEntry {
 }
 
 impl UnitIndex {
-    /// Reads every unit header and root entry once. `release` is called every
-    /// [`RELEASE_EVERY`] bytes of units read.
-    pub(super) fn build(dwarf: &Dwarf<'_>, release: &dyn Fn()) -> UnitIndex {
+    /// Reads every unit header and root entry once, telling `touch` about how many bytes
+    /// of the file each read.
+    pub(super) fn build(dwarf: &Dwarf<'_>, touch: &dyn Fn(u64)) -> UnitIndex {
         let mut aranges = Vec::new();
         let mut headers = dwarf.debug_aranges.headers();
         while let Ok(Some(header)) = headers.next() {
@@ -103,14 +98,9 @@ impl UnitIndex {
 
         let mut index = UnitIndex::default();
         let mut ranges: Vec<(u64, u64)> = Vec::new();
-        let mut read = 0u64;
         let mut units = dwarf.units();
         while let Ok(Some(header)) = units.next() {
-            read += PAGES_PER_UNIT;
-            if read > RELEASE_EVERY {
-                release();
-                read = 0;
-            }
+            touch(PAGES_PER_UNIT);
             let Some(offset) = header.debug_info_offset() else {
                 continue;
             };
@@ -367,8 +357,8 @@ pub(super) struct Pass<'d, 'a> {
     index: &'d UnitIndex,
     /// Units entered for a reference, by position in `index.units`; cleared when it grows.
     referred: HashMap<usize, Rc<Unit<'a>>>,
-    /// `.debug_info` bytes read since the file pages were last released.
-    read: u64,
+    /// Told about how many bytes of the file each unit read takes.
+    touch: &'d dyn Fn(u64),
 }
 
 /// What one unit says about an address.
@@ -399,22 +389,25 @@ pub(super) struct Found {
 }
 
 impl<'d, 'a> Pass<'d, 'a> {
-    pub(super) fn new(dwarf: &'d Dwarf<'a>, index: &'d UnitIndex) -> Pass<'d, 'a> {
+    pub(super) fn new(
+        dwarf: &'d Dwarf<'a>,
+        index: &'d UnitIndex,
+        touch: &'d dyn Fn(u64),
+    ) -> Pass<'d, 'a> {
         Pass {
             dwarf,
             index,
             referred: HashMap::new(),
-            read: 0,
+            touch,
         }
     }
 
     /// The frames of each of `probes` (sorted, distinct file addresses). `intern` shares
-    /// the strings of equal names and paths; `release` drops the file pages read so far.
+    /// the strings of equal names and paths.
     pub(super) fn resolve(
         &mut self,
         probes: &[u64],
         intern: &mut dyn FnMut(&str) -> Arc<str>,
-        release: &dyn Fn(),
     ) -> Vec<Found> {
         let mut found = vec![Found::default(); probes.len()];
         // The k-th covering unit each probe is tried in next: as addr2line does, an address
@@ -446,10 +439,6 @@ impl<'d, 'a> Pass<'d, 'a> {
                         pending.push(p);
                     }
                 }
-                if self.read > RELEASE_EVERY {
-                    release();
-                    self.read = 0;
-                }
             }
         }
         found
@@ -473,7 +462,7 @@ impl<'d, 'a> Pass<'d, 'a> {
             .header_from_offset(gimli::DebugInfoOffset(entry.offset))
             .ok()?;
         // Its entries, and a line program of about the same size.
-        self.read += 2 * header.length_including_self() as u64 + PAGES_PER_UNIT;
+        (self.touch)(2 * header.length_including_self() as u64 + PAGES_PER_UNIT);
         let parsed = self.dwarf.unit(header).ok()?;
         let unit_ref = gimli::UnitRef::new(self.dwarf, &parsed);
         let mut answers: Vec<Answer<'a>> =
@@ -724,7 +713,7 @@ impl<'d, 'a> Pass<'d, 'a> {
                             .debug_info
                             .header_from_offset(gimli::DebugInfoOffset(entry.offset))
                             .ok()?;
-                        self.read += PAGES_PER_UNIT;
+                        (self.touch)(PAGES_PER_UNIT);
                         let u = Rc::new(self.dwarf.unit(header).ok()?);
                         self.referred.insert(position, u.clone());
                         u
@@ -1070,7 +1059,7 @@ mod tests {
         let mapped = Mapped::open(&exe).expect("map");
         let object = object::File::parse(mapped.bytes()).expect("parse");
         let dwarf = load(&object).expect("dev builds have debug info");
-        let index = UnitIndex::build(&dwarf, &|| mapped.release());
+        let index = UnitIndex::build(&dwarf, &|b| mapped.touch(b));
         let symbols = super::super::SymbolTable::parse(&object, mapped.bytes());
         eprintln!(
             "index: {} ranges, {} units, {} bytes; symbols: {} bytes",
@@ -1104,7 +1093,7 @@ mod measure {
         let mapped = Mapped::open(std::path::Path::new(&path)).expect("map");
         let object = object::File::parse(mapped.bytes()).expect("parse");
         let dwarf = load(&object).expect("debug info");
-        let index = UnitIndex::build(&dwarf, &|| mapped.release());
+        let index = UnitIndex::build(&dwarf, &|b| mapped.touch(b));
         let symbols = SymbolTable::parse(&object, mapped.bytes());
         eprintln!(
             "{}: {} units, {} ranges, index {} KiB; symbol table {} KiB",

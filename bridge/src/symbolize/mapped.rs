@@ -1,25 +1,32 @@
-//! A file mapped read-only for one naming pass, and its symbol table kept compact.
+//! A file mapped read-only, its resident pages kept within a budget, and its symbol table
+//! kept compact.
 //!
-//! Debug info is read straight from the mapping, never copied. The mapping lives only as
-//! long as one pass: dropping it (`munmap`) takes its pages out of the process's resident
-//! set, which is what a container limit counts. [`Mapped::release`] does the same in the
-//! middle of a long pass.
+//! Debug info is read straight from the mapping, never copied. A file's pages count in the
+//! process's resident set (what a container limit sees) once read, for as long as they
+//! stay mapped: [`Mapped::touch`] drops them every [`RELEASE_EVERY`] bytes read, so at most
+//! about that much of the file stays resident between passes (the units named last, which
+//! the next pass often needs again) and within one.
 
+use std::cell::Cell;
 use std::fs::File;
-use std::os::unix::fs::MetadataExt;
 use std::os::unix::io::AsRawFd;
 use std::path::Path;
 
-use super::FileId;
+/// About how many bytes of the file may be read before the pages read so far are dropped
+/// from the resident set. Reading them again costs minor faults (the page cache keeps them).
+pub(super) const RELEASE_EVERY: u64 = 2 << 20;
 
 /// A whole file mapped read-only and private.
 pub(super) struct Mapped {
     ptr: *mut libc::c_void,
     len: usize,
-    /// The identity of the file actually mapped (it may differ from what was at the path
-    /// when the object was listed).
-    pub(super) id: FileId,
+    /// Bytes read (an estimate the readers give) since the pages were last dropped.
+    touched: Cell<u64>,
 }
+
+// SAFETY: the mapping is plain read-only memory owned by this value; moving it to another
+// thread (the collector's state is built before its thread starts) moves that ownership.
+unsafe impl Send for Mapped {}
 
 #[derive(Debug, thiserror::Error)]
 pub(super) enum MapError {
@@ -56,12 +63,7 @@ impl Mapped {
         Ok(Mapped {
             ptr,
             len,
-            id: FileId {
-                dev: meta.dev(),
-                ino: meta.ino(),
-                size: meta.size(),
-                mtime: (meta.mtime(), meta.mtime_nsec()),
-            },
+            touched: Cell::new(0),
         })
     }
 
@@ -70,9 +72,21 @@ impl Mapped {
         unsafe { std::slice::from_raw_parts(self.ptr as *const u8, self.len) }
     }
 
+    /// Counts `bytes` more read from the mapping, and drops the pages read so far from the
+    /// resident set once that passes [`RELEASE_EVERY`].
+    pub(super) fn touch(&self, bytes: u64) {
+        let touched = self.touched.get().saturating_add(bytes);
+        if touched > RELEASE_EVERY {
+            self.release();
+        } else {
+            self.touched.set(touched);
+        }
+    }
+
     /// Drops the pages read so far from the resident set; they are read again (from the
     /// page cache) if touched again. The contents never change: the mapping is read-only.
     pub(super) fn release(&self) {
+        self.touched.set(0);
         // SAFETY: advice on our own mapping; MADV_DONTNEED on a private read-only file
         // mapping only discards page table entries, later reads refault the same bytes.
         unsafe {

@@ -136,13 +136,31 @@ struct FileNames {
     strings: HashSet<Arc<str>>,
 }
 
-/// What is kept of a file between passes; its bytes are mapped again for each pass.
+/// What is kept of a file between passes: its mapping (only the pages read last stay
+/// resident), the index of its debug info and, once needed, its symbol table.
 struct FileDebug {
-    /// The file this was read from.
-    id: FileId,
+    mapped: Mapped,
     index: dwarf::UnitIndex,
     /// Read the first time an address is not named by debug info.
     symbols: Option<SymbolTable>,
+}
+
+impl FileDebug {
+    /// Maps the file at `path` and indexes its debug info; `None` if it cannot be read.
+    fn open(path: &Path) -> Option<FileDebug> {
+        let mapped = Mapped::open(path).ok()?;
+        let object = object::File::parse(mapped.bytes()).ok()?;
+        let index = dwarf::load(&object)
+            .map(|d| dwarf::UnitIndex::build(&d, &|bytes| mapped.touch(bytes)))
+            .unwrap_or_default();
+        // The index read a little of every unit: none of it is needed again soon.
+        mapped.release();
+        Some(FileDebug {
+            mapped,
+            index,
+            symbols: None,
+        })
+    }
 }
 
 /// Resolves addresses of the running process.
@@ -325,37 +343,19 @@ impl FileNames {
                 names.insert(address, Arc::from(vec![unknown(path, address)]));
             }
         };
-        if matches!(debug, Some(None)) {
-            return unknown_all(names, &addresses);
-        }
-        let Ok(mapped) = Mapped::open(path) else {
-            *debug = Some(None);
+        let file = debug.get_or_insert_with(|| FileDebug::open(path));
+        let Some(file) = file else {
             return unknown_all(names, &addresses);
         };
-        let data = mapped.bytes();
+        let data = file.mapped.bytes();
         let Ok(object) = object::File::parse(data) else {
-            *debug = Some(None);
             return unknown_all(names, &addresses);
         };
         let dwarf = dwarf::load(&object);
-        let release = || mapped.release();
-        // Built once per file (again if another file now sits at the path).
-        let current = matches!(debug, Some(Some(d)) if d.id == mapped.id);
-        if !current {
-            let index = dwarf
-                .as_ref()
-                .map(|d| dwarf::UnitIndex::build(d, &release))
-                .unwrap_or_default();
-            *debug = Some(Some(FileDebug {
-                id: mapped.id,
-                index,
-                symbols: None,
-            }));
-        }
-        let Some(Some(file)) = debug else { return };
+        let touch = |bytes| file.mapped.touch(bytes);
         let found = match &dwarf {
             Some(d) if !file.index.is_empty() => {
-                dwarf::Pass::new(d, &file.index).resolve(&addresses, &mut intern, &release)
+                dwarf::Pass::new(d, &file.index, &touch).resolve(&addresses, &mut intern)
             }
             _ => vec![dwarf::Found::default(); addresses.len()],
         };
@@ -366,7 +366,7 @@ impl FileNames {
                     let symbols = SymbolTable::parse(&object, data);
                     // The whole symbol and string tables were read: a big binary's are
                     // megabytes of file pages that this pass does not need again.
-                    release();
+                    file.mapped.release();
                     symbols
                 });
                 match symbols.containing(address, data) {
@@ -385,7 +385,6 @@ impl FileNames {
             };
             names.insert(address, Arc::from(lines));
         }
-        // `mapped` is unmapped here: its pages leave the resident set.
     }
 }
 
