@@ -303,8 +303,8 @@ impl FileNames {
             return;
         }
         if self.names.len() + addresses.len() > MAX_NAMED_ADDRESSES {
-            // Bounded: a long-running service samples new addresses forever (JIT-free,
-            // but every dlopen'ed plugin and rare path adds some).
+            // Bounded: a long-running service keeps sampling addresses it has not seen
+            // (rare paths). Starting over costs one pass naming the hot ones again.
             self.names.clear();
             self.strings.clear();
         }
