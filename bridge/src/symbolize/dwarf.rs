@@ -865,7 +865,11 @@ mod tests {
 
     /// What the symbolizer named an address before this module: `addr2line`'s frames
     /// (unnamed ones skipped), else its symbol and location, else the file and address.
-    fn reference(loader: &addr2line::Loader, path: &Path, address: u64) -> Vec<FrameLine> {
+    pub(super) fn reference(
+        loader: &addr2line::Loader,
+        path: &Path,
+        address: u64,
+    ) -> Vec<FrameLine> {
         let mut lines = Vec::new();
         if let Ok(mut frames) = loader.find_frames(address) {
             while let Ok(Some(frame)) = frames.next() {
@@ -1082,8 +1086,9 @@ mod measure {
     use super::*;
 
     /// What the index and symbol table keep for the file at `$SYMBOLIZE_INDEX_FILE` (the
-    /// figures in docs/benchmarks.md): `cargo test -p otel-profiling --lib
-    /// index_size_of_a_file -- --ignored --nocapture`.
+    /// figures in docs/benchmarks.md), and the same frames as `addr2line` for its
+    /// functions: `cargo test -p otel-profiling --lib index_size_of_a_file -- --ignored
+    /// --nocapture`.
     #[test]
     #[ignore = "a measurement of a file named by $SYMBOLIZE_INDEX_FILE"]
     fn index_size_of_a_file() {
@@ -1092,8 +1097,9 @@ mod measure {
         };
         let mapped = Mapped::open(std::path::Path::new(&path)).expect("map");
         let object = object::File::parse(mapped.bytes()).expect("parse");
-        let dwarf = load(&object).expect("debug info");
-        let index = UnitIndex::build(&dwarf, &|b| mapped.touch(b));
+        let index = load(&object)
+            .map(|dwarf| UnitIndex::build(&dwarf, &|b| mapped.touch(b)))
+            .unwrap_or_default();
         let symbols = SymbolTable::parse(&object, mapped.bytes());
         eprintln!(
             "{}: {} units, {} ranges, index {} KiB; symbol table {} KiB",
@@ -1103,5 +1109,43 @@ mod measure {
             index.heap_bytes() / 1024,
             symbols.heap_bytes() / 1024
         );
+        // The differential check on that file too (a release build with line tables is
+        // what services ship): every function, three addresses each.
+        use object::{Object, ObjectSymbol, SymbolKind};
+        let path = std::path::Path::new(&path);
+        let mut addresses = Vec::new();
+        for s in object
+            .symbols()
+            .chain(object.dynamic_symbols())
+            .filter(|s| s.kind() == SymbolKind::Text && s.size() > 0 && s.address() > 0)
+        {
+            addresses.extend([
+                s.address(),
+                s.address() + s.size() / 2,
+                s.address() + s.size() - 1,
+            ]);
+        }
+        let loader = addr2line::Loader::new(path).expect("addr2line loads the file");
+        let mut file = super::super::FileNames::default();
+        file.name_all(path, addresses.clone());
+        let (mut differ, mut inlined) = (0, 0);
+        for &address in &addresses {
+            let expected = super::tests::reference(&loader, path, address);
+            inlined += usize::from(expected.len() > 1);
+            if file.names.get(&address).map(|l| l.to_vec()) != Some(expected.clone()) {
+                if differ < 3 {
+                    eprintln!(
+                        "{address:#x}: {expected:?} vs {:?}",
+                        file.names.get(&address)
+                    );
+                }
+                differ += 1;
+            }
+        }
+        eprintln!(
+            "{differ} of {} addresses differ ({inlined} inlined)",
+            addresses.len()
+        );
+        assert_eq!(differ, 0);
     }
 }
