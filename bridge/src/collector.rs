@@ -365,6 +365,12 @@ impl State {
         let symbolizer = self.symbolizer.get_or_insert_with(Symbolizer::new);
         // Modules loaded since the last interval (dlopen) become nameable.
         symbolizer.refresh();
+        // One pass per file for every new address, then each frame is a cache hit.
+        symbolizer.prepare(
+            counts
+                .keys()
+                .flat_map(|(frames, _)| frames.iter().enumerate().map(|(i, &a)| (a, i > 0))),
+        );
         let mut builder = ProfileBuilder::new(self.period_ns, start, duration);
         let mut names: HashMap<SpanName, Arc<str>> = HashMap::new();
         let mut samples = 0u64;
