@@ -28,6 +28,7 @@
 
 #![warn(missing_docs)]
 
+pub mod dependencies;
 pub mod diff;
 pub mod error;
 pub mod flame;

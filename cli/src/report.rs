@@ -7,6 +7,7 @@ use std::collections::{BTreeMap, HashMap};
 use std::fmt;
 use std::path::PathBuf;
 
+use crate::dependencies::{ChildIndex, Dependencies};
 use crate::error::ReportError;
 use crate::format::{ms, percent, Table};
 use crate::functions::{FunctionCpu, FunctionTotals};
@@ -72,6 +73,8 @@ pub struct SpanGroup {
     pub cpu_ratio: f64,
     /// Where the wall time went: CPU, blocked inside a poll, awaiting (see [`TimeSplit`]).
     pub split: TimeSplit,
+    /// The child spans under these roots and the wall time they cover.
+    pub dependencies: Dependencies,
     /// Computing, blocked in poll, waiting or mixed.
     pub verdict: Verdict,
     /// Why.
@@ -133,6 +136,7 @@ impl SpanReport {
         let sampling = input.sampling();
         let by_id = input.samples_by_span_id();
         let roots = input.local_roots();
+        let children = ChildIndex::new(&input.spans);
         // By route when the span has one (see `Span::report_name`).
         let mut grouped: BTreeMap<(Cow<'_, str>, Option<&str>), Vec<&Span>> = BTreeMap::new();
         for span in &roots {
@@ -158,7 +162,7 @@ impl SpanReport {
                         });
                     }
                 }
-                build_group(name, version, &spans, &by_id, sampling)
+                build_group(name, version, &spans, &by_id, sampling, &children)
             })
             .collect();
         SpanReport {
@@ -187,6 +191,7 @@ fn build_group(
     spans: &[&Span],
     by_id: &HashMap<&str, Vec<&crate::input::Sample>>,
     sampling: Sampling,
+    children: &ChildIndex<'_>,
 ) -> SpanGroup {
     let mut walls: Vec<u64> = spans.iter().map(|s| s.wall_ns()).collect();
     walls.sort_unstable();
@@ -264,6 +269,12 @@ fn build_group(
             _ => (Verdict::Waiting, explanation, Some(why)),
         }
     };
+    let dependencies = Dependencies::of_roots(spans, children);
+    let reason = if verdict == Verdict::Waiting {
+        format!("{reason}; {}", waiting_on(&split, &dependencies))
+    } else {
+        reason
+    };
     SpanGroup {
         name: name.to_owned(),
         version: version.map(str::to_owned),
@@ -278,6 +289,7 @@ fn build_group(
         attribute_samples,
         cpu_ratio,
         split,
+        dependencies,
         verdict,
         reason,
         no_samples,
@@ -366,6 +378,41 @@ impl fmt::Display for SpanReport {
     }
 }
 
+/// What a waiting group waits on: the child spans covering its time off CPU, or the
+/// advice to instrument the call nothing covers.
+fn waiting_on(split: &TimeSplit, deps: &Dependencies) -> String {
+    // Awaiting when the active time splits it off; else all the time not on CPU.
+    let waiting_ns = if split.active.is_some() {
+        split.awaiting_ns
+    } else {
+        split.off_cpu_ns
+    };
+    let per_root = |ns: u64| ns as f64 / deps.roots.max(1) as f64 / 1e6;
+    if deps.children.is_empty() {
+        return format!(
+            "no child span covers its {:.1} ms per span off CPU: instrument the dependency call",
+            per_root(waiting_ns)
+        );
+    }
+    let covered = deps.covered_ns.min(waiting_ns);
+    if 2 * covered >= waiting_ns {
+        format!(
+            "waiting on a dependency: {}, covering {:.1} of its {:.1} ms per span off CPU",
+            deps.describe(3),
+            per_root(covered),
+            per_root(waiting_ns)
+        )
+    } else {
+        format!(
+            "its child spans ({}) cover only {:.1} of its {:.1} ms per span off CPU: \
+             instrument the dependency call that takes the rest",
+            deps.describe(3),
+            per_root(covered),
+            per_root(waiting_ns)
+        )
+    }
+}
+
 /// `part` as a share of the group's wall time, or `-` without active time to split by.
 fn share_of_wall(g: &SpanGroup, part: u64) -> String {
     if g.split.active.is_none() || g.wall_total_ns == 0 {
@@ -414,6 +461,14 @@ fn write_group(f: &mut fmt::Formatter<'_>, g: &SpanGroup, all_frames: bool) -> f
         g.split.source(),
         g.split.cpu_samples
     )?;
+    if !g.dependencies.children.is_empty() {
+        writeln!(
+            f,
+            "  child spans per span: {}; together they cover {}",
+            g.dependencies.describe(5),
+            ms(g.dependencies.covered_ns / g.dependencies.roots.max(1) as u64)
+        )?;
+    }
     // Stacks of async services are mostly runtime frames, which hold 100 % of the total
     // and hide the user's functions; those come first unless every frame was asked for.
     let lists = if all_frames {

@@ -65,6 +65,8 @@ pub struct FixtureSpan {
     pub route: Option<(&'static str, &'static str, &'static str)>,
     /// `profiling.wall.active_ns` in ms, when the span carries it.
     pub active_ms: Option<u64>,
+    /// Start, ms after the fixture's base time; `None`: one second per span index.
+    pub at_ms: Option<u64>,
 }
 
 impl FixtureSpan {
@@ -93,6 +95,7 @@ fn span(
         stacks,
         route: None,
         active_ms: None,
+        at_ms: None,
     }
 }
 
@@ -250,7 +253,11 @@ fn request_line(version: Option<&str>, spans: &[&FixtureSpan]) -> String {
 }
 
 fn span_json(index: usize, s: &FixtureSpan) -> Value {
-    let start: u64 = 1_700_000_000_000_000_000 + index as u64 * 1_000_000_000;
+    let start: u64 = 1_700_000_000_000_000_000
+        + match s.at_ms {
+            Some(at) => at * MS,
+            None => index as u64 * 1_000_000_000,
+        };
     let mut attributes = match s.route {
         None => vec![json!({"key": "http.route", "value": {"stringValue": s.name}})],
         Some((method_key, method, route)) => vec![
@@ -445,6 +452,41 @@ pub fn routes_with_active_time() -> tempfile::TempDir {
             span.active_ms = Some(active);
             spans.push(span);
             id += 1;
+        }
+    }
+    write(dir.path(), "2026-01-01T00-00-00.000Z", &spans, 0);
+    dir
+}
+
+/// Two waiting routes of 100 ms roots (2 ms active, no CPU): `GET /orders` makes three
+/// sequential `inventory.lookup` calls of 30 ms each (child spans), `GET /slow` makes an
+/// uninstrumented call (no child span).
+pub fn waiting_with_and_without_child_spans() -> tempfile::TempDir {
+    let dir = tempfile::tempdir().expect("tempdir");
+    let mut spans = Vec::new();
+    let mut id = 0x7000;
+    for (i, route) in ["/orders", "/slow"].into_iter().enumerate() {
+        for r in 0..2u64 {
+            let at = (i as u64 * 2 + r) * 1_000;
+            let root_id = id;
+            let mut root = span("request", Some(V1), root_id, 100, vec![]);
+            root.route = Some(("http.request.method", "GET", route));
+            root.active_ms = Some(2);
+            root.at_ms = Some(at);
+            spans.push(root);
+            id += 1;
+            if route == "/orders" {
+                for call in 0..3u64 {
+                    let mut child = span("inventory.lookup", Some(V1), id, 30, vec![]);
+                    child.parent = Some(root_id);
+                    child.trace_id = spans.last().map_or(0, |r: &FixtureSpan| r.trace_id);
+                    child.profile_id = false;
+                    child.evidence = None;
+                    child.at_ms = Some(at + 5 + call * 30);
+                    spans.push(child);
+                    id += 1;
+                }
+            }
         }
     }
     write(dir.path(), "2026-01-01T00-00-00.000Z", &spans, 0);

@@ -475,3 +475,33 @@ fn a_span_holding_its_thread_off_cpu_is_blocked_in_poll_not_waiting() {
         "{text}"
     );
 }
+
+/// Issue 11: a waiting span names the child spans that cover its waiting ("waiting on a
+/// dependency"), or says to instrument the call when none does.
+#[test]
+fn waiting_names_the_child_spans_covering_it_or_asks_for_instrumentation() {
+    let dir = fixture::waiting_with_and_without_child_spans();
+    let report = SpanReport::from_dirs(&[dir.path().to_path_buf()]).expect("report");
+    let orders = report.group("GET /orders", Some(V1)).expect("orders");
+    assert_eq!(orders.verdict, Verdict::Waiting, "{}", orders.reason);
+    assert!(
+        orders.reason.contains(
+            "waiting on a dependency: 3 × inventory.lookup (90.0 ms), covering 90.0 of its 98.0 ms per span off CPU"
+        ),
+        "{}",
+        orders.reason
+    );
+    assert_eq!(orders.dependencies.roots, 2);
+    assert_eq!(orders.dependencies.covered_ns, 2 * 90 * MS);
+    let slow = report.group("GET /slow", Some(V1)).expect("slow");
+    assert_eq!(slow.verdict, Verdict::Waiting, "{}", slow.reason);
+    assert!(
+        slow.reason.contains(
+            "no child span covers its 98.0 ms per span off CPU: instrument the dependency call"
+        ),
+        "{}",
+        slow.reason
+    );
+    // Child spans are not rows of their own.
+    assert!(report.group("inventory.lookup", Some(V1)).is_none());
+}
