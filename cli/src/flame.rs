@@ -83,6 +83,54 @@ impl FlameGraph {
         })
     }
 
+    /// What the service's threads did while the selected spans ran — **not their profile**:
+    /// the samples of other work in the profile windows overlapping them (see
+    /// [`crate::concurrent`]). For spans with no samples of their own (unsampled, shorter
+    /// than the period, run elsewhere), the pattern's fallback; the title says what it is.
+    ///
+    /// Fails like [`FlameGraph::from_input`] for a selection found nowhere, and with
+    /// [`ReportError::NoSamples`] when no timed profile window overlaps the spans.
+    pub fn concurrent_from_input(
+        input: &Input,
+        selection: &FlameSelection,
+    ) -> Result<FlameGraph, ReportError> {
+        let (what, spans) = selected_spans(input, selection)?;
+        let (windows, samples) = crate::concurrent::select(&spans, &input.samples);
+        if windows.is_empty() {
+            return Err(ReportError::NoSamples {
+                selection: what,
+                reason: "no profile read has a time window overlapping it".to_owned(),
+            });
+        }
+        let mut stacks: BTreeMap<String, u64> = BTreeMap::new();
+        let (mut count, mut cpu_ns) = (0, 0);
+        for sample in &samples {
+            *stacks.entry(fold(sample)).or_default() += sample.cpu_ns;
+            count += sample.count;
+            cpu_ns += sample.cpu_ns;
+        }
+        let window_ns: u64 = windows.iter().map(|(s, e)| e - s).sum();
+        Ok(FlameGraph {
+            title: format!(
+                "Concurrent workload activity during {what} — {}",
+                crate::concurrent::CAVEAT
+            ),
+            subtitle: format!(
+                "other work in the {} profile window(s) around it ({:.1} s): {count} samples, \
+                 {:.1} ms CPU",
+                windows.len(),
+                window_ns as f64 / 1e9,
+                cpu_ns as f64 / 1e6
+            ),
+            folded: stacks
+                .into_iter()
+                .map(|(stack, ns)| format!("{stack} {ns}"))
+                .collect(),
+            samples: count,
+            cpu_ns,
+        })
+    }
+
     /// Draws the SVG into `out`.
     pub fn write_svg(&self, out: impl Write) -> Result<(), ReportError> {
         let mut options = inferno::flamegraph::Options::default();
@@ -121,6 +169,44 @@ fn fold(sample: &Sample) -> String {
 
 type Selected<'a> = (String, usize, Vec<&'a Sample>);
 
+/// The spans a selection names, with how to call them; errors as the selections' own.
+fn selected_spans<'a>(
+    input: &'a Input,
+    selection: &FlameSelection,
+) -> Result<(String, Vec<&'a Span>), ReportError> {
+    match selection {
+        FlameSelection::SpanId(id) => {
+            if id.len() != 16 || !id.bytes().all(|b| b.is_ascii_hexdigit()) {
+                return Err(ReportError::InvalidSpanId { id: id.to_owned() });
+            }
+            let id = id.to_ascii_lowercase();
+            match input.spans.iter().find(|s| s.span_id == id) {
+                Some(span) => Ok((format!("span {id} ({})", span.report_name()), vec![span])),
+                None => Err(ReportError::UnknownSpanId { id }),
+            }
+        }
+        FlameSelection::SpanName(name) => {
+            let roots: Vec<&Span> = input
+                .local_roots()
+                .into_iter()
+                .filter(|s| s.answers_to(name))
+                .collect();
+            if roots.is_empty() {
+                return Err(ReportError::UnknownSpanName {
+                    name: name.to_owned(),
+                    place: input.dirs.first().cloned().unwrap_or_default(),
+                    known: input.span_names(),
+                });
+            }
+            Ok((format!("spans named {name}"), roots))
+        }
+    }
+}
+
+/// Appended to "no samples" explanations: where to look instead.
+const CONCURRENT_HINT: &str =
+    " (`flame --concurrent` draws what the service's threads did meanwhile, labelled as such)";
+
 fn select_span_id<'a>(input: &'a Input, id: &str) -> Result<Selected<'a>, ReportError> {
     if id.len() != 16 || !id.bytes().all(|b| b.is_ascii_hexdigit()) {
         return Err(ReportError::InvalidSpanId { id: id.to_owned() });
@@ -157,7 +243,10 @@ fn select_span_id<'a>(input: &'a Input, id: &str) -> Result<Selected<'a>, Report
              {} ({}); draw that one",
             root.span_id, root.name
         ),
-        _ => NoSamples::classify(&[span], input.sampling()).explain(input.sampling()),
+        _ => {
+            NoSamples::classify(&[span], input.sampling()).explain(input.sampling())
+                + CONCURRENT_HINT
+        }
     };
     Err(ReportError::NoSamples {
         selection: format!("span {id} ({})", span.name),
@@ -216,6 +305,6 @@ fn select_span_name<'a>(input: &'a Input, name: &str) -> Result<Selected<'a>, Re
     let sampling = input.sampling();
     Err(ReportError::NoSamples {
         selection: format!("spans named {name}"),
-        reason: NoSamples::classify(&roots, sampling).explain(sampling),
+        reason: NoSamples::classify(&roots, sampling).explain(sampling) + CONCURRENT_HINT,
     })
 }

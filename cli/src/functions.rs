@@ -162,6 +162,10 @@ const LIBRARY_FAMILIES: &[&str] = &[
     "bytes",
     "matchit",
     "parking_lot",
+    "hashbrown",
+    "sharded_slab",
+    "slab",
+    "smallvec",
     "crossbeam",
     "pin_project",
     "tonic",
@@ -314,6 +318,7 @@ mod tests {
             span_id: None,
             trace_id: None,
             span_name: None,
+            window: None,
         }
     }
 

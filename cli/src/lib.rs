@@ -28,6 +28,7 @@
 
 #![warn(missing_docs)]
 
+pub mod concurrent;
 pub mod dependencies;
 pub mod diff;
 pub mod error;

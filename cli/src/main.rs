@@ -55,6 +55,11 @@ enum Command {
         /// Where to write the SVG.
         #[arg(short, long)]
         output: PathBuf,
+        /// Draw what the service's threads did while the span(s) ran — the other work in
+        /// the profile windows around them, titled as such — instead of their own samples
+        /// (for spans with none: unsampled, too short, or not computing).
+        #[arg(long)]
+        concurrent: bool,
     },
     /// One span name, per request, in two versions (one directory, --from/--to) or in two
     /// directories: which functions' CPU grew.
@@ -127,13 +132,19 @@ fn run(command: Command) -> Result<(), ReportError> {
             span_id,
             span_name,
             output,
+            concurrent,
         } => {
             let selection = match (span_id, span_name) {
                 (Some(id), _) => FlameSelection::SpanId(id),
                 (None, Some(name)) => FlameSelection::SpanName(name),
                 (None, None) => usage_error("flame", "give --span-id or --span-name"),
             };
-            let graph = FlameGraph::from_dirs(&[dir], &selection)?;
+            let graph = if concurrent {
+                let input = otel_profiling_cli::input::Input::load(&[dir])?;
+                FlameGraph::concurrent_from_input(&input, &selection)?
+            } else {
+                FlameGraph::from_dirs(&[dir], &selection)?
+            };
             write_svg(&graph, &output)?;
             println!(
                 "wrote {}: {} ({})",

@@ -7,6 +7,7 @@ use std::collections::{BTreeMap, HashMap};
 use std::fmt;
 use std::path::PathBuf;
 
+use crate::concurrent::Concurrent;
 use crate::dependencies::{ChildIndex, Dependencies};
 use crate::error::ReportError;
 use crate::format::{ms, percent, Table};
@@ -75,6 +76,9 @@ pub struct SpanGroup {
     pub split: TimeSplit,
     /// The child spans under these roots and the wall time they cover.
     pub dependencies: Dependencies,
+    /// For a group that is not CPU-bound: what the service's threads did meanwhile (never
+    /// the spans' own profile; `None` for CPU-bound groups or without timed profiles).
+    pub concurrent: Option<Concurrent>,
     /// Computing, blocked in poll, waiting or mixed.
     pub verdict: Verdict,
     /// Why.
@@ -162,7 +166,15 @@ impl SpanReport {
                         });
                     }
                 }
-                build_group(name, version, &spans, &by_id, sampling, &children)
+                build_group(
+                    name,
+                    version,
+                    &spans,
+                    &by_id,
+                    sampling,
+                    &children,
+                    &input.samples,
+                )
             })
             .collect();
         SpanReport {
@@ -192,6 +204,7 @@ fn build_group(
     by_id: &HashMap<&str, Vec<&crate::input::Sample>>,
     sampling: Sampling,
     children: &ChildIndex<'_>,
+    samples: &[crate::input::Sample],
 ) -> SpanGroup {
     let mut walls: Vec<u64> = spans.iter().map(|s| s.wall_ns()).collect();
     walls.sort_unstable();
@@ -270,6 +283,9 @@ fn build_group(
         }
     };
     let dependencies = Dependencies::of_roots(spans, children);
+    let concurrent = (verdict != Verdict::CpuBound)
+        .then(|| Concurrent::during(spans, samples))
+        .flatten();
     let reason = if verdict == Verdict::Waiting {
         format!("{reason}; {}", waiting_on(&split, &dependencies))
     } else {
@@ -290,6 +306,7 @@ fn build_group(
         cpu_ratio,
         split,
         dependencies,
+        concurrent,
         verdict,
         reason,
         no_samples,
@@ -468,6 +485,9 @@ fn write_group(f: &mut fmt::Formatter<'_>, g: &SpanGroup, all_frames: bool) -> f
             g.dependencies.describe(5),
             ms(g.dependencies.covered_ns / g.dependencies.roots.max(1) as u64)
         )?;
+    }
+    if let Some(concurrent) = &g.concurrent {
+        writeln!(f, "  {}", concurrent.describe())?;
     }
     // Stacks of async services are mostly runtime frames, which hold 100 % of the total
     // and hide the user's functions; those come first unless every frame was asked for.

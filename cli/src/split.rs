@@ -283,6 +283,7 @@ mod tests {
             span_id: Some(Arc::from(id)),
             trace_id: None,
             span_name: None,
+            window: None,
         }
     }
 

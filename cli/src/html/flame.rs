@@ -181,6 +181,7 @@ mod tests {
             span_id: None,
             trace_id: None,
             span_name: None,
+            window: None,
         }
     }
 

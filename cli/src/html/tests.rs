@@ -36,6 +36,7 @@ fn sample(id: u64, frames: &[&str], samples: u64) -> Sample {
         span_id: Some(Arc::from(format!("{id:016x}").as_str())),
         trace_id: None,
         span_name: None,
+        window: None,
     }
 }
 

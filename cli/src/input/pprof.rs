@@ -23,6 +23,9 @@ pub struct Sample {
     pub trace_id: Option<Arc<str>>,
     /// The `span_name` label, when present.
     pub span_name: Option<Arc<str>>,
+    /// The time its profile covers, `[start, end)` in ns since the Unix epoch (`None` when
+    /// the profile does not say): when within it the sample was taken is not recorded.
+    pub window: Option<(u64, u64)>,
 }
 
 /// A decoded profile file.
@@ -86,6 +89,15 @@ pub fn resolve(profile: &proto::Profile) -> ProfileFile {
         .position(|t| string(t.r#type) == "cpu")
         .unwrap_or(0);
     let period_ns = u64::try_from(profile.period).unwrap_or(0);
+    let window = match (
+        u64::try_from(profile.time_nanos),
+        u64::try_from(profile.duration_nanos),
+    ) {
+        (Ok(start), Ok(duration)) if start > 0 && duration > 0 => {
+            Some((start, start.saturating_add(duration)))
+        }
+        _ => None,
+    };
     // Label values repeat across samples: share one allocation per distinct string.
     let mut interned: HashMap<i64, Arc<str>> = HashMap::new();
     let mut label = |index: i64| -> Arc<str> {
@@ -116,6 +128,7 @@ pub fn resolve(profile: &proto::Profile) -> ProfileFile {
                 span_id: None,
                 trace_id: None,
                 span_name: None,
+                window,
             };
             for l in &s.label {
                 let slot = match string(l.key) {

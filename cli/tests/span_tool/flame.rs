@@ -126,3 +126,46 @@ fn flame_errors_name_the_problem() {
     assert!(text.contains("not a local root span"), "{text}");
     assert!(text.contains("0000000000001200 (GET /orders)"), "{text}");
 }
+
+/// Issue 11 item 5: a span with no samples of its own can be shown the service's activity
+/// over its interval — titled as concurrent activity, never as its own profile — and the
+/// report names that activity for groups that are not computing.
+#[test]
+fn concurrent_activity_is_drawn_for_a_span_without_samples_and_labelled_as_such() {
+    let dir = fixture::routes_with_active_time();
+    let input = otel_profiling_cli::input::Input::load(&[dir.path().to_path_buf()]).expect("input");
+    let selection = FlameSelection::SpanName("GET /sleep".into());
+    // Its own flame graph is empty, and the error says where to look instead.
+    match FlameGraph::from_input(&input, &selection) {
+        Err(ReportError::NoSamples { reason, .. }) => {
+            assert!(reason.contains("flame --concurrent"), "{reason}")
+        }
+        other => panic!("expected NoSamples, got {other:?}"),
+    }
+    let graph = FlameGraph::concurrent_from_input(&input, &selection).expect("concurrent");
+    assert!(
+        graph.title.contains("not this span") && graph.title.contains("GET /sleep"),
+        "{}",
+        graph.title
+    );
+    // GET /cpu's 3 × 8 samples ran in the same profile window.
+    assert_eq!((graph.samples, graph.cpu_ns), (24, 240 * MS));
+    let svg = graph.to_svg().expect("svg");
+    assert!(svg.contains("not this span"), "the drawn title says it");
+
+    let report = otel_profiling_cli::report::SpanReport::from_input(&input);
+    let sleep = report
+        .group("GET /sleep", Some(fixture::V1))
+        .expect("sleep");
+    let concurrent = sleep
+        .concurrent
+        .as_ref()
+        .expect("not computing: view shown");
+    assert_eq!(concurrent.cpu_ns, 240 * MS);
+    assert!(report.to_string().contains(
+        "concurrent workload activity, not this span: 0.02 CPU-s per s on the service's threads over the 1 profile window(s)"
+    ), "{report}");
+    // A CPU-bound group gets no such view: its own profile says it all.
+    let cpu = report.group("GET /cpu", Some(fixture::V1)).expect("cpu");
+    assert!(cpu.concurrent.is_none());
+}
