@@ -73,9 +73,10 @@ impl Span {
         self.end_unix_nano.saturating_sub(self.start_unix_nano)
     }
 
-    /// The name the report groups by: `{method} {route}` for a span with `http.route`
-    /// (so servers whose spans are all named e.g. `request` get one row per endpoint),
-    /// else the span name.
+    /// The name the report groups by: `{method} {route}` for a span with `http.route` and
+    /// a method (so servers whose spans are all named e.g. `request` get one row per
+    /// endpoint), else the span name (a span with a route but no method attribute is
+    /// usually named `{method} {route}` by hand already).
     pub fn report_name(&self) -> Cow<'_, str> {
         let Some(route) = self.http_route.as_deref() else {
             return Cow::Borrowed(&self.name);
@@ -84,7 +85,7 @@ impl Span {
             // The conventions' placeholder for a non-standard method, named `HTTP`.
             Some("_OTHER") => Cow::Owned(format!("HTTP {route}")),
             Some(method) => Cow::Owned(format!("{method} {route}")),
-            None => Cow::Borrowed(route),
+            None => Cow::Borrowed(&self.name),
         }
     }
 
@@ -301,6 +302,34 @@ fn hex_id(text: &str, digits: usize, field: &str) -> Result<String, String> {
 
 #[cfg(test)]
 mod tests {
+
+    #[test]
+    fn a_route_groups_with_its_method_or_else_by_the_span_name() {
+        let mut span = Span {
+            trace_id: "0102030405060708090a0b0c0d0e0f10".into(),
+            span_id: "0102030405060708".into(),
+            parent_span_id: None,
+            parent_is_remote: false,
+            name: "GET /report".into(),
+            start_unix_nano: 0,
+            end_unix_nano: 0,
+            service_version: None,
+            profile_id: None,
+            cpu_samples: None,
+            cpu_time_ns: None,
+            wall_active_ns: None,
+            busy_ns: None,
+            http_route: Some("/report".into()),
+            http_method: None,
+        };
+        // Named by hand with the method, routed without one: the name, not "/report".
+        assert_eq!(span.report_name(), "GET /report");
+        span.name = "request".into();
+        span.http_method = Some("POST".into());
+        assert_eq!(span.report_name(), "POST /report");
+        assert!(span.answers_to("request") && span.answers_to("POST /report"));
+    }
+
     use super::*;
 
     fn parse(line: &str) -> Result<Vec<Span>, String> {
