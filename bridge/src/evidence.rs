@@ -36,6 +36,12 @@ pub const CPU_TIME_ATTRIBUTE: &str = "profiling.cpu.time_ns";
 /// end; the CPU it is compared with is sampled (± one sampling period per thread, see
 /// [`CPU_SAMPLES_ATTRIBUTE`] for how many samples back it).
 pub const WALL_ACTIVE_ATTRIBUTE: &str = "profiling.wall.active_ns";
+/// Wall time the root's futures spent woken but not yet polled — queued for a worker, not
+/// awaiting anything — in nanoseconds, summed over wakes. Measured where a wrapper sees the
+/// waker ([`ProfiledFuture`](crate::ProfiledFuture), the plain-API futures), so it is
+/// present only on roots such a future ran under; without it, queued time is part of
+/// "awaiting" (duration − active).
+pub const WALL_QUEUED_ATTRIBUTE: &str = "profiling.wall.queued_ns";
 
 /// Entries whose span is gone without having ended through a processor are purged
 /// after this long.
@@ -174,6 +180,10 @@ impl<P: SpanProcessor> SpanProcessor for CpuEvidenceProcessor<P> {
                 KeyValue::new(CPU_TIME_ATTRIBUTE, int(totals.cpu_ns)),
                 KeyValue::new(WALL_ACTIVE_ATTRIBUTE, int(totals.active_ns)),
             ]);
+            if let Some(queued) = totals.queued_ns {
+                span.attributes
+                    .push(KeyValue::new(WALL_QUEUED_ATTRIBUTE, int(queued)));
+            }
         }
         self.inner.on_end(span);
     }

@@ -61,7 +61,7 @@ mod symbolize;
 
 pub use evidence::{
     CpuEvidenceProcessor, CPU_SAMPLES_ATTRIBUTE, CPU_TIME_ATTRIBUTE, ORPHAN_AGE,
-    WALL_ACTIVE_ATTRIBUTE,
+    WALL_ACTIVE_ATTRIBUTE, WALL_QUEUED_ATTRIBUTE,
 };
 pub use layer::ProfilingLayer;
 pub use local_root::UnsampledTraces;

@@ -49,6 +49,10 @@ struct Slot {
     /// quiescence; the generation inside the word makes an add from a thread that left
     /// the root after it ended fail instead of landing in the next owner's total.
     active: AtomicU64,
+    /// Wall time the root's futures spent woken but not yet polled (queued for a worker),
+    /// as measured by the plain-API future wrapper; same layout as `active`, with bit 47
+    /// set once anything measured it (so "not measured" is not reported as 0).
+    queued: AtomicU64,
 }
 
 impl Slot {
@@ -58,6 +62,7 @@ impl Slot {
             samples: AtomicU64::new(0),
             time_ns: AtomicU64::new(0),
             active: AtomicU64::new(0),
+            queued: AtomicU64::new(0),
         }
     }
 }
@@ -65,6 +70,9 @@ impl Slot {
 /// Bits of [`Slot::active`] holding nanoseconds.
 const ACTIVE_NS_BITS: u32 = 48;
 const ACTIVE_NS_MASK: u64 = (1 << ACTIVE_NS_BITS) - 1;
+/// In [`Slot::queued`]: something measured it.
+const QUEUED_MEASURED: u64 = 1 << (ACTIVE_NS_BITS - 1);
+const QUEUED_NS_MASK: u64 = QUEUED_MEASURED - 1;
 
 /// The generation tag [`Slot::active`] carries for `generation`.
 fn active_tag(generation: u32) -> u64 {
@@ -134,6 +142,7 @@ impl SlotLists {
         slot.time_ns.store(0, Ordering::Relaxed);
         let next = slot.generation.load(Ordering::Relaxed).wrapping_add(1);
         slot.active.store(active_tag(next), Ordering::Relaxed);
+        slot.queued.store(active_tag(next), Ordering::Relaxed);
         // Even (free) → odd (owned); the release orders the zeroing before it.
         let generation = slot
             .generation
@@ -161,10 +170,9 @@ impl SlotLists {
             return RootTotals::default();
         }
         // Closes the active word to adds under the old tag, and takes its total.
-        let active = slot.active.swap(
-            active_tag(handle.generation.wrapping_add(1)),
-            Ordering::SeqCst,
-        );
+        let closed = active_tag(handle.generation.wrapping_add(1));
+        let active = slot.active.swap(closed, Ordering::SeqCst);
+        let queued = slot.queued.swap(closed, Ordering::SeqCst);
         // A handler that passed the generation check just before the release may still be
         // adding: wait for it a little (handlers are short), without ever blocking long.
         for _ in 0..1000 {
@@ -177,6 +185,7 @@ impl SlotLists {
             samples: slot.samples.load(Ordering::Relaxed),
             cpu_ns: slot.time_ns.load(Ordering::Relaxed),
             active_ns: active & ACTIVE_NS_MASK,
+            queued_ns: (queued & QUEUED_MEASURED != 0).then_some(queued & QUEUED_NS_MASK),
         };
         self.limbo.push(handle.index);
         totals
@@ -192,6 +201,9 @@ pub(crate) struct RootTotals {
     pub(crate) cpu_ns: u64,
     /// Wall time threads spent inside the root (see [`add_active`]).
     pub(crate) active_ns: u64,
+    /// Wall time its futures spent woken but not polled, when a wrapper measured it (see
+    /// [`add_queued`]).
+    pub(crate) queued_ns: Option<u64>,
 }
 
 /// Adds `ns` of wall time spent inside the root `raw` (a [`CpuHandle::to_raw`]) by the
@@ -200,28 +212,49 @@ pub(crate) struct RootTotals {
 /// different roots never touch the same cache line.
 #[inline]
 pub(crate) fn add_active(raw: u64, ns: u64) -> bool {
+    add_tagged(raw, ns, |slot| &slot.active, ACTIVE_NS_MASK, 0)
+}
+
+/// Adds `ns` of wall time one of the root's futures spent woken but not yet polled, and
+/// marks the root's queued time as measured. Same rules as [`add_active`].
+#[inline]
+pub(crate) fn add_queued(raw: u64, ns: u64) -> bool {
+    add_tagged(
+        raw,
+        ns,
+        |slot| &slot.queued,
+        QUEUED_NS_MASK,
+        QUEUED_MEASURED,
+    )
+}
+
+/// Adds `ns` into the tagged word `word(slot)` of the root `raw`: the tag (the owning
+/// generation) must match, the nanoseconds saturate at `mask`, `flags` are set.
+#[inline]
+fn add_tagged(
+    raw: u64,
+    ns: u64,
+    word: impl Fn(&Slot) -> &AtomicU64,
+    mask: u64,
+    flags: u64,
+) -> bool {
     let Some(handle) = CpuHandle::from_raw(raw) else {
         return false;
     };
     let Some(slot) = slot(handle.index) else {
         return false;
     };
+    let word = word(slot);
     let tag = active_tag(handle.generation);
-    let mut current = slot.active.load(Ordering::Relaxed);
+    let mut current = word.load(Ordering::Relaxed);
     loop {
         if current & !ACTIVE_NS_MASK != tag {
             STALE_ACTIVE.fetch_add(1, Ordering::Relaxed);
             return false;
         }
-        let total = (current & ACTIVE_NS_MASK)
-            .saturating_add(ns)
-            .min(ACTIVE_NS_MASK);
-        match slot.active.compare_exchange_weak(
-            current,
-            tag | total,
-            Ordering::Relaxed,
-            Ordering::Relaxed,
-        ) {
+        let total = (current & mask).saturating_add(ns).min(mask);
+        let next = tag | (current & ACTIVE_NS_MASK & !mask) | flags | total;
+        match word.compare_exchange_weak(current, next, Ordering::Relaxed, Ordering::Relaxed) {
             Ok(_) => return true,
             Err(seen) => current = seen,
         }
@@ -281,7 +314,8 @@ mod tests {
             RootTotals {
                 samples: 2,
                 cpu_ns: 20,
-                active_ns: 100
+                active_ns: 100,
+                queued_ns: None
             }
         );
         assert!(!add_active(a.to_raw(), 5), "ended root refuses active time");
@@ -305,7 +339,8 @@ mod tests {
             RootTotals {
                 samples: 1,
                 cpu_ns: 7,
-                active_ns: 3
+                active_ns: 3,
+                queued_ns: None
             }
         );
         // Releasing twice is harmless.
@@ -349,6 +384,28 @@ mod tests {
         assert!(add_active(b.to_raw(), u64::MAX));
         assert!(add_active(b.to_raw(), 1));
         assert_eq!(lists.release(b).active_ns, ACTIVE_NS_MASK);
+    }
+
+    #[test]
+    fn queued_time_is_none_until_measured_and_then_counts_even_zero() {
+        let mut lists = SlotLists::default();
+        let a = lists.claim().expect("slot");
+        assert!(add_active(a.to_raw(), 9));
+        assert_eq!(lists.release(a).queued_ns, None, "never measured");
+        let b = lists.claim().expect("slot");
+        assert!(add_queued(b.to_raw(), 0));
+        assert!(add_queued(b.to_raw(), 5));
+        assert!(add_active(b.to_raw(), 7), "the two words are independent");
+        let totals = lists.release(b);
+        assert_eq!((totals.queued_ns, totals.active_ns), (Some(5), 7));
+        assert!(!add_queued(b.to_raw(), 1), "ended root refuses queued time");
+        let c = lists.claim().expect("slot");
+        assert!(add_queued(c.to_raw(), u64::MAX));
+        assert_eq!(
+            lists.release(c).queued_ns,
+            Some(QUEUED_NS_MASK),
+            "saturates"
+        );
     }
 
     #[test]

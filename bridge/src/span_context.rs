@@ -283,7 +283,7 @@ impl Drop for SpanContextGuard {
     }
 }
 
-mod active;
+pub(crate) mod active;
 pub(crate) mod scopes;
 #[cfg(test)]
 mod tests;

@@ -13,7 +13,7 @@ use opentelemetry_sdk::trace::{InMemorySpanExporter, SdkTracerProvider, SimpleSp
 use otel_profiling::sampler::{Sampler, SamplerConfig};
 use otel_profiling::{
     CpuEvidenceProcessor, ProfilingContext, ProfilingFutureExt, CPU_TIME_ATTRIBUTE,
-    WALL_ACTIVE_ATTRIBUTE,
+    WALL_ACTIVE_ATTRIBUTE, WALL_QUEUED_ATTRIBUTE,
 };
 
 const STRETCH: Duration = Duration::from_millis(300);
@@ -193,4 +193,67 @@ fn cpu_blocked_in_poll_and_awaiting_are_told_apart() {
         "offloaded: active {:?}",
         o.active
     );
+    // The timer's root was woken and polled by a free worker: next to no queued time.
+    let queued = spans
+        .iter()
+        .find(|s| s.name == "awaiting")
+        .map(|s| ns(s, WALL_QUEUED_ATTRIBUTE))
+        .expect("awaiting");
+    assert!(queued <= ms(60), "awaiting: queued {queued:?}");
+}
+
+/// Queued is not waiting: a root woken while the only worker is busy with other CPU work
+/// waits for the worker, and `profiling.wall.queued_ns` says so, apart from the time it
+/// really awaited.
+#[test]
+fn time_woken_but_not_polled_is_queued_not_awaiting() {
+    let _turn = common::turn();
+    let exporter = InMemorySpanExporter::default();
+    let provider = SdkTracerProvider::builder()
+        .with_span_processor(CpuEvidenceProcessor::new(SimpleSpanProcessor::new(
+            exporter.clone(),
+        )))
+        .build();
+    let tracer = provider.tracer("queued");
+    let sampler = Sampler::start(SamplerConfig::default().with_frequency_hz(100)).expect("sampler");
+    let runtime = tokio::runtime::Builder::new_multi_thread()
+        .worker_threads(1)
+        .enable_all()
+        .build()
+        .expect("runtime");
+    let span = tracer.start("queued");
+    let queued = ProfilingContext::new(Context::current_with_span(span), "queued");
+    let (tx, rx) = tokio::sync::oneshot::channel::<()>();
+    let awaited = Duration::from_millis(50);
+    let waiter_cx = queued.clone();
+    runtime.block_on(async move {
+        // Polled first: it waits for a message another thread sends after 50 ms.
+        let waiter = tokio::spawn(
+            async move {
+                let _ = rx.await;
+            }
+            .with_profiling_context(waiter_cx),
+        );
+        tokio::task::yield_now().await;
+        std::thread::spawn(move || {
+            std::thread::sleep(awaited);
+            let _ = tx.send(());
+        });
+        // Then the only worker burns 300 ms of CPU without yielding: the waiter, woken at
+        // 50 ms, is polled only after it.
+        let hog = tokio::spawn(async { burn(STRETCH) });
+        let _ = hog.await;
+        let _ = waiter.await;
+    });
+    queued.context().span().end();
+    drop(runtime);
+    drop(sampler);
+    let spans = exporter.get_finished_spans().expect("spans");
+    let span = spans.iter().find(|s| s.name == "queued").expect("exported");
+    let queued = ns(span, WALL_QUEUED_ATTRIBUTE);
+    let active = ns(span, WALL_ACTIVE_ATTRIBUTE);
+    eprintln!("queued root: queued {queued:?}, active {active:?}");
+    // Woken at ~50 ms, polled after the hog's 300 ms of CPU (longer on a loaded machine).
+    assert!(queued >= Duration::from_millis(200), "queued {queued:?}");
+    assert!(active <= Duration::from_millis(60), "active {active:?}");
 }

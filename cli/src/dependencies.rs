@@ -198,6 +198,7 @@ mod tests {
             cpu_samples: None,
             cpu_time_ns: None,
             wall_active_ns: None,
+            wall_queued_ns: None,
             busy_ns: None,
             http_route: None,
             http_method: None,

@@ -209,6 +209,7 @@ mod tests {
             http_route: None,
             http_method: None,
             wall_active_ns: None,
+            wall_queued_ns: None,
             busy_ns: None,
         }
     }

@@ -282,6 +282,16 @@ fn build_group(
             _ => (Verdict::Waiting, explanation, Some(why)),
         }
     };
+    // Woken but not polled for most of the time: queued for a worker, not waiting.
+    let queued_ratio =
+        (split.active.is_some() && split.queued_measured).then(|| ratio(split.queued_ns));
+    let (verdict, reason) = match (verdict.with_queued(queued_ratio), queued_ratio) {
+        (Verdict::Queued, Some(queued)) => (
+            Verdict::Queued,
+            Verdict::queued_reason(ratio(split.cpu_in_wall_ns), blocked_ratio, queued),
+        ),
+        _ => (verdict, reason),
+    };
     let dependencies = Dependencies::of_roots(spans, children);
     let concurrent = (verdict != Verdict::CpuBound)
         .then(|| Concurrent::during(spans, samples))

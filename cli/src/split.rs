@@ -11,7 +11,7 @@
 
 use std::collections::HashMap;
 
-use otel_profiling::WALL_ACTIVE_ATTRIBUTE;
+use otel_profiling::{WALL_ACTIVE_ATTRIBUTE, WALL_QUEUED_ATTRIBUTE};
 
 use crate::input::otlp::BUSY_NS_ATTRIBUTE;
 use crate::input::{Sample, Span};
@@ -68,7 +68,10 @@ pub enum Part {
     /// Active (being polled) but not on a CPU: blocked inside a poll, or runnable while
     /// the machine's CPUs ran other work (the two cannot be told apart from these figures).
     Blocked,
-    /// Not being polled: awaiting a wake-up (I/O, timers, other tasks) or queued.
+    /// Woken but not yet polled: queued for a worker (`profiling.wall.queued_ns`).
+    Queued,
+    /// Not being polled: awaiting a wake-up (I/O, timers, other tasks), or queued where
+    /// queued time was not measured.
     Awaiting,
     /// Not on CPU, with no active time to tell blocked from awaiting.
     OffCpu,
@@ -80,6 +83,7 @@ impl Part {
         match self {
             Part::Cpu => "CPU",
             Part::Blocked => "blocked in poll",
+            Part::Queued => "queued",
             Part::Awaiting => "awaiting",
             Part::OffCpu => "not on CPU",
         }
@@ -105,6 +109,11 @@ pub struct TimeSplit {
     /// Blocked inside a poll: summed active − summed CPU, at most the off-CPU time (0
     /// without active time).
     pub blocked_ns: u64,
+    /// Queued: woken but not yet polled, from `profiling.wall.queued_ns` when every span
+    /// carries it (0 otherwise: then queued time is part of awaiting).
+    pub queued_ns: u64,
+    /// Whether every span carries `profiling.wall.queued_ns`.
+    pub queued_measured: bool,
     /// Awaiting: the rest of the off-CPU time (0 without active time).
     pub awaiting_ns: u64,
     /// Not on CPU: wall − CPU, when there is no active time (0 with it).
@@ -160,6 +169,8 @@ impl TimeSplit {
             cpu_source,
             cpu_in_wall_ns: 0,
             blocked_ns: 0,
+            queued_ns: 0,
+            queued_measured: !spans.is_empty() && spans.iter().all(|s| s.wall_queued_ns.is_some()),
             awaiting_ns: 0,
             off_cpu_ns: 0,
             active,
@@ -185,6 +196,7 @@ impl TimeSplit {
                 Some(ActiveSource::BusyNs) => span.busy_ns,
                 None => None,
             };
+            split.queued_ns += span.wall_queued_ns.unwrap_or(0);
             match active_ns {
                 Some(active_ns) => split.active_ns += active_ns,
                 None => split.off_cpu_ns += wall - cpu_in_wall,
@@ -198,14 +210,26 @@ impl TimeSplit {
             // to the wall time.
             let off_cpu = split.wall_ns - split.cpu_in_wall_ns;
             split.blocked_ns = split.active_ns.saturating_sub(split.cpu_ns).min(off_cpu);
-            split.awaiting_ns = off_cpu - split.blocked_ns;
+            split.queued_ns = if split.queued_measured {
+                split.queued_ns.min(off_cpu - split.blocked_ns)
+            } else {
+                0
+            };
+            split.awaiting_ns = off_cpu - split.blocked_ns - split.queued_ns;
         }
         split
     }
 
     /// The parts in drawing order, each with its nanoseconds; they add up to `wall_ns`.
     pub fn parts(&self) -> Vec<(Part, u64)> {
-        if self.active.is_some() {
+        if self.active.is_some() && self.queued_measured {
+            vec![
+                (Part::Cpu, self.cpu_in_wall_ns),
+                (Part::Blocked, self.blocked_ns),
+                (Part::Queued, self.queued_ns),
+                (Part::Awaiting, self.awaiting_ns),
+            ]
+        } else if self.active.is_some() {
             vec![
                 (Part::Cpu, self.cpu_in_wall_ns),
                 (Part::Blocked, self.blocked_ns),
@@ -244,7 +268,14 @@ impl TimeSplit {
                  not on CPU (blocked and awaiting cannot be told apart)"
             ),
         };
-        format!("{cpu}; {active}")
+        if self.active.is_some() && self.queued_measured {
+            format!(
+                "{cpu}; {active}; queued = {WALL_QUEUED_ATTRIBUTE} (woken, not yet polled: \
+                 waiting for a worker), taken out of awaiting"
+            )
+        } else {
+            format!("{cpu}; {active}")
+        }
     }
 }
 
@@ -269,6 +300,7 @@ mod tests {
             cpu_samples: None,
             cpu_time_ns: None,
             wall_active_ns: None,
+            wall_queued_ns: None,
             busy_ns: busy_ms.map(|b| b * MS),
             http_route: None,
             http_method: None,
@@ -311,6 +343,33 @@ mod tests {
             "{}",
             split.source()
         );
+    }
+
+    #[test]
+    fn queued_time_is_taken_out_of_awaiting_when_every_span_measured_it() {
+        // 100 ms wall, no CPU, 10 ms active, 60 ms queued: 10 blocked, 60 queued, 30 awaiting.
+        let mut a = span("a", 100, None);
+        a.wall_active_ns = Some(10 * MS);
+        a.wall_queued_ns = Some(60 * MS);
+        let split = TimeSplit::of_spans(&[&a], &HashMap::new());
+        assert!(split.queued_measured);
+        assert_eq!(
+            split.parts(),
+            [
+                (Part::Cpu, 0),
+                (Part::Blocked, 10 * MS),
+                (Part::Queued, 60 * MS),
+                (Part::Awaiting, 30 * MS)
+            ]
+        );
+        // One span without it: queued stays inside awaiting, and says nothing.
+        let mut b = a.clone();
+        b.span_id = "b".into();
+        b.wall_queued_ns = None;
+        let split = TimeSplit::of_spans(&[&a, &b], &HashMap::new());
+        assert!(!split.queued_measured);
+        assert_eq!(split.queued_ns, 0);
+        assert_eq!(split.awaiting_ns, 2 * 90 * MS);
     }
 
     #[test]

@@ -22,6 +22,8 @@ pub const CPU_BOUND_RATIO: f64 = 0.5;
 pub const WAITING_RATIO: f64 = 0.1;
 /// Blocked/wall ratio from which a span that is not CPU-bound is [`Verdict::BlockedInPoll`].
 pub const BLOCKED_RATIO: f64 = 0.5;
+/// Queued/wall ratio from which a waiting or mixed span is [`Verdict::Queued`].
+pub const QUEUED_RATIO: f64 = 0.5;
 
 /// Whether spans spent their wall time computing or waiting.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
@@ -31,6 +33,9 @@ pub enum Verdict {
     /// Not CPU-bound, and a thread was inside the span but off CPU for at least
     /// [`BLOCKED_RATIO`] of the wall time: a blocking call inside a poll.
     BlockedInPoll,
+    /// Woken but not polled for at least [`QUEUED_RATIO`] of the wall time: waiting for a
+    /// worker behind other work, not for a dependency (`profiling.wall.queued_ns`).
+    Queued,
     /// Between the two thresholds: part computing, part waiting.
     Mixed,
     /// CPU time is under [`WAITING_RATIO`] of wall time, or there are no CPU samples.
@@ -60,6 +65,27 @@ impl Verdict {
         }
     }
 
+    /// A waiting or mixed verdict becomes [`Verdict::Queued`] when the span's futures were
+    /// woken but not polled for at least [`QUEUED_RATIO`] of the wall time.
+    pub fn with_queued(self, queued_ratio: Option<f64>) -> Verdict {
+        match (self, queued_ratio) {
+            (Verdict::Waiting | Verdict::Mixed, Some(q)) if q >= QUEUED_RATIO => Verdict::Queued,
+            _ => self,
+        }
+    }
+
+    /// Why a span is [`Verdict::Queued`].
+    pub fn queued_reason(cpu_ratio: f64, blocked_ratio: Option<f64>, queued_ratio: f64) -> String {
+        format!(
+            "woken but not yet polled for {:.0}% of the wall time (CPU {:.0}%, blocked in poll \
+             {:.0}%): queued for a worker behind other work on a busy runtime, not waiting on \
+             a dependency — the concurrent activity says what ran instead",
+            queued_ratio * 100.0,
+            cpu_ratio * 100.0,
+            blocked_ratio.unwrap_or(0.0) * 100.0
+        )
+    }
+
     /// Why this verdict follows from the ratios (`blocked_ratio` as for
     /// [`Verdict::from_split`]).
     pub fn reason_split(self, cpu_ratio: f64, blocked_ratio: Option<f64>) -> String {
@@ -85,6 +111,7 @@ impl Verdict {
                 "CPU {cpu:.0}%, blocked in poll {blocked:.0}%, awaiting {awaiting:.0}% of the \
                  wall time: part computing, part waiting"
             ),
+            Verdict::Queued => Verdict::queued_reason(cpu_ratio, blocked_ratio, 0.0),
             Verdict::CpuBound => format!(
                 "CPU is {cpu:.0}% of the wall time (blocked in poll {blocked:.0}%, awaiting \
                  {awaiting:.0}%): the span is computing; the top functions say where"
@@ -100,6 +127,7 @@ impl Verdict {
                 "CPU is {share:.0}% of the wall time and a thread was held inside the span \
                  off CPU: a blocking call inside a poll"
             ),
+            Verdict::Queued => Verdict::queued_reason(ratio, None, 0.0),
             Verdict::CpuBound => format!(
                 "CPU is {share:.0}% of the wall time: the span is computing; the top functions say where"
             ),
@@ -118,6 +146,7 @@ impl fmt::Display for Verdict {
         f.pad(match self {
             Verdict::CpuBound => "CPU-bound",
             Verdict::BlockedInPoll => "blocked in poll",
+            Verdict::Queued => "queued",
             Verdict::Mixed => "mixed",
             Verdict::Waiting => "waiting",
         })
@@ -277,6 +306,15 @@ mod tests {
             reason.contains("90%") && reason.contains("awaiting 8%"),
             "{reason}"
         );
+        assert_eq!(Verdict::Waiting.with_queued(Some(0.6)), Verdict::Queued);
+        assert_eq!(Verdict::Mixed.with_queued(Some(0.5)), Verdict::Queued);
+        assert_eq!(Verdict::Waiting.with_queued(Some(0.4)), Verdict::Waiting);
+        assert_eq!(Verdict::Waiting.with_queued(None), Verdict::Waiting);
+        assert_eq!(
+            Verdict::BlockedInPoll.with_queued(Some(0.9)),
+            Verdict::BlockedInPoll
+        );
+        assert_eq!(Verdict::CpuBound.with_queued(Some(0.9)), Verdict::CpuBound);
         let reason = Verdict::Waiting.reason_split(0.02, Some(0.01));
         assert!(
             reason.contains("97%") && reason.contains("no thread"),

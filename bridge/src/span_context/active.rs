@@ -48,7 +48,7 @@ pub(super) fn transition(from: u64, to: u64) {
 
 /// `CLOCK_MONOTONIC` in nanoseconds (the clock `Instant` reads, without its wrapper).
 #[inline]
-fn monotonic_ns() -> u64 {
+pub(crate) fn monotonic_ns() -> u64 {
     let mut ts = libc::timespec {
         tv_sec: 0,
         tv_nsec: 0,

@@ -380,7 +380,13 @@ impl HtmlReport {
 
 fn write_legend(out: &mut String) -> fmt::Result {
     writeln!(out, r#"<p class="legend">"#)?;
-    for part in [Part::Cpu, Part::Blocked, Part::Awaiting, Part::OffCpu] {
+    for part in [
+        Part::Cpu,
+        Part::Blocked,
+        Part::Queued,
+        Part::Awaiting,
+        Part::OffCpu,
+    ] {
         writeln!(
             out,
             r#"<span><i class="seg {}"></i>{}</span>"#,
@@ -424,6 +430,7 @@ fn part_class(part: Part) -> &'static str {
     match part {
         Part::Cpu => "cpu",
         Part::Blocked => "blocked",
+        Part::Queued => "queued",
         Part::Awaiting => "awaiting",
         Part::OffCpu => "offcpu",
     }
@@ -441,6 +448,7 @@ fn verdict_class(verdict: Verdict) -> &'static str {
     match verdict {
         Verdict::CpuBound => "cpu-bound",
         Verdict::BlockedInPoll => "blocked",
+        Verdict::Queued => "queued",
         Verdict::Mixed => "mixed",
         Verdict::Waiting => "waiting",
     }

@@ -22,6 +22,7 @@ fn span(id: u64, name: &str, version: &str, wall_ms: u64, busy_ms: Option<u64>) 
         cpu_samples: None,
         cpu_time_ns: None,
         wall_active_ns: None,
+        wall_queued_ns: None,
         busy_ns: busy_ms.map(|b| b * MS),
         http_route: None,
         http_method: None,

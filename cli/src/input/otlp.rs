@@ -9,6 +9,7 @@ use std::path::Path;
 
 use otel_profiling::{
     CPU_SAMPLES_ATTRIBUTE, CPU_TIME_ATTRIBUTE, PROFILE_ID_ATTRIBUTE, WALL_ACTIVE_ATTRIBUTE,
+    WALL_QUEUED_ATTRIBUTE,
 };
 use serde::Deserialize;
 use serde_json::Value;
@@ -63,6 +64,9 @@ pub struct Span {
     /// `profiling.wall.active_ns` (the bridge's wall time of threads inside the local root,
     /// over all its threads), when the span carries it.
     pub wall_active_ns: Option<u64>,
+    /// `profiling.wall.queued_ns` (time the root's futures were woken but not yet polled,
+    /// where a wrapper measured it), when the span carries it.
+    pub wall_queued_ns: Option<u64>,
     /// [`BUSY_NS_ATTRIBUTE`], when the span carries it.
     pub busy_ns: Option<u64>,
 }
@@ -263,6 +267,7 @@ fn convert(span: JsonSpan, service_version: Option<String>) -> Result<Span, Stri
         http_route: None,
         http_method: None,
         wall_active_ns: None,
+        wall_queued_ns: None,
         busy_ns: None,
     };
     let id = out.span_id.clone();
@@ -282,6 +287,9 @@ fn convert(span: JsonSpan, service_version: Option<String>) -> Result<Span, Stri
             }
             WALL_ACTIVE_ATTRIBUTE => {
                 out.wall_active_ns = Some(attribute.unsigned().map_err(in_span)?);
+            }
+            WALL_QUEUED_ATTRIBUTE => {
+                out.wall_queued_ns = Some(attribute.unsigned().map_err(in_span)?);
             }
             // Written by another library: a malformed value is ignored, not fatal.
             BUSY_NS_ATTRIBUTE => out.busy_ns = attribute.unsigned().ok(),
@@ -318,6 +326,7 @@ mod tests {
             cpu_samples: None,
             cpu_time_ns: None,
             wall_active_ns: None,
+            wall_queued_ns: None,
             busy_ns: None,
             http_route: Some("/report".into()),
             http_method: None,
@@ -369,6 +378,7 @@ mod tests {
                 http_route: None,
                 http_method: None,
                 wall_active_ns: None,
+                wall_queued_ns: None,
                 busy_ns: Some(1500),
             }]
         );

@@ -67,6 +67,8 @@ pub struct FixtureSpan {
     pub active_ms: Option<u64>,
     /// Start, ms after the fixture's base time; `None`: one second per span index.
     pub at_ms: Option<u64>,
+    /// `profiling.wall.queued_ns` in ms, when the span carries it.
+    pub queued_ms: Option<u64>,
 }
 
 impl FixtureSpan {
@@ -96,6 +98,7 @@ fn span(
         route: None,
         active_ms: None,
         at_ms: None,
+        queued_ms: None,
     }
 }
 
@@ -281,6 +284,12 @@ fn span_json(index: usize, s: &FixtureSpan) -> Value {
         attributes.push(json!({
             "key": "profiling.wall.active_ns",
             "value": {"intValue": (active * 1_000_000).to_string()}
+        }));
+    }
+    if let Some(queued) = s.queued_ms {
+        attributes.push(json!({
+            "key": "profiling.wall.queued_ns",
+            "value": {"intValue": (queued * 1_000_000).to_string()}
         }));
     }
     json!({
@@ -491,4 +500,30 @@ pub fn waiting_with_and_without_child_spans() -> tempfile::TempDir {
     }
     write(dir.path(), "2026-01-01T00-00-00.000Z", &spans, 0);
     dir
+}
+
+/// `GET /poll` roots of 100 ms that ran 2 ms, were woken but not polled for 80 ms (queued
+/// behind `GET /hog`'s CPU), and awaited the rest.
+pub fn queued_behind_cpu_work() -> tempfile::TempDir {
+    let dir = tempfile::tempdir().expect("tempdir");
+    let mut spans = Vec::new();
+    for i in 0..3u64 {
+        let mut span = span("request", Some(V1), 0x8000 + i, 100, vec![]);
+        span.route = Some(("http.request.method", "GET", "/poll"));
+        span.active_ms = Some(2);
+        span.queued_ms = Some(80);
+        spans.push(span);
+        let mut hog = span_of_cpu(0x8100 + i);
+        hog.route = Some(("http.request.method", "GET", "/hog"));
+        spans.push(hog);
+    }
+    write(dir.path(), "2026-01-01T00-00-00.000Z", &spans, 0);
+    dir
+}
+
+fn span_of_cpu(id: u64) -> FixtureSpan {
+    let mut s = span("request", Some(V1), id, 100, vec![(CPU_WORK, 9)]);
+    s.active_ms = Some(100);
+    s.queued_ms = Some(0);
+    s
 }

@@ -505,3 +505,32 @@ fn waiting_names_the_child_spans_covering_it_or_asks_for_instrumentation() {
     // Child spans are not rows of their own.
     assert!(report.group("inventory.lookup", Some(V1)).is_none());
 }
+
+/// Issue 11 item 2: a span whose futures were woken but not polled for most of its time was
+/// queued behind other work — not "waiting" — and the concurrent activity shows the work.
+#[test]
+fn woken_but_not_polled_is_queued_not_waiting() {
+    let dir = fixture::queued_behind_cpu_work();
+    let report = SpanReport::from_dirs(&[dir.path().to_path_buf()]).expect("report");
+    let poll = report.group("GET /poll", Some(V1)).expect("poll");
+    assert_eq!(poll.verdict, Verdict::Queued, "{}", poll.reason);
+    assert!(
+        poll.reason.contains("not yet polled for 80%"),
+        "{}",
+        poll.reason
+    );
+    assert_eq!(
+        (poll.split.queued_ns, poll.split.awaiting_ns),
+        (3 * 80 * MS, 3 * 18 * MS)
+    );
+    let concurrent = poll.concurrent.as_ref().expect("shown for a queued group");
+    assert_eq!(
+        concurrent.by_span.first().map(|(n, _)| n.as_str()),
+        Some("request")
+    );
+    let text = report.to_string();
+    assert!(
+        text.contains("where the wall time went: CPU 0.0 ms, blocked in poll 6.0 ms, queued 240.0 ms, awaiting 54.0 ms"),
+        "{text}"
+    );
+}

@@ -8,6 +8,7 @@
 
 use std::future::Future;
 use std::pin::Pin;
+use std::sync::Arc;
 use std::task::{Context as TaskContext, Poll};
 
 use opentelemetry::trace::TraceContextExt;
@@ -16,6 +17,9 @@ use opentelemetry::Context;
 use crate::local_root::{ResolvedRoot, UnsampledTraces};
 use crate::span_context::{LocalRoot, SpanContextGuard};
 use crate::span_name::SpanName;
+
+mod wake_stamp;
+use wake_stamp::WakeStamp;
 
 /// An OpenTelemetry [`Context`] together with the local root span its samples are
 /// labelled with.
@@ -119,6 +123,7 @@ impl ProfilingContext {
         ProfiledFuture {
             inner: future,
             scope: self,
+            wake: None,
         }
     }
 }
@@ -133,6 +138,9 @@ impl ProfilingContext {
 pub struct ProfiledFuture<F> {
     inner: F,
     scope: ProfilingContext,
+    /// Measures the future's queued time (woken, not yet polled) when its root has
+    /// counters; made on the first such poll, once per future.
+    wake: Option<Arc<WakeStamp>>,
 }
 
 impl<F: Future> Future for ProfiledFuture<F> {
@@ -141,12 +149,25 @@ impl<F: Future> Future for ProfiledFuture<F> {
     fn poll(self: Pin<&mut Self>, task: &mut TaskContext<'_>) -> Poll<F::Output> {
         // SAFETY: `inner` is structurally pinned: it is never moved out of `self`, and
         // `ProfiledFuture` has no `Drop` impl and is not `Unpin` unless `F` is. `scope` is
-        // only read.
-        let (inner, scope) = unsafe {
+        // only read; `wake` is not pinned (an `Option<Arc>`, moved freely).
+        let (inner, scope, wake) = unsafe {
             let this = self.get_unchecked_mut();
-            (Pin::new_unchecked(&mut this.inner), &this.scope)
+            (
+                Pin::new_unchecked(&mut this.inner),
+                &this.scope,
+                &mut this.wake,
+            )
         };
-        scope.in_scope(|| inner.poll(task))
+        let cpu = scope.label.map_or(0, |root| root.cpu_raw());
+        // Queued time is the root's: measured by the outermost wrapper of the root only (a
+        // nested one is polled inside it, and its wakes are the same wakes).
+        if cpu == 0 || crate::current_local_root() == scope.label {
+            return scope.in_scope(|| inner.poll(task));
+        }
+        let stamp = wake.get_or_insert_with(|| WakeStamp::new(cpu));
+        let waker = stamp.before_poll(cpu, task.waker());
+        let mut own = TaskContext::from_waker(&waker);
+        scope.in_scope(|| inner.poll(&mut own))
     }
 }
 
