@@ -29,6 +29,9 @@ pub struct Input {
     pub spans: Vec<Span>,
     /// Every profile sample of every profile file.
     pub samples: Vec<Sample>,
+    /// Every sample of the blocked-in-poll profiles (`*_blocked.pb.gz`, written by the
+    /// bridge's watchdog): `cpu_ns` holds the blocked wall time (the `delay` value), not CPU.
+    pub blocked: Vec<Sample>,
     /// Number of profile files read.
     pub profile_files: usize,
     /// Number of span files read.
@@ -61,7 +64,7 @@ impl Input {
                 continue;
             }
             input.dirs.push(dir.clone());
-            let (profiles, span_files) = list_files(dir)?;
+            let (profiles, blocked, span_files) = list_files(dir)?;
             if profiles.is_empty() && span_files.is_empty() {
                 return Err(ReportError::DirectoryEmpty { path: dir.clone() });
             }
@@ -71,6 +74,11 @@ impl Input {
                     input.period_ns = input.period_ns.max(Some(profile.period_ns));
                 }
                 input.samples.extend(profile.samples);
+            }
+            for path in &blocked {
+                input
+                    .blocked
+                    .extend(pprof::read_profile_value(path, BLOCKED_VALUE)?.samples);
             }
             for path in &span_files {
                 for span in otlp::read_spans(path)? {
@@ -119,13 +127,12 @@ impl Input {
 
     /// The samples of each span id label.
     pub fn samples_by_span_id(&self) -> HashMap<&str, Vec<&Sample>> {
-        let mut map: HashMap<&str, Vec<&Sample>> = HashMap::new();
-        for sample in &self.samples {
-            if let Some(id) = &sample.span_id {
-                map.entry(id).or_default().push(sample);
-            }
-        }
-        map
+        by_span_id(&self.samples)
+    }
+
+    /// The blocked-in-poll samples labelled with a span id, by span id.
+    pub fn blocked_by_span_id(&self) -> HashMap<&str, Vec<&Sample>> {
+        by_span_id(&self.blocked)
     }
 
     /// What the sampling could have seen, to explain spans without samples.
@@ -163,12 +170,32 @@ pub fn version_label(version: Option<&str>) -> &str {
 }
 
 /// The profile files and span files of `dir`, each sorted by name (a timeline).
-fn list_files(dir: &Path) -> Result<(Vec<PathBuf>, Vec<PathBuf>), ReportError> {
+/// `samples` labelled with a span id, by span id.
+fn by_span_id(samples: &[Sample]) -> HashMap<&str, Vec<&Sample>> {
+    let mut map: HashMap<&str, Vec<&Sample>> = HashMap::new();
+    for sample in samples {
+        if let Some(id) = &sample.span_id {
+            map.entry(id).or_default().push(sample);
+        }
+    }
+    map
+}
+
+/// The blocked-in-poll profiles' file name ending.
+pub const BLOCKED_SUFFIX: &str = "_blocked.pb.gz";
+/// The sample type of a blocked-in-poll profile that holds the blocked nanoseconds.
+const BLOCKED_VALUE: &str = "delay";
+
+/// The CPU profiles, blocked-in-poll profiles and span files of `dir`, each sorted.
+type Listing = (Vec<PathBuf>, Vec<PathBuf>, Vec<PathBuf>);
+
+fn list_files(dir: &Path) -> Result<Listing, ReportError> {
     let io_error = |source| ReportError::Io {
         path: dir.to_path_buf(),
         source,
     };
     let mut profiles = Vec::new();
+    let mut blocked = Vec::new();
     let mut spans = Vec::new();
     for entry in std::fs::read_dir(dir).map_err(io_error)? {
         let entry = entry.map_err(io_error)?;
@@ -180,13 +207,16 @@ fn list_files(dir: &Path) -> Result<(Vec<PathBuf>, Vec<PathBuf>), ReportError> {
         }
         if name.ends_with(PROFILE_SUFFIX) {
             profiles.push(entry.path());
+        } else if name.ends_with(BLOCKED_SUFFIX) {
+            blocked.push(entry.path());
         } else if name.ends_with(SPANS_SUFFIX) {
             spans.push(entry.path());
         }
     }
     profiles.sort();
+    blocked.sort();
     spans.sort();
-    Ok((profiles, spans))
+    Ok((profiles, blocked, spans))
 }
 
 #[cfg(test)]

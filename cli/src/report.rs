@@ -76,6 +76,11 @@ pub struct SpanGroup {
     pub split: TimeSplit,
     /// The child spans under these roots and the wall time they cover.
     pub dependencies: Dependencies,
+    /// Where the spans blocked inside a poll, from the blocked-in-poll profile: the user's
+    /// functions holding the blocked wall time (in `cpu_ns`), most first.
+    pub blocking: Vec<FunctionCpu>,
+    /// Total blocked wall time in that profile for these spans, ns.
+    pub blocked_profile_ns: u64,
     /// For a group that is not CPU-bound: what the service's threads did meanwhile (never
     /// the spans' own profile; `None` for CPU-bound groups or without timed profiles).
     pub concurrent: Option<Concurrent>,
@@ -139,6 +144,7 @@ impl SpanReport {
     pub fn from_input(input: &Input) -> SpanReport {
         let sampling = input.sampling();
         let by_id = input.samples_by_span_id();
+        let blocked_by_id = input.blocked_by_span_id();
         let roots = input.local_roots();
         let children = ChildIndex::new(&input.spans);
         // By route when the span has one (see `Span::report_name`).
@@ -166,15 +172,14 @@ impl SpanReport {
                         });
                     }
                 }
-                build_group(
-                    name,
-                    version,
-                    &spans,
-                    &by_id,
+                let sources = GroupSources {
+                    by_id: &by_id,
+                    blocked_by_id: &blocked_by_id,
                     sampling,
-                    &children,
-                    &input.samples,
-                )
+                    children: &children,
+                    samples: &input.samples,
+                };
+                build_group(name, version, &spans, &sources)
             })
             .collect();
         SpanReport {
@@ -197,15 +202,30 @@ impl SpanReport {
     }
 }
 
+/// What a group's figures are read from.
+struct GroupSources<'a> {
+    /// CPU samples by span id.
+    by_id: &'a HashMap<&'a str, Vec<&'a crate::input::Sample>>,
+    /// Blocked-in-poll samples by span id.
+    blocked_by_id: &'a HashMap<&'a str, Vec<&'a crate::input::Sample>>,
+    sampling: Sampling,
+    children: &'a ChildIndex<'a>,
+    /// Every CPU sample (for the concurrent activity).
+    samples: &'a [crate::input::Sample],
+}
+
 fn build_group(
     name: &str,
     version: Option<&str>,
     spans: &[&Span],
-    by_id: &HashMap<&str, Vec<&crate::input::Sample>>,
-    sampling: Sampling,
-    children: &ChildIndex<'_>,
-    samples: &[crate::input::Sample],
+    sources: &GroupSources<'_>,
 ) -> SpanGroup {
+    let (by_id, sampling, children, samples) = (
+        sources.by_id,
+        sources.sampling,
+        sources.children,
+        sources.samples,
+    );
     let mut walls: Vec<u64> = spans.iter().map(|s| s.wall_ns()).collect();
     walls.sort_unstable();
     let wall_total_ns = walls.iter().sum::<u64>();
@@ -292,6 +312,26 @@ fn build_group(
         ),
         _ => (verdict, reason),
     };
+    // Where it blocks: the watchdog's blocked stacks of these spans.
+    let mut blocked_functions = FunctionTotals::default();
+    let mut blocked_profile_ns = 0;
+    for sample in spans
+        .iter()
+        .filter_map(|s| sources.blocked_by_id.get(s.span_id.as_str()))
+        .flatten()
+    {
+        blocked_profile_ns += sample.cpu_ns;
+        blocked_functions.add(sample);
+    }
+    let blocking = blocked_functions.top_user_self(TOP_FUNCTIONS);
+    let reason = match (verdict, blocking.first()) {
+        (Verdict::BlockedInPoll, Some(top)) => format!(
+            "{reason}; it blocks in {} ({:.0}% of the blocked time the watchdog saw)",
+            top.function,
+            100.0 * top.cpu_ns as f64 / blocked_profile_ns.max(1) as f64
+        ),
+        _ => reason,
+    };
     let dependencies = Dependencies::of_roots(spans, children);
     let concurrent = (verdict != Verdict::CpuBound)
         .then(|| Concurrent::during(spans, samples))
@@ -316,6 +356,8 @@ fn build_group(
         cpu_ratio,
         split,
         dependencies,
+        blocking,
+        blocked_profile_ns,
         concurrent,
         verdict,
         reason,
@@ -494,6 +536,19 @@ fn write_group(f: &mut fmt::Formatter<'_>, g: &SpanGroup, all_frames: bool) -> f
             "  child spans per span: {}; together they cover {}",
             g.dependencies.describe(5),
             ms(g.dependencies.covered_ns / g.dependencies.roots.max(1) as u64)
+        )?;
+    }
+    if !g.blocking.is_empty() {
+        let functions: Vec<String> = g
+            .blocking
+            .iter()
+            .map(|b| format!("{} {}", b.function, ms(b.cpu_ns)))
+            .collect();
+        writeln!(
+            f,
+            "  where it blocks (blocked-in-poll profile, {} blocked in all): {}",
+            ms(g.blocked_profile_ns),
+            functions.join(", ")
         )?;
     }
     if let Some(concurrent) = &g.concurrent {

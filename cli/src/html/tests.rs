@@ -59,6 +59,7 @@ fn input() -> Input {
             sample(2, &["main", "handle", "paginate"], 6),
             sample(4, &["main", "handle", "compress"], 2),
         ],
+        blocked: Vec::new(),
         profile_files: 1,
         span_files: 1,
         period_ns: Some(10 * MS),

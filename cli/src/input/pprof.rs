@@ -39,6 +39,12 @@ pub struct ProfileFile {
 
 /// Reads and resolves one gzipped (or plain) pprof file.
 pub fn read_profile(path: &Path) -> Result<ProfileFile, ReportError> {
+    read_profile_value(path, "cpu")
+}
+
+/// Reads one pprof file, taking each sample's value of sample type `value` (the first one
+/// when none has that name) into [`Sample::cpu_ns`].
+pub fn read_profile_value(path: &Path, value: &str) -> Result<ProfileFile, ReportError> {
     let bytes = std::fs::read(path).map_err(|source| ReportError::Io {
         path: path.to_path_buf(),
         source,
@@ -47,11 +53,16 @@ pub fn read_profile(path: &Path) -> Result<ProfileFile, ReportError> {
         path: path.to_path_buf(),
         message: e.to_string(),
     })?;
-    Ok(resolve(&profile))
+    Ok(resolve_value(&profile, value))
 }
 
 /// Turns location and function ids into names, and label string indexes into strings.
 pub fn resolve(profile: &proto::Profile) -> ProfileFile {
+    resolve_value(profile, "cpu")
+}
+
+/// [`resolve`], taking the values of sample type `value`.
+pub fn resolve_value(profile: &proto::Profile, value: &str) -> ProfileFile {
     let strings = &profile.string_table;
     let string = |index: i64| -> &str {
         usize::try_from(index)
@@ -84,6 +95,11 @@ pub fn resolve(profile: &proto::Profile) -> ProfileFile {
         })
         .collect();
     let value_index = profile
+        .sample_type
+        .iter()
+        .position(|t| string(t.r#type) == value)
+        .unwrap_or(0);
+    let cpu_index = profile
         .sample_type
         .iter()
         .position(|t| string(t.r#type) == "cpu")
@@ -124,7 +140,16 @@ pub fn resolve(profile: &proto::Profile) -> ProfileFile {
                     .cloned()
                     .collect(),
                 cpu_ns,
-                count: cpu_ns.checked_div(period_ns).unwrap_or(1),
+                // CPU: samples = value / period. Another profile type counts its events in
+                // its first value (a blocked profile's `contentions`).
+                count: if value_index == cpu_index {
+                    cpu_ns.checked_div(period_ns).unwrap_or(1)
+                } else {
+                    s.value
+                        .first()
+                        .and_then(|&v| u64::try_from(v).ok())
+                        .unwrap_or(1)
+                },
                 span_id: None,
                 trace_id: None,
                 span_name: None,
