@@ -11,6 +11,8 @@ pub struct LoadStats {
     pub reports: AtomicU64,
     /// `/orders` requests answered.
     pub orders: AtomicU64,
+    /// `/export` requests answered.
+    pub exports: AtomicU64,
     /// Requests that failed.
     pub errors: AtomicU64,
 }
@@ -19,22 +21,25 @@ impl LoadStats {
     /// One progress line: elapsed time and requests done per endpoint.
     pub fn progress_line(&self, elapsed: Duration) -> String {
         format!(
-            "{:>4}s  /report {:>5} done  /orders {:>5} done  errors {}",
+            "{:>4}s  /report {:>5} done  /orders {:>5} done  /export {:>5} done  errors {}",
             elapsed.as_secs(),
             self.reports.load(Ordering::Relaxed),
             self.orders.load(Ordering::Relaxed),
+            self.exports.load(Ordering::Relaxed),
             self.errors.load(Ordering::Relaxed)
         )
     }
 }
 
-/// Drives `base_url` for `duration` with `report_workers` loops on `/report` and
-/// `order_workers` loops on `/orders`, calling `progress` about every `every`.
+/// Drives `base_url` for `duration` with `report_workers` loops on `/report`,
+/// `order_workers` on `/orders` and `export_workers` on `/export`, calling `progress` about
+/// every `every`.
 pub async fn run(
     base_url: &str,
     duration: Duration,
     report_workers: usize,
     order_workers: usize,
+    export_workers: usize,
     every: Duration,
     mut progress: impl FnMut(&LoadStats, Duration),
 ) -> Arc<LoadStats> {
@@ -42,7 +47,11 @@ pub async fn run(
     let stats = Arc::new(LoadStats::default());
     let deadline = Instant::now() + duration;
     let mut tasks = Vec::new();
-    for (path, workers) in [("/report", report_workers), ("/orders", order_workers)] {
+    for (path, workers) in [
+        ("/report", report_workers),
+        ("/orders", order_workers),
+        ("/export", export_workers),
+    ] {
         for _ in 0..workers {
             let (client, stats, url) = (client.clone(), stats.clone(), format!("{base_url}{path}"));
             tasks.push(tokio::spawn(async move {
@@ -54,6 +63,7 @@ pub async fn run(
                     let counter = match (ok, path) {
                         (false, _) => &stats.errors,
                         (true, "/report") => &stats.reports,
+                        (true, "/export") => &stats.exports,
                         (true, _) => &stats.orders,
                     };
                     counter.fetch_add(1, Ordering::Relaxed);

@@ -61,7 +61,7 @@ fn orchestrate() -> Result<(), Box<dyn std::error::Error>> {
         println!("== release {version} (serializer `{serializer}`): starting the service");
         let (mut child, url) = start_service(version, serializer, rows, inventory, &dir)?;
         println!(
-            "   {url}: /report and /orders under load for {}s",
+            "   {url}: /report, /orders and /export under load for {}s",
             LOAD_FOR.as_secs()
         );
         let stats = runtime.block_on(load::run(
@@ -69,6 +69,7 @@ fn orchestrate() -> Result<(), Box<dyn std::error::Error>> {
             LOAD_FOR,
             2,
             2,
+            1,
             Duration::from_secs(5),
             |s, t| println!("  {}", s.progress_line(t)),
         ));

@@ -1,9 +1,12 @@
 //! The example service: `GET /report` (CPU-heavy: response serialization dominates),
-//! `GET /orders` (I/O-bound: three calls to the slow inventory dependency) and
-//! `GET /healthz`. Each request is a local root span named after its route.
+//! `GET /orders` (I/O-bound: three calls to the slow inventory dependency), `GET /export`
+//! (blocks its worker: a synchronous write under a `std::sync::Mutex`, inside the async
+//! handler — the mistake the blocked-in-poll profile names) and `GET /healthz`. Each
+//! request is a local root span named after its route.
 
+use std::io::Write;
 use std::net::SocketAddr;
-use std::sync::Arc;
+use std::sync::{Arc, Mutex, PoisonError};
 use std::time::Duration;
 
 use axum::extract::State;
@@ -28,15 +31,26 @@ pub struct ServiceConfig {
 struct AppState {
     config: ServiceConfig,
     rows: Vec<Row>,
+    /// The export file, written by one request at a time.
+    export: Mutex<Option<std::fs::File>>,
 }
+
+/// How long the export's synchronous write stalls (a slow disk's flush, or a blocking
+/// client's round trip).
+pub const EXPORT_STALL: Duration = Duration::from_millis(25);
 
 /// The service's routes.
 pub fn router(config: ServiceConfig) -> Router {
     let rows = report::build_rows(config.report_rows);
-    let state = Arc::new(AppState { config, rows });
+    let state = Arc::new(AppState {
+        config,
+        rows,
+        export: Mutex::new(tempfile_for_export()),
+    });
     Router::new()
         .route("/report", get(report_handler))
         .route("/orders", get(orders_handler))
+        .route("/export", get(export_handler))
         .route("/healthz", get(|| async { "ok" }))
         .with_state(state)
 }
@@ -71,6 +85,44 @@ async fn orders_handler(State(state): State<Arc<AppState>>) -> String {
     }
     .instrument(span)
     .await
+}
+
+async fn export_handler(State(state): State<Arc<AppState>>) -> String {
+    let span = tracing::info_span!("GET /export", otel.kind = "server", http.route = "/export");
+    async move {
+        // The mistake: synchronous, blocking work right inside the async handler. The
+        // worker thread is held (off CPU) and every other task on it waits.
+        let written = write_export(&state.export, &state.rows[..state.rows.len().min(50)]);
+        format!("{written} bytes exported\n")
+    }
+    .instrument(span)
+    .await
+}
+
+/// Writes rows to the export file under its lock, then waits for the (slow) flush.
+#[inline(never)]
+fn write_export(export: &Mutex<Option<std::fs::File>>, rows: &[Row]) -> usize {
+    let body = serde_json::to_vec(rows).unwrap_or_default();
+    let mut file = export.lock().unwrap_or_else(PoisonError::into_inner);
+    if let Some(file) = file.as_mut() {
+        let _ = file.write_all(&body);
+    }
+    flush_to_slow_disk();
+    body.len()
+}
+
+/// Stands for a slow synchronous flush: a blocking system call under the lock.
+#[inline(never)]
+fn flush_to_slow_disk() {
+    std::thread::sleep(EXPORT_STALL);
+}
+
+/// An anonymous file for the exports (removed as soon as it is open).
+fn tempfile_for_export() -> Option<std::fs::File> {
+    let path = std::env::temp_dir().join(format!("otel-profiling-export-{}", std::process::id()));
+    let file = std::fs::File::create(&path).ok()?;
+    let _ = std::fs::remove_file(&path);
+    Some(file)
 }
 
 /// Serves `router(config)` on `bind` until `shutdown` resolves; returns after the

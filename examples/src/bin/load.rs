@@ -30,6 +30,7 @@ fn main() {
         Duration::from_secs(seconds),
         2,
         2,
+        1,
         Duration::from_secs(5),
         |s, t| println!("{}", s.progress_line(t)),
     ));
