@@ -54,6 +54,7 @@ mod unwind;
 #[cfg(not(any(target_arch = "x86_64", target_arch = "aarch64")))]
 #[path = "unwind_unsupported.rs"]
 mod unwind;
+pub mod watchdog;
 
 use std::cell::RefCell;
 use std::sync::atomic::{AtomicBool, AtomicU32, AtomicU64, AtomicUsize, Ordering};

@@ -82,6 +82,10 @@ pub(crate) struct Slot {
     timer: AtomicU64,
     /// Set while the owner's handler runs (for the panic guard).
     pub(crate) in_handler: AtomicBool,
+    /// Set while the blocked-thread watchdog reads the owner's span context record: the
+    /// owner waits for it to clear before letting go of the slot (and, soon after, of the
+    /// thread-local the record lives in). See [`Slot::read_cell_if_owned`].
+    watching: AtomicBool,
     pub(crate) counters: Counters,
     /// Free list link: index + 1 of the next free slot (0: none).
     next_free: AtomicU32,
@@ -101,6 +105,7 @@ impl Slot {
             ring: AtomicPtr::new(std::ptr::null_mut()),
             timer: AtomicU64::new(0),
             in_handler: AtomicBool::new(false),
+            watching: AtomicBool::new(false),
             counters: Counters::default(),
             next_free: AtomicU32::new(0),
         }
@@ -118,6 +123,43 @@ impl Slot {
             && value.generation() & 1 == 1
             // SAFETY: gettid has no preconditions and is async-signal-safe.
             && self.tid.load(Ordering::Relaxed) == unsafe { libc::gettid() }
+    }
+
+    /// The slot's generation (odd while owned): tells one owner from the next.
+    pub(crate) fn generation(&self) -> u32 {
+        self.generation.load(Ordering::Acquire)
+    }
+
+    /// The slot's index in the table.
+    pub(crate) fn index(&self) -> u32 {
+        self.index
+    }
+
+    /// Reads the owner's span context record from another thread, if the slot still
+    /// belongs to the owner of `generation`: `(sequence, root)` as
+    /// [`SpanContextCell::snapshot`] gives them, `None` when the owner let go or the read
+    /// raced a write.
+    ///
+    /// The record is a thread-local of the owner, freed when it exits. A handshake keeps it
+    /// alive for the read: this sets `watching`, then checks the generation; `release`
+    /// bumps the generation, then waits while `watching` is set (all SeqCst). Whichever
+    /// goes second sees the other: either this finds the generation changed and reads
+    /// nothing, or the owner waits the few nanoseconds of the read before exiting.
+    pub(crate) fn read_cell_if_owned(
+        &self,
+        generation: u32,
+    ) -> Option<(u32, Option<crate::span_context::LocalRoot>)> {
+        self.watching.store(true, Ordering::SeqCst);
+        let result = if self.generation.load(Ordering::SeqCst) == generation && generation & 1 == 1
+        {
+            // SAFETY: the owner of `generation` still holds the slot, so its thread (and
+            // its `const` thread-local record) lives until `watching` is cleared below.
+            unsafe { self.cell().as_ref() }.and_then(SpanContextCell::snapshot)
+        } else {
+            None
+        };
+        self.watching.store(false, Ordering::SeqCst);
+        result
     }
 
     /// The owner's kernel thread id.
@@ -190,7 +232,12 @@ impl Slot {
     pub(crate) fn release(&self) {
         self.delete_timer();
         // Odd → even: a signal still queued for this thread finds a generation mismatch.
-        self.generation.fetch_add(1, Ordering::AcqRel);
+        self.generation.fetch_add(1, Ordering::SeqCst);
+        // A watchdog read of this thread's record that began before the bump ends first
+        // (see `read_cell_if_owned`): it holds no lock and makes no syscall.
+        while self.watching.load(Ordering::SeqCst) {
+            std::hint::spin_loop();
+        }
         if let Some(_drain) = DRAINING.try_lock() {
             // No drainer can be reading this ring now, and no handler will write it.
             if self.ring().is_none_or(Ring::is_empty) {
@@ -411,6 +458,7 @@ pub(crate) fn reset_in_child() {
             slot.generation.fetch_add(1, Ordering::Relaxed);
         }
         slot.in_handler.store(false, Ordering::Relaxed);
+        slot.watching.store(false, Ordering::Relaxed);
         if let Some(ring) = slot.ring() {
             // SAFETY: the child has one thread, which is in neither a handler nor a drain.
             unsafe { ring.reset() };

@@ -1,0 +1,677 @@
+//! The blocked-in-poll watchdog: finds threads held inside one poll of a local root while
+//! off-CPU in a system call, and takes their stacks without interrupting them.
+//!
+//! ```text
+//!  watchdog thread, every threshold / 2              thread T (registered, never touched)
+//!  for each owned slot:                              inside root R, blocked in read(2),
+//!    record (seq, R) ── seq unchanged since ≥ 1 tick?   nanosleep, futex, …
+//!    CPU clock of T ── unchanged since last tick?
+//!    in R ≥ threshold? /proc/self/task/T/syscall ─► "nr args sp pc"
+//!    process_vm_readv(stack [sp, top)) ─► unwind the copy from (pc, sp)
+//!    re-read syscall, seq, CPU clock: all the same? else discard
+//!    record: stack, R's labels, delay = time since the last accepted look
+//! ```
+//!
+//! **Nothing on the hot path.** The span context record's sequence number changes at
+//! every root transition, so the watchdog tells "still inside the same poll" by seeing the
+//! same sequence on two ticks: the span hooks write nothing new. A thread's record is a
+//! thread-local; the watchdog reads it directly under the slot handshake
+//! ([`Slot::read_cell_if_owned`]), a few loads per thread per tick.
+//!
+//! **Off-CPU, in a system call.** Only threads whose record is unchanged since the last
+//! tick cost system calls: a `clock_gettime` on the thread's CPU clock and, when that did
+//! not advance, a read of `/proc/self/task/<tid>/syscall`, which for a thread blocked in a
+//! system call gives its user stack pointer and program counter. A thread that is running
+//! (CPU-bound, or preempted) or awaiting in a future (no root on its record) is skipped.
+//!
+//! **The stack is copied, never dereferenced.** `process_vm_readv` on our own pid copies
+//! `[sp, stack top)` (at most [`WatchdogConfig::max_stack_bytes`]); it fails with `EFAULT`
+//! rather than faulting if the thread exited and its stack was unmapped. The copy is
+//! unwound with the sampler's CFI unwinder. After the copy the syscall line, the record's
+//! sequence and the CPU clock are read again: if any changed, the thread woke while we
+//! read, the copy may be torn, and the observation is discarded (counted).
+//!
+//! **Weight.** A blocked look is worth the wall time since the previous accepted look at
+//! the same block (same thread, root, system call, sp and pc), or, for the first look,
+//! since the tick that first saw its CPU clock stand still. So a 300 ms block seen every
+//! 5 ms adds up to about 300 ms (minus up to two ticks at its start, before it could be
+//! seen), not 300 ms per look. Each block counts once in `contentions`.
+//!
+//! **Frame pointer.** The syscall line has no frame-pointer register. Frames whose CFI
+//! finds their caller through `rbp` (code built with frame pointers, like the standard
+//! library) need it; on x86_64 it is guessed as the lowest frame record on the copied stack
+//! (a word pointing higher up the stack followed by a return address into known code,
+//! whose chain holds for a few links). When the guess is wrong the stack stops early and is
+//! marked truncated; the innermost frames (the system call wrapper and its callers up to
+//! the first frame-pointer frame) are exact either way.
+
+use std::collections::HashMap;
+use std::io::Read;
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
+use std::sync::mpsc::{self, RecvTimeoutError, Sender};
+use std::sync::{Mutex, PoisonError};
+use std::thread::JoinHandle;
+use std::time::{Duration, Instant};
+
+use super::ring::{SampleRecord, MAX_FRAMES};
+use super::slots::{self, Slot};
+use super::stack::Registers;
+use super::unwind::{self, OwnedCache, WalkEnd};
+use crate::span_context::LocalRoot;
+
+/// Default time a thread must spend inside one poll, off-CPU, before its stack is taken.
+pub const DEFAULT_THRESHOLD: Duration = Duration::from_millis(10);
+/// Default cap on the threads examined with system calls in one tick.
+pub const DEFAULT_MAX_THREADS_PER_TICK: usize = 64;
+/// Default most bytes of a blocked thread's stack copied (from its stack pointer up).
+pub const DEFAULT_MAX_STACK_BYTES: usize = 256 * 1024;
+/// Blocked records kept between two collector drains; more are dropped and counted.
+const MAX_PENDING: usize = 4096;
+
+/// Watchdog settings.
+#[derive(Clone, Debug)]
+#[non_exhaustive]
+pub struct WatchdogConfig {
+    /// How long a thread must be inside one poll of a root, with its CPU clock standing
+    /// still, before it counts as blocked (default 10 ms). The watchdog ticks every half
+    /// of it.
+    pub threshold: Duration,
+    /// Most threads examined with system calls per tick (default 64); the rest wait for a
+    /// later tick and are counted in [`WatchdogStats::skipped`].
+    pub max_threads_per_tick: usize,
+    /// Most bytes of stack copied per blocked thread (default 256 KiB); deeper stacks
+    /// are cut (marked truncated).
+    pub max_stack_bytes: usize,
+}
+
+impl Default for WatchdogConfig {
+    fn default() -> Self {
+        WatchdogConfig {
+            threshold: DEFAULT_THRESHOLD,
+            max_threads_per_tick: DEFAULT_MAX_THREADS_PER_TICK,
+            max_stack_bytes: DEFAULT_MAX_STACK_BYTES,
+        }
+    }
+}
+
+impl WatchdogConfig {
+    /// Sets the threshold.
+    pub fn with_threshold(mut self, threshold: Duration) -> Self {
+        self.threshold = threshold;
+        self
+    }
+
+    /// Sets the per-tick cap.
+    pub fn with_max_threads_per_tick(mut self, threads: usize) -> Self {
+        self.max_threads_per_tick = threads;
+        self
+    }
+
+    fn validate(&self) -> Result<(), WatchdogError> {
+        if self.threshold < Duration::from_millis(1) || self.threshold > Duration::from_secs(60) {
+            return Err(WatchdogError::InvalidThreshold(self.threshold));
+        }
+        if self.max_threads_per_tick == 0 {
+            return Err(WatchdogError::InvalidCap);
+        }
+        if !(4096..=8 * 1024 * 1024).contains(&self.max_stack_bytes) {
+            return Err(WatchdogError::InvalidStackBytes(self.max_stack_bytes));
+        }
+        Ok(())
+    }
+
+    fn tick(&self) -> Duration {
+        self.threshold / 2
+    }
+}
+
+/// Errors starting the watchdog.
+#[derive(Debug, thiserror::Error)]
+#[non_exhaustive]
+pub enum WatchdogError {
+    /// `threshold` outside 1 ms ..= 60 s.
+    #[error("blocked.threshold must be between 1 ms and 60 s, got {0:?}")]
+    InvalidThreshold(Duration),
+    /// `max_threads_per_tick` is zero.
+    #[error("blocked.max_threads_per_tick must be at least 1")]
+    InvalidCap,
+    /// `max_stack_bytes` outside 4 KiB ..= 8 MiB.
+    #[error("blocked.max_stack_bytes must be between 4096 and 8388608, got {0}")]
+    InvalidStackBytes(usize),
+    /// The thread could not be started.
+    #[error("starting the watchdog thread: {0}")]
+    Spawn(#[source] std::io::Error),
+}
+
+/// One blocked look: a thread's stack while it was off-CPU in a system call inside a root.
+#[derive(Clone, Debug)]
+pub struct BlockedRecord {
+    /// The root the thread was inside.
+    pub root: Option<LocalRoot>,
+    /// Wall time this look stands for, in nanoseconds.
+    pub delay_ns: u64,
+    /// Whether this is the first accepted look at this block (counted as a contention).
+    pub first_look: bool,
+    /// The system call number the thread was blocked in.
+    pub syscall: i64,
+    /// Instruction addresses, innermost first, as in [`SampleRecord::frames`].
+    pub frames: Vec<u64>,
+    /// Whether the stack is incomplete.
+    pub truncated: bool,
+}
+
+/// Watchdog counters, since the process started.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+#[non_exhaustive]
+pub struct WatchdogStats {
+    /// Ticks run.
+    pub ticks: u64,
+    /// Threads examined with system calls (record unchanged since the previous tick).
+    pub examined: u64,
+    /// Threads not examined because a tick's cap was reached.
+    pub skipped: u64,
+    /// Blocked stacks recorded.
+    pub samples: u64,
+    /// Blocked nanoseconds recorded (Σ delay).
+    pub delay_ns: u64,
+    /// Looks discarded because the thread woke (or changed root) while its stack was read.
+    pub discarded_woke: u64,
+    /// Off-CPU threads inside a root that were not in a system call (a page fault, say),
+    /// or whose stack pointer was off their stack: nothing to copy without a signal.
+    pub not_in_syscall: u64,
+    /// Failed reads (CPU clock, `/proc`, `process_vm_readv`): the thread exited, or the
+    /// system refuses them (seccomp, no `/proc`).
+    pub read_failed: u64,
+    /// Records dropped because the collector did not drain them in time.
+    pub dropped: u64,
+    /// Nanoseconds of watchdog-thread CPU time, all ticks together.
+    pub cpu_ns: u64,
+}
+
+struct Counters {
+    ticks: AtomicU64,
+    examined: AtomicU64,
+    skipped: AtomicU64,
+    samples: AtomicU64,
+    delay_ns: AtomicU64,
+    discarded_woke: AtomicU64,
+    not_in_syscall: AtomicU64,
+    read_failed: AtomicU64,
+    dropped: AtomicU64,
+    cpu_ns: AtomicU64,
+}
+
+static COUNTERS: Counters = Counters {
+    ticks: AtomicU64::new(0),
+    examined: AtomicU64::new(0),
+    skipped: AtomicU64::new(0),
+    samples: AtomicU64::new(0),
+    delay_ns: AtomicU64::new(0),
+    discarded_woke: AtomicU64::new(0),
+    not_in_syscall: AtomicU64::new(0),
+    read_failed: AtomicU64::new(0),
+    dropped: AtomicU64::new(0),
+    cpu_ns: AtomicU64::new(0),
+};
+
+fn bump(counter: &AtomicU64) {
+    counter.fetch_add(1, Ordering::Relaxed);
+}
+
+/// The watchdog's counters.
+pub fn stats() -> WatchdogStats {
+    let c = &COUNTERS;
+    let get = |a: &AtomicU64| a.load(Ordering::Relaxed);
+    WatchdogStats {
+        ticks: get(&c.ticks),
+        examined: get(&c.examined),
+        skipped: get(&c.skipped),
+        samples: get(&c.samples),
+        delay_ns: get(&c.delay_ns),
+        discarded_woke: get(&c.discarded_woke),
+        not_in_syscall: get(&c.not_in_syscall),
+        read_failed: get(&c.read_failed),
+        dropped: get(&c.dropped),
+        cpu_ns: get(&c.cpu_ns),
+    }
+}
+
+/// Recorded looks not yet taken by the collector.
+static PENDING: Mutex<Vec<BlockedRecord>> = Mutex::new(Vec::new());
+
+fn push(record: BlockedRecord) {
+    let mut pending = PENDING.lock().unwrap_or_else(PoisonError::into_inner);
+    if pending.len() >= MAX_PENDING {
+        bump(&COUNTERS.dropped);
+        return;
+    }
+    COUNTERS
+        .delay_ns
+        .fetch_add(record.delay_ns, Ordering::Relaxed);
+    bump(&COUNTERS.samples);
+    pending.push(record);
+}
+
+/// Hands every recorded blocked look to `f` (the collector's entry point).
+pub fn drain_blocked(mut f: impl FnMut(&BlockedRecord)) -> usize {
+    let taken = std::mem::take(&mut *PENDING.lock().unwrap_or_else(PoisonError::into_inner));
+    taken.iter().for_each(&mut f);
+    taken.len()
+}
+
+/// Only one watchdog runs at a time.
+static RUNNING: AtomicBool = AtomicBool::new(false);
+
+/// A running watchdog thread (`otel-profiling-watchdog`). Dropping it stops the thread.
+#[derive(Debug)]
+pub struct Watchdog {
+    stop: Option<Sender<()>>,
+    thread: Option<JoinHandle<()>>,
+}
+
+impl Watchdog {
+    /// Starts the watchdog. Returns `Ok(None)` when one already runs (it serves the whole
+    /// process).
+    pub fn start(config: WatchdogConfig) -> Result<Option<Watchdog>, WatchdogError> {
+        config.validate()?;
+        if RUNNING.swap(true, Ordering::AcqRel) {
+            return Ok(None);
+        }
+        let (stop, stopped) = mpsc::channel::<()>();
+        let spawned = std::thread::Builder::new()
+            .name("otel-profiling-watchdog".into())
+            .spawn(move || {
+                let mut scanner = Scanner::new(config.clone());
+                let tick = config.tick();
+                let mut next = Instant::now() + tick;
+                // Until the handle is dropped (disconnected) or sends.
+                while let Err(RecvTimeoutError::Timeout) =
+                    stopped.recv_timeout(next.saturating_duration_since(Instant::now()))
+                {
+                    let cpu_before = own_cpu_ns();
+                    scanner.tick();
+                    let spent = own_cpu_ns().saturating_sub(cpu_before);
+                    COUNTERS.cpu_ns.fetch_add(spent, Ordering::Relaxed);
+                    next += tick;
+                    let now = Instant::now();
+                    if next < now {
+                        next = now + tick;
+                    }
+                }
+                RUNNING.store(false, Ordering::Release);
+            });
+        match spawned {
+            Ok(thread) => Ok(Some(Watchdog {
+                stop: Some(stop),
+                thread: Some(thread),
+            })),
+            Err(e) => {
+                RUNNING.store(false, Ordering::Release);
+                Err(WatchdogError::Spawn(e))
+            }
+        }
+    }
+}
+
+impl Drop for Watchdog {
+    fn drop(&mut self) {
+        drop(self.stop.take());
+        if let Some(thread) = self.thread.take() {
+            let _ = thread.join();
+        }
+    }
+}
+
+/// What the watchdog remembers of one owned slot between ticks.
+struct Tracked {
+    generation: u32,
+    seq: u32,
+    /// When this record (sequence) was first seen: the thread entered the root before.
+    first_seen: u64,
+    /// The thread's CPU clock at the last look, and since when it has stood still.
+    cpu: Option<u64>,
+    quiet_since: u64,
+    /// The block being followed: its syscall line and when it was last accounted to.
+    block: Option<(Syscall, u64)>,
+    /// The tick that last saw the slot (others are forgotten).
+    seen: u64,
+}
+
+/// `/proc/<pid>/task/<tid>/syscall`, parsed.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub(crate) enum SyscallState {
+    /// On a CPU (or runnable): no registers given.
+    Running,
+    /// Off-CPU outside a system call (a page fault, say).
+    Blocked { sp: u64, pc: u64 },
+    /// Blocked in system call `nr`.
+    InSyscall(Syscall),
+}
+
+/// A thread blocked in a system call: its number, first argument, user sp and pc.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub(crate) struct Syscall {
+    pub(crate) nr: i64,
+    pub(crate) arg0: u64,
+    pub(crate) sp: u64,
+    pub(crate) pc: u64,
+}
+
+/// Parses the kernel's line: `running`, `-1 sp pc`, or `nr a1 a2 a3 a4 a5 a6 sp pc`
+/// (arguments, sp and pc in hex with `0x`).
+pub(crate) fn parse_syscall(text: &str) -> Option<SyscallState> {
+    let text = text.trim();
+    if text == "running" {
+        return Some(SyscallState::Running);
+    }
+    let fields: Vec<&str> = text.split_ascii_whitespace().collect();
+    let hex = |s: &str| u64::from_str_radix(s.strip_prefix("0x")?, 16).ok();
+    let nr: i64 = fields.first()?.parse().ok()?;
+    match fields.len() {
+        3 if nr == -1 => Some(SyscallState::Blocked {
+            sp: hex(fields[1])?,
+            pc: hex(fields[2])?,
+        }),
+        9 if nr >= 0 => Some(SyscallState::InSyscall(Syscall {
+            nr,
+            arg0: hex(fields[1])?,
+            sp: hex(fields[7])?,
+            pc: hex(fields[8])?,
+        })),
+        _ => None,
+    }
+}
+
+fn read_syscall(tid: libc::pid_t) -> Option<SyscallState> {
+    let mut file = std::fs::File::open(format!("/proc/self/task/{tid}/syscall")).ok()?;
+    let mut buf = [0u8; 256];
+    let mut len = 0;
+    while len < buf.len() {
+        match file.read(&mut buf[len..]) {
+            Ok(0) => break,
+            Ok(n) => len += n,
+            Err(_) => return None,
+        }
+    }
+    parse_syscall(std::str::from_utf8(&buf[..len]).ok()?)
+}
+
+/// The CPU time of thread `tid` of this process (its per-thread CPU clock).
+fn thread_cpu_ns(tid: libc::pid_t) -> Option<u64> {
+    // The kernel's clock id for a thread's scheduler CPU clock: !tid << 3 | PERTHREAD (4) |
+    // SCHED (2), what `pthread_getcpuclockid` computes from a pthread_t.
+    let clock = ((!tid) << 3) | 6;
+    let mut ts = libc::timespec {
+        tv_sec: 0,
+        tv_nsec: 0,
+    };
+    // SAFETY: `ts` is a valid out-parameter; an unknown clock id fails with EINVAL.
+    if unsafe { libc::clock_gettime(clock as libc::clockid_t, &mut ts) } != 0 {
+        return None;
+    }
+    Some((ts.tv_sec as u64) * 1_000_000_000 + ts.tv_nsec as u64)
+}
+
+fn own_cpu_ns() -> u64 {
+    // SAFETY: gettid has no preconditions.
+    thread_cpu_ns(unsafe { libc::gettid() }).unwrap_or(0)
+}
+
+fn monotonic_ns() -> u64 {
+    let mut ts = libc::timespec {
+        tv_sec: 0,
+        tv_nsec: 0,
+    };
+    // SAFETY: `ts` is a valid, writable timespec; CLOCK_MONOTONIC always exists.
+    unsafe { libc::clock_gettime(libc::CLOCK_MONOTONIC, &mut ts) };
+    (ts.tv_sec as u64) * 1_000_000_000 + ts.tv_nsec as u64
+}
+
+/// Copies `[addr, addr + buf.len())` of this process into `buf` without dereferencing it:
+/// the number of bytes copied, `None` if nothing could be.
+fn copy_own_memory(addr: u64, buf: &mut [u8]) -> Option<usize> {
+    let local = libc::iovec {
+        iov_base: buf.as_mut_ptr().cast(),
+        iov_len: buf.len(),
+    };
+    let remote = libc::iovec {
+        iov_base: addr as usize as *mut libc::c_void,
+        iov_len: buf.len(),
+    };
+    // SAFETY: `local` describes `buf`, which we own; the kernel checks `remote` and fails
+    // (EFAULT) instead of faulting when it is not mapped.
+    let n = unsafe { libc::process_vm_readv(libc::getpid(), &local, 1, &remote, 1, 0) };
+    usize::try_from(n).ok().filter(|&n| n > 0)
+}
+
+/// Guesses the frame-pointer register of a thread stopped at `sp` (x86_64: the lowest
+/// frame record on the copied stack; see the module docs). 0 when none is found.
+fn guess_frame_pointer(sp: u64, copy: &[u8]) -> u64 {
+    if !cfg!(target_arch = "x86_64") {
+        return 0;
+    }
+    let word = |addr: u64| -> Option<u64> {
+        let at = usize::try_from(addr.checked_sub(sp)?).ok()?;
+        let bytes = copy.get(at..at.checked_add(8)?)?;
+        Some(u64::from_ne_bytes(bytes.try_into().ok()?))
+    };
+    let top = sp + copy.len() as u64;
+    // A record at `at`: [saved fp, return address]; the saved fp is the caller's record,
+    // higher on the stack (or 0 at the outermost frame).
+    let is_record = |at: u64| -> Option<u64> {
+        let next = word(at)?;
+        let ret = word(at + 8)?;
+        let chained = next == 0 || (next > at && next < top && next.is_multiple_of(8));
+        (chained && unwind::is_known_code(ret)).then_some(next)
+    };
+    let mut at = sp;
+    while at + 16 <= top {
+        let mut link = at;
+        let mut good = 0;
+        while good < 3 {
+            match is_record(link) {
+                Some(0) => {
+                    good = 3;
+                }
+                Some(next) => {
+                    good += 1;
+                    link = next;
+                }
+                None => break,
+            }
+        }
+        if good == 3 {
+            return at;
+        }
+        at += 8;
+    }
+    0
+}
+
+/// The watchdog's per-tick work, separate from its thread for tests.
+pub(crate) struct Scanner {
+    config: WatchdogConfig,
+    tracked: HashMap<u32, Tracked>,
+    tick: u64,
+    stack: Vec<u8>,
+    cache: OwnedCache,
+    record: Box<SampleRecord>,
+}
+
+impl Scanner {
+    pub(crate) fn new(config: WatchdogConfig) -> Scanner {
+        Scanner {
+            stack: vec![0; config.max_stack_bytes],
+            config,
+            tracked: HashMap::new(),
+            tick: 0,
+            cache: OwnedCache::new(),
+            record: Box::new(SampleRecord::EMPTY),
+        }
+    }
+
+    /// One pass over the owned slots.
+    pub(crate) fn tick(&mut self) {
+        self.tick += 1;
+        bump(&COUNTERS.ticks);
+        let mut examined = 0;
+        for slot in slots::all() {
+            let generation = slot.generation();
+            if generation & 1 == 0 {
+                continue;
+            }
+            let Some((seq, root)) = slot.read_cell_if_owned(generation) else {
+                // Let go, or raced a write: either way not the same poll as before.
+                self.tracked.remove(&slot.index());
+                continue;
+            };
+            let Some(root) = root else {
+                self.tracked.remove(&slot.index());
+                continue;
+            };
+            let now = monotonic_ns();
+            let tick = self.tick;
+            let tracked = self.tracked.entry(slot.index()).or_insert(Tracked {
+                generation,
+                seq,
+                first_seen: now,
+                cpu: None,
+                quiet_since: now,
+                block: None,
+                seen: tick,
+            });
+            tracked.seen = tick;
+            if tracked.generation != generation || tracked.seq != seq {
+                *tracked = Tracked {
+                    generation,
+                    seq,
+                    first_seen: now,
+                    cpu: None,
+                    quiet_since: now,
+                    block: None,
+                    seen: tick,
+                };
+                continue;
+            }
+            if tracked.first_seen == now {
+                continue;
+            }
+            if examined >= self.config.max_threads_per_tick {
+                bump(&COUNTERS.skipped);
+                continue;
+            }
+            examined += 1;
+            bump(&COUNTERS.examined);
+            let config = &self.config;
+            let look = Look {
+                slot,
+                generation,
+                seq,
+                root,
+                now,
+                threshold: u64::try_from(config.threshold.as_nanos()).unwrap_or(u64::MAX),
+            };
+            look.examine(tracked, &mut self.stack, &mut self.cache, &mut self.record);
+        }
+        let tick = self.tick;
+        self.tracked.retain(|_, t| t.seen == tick);
+    }
+}
+
+/// One examination of one thread whose record has not changed since the last tick.
+struct Look<'a> {
+    slot: &'a Slot,
+    generation: u32,
+    seq: u32,
+    root: LocalRoot,
+    now: u64,
+    threshold: u64,
+}
+
+impl Look<'_> {
+    fn examine(
+        &self,
+        tracked: &mut Tracked,
+        stack: &mut [u8],
+        cache: &mut OwnedCache,
+        record: &mut SampleRecord,
+    ) {
+        let tid = self.slot.owner_tid();
+        let Some(cpu) = thread_cpu_ns(tid) else {
+            bump(&COUNTERS.read_failed);
+            return;
+        };
+        if tracked.cpu != Some(cpu) {
+            // Ran since the last look (or first look): not blocked over this tick.
+            tracked.cpu = Some(cpu);
+            tracked.quiet_since = self.now;
+            tracked.block = None;
+            return;
+        }
+        if self.now.saturating_sub(tracked.first_seen) < self.threshold {
+            return;
+        }
+        let call = match read_syscall(tid) {
+            Some(SyscallState::InSyscall(call)) => call,
+            Some(SyscallState::Running) => return,
+            Some(SyscallState::Blocked { .. }) => {
+                bump(&COUNTERS.not_in_syscall);
+                return;
+            }
+            None => {
+                bump(&COUNTERS.read_failed);
+                return;
+            }
+        };
+        let bounds = self.slot.stack();
+        if call.sp < bounds.lo || call.sp >= bounds.hi {
+            bump(&COUNTERS.not_in_syscall);
+            return;
+        }
+        let want = usize::try_from(bounds.hi - call.sp)
+            .unwrap_or(usize::MAX)
+            .min(stack.len());
+        let Some(copied) = copy_own_memory(call.sp, &mut stack[..want]) else {
+            bump(&COUNTERS.read_failed);
+            return;
+        };
+        let copy = &stack[..copied];
+        let regs = Registers {
+            pc: call.pc,
+            sp: call.sp,
+            fp: guess_frame_pointer(call.sp, copy),
+            #[cfg(target_arch = "aarch64")]
+            lr: 0,
+        };
+        let end = unwind::walk_copy(&regs, copy, cache, record);
+        // Still the same block? Otherwise the copy may mix two moments: discard it.
+        let same = read_syscall(tid) == Some(SyscallState::InSyscall(call))
+            && thread_cpu_ns(tid) == Some(cpu)
+            && self
+                .slot
+                .read_cell_if_owned(self.generation)
+                .is_some_and(|(seq, _)| seq == self.seq);
+        if !same {
+            bump(&COUNTERS.discarded_woke);
+            tracked.block = None;
+            return;
+        }
+        let (since, first_look) = match tracked.block {
+            Some((previous, accounted)) if previous == call => (accounted, false),
+            _ => (tracked.quiet_since, true),
+        };
+        tracked.block = Some((call, self.now));
+        let depth = usize::from(record.depth).min(MAX_FRAMES);
+        push(BlockedRecord {
+            root: Some(self.root),
+            delay_ns: self.now.saturating_sub(since),
+            first_look,
+            syscall: call.nr,
+            frames: record.frames[..depth].to_vec(),
+            truncated: end != WalkEnd::Complete,
+        });
+    }
+}
+
+#[cfg(test)]
+mod tests;

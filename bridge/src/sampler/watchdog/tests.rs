@@ -1,0 +1,185 @@
+//! The watchdog against real threads: one blocked in `std::thread::sleep` inside a root,
+//! one burning CPU inside a root, one idle outside any root.
+
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::{Arc, Barrier};
+use std::time::{Duration, Instant};
+
+use opentelemetry::trace::{SpanId, TraceId};
+
+use super::*;
+use crate::sampler::{test_turn, Sampler, SamplerConfig};
+use crate::span_context::SpanContextGuard;
+use crate::symbolize::Symbolizer;
+
+#[test]
+fn syscall_lines_parse() {
+    assert_eq!(parse_syscall("running\n"), Some(SyscallState::Running));
+    assert_eq!(
+        parse_syscall("-1 0x7ffd1000 0x401000\n"),
+        Some(SyscallState::Blocked {
+            sp: 0x7ffd_1000,
+            pc: 0x40_1000
+        })
+    );
+    assert_eq!(
+        parse_syscall("230 0x1 0x0 0x7f00 0x0 0x0 0x0 0x7ffd2000 0x7f12345\n"),
+        Some(SyscallState::InSyscall(Syscall {
+            nr: 230,
+            arg0: 1,
+            sp: 0x7ffd_2000,
+            pc: 0x7f1_2345
+        }))
+    );
+    for bad in ["", "x", "230 0x1", "-1 12 0x1", "230 1 2 3 4 5 6 7 8"] {
+        assert_eq!(parse_syscall(bad), None, "{bad:?}");
+    }
+}
+
+#[test]
+fn configs_out_of_range_are_refused_naming_the_field() {
+    let zero = WatchdogConfig::default().with_threshold(Duration::ZERO);
+    assert!(zero
+        .validate()
+        .unwrap_err()
+        .to_string()
+        .contains("threshold"));
+    let cap = WatchdogConfig::default().with_max_threads_per_tick(0);
+    assert!(cap
+        .validate()
+        .unwrap_err()
+        .to_string()
+        .contains("max_threads_per_tick"));
+    assert!(WatchdogConfig::default().validate().is_ok());
+}
+
+#[test]
+fn own_memory_copies_fail_cleanly_on_unmapped_addresses() {
+    let mut buf = [0u8; 64];
+    assert_eq!(copy_own_memory(8, &mut buf), None);
+    let data = [7u8; 64];
+    assert_eq!(copy_own_memory(data.as_ptr() as u64, &mut buf), Some(64));
+    assert_eq!(buf, data);
+}
+
+#[inline(never)]
+fn watchdog_test_blocks_in_sleep(d: Duration) {
+    std::thread::sleep(d);
+    std::hint::black_box(());
+}
+
+#[inline(never)]
+fn watchdog_test_burns_cpu(stop: &AtomicBool) -> u64 {
+    let mut x = 1u64;
+    while !stop.load(Ordering::Relaxed) {
+        for _ in 0..10_000 {
+            x = x.wrapping_mul(6364136223846793005).wrapping_add(1);
+        }
+    }
+    std::hint::black_box(x)
+}
+
+fn root(span: u64) -> LocalRoot {
+    LocalRoot::new(SpanId::from(span), TraceId::from(0xabc_u128), None)
+}
+
+fn names(frames: &[u64], symbolizer: &mut Symbolizer) -> Vec<String> {
+    frames
+        .iter()
+        .enumerate()
+        .flat_map(|(i, &a)| symbolizer.frame(a, i > 0).lines)
+        .map(|l| l.function.to_string())
+        .collect()
+}
+
+/// Issue 11 item 3: a root blocked in `std::thread::sleep` is found, its stack names the
+/// blocking function under the root's span id, and its looks add up to about the blocked
+/// wall time; a CPU-burning root and a thread outside any root give nothing.
+#[test]
+fn blocked_stacks_name_the_blocking_function() {
+    let _turn = test_turn();
+    let sampler = Sampler::start(SamplerConfig::default()).expect("sampler");
+    drain_blocked(|_| {});
+    let block = Duration::from_millis(300);
+    let stop = Arc::new(AtomicBool::new(false));
+    let ready = Arc::new(Barrier::new(4));
+    let sleeper = {
+        let ready = ready.clone();
+        std::thread::spawn(move || {
+            crate::sampler::register_current_thread().expect("register");
+            ready.wait();
+            let _root = SpanContextGuard::enter(Some(root(0x51)));
+            watchdog_test_blocks_in_sleep(block);
+        })
+    };
+    let burner = {
+        let (ready, stop) = (ready.clone(), stop.clone());
+        std::thread::spawn(move || {
+            crate::sampler::register_current_thread().expect("register");
+            ready.wait();
+            let _root = SpanContextGuard::enter(Some(root(0xb0)));
+            watchdog_test_burns_cpu(&stop)
+        })
+    };
+    let idle = {
+        let (ready, stop) = (ready.clone(), stop.clone());
+        std::thread::spawn(move || {
+            crate::sampler::register_current_thread().expect("register");
+            ready.wait();
+            while !stop.load(Ordering::Relaxed) {
+                std::thread::sleep(Duration::from_millis(20));
+            }
+        })
+    };
+    let config = WatchdogConfig::default();
+    let mut scanner = Scanner::new(config.clone());
+    ready.wait();
+    let started = Instant::now();
+    while started.elapsed() < block + Duration::from_millis(100) {
+        scanner.tick();
+        std::thread::sleep(config.tick());
+    }
+    stop.store(true, Ordering::Relaxed);
+    sleeper.join().expect("sleeper");
+    burner.join().expect("burner");
+    idle.join().expect("idle");
+    let mut records = Vec::new();
+    drain_blocked(|r| records.push(r.clone()));
+    drop(sampler);
+
+    let mut symbolizer = Symbolizer::new();
+    let ours: Vec<&BlockedRecord> = records
+        .iter()
+        .filter(|r| r.root.and_then(|r| r.span_id()) == Some(SpanId::from(0x51)))
+        .collect();
+    assert!(
+        records
+            .iter()
+            .all(|r| r.root.and_then(|r| r.span_id()) == Some(SpanId::from(0x51))),
+        "only the sleeping root blocks: {records:?}"
+    );
+    assert!(
+        !ours.is_empty(),
+        "no blocked look at the sleeper: {:?}",
+        stats()
+    );
+    for record in &ours {
+        let stack = names(&record.frames, &mut symbolizer);
+        assert!(
+            stack
+                .iter()
+                .any(|f| f.contains("watchdog_test_blocks_in_sleep")),
+            "{stack:#?}"
+        );
+    }
+    let delay: u64 = ours.iter().map(|r| r.delay_ns).sum();
+    let delay = Duration::from_nanos(delay);
+    // Never more than the block; less by the ticks before it could be seen (two when
+    // the machine is quiet, more when the watchdog's own ticks are late).
+    assert!(
+        delay <= block && delay >= block * 6 / 10,
+        "blocked {delay:?} of {block:?}: {:?}",
+        stats()
+    );
+    assert_eq!(ours.iter().filter(|r| r.first_look).count(), 1, "one block");
+}
