@@ -13,7 +13,7 @@ use std::sync::{Arc, Mutex};
 use std::thread::JoinHandle;
 use std::time::{Duration, Instant, SystemTime};
 
-use otel_profiling::collector::{EncodedProfile, ProfileSink};
+use otel_profiling::collector::{EncodedProfile, ProfileKind, ProfileSink};
 use otel_profiling::export::pyroscope::{
     PyroscopeBackoff, PyroscopeConfig, PyroscopeExporter, PyroscopeSnapshot, PyroscopeStats,
 };
@@ -379,6 +379,7 @@ fn profile(span_id: u64) -> EncodedProfile {
     };
     builder.add_sample(&[frame], &labels, 3);
     EncodedProfile {
+        kind: ProfileKind::Cpu,
         start,
         duration,
         samples: 3,
@@ -398,6 +399,7 @@ fn blob(size: usize, seed: u64) -> EncodedProfile {
         })
         .collect();
     EncodedProfile {
+        kind: ProfileKind::Cpu,
         start: SystemTime::now(),
         duration: Duration::from_secs(10),
         samples: 1,
@@ -915,6 +917,7 @@ fn big_profile(n: u64) -> EncodedProfile {
         builder.add_sample(&stack, &labels, 1 + i % 4);
     }
     EncodedProfile {
+        kind: ProfileKind::Cpu,
         start,
         duration,
         samples: n,

@@ -107,7 +107,7 @@ impl WatchdogConfig {
         self
     }
 
-    fn validate(&self) -> Result<(), WatchdogError> {
+    pub(crate) fn validate(&self) -> Result<(), WatchdogError> {
         if self.threshold < Duration::from_millis(1) || self.threshold > Duration::from_secs(60) {
             return Err(WatchdogError::InvalidThreshold(self.threshold));
         }

@@ -41,7 +41,7 @@
 //!
 //! # Delivery
 //!
-//! * Series labels: `__name__=process_cpu`, `service_name=<application>`, then the extra
+//! * Series labels: `__name__=process_cpu` (`block` for blocked-in-poll profiles), `service_name=<application>`, then the extra
 //!   labels (a later duplicate replaces an earlier one), sorted by name.
 //! * 2xx: sent. 5xx and network errors or timeouts: retried with exponential backoff and
 //!   full jitter, up to [`PyroscopeBackoff::max_attempts`] attempts, then dropped. 429:
@@ -81,13 +81,14 @@ use std::thread::JoinHandle;
 use std::time::{Duration, Instant};
 
 pub use config::{
-    PyroscopeAuth, PyroscopeBackoff, PyroscopeConfig, PyroscopeLimits, MAX_LABEL_NAMES,
-    MAX_LABEL_VALUE_BYTES, PROFILE_NAME, PROFILE_TYPE_ID,
+    PyroscopeAuth, PyroscopeBackoff, PyroscopeConfig, PyroscopeLimits,
+    BLOCK_CONTENTIONS_PROFILE_TYPE_ID, BLOCK_DELAY_PROFILE_TYPE_ID, BLOCK_PROFILE_NAME,
+    MAX_LABEL_NAMES, MAX_LABEL_VALUE_BYTES, PROFILE_NAME, PROFILE_TYPE_ID,
 };
 pub use error::PyroscopeError;
 pub use stats::{PyroscopeSnapshot, PyroscopeStats};
 
-use crate::collector::{EncodedProfile, ProfileSink};
+use crate::collector::{EncodedProfile, ProfileKind, ProfileSink};
 use crate::pprof::{self, split::SplitLimits};
 use queue::{Enqueued, Shared};
 
@@ -113,6 +114,8 @@ const DROP_SLACK: Duration = Duration::from_millis(200);
 pub struct PyroscopeExporter {
     shared: Arc<Shared>,
     labels: Vec<proto::LabelPair>,
+    /// `labels` with `__name__` = [`BLOCK_PROFILE_NAME`], for blocked-in-poll profiles.
+    block_labels: Vec<proto::LabelPair>,
     limits: PyroscopeLimits,
     endpoint: String,
     shutdown_timeout: Duration,
@@ -135,12 +138,23 @@ impl PyroscopeExporter {
     pub fn new(config: PyroscopeConfig) -> Result<PyroscopeExporter, PyroscopeError> {
         let valid = config.validate_into()?;
         let shared = Arc::new(Shared::new(valid.max_queue_bytes));
-        let labels = valid
+        let labels: Vec<proto::LabelPair> = valid
             .labels
             .iter()
             .map(|(name, value)| proto::LabelPair {
                 name: name.clone(),
                 value: value.clone(),
+            })
+            .collect();
+        let block_labels = labels
+            .iter()
+            .map(|label: &proto::LabelPair| proto::LabelPair {
+                name: label.name.clone(),
+                value: if label.name == "__name__" {
+                    BLOCK_PROFILE_NAME.to_string()
+                } else {
+                    label.value.clone()
+                },
             })
             .collect();
         let endpoint = valid.endpoint.to_string();
@@ -169,6 +183,7 @@ impl PyroscopeExporter {
         Ok(PyroscopeExporter {
             shared,
             labels,
+            block_labels,
             limits,
             endpoint,
             shutdown_timeout,
@@ -237,7 +252,12 @@ impl ProfileSink for PyroscopeExporter {
                 .iter()
                 .map(|part| (part.as_slice(), uuid::Uuid::new_v4().to_string()))
                 .collect();
-            let body = proto::encode_push_many(&self.labels, &profiles);
+            // Same service labels; the profile type's name tells CPU from blocked.
+            let labels = match profile.kind {
+                ProfileKind::Blocked => &self.block_labels,
+                _ => &self.labels,
+            };
+            let body = proto::encode_push_many(labels, &profiles);
             let error = match self.shared.enqueue(body) {
                 Enqueued::Queued => continue,
                 Enqueued::TooLarge { size, max } => format!(
