@@ -712,6 +712,7 @@ extern "C" fn after_fork_in_child() {
     slots::reset_in_child();
     crate::root_cpu::after_fork_in_child();
     unwind::after_fork_in_child();
+    watchdog::after_fork_in_child();
 }
 
 /// The sampler is process-wide: unit tests that start it, or that use the slot table's

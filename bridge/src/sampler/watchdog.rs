@@ -45,16 +45,16 @@
 //! marked truncated; the innermost frames (the system call wrapper and its callers up to
 //! the first frame-pointer frame) are exact either way.
 
+use std::cell::UnsafeCell;
 use std::collections::HashMap;
 use std::io::Read;
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::mpsc::{self, RecvTimeoutError, Sender};
-use std::sync::{Mutex, PoisonError};
 use std::thread::JoinHandle;
 use std::time::{Duration, Instant};
 
 use super::ring::{SampleRecord, MAX_FRAMES};
-use super::slots::{self, Slot};
+use super::slots::{self, ForkSafeLock, Slot};
 use super::stack::Registers;
 use super::unwind::{self, OwnedCache, WalkEnd};
 use crate::span_context::LocalRoot;
@@ -236,27 +236,64 @@ pub fn stats() -> WatchdogStats {
     }
 }
 
-/// Recorded looks not yet taken by the collector.
-static PENDING: Mutex<Vec<BlockedRecord>> = Mutex::new(Vec::new());
+/// Recorded looks not yet taken by the collector, behind a lock a forked child can
+/// reset (a `std::sync::Mutex` held by the parent's watchdog at `fork` would stay locked
+/// in the child, and its collector would wait on it forever).
+struct Pending {
+    lock: ForkSafeLock,
+    records: UnsafeCell<Vec<BlockedRecord>>,
+}
+
+// SAFETY: `records` is only reached while `lock` is held (or in a forked child's one
+// thread, see `after_fork_in_child`).
+unsafe impl Sync for Pending {}
+
+static PENDING: Pending = Pending {
+    lock: ForkSafeLock::new(),
+    records: UnsafeCell::new(Vec::new()),
+};
+
+impl Pending {
+    fn with<R>(&self, f: impl FnOnce(&mut Vec<BlockedRecord>) -> R) -> R {
+        let _held = self.lock.lock();
+        // SAFETY: the lock is held: no other reference to `records` exists.
+        f(unsafe { &mut *self.records.get() })
+    }
+}
 
 fn push(record: BlockedRecord) {
-    let mut pending = PENDING.lock().unwrap_or_else(PoisonError::into_inner);
-    if pending.len() >= MAX_PENDING {
+    let delay = record.delay_ns;
+    let stored = PENDING.with(|pending| {
+        if pending.len() >= MAX_PENDING {
+            return false;
+        }
+        pending.push(record);
+        true
+    });
+    if stored {
+        COUNTERS.delay_ns.fetch_add(delay, Ordering::Relaxed);
+        bump(&COUNTERS.samples);
+    } else {
         bump(&COUNTERS.dropped);
-        return;
     }
-    COUNTERS
-        .delay_ns
-        .fetch_add(record.delay_ns, Ordering::Relaxed);
-    bump(&COUNTERS.samples);
-    pending.push(record);
 }
 
 /// Hands every recorded blocked look to `f` (the collector's entry point).
 pub fn drain_blocked(mut f: impl FnMut(&BlockedRecord)) -> usize {
-    let taken = std::mem::take(&mut *PENDING.lock().unwrap_or_else(PoisonError::into_inner));
+    let taken = PENDING.with(std::mem::take);
     taken.iter().for_each(&mut f);
     taken.len()
+}
+
+/// In a forked child: no watchdog thread exists there (a new profiler may start one),
+/// and the parent's pending looks are forgotten. Only stores: runs in the `pthread_atfork`
+/// child handler; the old vector is leaked, not freed (the parent may have been changing
+/// it at the fork).
+pub(crate) fn after_fork_in_child() {
+    RUNNING.store(false, Ordering::Relaxed);
+    PENDING.lock.reset_in_child();
+    // SAFETY: the child has one thread, which is in this handler.
+    unsafe { std::ptr::write(PENDING.records.get(), Vec::new()) };
 }
 
 /// Only one watchdog runs at a time.

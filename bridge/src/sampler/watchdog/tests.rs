@@ -183,3 +183,37 @@ fn blocked_stacks_name_the_blocking_function() {
     );
     assert_eq!(ours.iter().filter(|r| r.first_look).count(), 1, "one block");
 }
+
+/// The frame-pointer guess skips words that only look like a saved frame pointer and finds
+/// the lowest record whose chain holds (without it, stacks stop at the first frame that
+/// finds its caller through `rbp`, such as `std::thread::sleep`: measured).
+#[cfg(target_arch = "x86_64")]
+#[test]
+fn the_frame_pointer_guess_finds_the_lowest_chained_record() {
+    let _turn = test_turn();
+    let sampler = Sampler::start(SamplerConfig::default()).expect("sampler");
+    let code = names as *const () as u64 + 16;
+    let sp = 0x7000_0000u64;
+    let mut words = vec![0u64; 32];
+    // A lone pointer up the stack followed by a non-code word: not a record.
+    words[1] = sp + 8 * 20;
+    words[2] = 0x1234;
+    // Records at words 4 → 10 → 16 → 0 (outermost), each followed by a code address.
+    for (at, next) in [(4, sp + 8 * 10), (10, sp + 8 * 16), (16, 0)] {
+        words[at] = next;
+        words[at + 1] = code;
+    }
+    let copy: Vec<u8> = words.iter().flat_map(|w| w.to_ne_bytes()).collect();
+    assert_eq!(guess_frame_pointer(sp, &copy), sp + 8 * 4);
+    // A chain that breaks (points down the stack) is not taken.
+    let mut broken = words.clone();
+    broken[10] = sp;
+    let copy: Vec<u8> = broken.iter().flat_map(|w| w.to_ne_bytes()).collect();
+    assert_eq!(
+        guess_frame_pointer(sp, &copy),
+        sp + 8 * 16,
+        "the outermost record"
+    );
+    assert_eq!(guess_frame_pointer(sp, &[]), 0);
+    drop(sampler);
+}
