@@ -82,10 +82,11 @@ pub(crate) struct Slot {
     timer: AtomicU64,
     /// Set while the owner's handler runs (for the panic guard).
     pub(crate) in_handler: AtomicBool,
-    /// Set while the blocked-thread watchdog reads the owner's span context record: the
-    /// owner waits for it to clear before letting go of the slot (and, soon after, of the
-    /// thread-local the record lives in). See [`Slot::read_cell_if_owned`].
-    watching: AtomicBool,
+    /// Readers of the owner's span context record from other threads (the blocked-thread
+    /// watchdog) in progress: the owner waits for none before letting go of the slot
+    /// (and, soon after, of the thread-local the record lives in). See
+    /// [`Slot::read_cell_if_owned`].
+    watching: AtomicU32,
     pub(crate) counters: Counters,
     /// Free list link: index + 1 of the next free slot (0: none).
     next_free: AtomicU32,
@@ -105,7 +106,7 @@ impl Slot {
             ring: AtomicPtr::new(std::ptr::null_mut()),
             timer: AtomicU64::new(0),
             in_handler: AtomicBool::new(false),
-            watching: AtomicBool::new(false),
+            watching: AtomicU32::new(0),
             counters: Counters::default(),
             next_free: AtomicU32::new(0),
         }
@@ -141,15 +142,15 @@ impl Slot {
     /// raced a write.
     ///
     /// The record is a thread-local of the owner, freed when it exits. A handshake keeps it
-    /// alive for the read: this sets `watching`, then checks the generation; `release`
-    /// bumps the generation, then waits while `watching` is set (all SeqCst). Whichever
-    /// goes second sees the other: either this finds the generation changed and reads
-    /// nothing, or the owner waits the few nanoseconds of the read before exiting.
+    /// alive for the read: this counts itself into `watching`, then checks the generation;
+    /// `release` bumps the generation, then waits until `watching` is zero (all SeqCst).
+    /// Whichever goes second sees the other: either this finds the generation changed and
+    /// reads nothing, or the owner waits the few nanoseconds of the read before exiting.
     pub(crate) fn read_cell_if_owned(
         &self,
         generation: u32,
     ) -> Option<(u32, Option<crate::span_context::LocalRoot>)> {
-        self.watching.store(true, Ordering::SeqCst);
+        self.watching.fetch_add(1, Ordering::SeqCst);
         let result = if self.generation.load(Ordering::SeqCst) == generation && generation & 1 == 1
         {
             // SAFETY: the owner of `generation` still holds the slot, so its thread (and
@@ -158,7 +159,7 @@ impl Slot {
         } else {
             None
         };
-        self.watching.store(false, Ordering::SeqCst);
+        self.watching.fetch_sub(1, Ordering::SeqCst);
         result
     }
 
@@ -235,8 +236,15 @@ impl Slot {
         self.generation.fetch_add(1, Ordering::SeqCst);
         // A watchdog read of this thread's record that began before the bump ends first
         // (see `read_cell_if_owned`): it holds no lock and makes no syscall.
-        while self.watching.load(Ordering::SeqCst) {
-            std::hint::spin_loop();
+        let mut spins = 0u32;
+        while self.watching.load(Ordering::SeqCst) != 0 {
+            // A reader preempted inside its read would otherwise be spun against.
+            spins += 1;
+            if spins < 64 {
+                std::hint::spin_loop();
+            } else {
+                std::thread::yield_now();
+            }
         }
         if let Some(_drain) = DRAINING.try_lock() {
             // No drainer can be reading this ring now, and no handler will write it.
@@ -458,7 +466,7 @@ pub(crate) fn reset_in_child() {
             slot.generation.fetch_add(1, Ordering::Relaxed);
         }
         slot.in_handler.store(false, Ordering::Relaxed);
-        slot.watching.store(false, Ordering::Relaxed);
+        slot.watching.store(0, Ordering::Relaxed);
         if let Some(ring) = slot.ring() {
             // SAFETY: the child has one thread, which is in neither a handler nor a drain.
             unsafe { ring.reset() };
@@ -535,5 +543,47 @@ mod tests {
         for index in all {
             push_free(slot(index).expect("allocated"));
         }
+    }
+
+    /// The watchdog's handshake: a thread letting go of its slot waits while a reader of
+    /// its span record is in progress, and a reader that starts after the generation
+    /// moved reads nothing.
+    #[test]
+    fn letting_go_of_a_slot_waits_for_a_reader_of_its_record() {
+        let _turn = super::super::test_turn();
+        let sampler =
+            super::super::Sampler::start(super::super::SamplerConfig::default()).expect("start");
+        let (owned, slot_of) = std::sync::mpsc::channel();
+        let (go, release) = std::sync::mpsc::channel::<()>();
+        let owner = std::thread::spawn(move || {
+            super::super::register_current_thread().expect("register");
+            let slot = super::super::current_slot().expect("slot");
+            owned.send((slot.index, slot.generation())).expect("send");
+            release.recv().expect("go");
+            super::super::unregister_current_thread();
+        });
+        let (index, generation) = slot_of.recv().expect("slot");
+        let slot = slot(index).expect("allocated");
+        assert!(
+            slot.read_cell_if_owned(generation).is_some(),
+            "owned: readable"
+        );
+        // A reader in progress.
+        slot.watching.fetch_add(1, Ordering::SeqCst);
+        go.send(()).expect("go");
+        let moved = std::time::Instant::now();
+        while slot.generation() == generation {
+            assert!(moved.elapsed() < std::time::Duration::from_secs(5));
+            std::thread::yield_now();
+        }
+        std::thread::sleep(std::time::Duration::from_millis(50));
+        assert!(!owner.is_finished(), "release waits for the reader");
+        assert!(
+            slot.read_cell_if_owned(generation).is_none(),
+            "a reader after the generation moved reads nothing"
+        );
+        slot.watching.fetch_sub(1, Ordering::SeqCst);
+        owner.join().expect("owner");
+        drop(sampler);
     }
 }

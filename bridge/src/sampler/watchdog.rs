@@ -46,6 +46,7 @@
 //! the first frame-pointer frame) are exact either way.
 
 use std::cell::UnsafeCell;
+use std::collections::hash_map::Entry;
 use std::collections::HashMap;
 use std::io::Read;
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
@@ -104,6 +105,12 @@ impl WatchdogConfig {
     /// Sets the per-tick cap.
     pub fn with_max_threads_per_tick(mut self, threads: usize) -> Self {
         self.max_threads_per_tick = threads;
+        self
+    }
+
+    /// Sets the most stack bytes copied per look.
+    pub fn with_max_stack_bytes(mut self, bytes: usize) -> Self {
+        self.max_stack_bytes = bytes;
         self
     }
 
@@ -530,6 +537,9 @@ pub(crate) struct Scanner {
     config: WatchdogConfig,
     tracked: HashMap<u32, Tracked>,
     tick: u64,
+    /// The slots of this pass (kept to reuse its allocation) and where the next starts.
+    slots: Vec<&'static Slot>,
+    cursor: usize,
     stack: Vec<u8>,
     cache: OwnedCache,
     record: Box<SampleRecord>,
@@ -542,17 +552,26 @@ impl Scanner {
             config,
             tracked: HashMap::new(),
             tick: 0,
+            slots: Vec::new(),
+            cursor: 0,
             cache: OwnedCache::new(),
             record: Box::new(SampleRecord::EMPTY),
         }
     }
 
-    /// One pass over the owned slots.
+    /// One pass over the owned slots. The pass starts where the last one hit the cap,
+    /// so with more candidates than the cap every thread gets its turn.
     pub(crate) fn tick(&mut self) {
         self.tick += 1;
         bump(&COUNTERS.ticks);
         let mut examined = 0;
-        for slot in slots::all() {
+        self.slots.clear();
+        self.slots.extend(slots::all());
+        let count = self.slots.len();
+        let start = self.cursor.min(count);
+        let mut capped_at = None;
+        for position in (start..count).chain(0..start) {
+            let slot = self.slots[position];
             let generation = slot.generation();
             if generation & 1 == 0 {
                 continue;
@@ -567,33 +586,30 @@ impl Scanner {
                 continue;
             };
             let now = monotonic_ns();
-            let tick = self.tick;
-            let tracked = self.tracked.entry(slot.index()).or_insert(Tracked {
+            let fresh = Tracked {
                 generation,
                 seq,
                 first_seen: now,
                 cpu: None,
                 quiet_since: now,
                 block: None,
-                seen: tick,
-            });
-            tracked.seen = tick;
+                seen: self.tick,
+            };
+            let tracked = match self.tracked.entry(slot.index()) {
+                Entry::Vacant(entry) => {
+                    entry.insert(fresh);
+                    continue;
+                }
+                Entry::Occupied(entry) => entry.into_mut(),
+            };
             if tracked.generation != generation || tracked.seq != seq {
-                *tracked = Tracked {
-                    generation,
-                    seq,
-                    first_seen: now,
-                    cpu: None,
-                    quiet_since: now,
-                    block: None,
-                    seen: tick,
-                };
+                // Another root, another poll, or another thread: start over.
+                *tracked = fresh;
                 continue;
             }
-            if tracked.first_seen == now {
-                continue;
-            }
+            tracked.seen = self.tick;
             if examined >= self.config.max_threads_per_tick {
+                capped_at.get_or_insert(position);
                 bump(&COUNTERS.skipped);
                 continue;
             }
@@ -609,6 +625,9 @@ impl Scanner {
                 threshold: u64::try_from(config.threshold.as_nanos()).unwrap_or(u64::MAX),
             };
             look.examine(tracked, &mut self.stack, &mut self.cache, &mut self.record);
+        }
+        if let Some(position) = capped_at {
+            self.cursor = position;
         }
         let tick = self.tick;
         self.tracked.retain(|_, t| t.seen == tick);

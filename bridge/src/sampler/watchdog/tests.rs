@@ -217,3 +217,53 @@ fn the_frame_pointer_guess_finds_the_lowest_chained_record() {
     assert_eq!(guess_frame_pointer(sp, &[]), 0);
     drop(sampler);
 }
+
+/// With more blocked threads than the per-tick cap, every one is still looked at (the
+/// pass starts where the last one stopped), the rest counted as skipped, and the weights
+/// still add up to each block's wall time rather than to the looks taken.
+#[test]
+fn the_per_tick_cap_rotates_over_blocked_threads() {
+    let _turn = test_turn();
+    let sampler = Sampler::start(SamplerConfig::default()).expect("sampler");
+    drain_blocked(|_| {});
+    let block = Duration::from_millis(400);
+    let threads = 6u64;
+    let ready = Arc::new(Barrier::new(threads as usize + 1));
+    let handles: Vec<_> = (0..threads)
+        .map(|i| {
+            let ready = ready.clone();
+            std::thread::spawn(move || {
+                crate::sampler::register_current_thread().expect("register");
+                ready.wait();
+                let _root = SpanContextGuard::enter(Some(root(0x100 + i)));
+                watchdog_test_blocks_in_sleep(block);
+            })
+        })
+        .collect();
+    let config = WatchdogConfig::default().with_max_threads_per_tick(2);
+    let mut scanner = Scanner::new(config.clone());
+    let skipped_before = stats().skipped;
+    ready.wait();
+    let started = Instant::now();
+    while started.elapsed() < block {
+        scanner.tick();
+        std::thread::sleep(config.tick());
+    }
+    for h in handles {
+        h.join().expect("sleeper");
+    }
+    let mut delay = std::collections::HashMap::<u64, u64>::new();
+    drain_blocked(|r| {
+        let span = r.root.map_or(0, |r| r.span_id_u64());
+        *delay.entry(span).or_default() += r.delay_ns;
+    });
+    drop(sampler);
+    assert!(stats().skipped > skipped_before, "the cap was reached");
+    for i in 0..threads {
+        let d = Duration::from_nanos(delay.get(&(0x100 + i)).copied().unwrap_or(0));
+        assert!(
+            d <= block && d >= block / 3,
+            "thread {i}: {d:?} of {block:?} ({delay:?})"
+        );
+    }
+}
