@@ -97,8 +97,8 @@ fn main() {
     );
     for n in [10, 100, 1000] {
         for (state, in_root, cap) in [
-            ("outside any root", false, 64),
-            ("in root, blocked", true, 64),
+            ("outside any root", false, 16),
+            ("in root, blocked", true, 16),
             ("in root, blocked, no cap", true, n),
         ] {
             let (per_tick, share, looks, skipped) = measure(n, in_root, cap);

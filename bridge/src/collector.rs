@@ -397,7 +397,7 @@ impl State {
         let blocked = &mut self.blocked;
         sampler::watchdog::drain_blocked(|record| {
             let entry = blocked
-                .entry((Box::from(record.frames.as_slice()), label_key(record.root)))
+                .entry((Box::from(&record.frames[..]), label_key(record.root)))
                 .or_default();
             entry.0 += u64::from(record.first_look);
             entry.1 = entry.1.saturating_add(record.delay_ns);

@@ -6,17 +6,18 @@
 //!  for each owned slot:                              inside root R, blocked in read(2),
 //!    record (seq, R) ── seq unchanged since ≥ 1 tick?   nanosleep, futex, …
 //!    CPU clock of T ── unchanged since last tick?
-//!    in R ≥ threshold? /proc/self/task/T/syscall ─► "nr args sp pc"
-//!    process_vm_readv(stack [sp, top)) ─► unwind the copy from (pc, sp)
-//!    re-read syscall, seq, CPU clock: all the same? else discard
-//!    record: stack, R's labels, delay = time since the last accepted look
+//!    stack already taken for this block? ─► record: that stack, delay since last look
+//!    else, in R ≥ threshold? /proc/self/task/T/syscall ─► "nr args sp pc"
+//!      process_vm_readv(stack [sp, top)) ─► unwind the copy from (pc, sp)
+//!      re-read syscall, seq, CPU clock: all the same? else discard
+//!      record: stack, R's labels, delay since the CPU clock was first seen still
 //! ```
 //!
 //! **Nothing on the hot path.** The span context record's sequence number changes at
 //! every root transition, so the watchdog tells "still inside the same poll" by seeing the
 //! same sequence on two ticks: the span hooks write nothing new. A thread's record is a
 //! thread-local; the watchdog reads it directly under the slot handshake
-//! ([`Slot::read_cell_if_owned`]), a few loads per thread per tick.
+//! (`Slot::read_cell_if_owned` in `slots.rs`), a few loads per thread per tick.
 //!
 //! **Off-CPU, in a system call.** Only threads whose record is unchanged since the last
 //! tick cost system calls: a `clock_gettime` on the thread's CPU clock and, when that did
@@ -30,6 +31,16 @@
 //! unwound with the sampler's CFI unwinder. After the copy the syscall line, the record's
 //! sequence and the CPU clock are read again: if any changed, the thread woke while we
 //! read, the copy may be torn, and the observation is discarded (counted).
+//!
+//! **One stack per block.** A thread whose CPU clock has not advanced has not run an
+//! instruction, so while the clock stands still (and the record names the same poll) its
+//! stack is the one already taken: later looks at the block cost one `clock_gettime`, not
+//! another `/proc` read, copy and unwind.
+//!
+//! **Cost bound.** Every tick reads every registered thread's record (loads only, about
+//! 0.1 µs a thread); at most [`WatchdogConfig::max_threads_per_tick`] threads per tick get
+//! system calls, the pass resuming where the last one hit the cap. Figures:
+//! `docs/benchmarks.md`.
 //!
 //! **Weight.** A blocked look is worth the wall time since the previous accepted look at
 //! the same block (same thread, root, system call, sp and pc), or, for the first look,
@@ -46,15 +57,14 @@
 //! the first frame-pointer frame) are exact either way.
 
 use std::cell::UnsafeCell;
-use std::collections::hash_map::Entry;
-use std::collections::HashMap;
 use std::io::Read;
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::mpsc::{self, RecvTimeoutError, Sender};
+use std::sync::Arc;
 use std::thread::JoinHandle;
 use std::time::{Duration, Instant};
 
-use super::ring::{SampleRecord, MAX_FRAMES};
+use super::ring::SampleRecord;
 use super::slots::{self, ForkSafeLock, Slot};
 use super::stack::Registers;
 use super::unwind::{self, OwnedCache, WalkEnd};
@@ -62,8 +72,9 @@ use crate::span_context::LocalRoot;
 
 /// Default time a thread must spend inside one poll, off-CPU, before its stack is taken.
 pub const DEFAULT_THRESHOLD: Duration = Duration::from_millis(10);
-/// Default cap on the threads examined with system calls in one tick.
-pub const DEFAULT_MAX_THREADS_PER_TICK: usize = 64;
+/// Default cap on the threads examined with system calls in one tick: 16 × 200 ticks/s
+/// bounds the CPU clock reads at 3,200 a second (see `docs/benchmarks.md`).
+pub const DEFAULT_MAX_THREADS_PER_TICK: usize = 16;
 /// Default most bytes of a blocked thread's stack copied (from its stack pointer up).
 pub const DEFAULT_MAX_STACK_BYTES: usize = 256 * 1024;
 /// Blocked records kept between two collector drains; more are dropped and counted.
@@ -77,7 +88,7 @@ pub struct WatchdogConfig {
     /// still, before it counts as blocked (default 10 ms). The watchdog ticks every half
     /// of it.
     pub threshold: Duration,
-    /// Most threads examined with system calls per tick (default 64); the rest wait for a
+    /// Most threads examined with system calls per tick (default 16); the rest wait for a
     /// later tick and are counted in [`WatchdogStats::skipped`].
     pub max_threads_per_tick: usize,
     /// Most bytes of stack copied per blocked thread (default 256 KiB); deeper stacks
@@ -161,8 +172,9 @@ pub struct BlockedRecord {
     pub first_look: bool,
     /// The system call number the thread was blocked in.
     pub syscall: i64,
-    /// Instruction addresses, innermost first, as in [`SampleRecord::frames`].
-    pub frames: Vec<u64>,
+    /// Instruction addresses, innermost first, as in [`SampleRecord::frames`] (shared by
+    /// every look at the same block).
+    pub frames: Arc<[u64]>,
     /// Whether the stack is incomplete.
     pub truncated: bool,
 }
@@ -177,7 +189,10 @@ pub struct WatchdogStats {
     pub examined: u64,
     /// Threads not examined because a tick's cap was reached.
     pub skipped: u64,
-    /// Blocked stacks recorded.
+    /// Stacks taken (copied and unwound): one per block seen; later looks at the same
+    /// block reuse it.
+    pub captures: u64,
+    /// Blocked looks recorded (each with the time since the previous look).
     pub samples: u64,
     /// Blocked nanoseconds recorded (Σ delay).
     pub delay_ns: u64,
@@ -199,6 +214,7 @@ struct Counters {
     ticks: AtomicU64,
     examined: AtomicU64,
     skipped: AtomicU64,
+    captures: AtomicU64,
     samples: AtomicU64,
     delay_ns: AtomicU64,
     discarded_woke: AtomicU64,
@@ -212,6 +228,7 @@ static COUNTERS: Counters = Counters {
     ticks: AtomicU64::new(0),
     examined: AtomicU64::new(0),
     skipped: AtomicU64::new(0),
+    captures: AtomicU64::new(0),
     samples: AtomicU64::new(0),
     delay_ns: AtomicU64::new(0),
     discarded_woke: AtomicU64::new(0),
@@ -233,6 +250,7 @@ pub fn stats() -> WatchdogStats {
         ticks: get(&c.ticks),
         examined: get(&c.examined),
         skipped: get(&c.skipped),
+        captures: get(&c.captures),
         samples: get(&c.samples),
         delay_ns: get(&c.delay_ns),
         discarded_woke: get(&c.discarded_woke),
@@ -375,10 +393,21 @@ struct Tracked {
     /// The thread's CPU clock at the last look, and since when it has stood still.
     cpu: Option<u64>,
     quiet_since: u64,
-    /// The block being followed: its syscall line and when it was last accounted to.
-    block: Option<(Syscall, u64)>,
+    /// The block being followed, once its stack was taken.
+    block: Option<Block>,
     /// The tick that last saw the slot (others are forgotten).
     seen: u64,
+}
+
+/// A block whose stack was taken. A thread whose CPU clock has not advanced has not run a
+/// single instruction, so its stack and system call are the ones taken: later looks need
+/// only the CPU clock (one system call), not another copy and unwind.
+struct Block {
+    frames: Arc<[u64]>,
+    truncated: bool,
+    syscall: i64,
+    /// Until when its blocked time was counted.
+    accounted: u64,
 }
 
 /// `/proc/<pid>/task/<tid>/syscall`, parsed.
@@ -535,7 +564,8 @@ fn guess_frame_pointer(sp: u64, copy: &[u8]) -> u64 {
 /// The watchdog's per-tick work, separate from its thread for tests.
 pub(crate) struct Scanner {
     config: WatchdogConfig,
-    tracked: HashMap<u32, Tracked>,
+    /// By slot index (slots are dense and never freed: a vector, no hashing per slot).
+    tracked: Vec<Option<Tracked>>,
     tick: u64,
     /// The slots of this pass (kept to reuse its allocation) and where the next starts.
     slots: Vec<&'static Slot>,
@@ -550,7 +580,7 @@ impl Scanner {
         Scanner {
             stack: vec![0; config.max_stack_bytes],
             config,
-            tracked: HashMap::new(),
+            tracked: Vec::new(),
             tick: 0,
             slots: Vec::new(),
             cursor: 0,
@@ -570,37 +600,37 @@ impl Scanner {
         let count = self.slots.len();
         let start = self.cursor.min(count);
         let mut capped_at = None;
+        let mut skipped = 0;
+        // One clock read for the pass: `first_seen` is a lower bound of the time in the
+        // root either way; looks read the clock again for their own weight.
+        let pass_start = monotonic_ns();
         for position in (start..count).chain(0..start) {
             let slot = self.slots[position];
             let generation = slot.generation();
             if generation & 1 == 0 {
                 continue;
             }
-            let Some((seq, root)) = slot.read_cell_if_owned(generation) else {
-                // Let go, or raced a write: either way not the same poll as before.
-                self.tracked.remove(&slot.index());
+            let index = slot.index() as usize;
+            if self.tracked.len() <= index {
+                self.tracked.resize_with(index + 1, || None);
+            }
+            // Let go, raced a write, or outside any root: not inside the same poll.
+            let Some((seq, Some(root))) = slot.read_cell_if_owned(generation) else {
+                self.tracked[index] = None;
                 continue;
             };
-            let Some(root) = root else {
-                self.tracked.remove(&slot.index());
-                continue;
-            };
-            let now = monotonic_ns();
             let fresh = Tracked {
                 generation,
                 seq,
-                first_seen: now,
+                first_seen: pass_start,
                 cpu: None,
-                quiet_since: now,
+                quiet_since: pass_start,
                 block: None,
                 seen: self.tick,
             };
-            let tracked = match self.tracked.entry(slot.index()) {
-                Entry::Vacant(entry) => {
-                    entry.insert(fresh);
-                    continue;
-                }
-                Entry::Occupied(entry) => entry.into_mut(),
+            let Some(tracked) = &mut self.tracked[index] else {
+                self.tracked[index] = Some(fresh);
+                continue;
             };
             if tracked.generation != generation || tracked.seq != seq {
                 // Another root, another poll, or another thread: start over.
@@ -610,11 +640,11 @@ impl Scanner {
             tracked.seen = self.tick;
             if examined >= self.config.max_threads_per_tick {
                 capped_at.get_or_insert(position);
-                bump(&COUNTERS.skipped);
+                skipped += 1;
                 continue;
             }
             examined += 1;
-            bump(&COUNTERS.examined);
+            let now = monotonic_ns();
             let config = &self.config;
             let look = Look {
                 slot,
@@ -629,8 +659,16 @@ impl Scanner {
         if let Some(position) = capped_at {
             self.cursor = position;
         }
+        COUNTERS
+            .examined
+            .fetch_add(examined as u64, Ordering::Relaxed);
+        COUNTERS.skipped.fetch_add(skipped, Ordering::Relaxed);
         let tick = self.tick;
-        self.tracked.retain(|_, t| t.seen == tick);
+        for tracked in &mut self.tracked {
+            if tracked.as_ref().is_some_and(|t| t.seen != tick) {
+                *tracked = None;
+            }
+        }
     }
 }
 
@@ -664,32 +702,70 @@ impl Look<'_> {
             tracked.block = None;
             return;
         }
+        if let Some(block) = &mut tracked.block {
+            // Same root, same poll, no CPU time since the stack was taken: the same block.
+            let delay_ns = self.now.saturating_sub(block.accounted);
+            block.accounted = self.now;
+            push(BlockedRecord {
+                root: Some(self.root),
+                delay_ns,
+                first_look: false,
+                syscall: block.syscall,
+                frames: block.frames.clone(),
+                truncated: block.truncated,
+            });
+            return;
+        }
         if self.now.saturating_sub(tracked.first_seen) < self.threshold {
             return;
         }
+        let Some(block) = self.capture(tid, cpu, stack, cache, record) else {
+            return;
+        };
+        push(BlockedRecord {
+            root: Some(self.root),
+            delay_ns: self.now.saturating_sub(tracked.quiet_since),
+            first_look: true,
+            syscall: block.syscall,
+            frames: block.frames.clone(),
+            truncated: block.truncated,
+        });
+        tracked.block = Some(block);
+    }
+
+    /// Takes the stack of a thread seen off-CPU inside the root: its syscall line, a copy
+    /// of its stack, an unwind of the copy, then the checks that it did not wake meanwhile.
+    fn capture(
+        &self,
+        tid: libc::pid_t,
+        cpu: u64,
+        stack: &mut [u8],
+        cache: &mut OwnedCache,
+        record: &mut SampleRecord,
+    ) -> Option<Block> {
         let call = match read_syscall(tid) {
             Some(SyscallState::InSyscall(call)) => call,
-            Some(SyscallState::Running) => return,
+            Some(SyscallState::Running) => return None,
             Some(SyscallState::Blocked { .. }) => {
                 bump(&COUNTERS.not_in_syscall);
-                return;
+                return None;
             }
             None => {
                 bump(&COUNTERS.read_failed);
-                return;
+                return None;
             }
         };
         let bounds = self.slot.stack();
         if call.sp < bounds.lo || call.sp >= bounds.hi {
             bump(&COUNTERS.not_in_syscall);
-            return;
+            return None;
         }
         let want = usize::try_from(bounds.hi - call.sp)
             .unwrap_or(usize::MAX)
             .min(stack.len());
         let Some(copied) = copy_own_memory(call.sp, &mut stack[..want]) else {
             bump(&COUNTERS.read_failed);
-            return;
+            return None;
         };
         let copy = &stack[..copied];
         let regs = Registers {
@@ -709,23 +785,15 @@ impl Look<'_> {
                 .is_some_and(|(seq, _)| seq == self.seq);
         if !same {
             bump(&COUNTERS.discarded_woke);
-            tracked.block = None;
-            return;
+            return None;
         }
-        let (since, first_look) = match tracked.block {
-            Some((previous, accounted)) if previous == call => (accounted, false),
-            _ => (tracked.quiet_since, true),
-        };
-        tracked.block = Some((call, self.now));
-        let depth = usize::from(record.depth).min(MAX_FRAMES);
-        push(BlockedRecord {
-            root: Some(self.root),
-            delay_ns: self.now.saturating_sub(since),
-            first_look,
-            syscall: call.nr,
-            frames: record.frames[..depth].to_vec(),
+        bump(&COUNTERS.captures);
+        Some(Block {
+            frames: Arc::from(record.frames()),
             truncated: end != WalkEnd::Complete,
-        });
+            syscall: call.nr,
+            accounted: self.now,
+        })
     }
 }
 

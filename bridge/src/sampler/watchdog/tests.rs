@@ -182,6 +182,11 @@ fn blocked_stacks_name_the_blocking_function() {
         stats()
     );
     assert_eq!(ours.iter().filter(|r| r.first_look).count(), 1, "one block");
+    assert!(
+        ours.windows(2)
+            .all(|w| std::sync::Arc::ptr_eq(&w[0].frames, &w[1].frames)),
+        "one stack taken per block, reused by every later look"
+    );
 }
 
 /// The frame-pointer guess skips words that only look like a saved frame pointer and finds
