@@ -20,10 +20,13 @@
 //! (`Slot::read_cell_if_owned` in `slots.rs`), a few loads per thread per tick.
 //!
 //! **Off-CPU, in a system call.** Only threads whose record is unchanged since the last
-//! tick cost system calls: a `clock_gettime` on the thread's CPU clock and, when that did
-//! not advance, a read of `/proc/self/task/<tid>/syscall`, which for a thread blocked in a
-//! system call gives its user stack pointer and program counter. A thread that is running
-//! (CPU-bound, or preempted) or awaiting in a future (no root on its record) is skipped.
+//! tick cost system calls: a `clock_gettime` on the thread's CPU clock and, when the
+//! thread ran less than a quarter of the wall time since the last look, a read of
+//! `/proc/self/task/<tid>/syscall`, which for a thread blocked in a system call gives its
+//! user stack pointer and program counter (and `running` for any runnable thread, so a
+//! preempted CPU-bound thread is never taken for a blocked one). The quarter, rather
+//! than "no CPU at all", lets a loop of short blocking calls count. A thread awaiting in a
+//! future has no root on its record and costs nothing.
 //!
 //! **The stack is copied, never dereferenced.** `process_vm_readv` on our own pid copies
 //! `[sp, stack top)` (at most [`WatchdogConfig::max_stack_bytes`]); it fails with `EFAULT`
@@ -42,11 +45,10 @@
 //! system calls, the pass resuming where the last one hit the cap. Figures:
 //! `docs/benchmarks.md`.
 //!
-//! **Weight.** A blocked look is worth the wall time since the previous accepted look at
-//! the same block (same thread, root, system call, sp and pc), or, for the first look,
-//! since the tick that first saw its CPU clock stand still. So a 300 ms block seen every
-//! 5 ms adds up to about 300 ms (minus up to two ticks at its start, before it could be
-//! seen), not 300 ms per look. Each block counts once in `contentions`.
+//! **Weight.** A blocked look is worth the wall time since the previous look at the
+//! thread minus the CPU time it used meanwhile. So a 300 ms block seen every 5 ms adds up
+//! to about 300 ms (minus up to two ticks at its start, before it could be seen), not
+//! 300 ms per look. A run of blocked looks counts once in `contentions`.
 //!
 //! **Frame pointer.** The syscall line has no frame-pointer register. Frames whose CFI
 //! finds their caller through `rbp` (code built with frame pointers, like the standard
@@ -77,6 +79,9 @@ pub const DEFAULT_THRESHOLD: Duration = Duration::from_millis(10);
 pub const DEFAULT_MAX_THREADS_PER_TICK: usize = 16;
 /// Default most bytes of a blocked thread's stack copied (from its stack pointer up).
 pub const DEFAULT_MAX_STACK_BYTES: usize = 256 * 1024;
+/// A look counts the thread as blocked when it ran less than 1/4 of the wall time since
+/// the previous look.
+const OFF_CPU_RATIO: u64 = 4;
 /// Blocked records kept between two collector drains; more are dropped and counted.
 const MAX_PENDING: usize = 4096;
 
@@ -390,10 +395,13 @@ struct Tracked {
     seq: u32,
     /// When this record (sequence) was first seen: the thread entered the root before.
     first_seen: u64,
-    /// The thread's CPU clock at the last look, and since when it has stood still.
+    /// The thread's CPU clock at the last look, and when that look was.
     cpu: Option<u64>,
-    quiet_since: u64,
-    /// The block being followed, once its stack was taken.
+    last_look: u64,
+    /// Whether the last look found the thread blocked (a run of blocked looks is one
+    /// contention).
+    blocked: bool,
+    /// The block whose stack was taken, while the CPU clock has stood still since.
     block: Option<Block>,
     /// The tick that last saw the slot (others are forgotten).
     seen: u64,
@@ -406,8 +414,6 @@ struct Block {
     frames: Arc<[u64]>,
     truncated: bool,
     syscall: i64,
-    /// Until when its blocked time was counted.
-    accounted: u64,
 }
 
 /// `/proc/<pid>/task/<tid>/syscall`, parsed.
@@ -624,7 +630,8 @@ impl Scanner {
                 seq,
                 first_seen: pass_start,
                 cpu: None,
-                quiet_since: pass_start,
+                last_look: pass_start,
+                blocked: false,
                 block: None,
                 seen: self.tick,
             };
@@ -695,25 +702,35 @@ impl Look<'_> {
             bump(&COUNTERS.read_failed);
             return;
         };
-        if tracked.cpu != Some(cpu) {
-            // Ran since the last look (or first look): not blocked over this tick.
-            tracked.cpu = Some(cpu);
-            tracked.quiet_since = self.now;
-            tracked.block = None;
+        let (last_cpu, last_look) = (tracked.cpu, tracked.last_look);
+        tracked.cpu = Some(cpu);
+        tracked.last_look = self.now;
+        let Some(last_cpu) = last_cpu else {
             return;
-        }
-        if let Some(block) = &mut tracked.block {
-            // Same root, same poll, no CPU time since the stack was taken: the same block.
-            let delay_ns = self.now.saturating_sub(block.accounted);
-            block.accounted = self.now;
+        };
+        let wall = self.now.saturating_sub(last_look);
+        let ran = cpu.saturating_sub(last_cpu);
+        if ran != 0 {
+            // It ran: whatever stack was taken may be gone.
+            tracked.block = None;
+        } else if let Some(block) = &tracked.block {
+            // No CPU time since the stack was taken: not one instruction ran, so the same
+            // block, the same stack, blocked the whole time since the last look.
             push(BlockedRecord {
                 root: Some(self.root),
-                delay_ns,
+                delay_ns: wall,
                 first_look: false,
                 syscall: block.syscall,
                 frames: block.frames.clone(),
                 truncated: block.truncated,
             });
+            return;
+        }
+        // Mostly running since the last look (or preempted: then the syscall file says
+        // "running" below): not blocked. Short blocks in a row (a loop of small
+        // synchronous reads, 1 ms naps) leave the clock nearly still and count.
+        if ran.saturating_mul(OFF_CPU_RATIO) > wall {
+            tracked.blocked = false;
             return;
         }
         if self.now.saturating_sub(tracked.first_seen) < self.threshold {
@@ -724,12 +741,13 @@ impl Look<'_> {
         };
         push(BlockedRecord {
             root: Some(self.root),
-            delay_ns: self.now.saturating_sub(tracked.quiet_since),
-            first_look: true,
+            delay_ns: wall - ran,
+            first_look: !tracked.blocked,
             syscall: block.syscall,
             frames: block.frames.clone(),
             truncated: block.truncated,
         });
+        tracked.blocked = true;
         tracked.block = Some(block);
     }
 
@@ -792,7 +810,6 @@ impl Look<'_> {
             frames: Arc::from(record.frames()),
             truncated: end != WalkEnd::Complete,
             syscall: call.nr,
-            accounted: self.now,
         })
     }
 }

@@ -272,3 +272,67 @@ fn the_per_tick_cap_rotates_over_blocked_threads() {
         );
     }
 }
+
+#[inline(never)]
+fn watchdog_test_naps_in_a_loop(naps: u32, nap: Duration) {
+    for _ in 0..naps {
+        std::thread::sleep(nap);
+    }
+    std::hint::black_box(());
+}
+
+/// A poll that blocks in many short calls (a loop of small synchronous reads, say) holds
+/// its worker as surely as one long call: each nap is shorter than a tick, so the CPU
+/// clock never stands still for a whole tick, but it barely moves. Found, named, and
+/// weighted by the wall time minus the CPU time.
+#[test]
+fn a_loop_of_short_blocking_calls_counts_as_blocked() {
+    let _turn = test_turn();
+    let sampler = Sampler::start(SamplerConfig::default()).expect("sampler");
+    drain_blocked(|_| {});
+    let (naps, nap) = (100, Duration::from_millis(3));
+    let ready = Arc::new(Barrier::new(2));
+    let napper = {
+        let ready = ready.clone();
+        std::thread::spawn(move || {
+            crate::sampler::register_current_thread().expect("register");
+            ready.wait();
+            let started = Instant::now();
+            let _root = SpanContextGuard::enter(Some(root(0x4a)));
+            watchdog_test_naps_in_a_loop(naps, nap);
+            started.elapsed()
+        })
+    };
+    let config = WatchdogConfig::default();
+    let mut scanner = Scanner::new(config.clone());
+    ready.wait();
+    while !napper.is_finished() {
+        scanner.tick();
+        std::thread::sleep(config.tick());
+    }
+    let held = napper.join().expect("napper");
+    let mut records = Vec::new();
+    drain_blocked(|r| records.push(r.clone()));
+    drop(sampler);
+    let ours: Vec<&BlockedRecord> = records
+        .iter()
+        .filter(|r| r.root.and_then(|r| r.span_id()) == Some(SpanId::from(0x4a)))
+        .collect();
+    assert!(!ours.is_empty(), "{:?}", stats());
+    let delay = Duration::from_nanos(ours.iter().map(|r| r.delay_ns).sum());
+    assert!(
+        delay <= held && delay >= held * 4 / 10,
+        "blocked {delay:?} of {held:?} held: {:?}",
+        stats()
+    );
+    let mut symbolizer = Symbolizer::new();
+    for record in &ours {
+        let stack = names(&record.frames, &mut symbolizer);
+        assert!(
+            stack
+                .iter()
+                .any(|f| f.contains("watchdog_test_naps_in_a_loop")),
+            "{stack:#?}"
+        );
+    }
+}
