@@ -306,6 +306,8 @@ struct HealthLog {
     reported: (u64, u64, u64),
     /// Whether the "signals come at the kernel tick" note was given.
     tick_noted: bool,
+    /// Whether the "watchdog cannot read threads" note was given.
+    watchdog_noted: bool,
 }
 
 /// Minimum time between two health lines.
@@ -324,6 +326,18 @@ impl HealthLog {
                  rate ({} signals for {} periods): samples are weighted, so CPU totals stay \
                  right, but stacks are taken at the kernel tick rate",
                 sampler.taken, sampler.periods
+            );
+        }
+        let watchdog = sampler::watchdog::stats();
+        if !self.watchdog_noted && watchdog.read_failed >= 10 && watchdog.captures == 0 {
+            // Silent otherwise: an empty blocked profile looks like "nothing blocks".
+            self.watchdog_noted = true;
+            eprintln!(
+                "otel-profiling: the blocked-in-poll watchdog cannot read threads' state \
+                 ({} failed reads of /proc/self/task/*/syscall, the thread CPU clocks or \
+                 process_vm_readv, for example under a seccomp profile); no blocked-in-poll \
+                 profile will be written",
+                watchdog.read_failed
             );
         }
         let failed = stats.profiles_failed.load(Ordering::Relaxed);

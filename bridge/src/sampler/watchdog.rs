@@ -334,6 +334,8 @@ static RUNNING: AtomicBool = AtomicBool::new(false);
 pub struct Watchdog {
     stop: Option<Sender<()>>,
     thread: Option<JoinHandle<()>>,
+    /// The process that started it: a forked child has no watchdog thread to join.
+    pid: libc::pid_t,
 }
 
 impl Watchdog {
@@ -371,6 +373,8 @@ impl Watchdog {
             Ok(thread) => Ok(Some(Watchdog {
                 stop: Some(stop),
                 thread: Some(thread),
+                // SAFETY: getpid has no preconditions.
+                pid: unsafe { libc::getpid() },
             })),
             Err(e) => {
                 RUNNING.store(false, Ordering::Release);
@@ -384,7 +388,13 @@ impl Drop for Watchdog {
     fn drop(&mut self) {
         drop(self.stop.take());
         if let Some(thread) = self.thread.take() {
-            let _ = thread.join();
+            // SAFETY: getpid has no preconditions.
+            if unsafe { libc::getpid() } == self.pid {
+                let _ = thread.join();
+            } else {
+                // Inherited through fork: the thread exists only in the parent.
+                std::mem::forget(thread);
+            }
         }
     }
 }
