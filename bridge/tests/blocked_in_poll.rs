@@ -182,5 +182,22 @@ fn the_watchdogs_blocked_stacks_name_the_blocking_function() {
         );
     }
     assert!(stats.blocked.samples > 0, "{:?}", stats.blocked);
+
+    // An independent reader: Go's pprof reads the delay and finds the function and span.
+    if common::go_available() {
+        let out = std::process::Command::new("go")
+            .args(["tool", "pprof", "-sample_index=delay", "-traces"])
+            .arg(&profiles[0])
+            .output()
+            .expect("go tool pprof");
+        let text = String::from_utf8_lossy(&out.stdout);
+        assert!(
+            out.status.success(),
+            "go tool pprof failed: {}",
+            String::from_utf8_lossy(&out.stderr)
+        );
+        assert!(text.contains("read_inventory_file_synchronously"), "{text}");
+        assert!(text.contains(ids["GET /blocking"].as_str()), "{text}");
+    }
     let _ = std::fs::remove_dir_all(&dir);
 }

@@ -336,3 +336,60 @@ fn a_loop_of_short_blocking_calls_counts_as_blocked() {
         );
     }
 }
+
+#[inline(never)]
+fn watchdog_test_waits_for_a_lock(lock: &std::sync::Mutex<u64>) -> u64 {
+    let value = *lock
+        .lock()
+        .unwrap_or_else(std::sync::PoisonError::into_inner);
+    std::hint::black_box(value)
+}
+
+/// A contended `std::sync::Mutex` inside a poll (blocked in `futex(2)`) is found and its
+/// stack names the function waiting for the lock.
+#[test]
+fn a_contended_mutex_names_the_waiting_function() {
+    let _turn = test_turn();
+    let sampler = Sampler::start(SamplerConfig::default()).expect("sampler");
+    drain_blocked(|_| {});
+    let lock = Arc::new(std::sync::Mutex::new(7u64));
+    let held = lock.lock().expect("lock");
+    let ready = Arc::new(Barrier::new(2));
+    let waiter = {
+        let (lock, ready) = (lock.clone(), ready.clone());
+        std::thread::spawn(move || {
+            crate::sampler::register_current_thread().expect("register");
+            ready.wait();
+            let _root = SpanContextGuard::enter(Some(root(0x10c)));
+            watchdog_test_waits_for_a_lock(&lock)
+        })
+    };
+    let config = WatchdogConfig::default();
+    let mut scanner = Scanner::new(config.clone());
+    ready.wait();
+    let started = Instant::now();
+    while started.elapsed() < Duration::from_millis(200) {
+        scanner.tick();
+        std::thread::sleep(config.tick());
+    }
+    drop(held);
+    assert_eq!(waiter.join().expect("waiter"), 7);
+    let mut records = Vec::new();
+    drain_blocked(|r| records.push(r.clone()));
+    drop(sampler);
+    let ours: Vec<&BlockedRecord> = records
+        .iter()
+        .filter(|r| r.root.and_then(|r| r.span_id()) == Some(SpanId::from(0x10c)))
+        .collect();
+    assert!(!ours.is_empty(), "{:?}", stats());
+    let mut symbolizer = Symbolizer::new();
+    for record in &ours {
+        let stack = names(&record.frames, &mut symbolizer);
+        assert!(
+            stack
+                .iter()
+                .any(|f| f.contains("watchdog_test_waits_for_a_lock")),
+            "{stack:#?}"
+        );
+    }
+}
