@@ -8,6 +8,10 @@
 //!                         (stack, root)                                        Pyroscope, …
 //! ```
 //!
+//! Each interval also gives a second profile when the blocked-in-poll watchdog recorded
+//! anything ([`ProfileKind::Blocked`]): its looks are drained on the same tick and named
+//! with the same symbolizer.
+//!
 //! Symbolization, encoding and compression happen here, on a named thread that never
 //! holds a lock the sampler or the application needs.
 
@@ -23,9 +27,33 @@ use crate::sampler::{self, SampleRecord};
 use crate::span_name::SpanName;
 use crate::symbolize::Symbolizer;
 
+/// Which profile type an [`EncodedProfile`] is.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Hash)]
+#[non_exhaustive]
+pub enum ProfileKind {
+    /// CPU samples (`cpu`/`nanoseconds`); Pyroscope's `process_cpu`.
+    #[default]
+    Cpu,
+    /// Blocked-in-poll stacks (`contentions`/`count`, `delay`/`nanoseconds`), in the shape
+    /// of Go's block profile; Pyroscope's `block` (see `docs/blocked-in-poll.md`).
+    Blocked,
+}
+
+impl ProfileKind {
+    /// The part of local file names that tells the kind (`<start>_<tag>.pb.gz`).
+    pub fn file_tag(self) -> &'static str {
+        match self {
+            ProfileKind::Cpu => "cpu",
+            ProfileKind::Blocked => "blocked",
+        }
+    }
+}
+
 /// One finished profile interval, encoded.
 #[derive(Clone, Debug)]
 pub struct EncodedProfile {
+    /// The profile type.
+    pub kind: ProfileKind,
     /// Start of the interval.
     pub start: SystemTime,
     /// Length of the interval.
@@ -87,6 +115,8 @@ pub struct CollectorStats {
     pub symbolize_nanos: AtomicU64,
     /// The longest any one interval's naming took, in nanoseconds.
     pub symbolize_nanos_max: AtomicU64,
+    /// Blocked-in-poll looks put into blocked profiles.
+    pub blocked_in_profiles: AtomicU64,
 }
 
 enum Command {
@@ -125,6 +155,7 @@ impl Collector {
             sinks,
             stats: stats.clone(),
             counts: HashMap::new(),
+            blocked: HashMap::new(),
             interval_start: SystemTime::now(),
             symbolizer: None,
             health: HealthLog::default(),
@@ -234,12 +265,33 @@ struct LabelKey {
     name: Option<SpanName>,
 }
 
+/// One stack's blocked-in-poll totals in an interval: (blocks, blocked nanoseconds).
+type BlockedTotals = (u64, u64);
+
+/// The labels a sample under `root` gets.
+fn label_key(root: Option<crate::span_context::LocalRoot>) -> LabelKey {
+    match root {
+        Some(root) => LabelKey {
+            span_id: root.span_id_u64(),
+            trace_id: root.trace_id_u128(),
+            name: root.name(),
+        },
+        None => LabelKey {
+            span_id: 0,
+            trace_id: 0,
+            name: None,
+        },
+    }
+}
+
 struct State {
     config: CollectorConfig,
     period_ns: i64,
     sinks: Vec<Box<dyn ProfileSink>>,
     stats: Arc<CollectorStats>,
     counts: HashMap<(Box<[u64]>, LabelKey), u64>,
+    /// Blocked-in-poll looks: (blocks, blocked nanoseconds) by (stack, labels).
+    blocked: HashMap<(Box<[u64]>, LabelKey), BlockedTotals>,
     interval_start: SystemTime,
     /// Created on first use, so starting costs nothing.
     symbolizer: Option<Symbolizer>,
@@ -254,6 +306,8 @@ struct HealthLog {
     reported: (u64, u64, u64),
     /// Whether the "signals come at the kernel tick" note was given.
     tick_noted: bool,
+    /// Whether the "watchdog cannot read threads" note was given.
+    watchdog_noted: bool,
 }
 
 /// Minimum time between two health lines.
@@ -272,6 +326,18 @@ impl HealthLog {
                  rate ({} signals for {} periods): samples are weighted, so CPU totals stay \
                  right, but stacks are taken at the kernel tick rate",
                 sampler.taken, sampler.periods
+            );
+        }
+        let watchdog = sampler::watchdog::stats();
+        if !self.watchdog_noted && watchdog.read_failed >= 10 && watchdog.captures == 0 {
+            // Silent otherwise: an empty blocked profile looks like "nothing blocks".
+            self.watchdog_noted = true;
+            eprintln!(
+                "otel-profiling: the blocked-in-poll watchdog cannot read threads' state \
+                 ({} failed reads of /proc/self/task/*/syscall, the thread CPU clocks or \
+                 process_vm_readv, for example under a seccomp profile); no blocked-in-poll \
+                 profile will be written",
+                watchdog.read_failed
             );
         }
         let failed = stats.profiles_failed.load(Ordering::Relaxed);
@@ -334,18 +400,7 @@ impl State {
         sampler::refresh_modules();
         let counts = &mut self.counts;
         sampler::drain_into(|record: &SampleRecord| {
-            let labels = match record.root {
-                Some(root) => LabelKey {
-                    span_id: root.span_id_u64(),
-                    trace_id: root.trace_id_u128(),
-                    name: root.name(),
-                },
-                None => LabelKey {
-                    span_id: 0,
-                    trace_id: 0,
-                    name: None,
-                },
-            };
+            let labels = label_key(record.root);
             // Weighted: a signal standing for several periods (rates above the kernel
             // tick) counts for all of them.
             *counts
@@ -353,6 +408,14 @@ impl State {
                 .or_default() += u64::from(record.weight.max(1));
         });
         sampler::check_handler();
+        let blocked = &mut self.blocked;
+        sampler::watchdog::drain_blocked(|record| {
+            let entry = blocked
+                .entry((Box::from(&record.frames[..]), label_key(record.root)))
+                .or_default();
+            entry.0 += u64::from(record.first_look);
+            entry.1 = entry.1.saturating_add(record.delay_ns);
+        });
     }
 
     fn finish_interval(&mut self) {
@@ -361,28 +424,42 @@ impl State {
         self.interval_start = now;
         let duration = now.duration_since(start).unwrap_or_default();
         let counts = std::mem::take(&mut self.counts);
+        let blocked = std::mem::take(&mut self.blocked);
         let naming = Instant::now();
         let symbolizer = self.symbolizer.get_or_insert_with(Symbolizer::new);
         // Modules loaded since the last interval (dlopen) become nameable.
         symbolizer.refresh();
-        // One pass per file for every new address, then each frame is a cache hit.
+        // One pass per file for every new address (CPU and blocked stacks), then each
+        // frame is a cache hit.
         symbolizer.prepare(
             counts
                 .keys()
+                .chain(blocked.keys())
                 .flat_map(|(frames, _)| frames.iter().enumerate().map(|(i, &a)| (a, i > 0))),
         );
-        let mut builder = ProfileBuilder::new(self.period_ns, start, duration);
         let mut names: HashMap<SpanName, Arc<str>> = HashMap::new();
-        let mut samples = 0u64;
         let mut stack = Vec::new();
-        for ((frames, key), count) in counts {
+        let mut name_stack = |frames: &[u64], stack: &mut Vec<_>| {
             stack.clear();
             for (i, &address) in frames.iter().enumerate() {
                 stack.push(symbolizer.frame(address, i > 0));
             }
+        };
+        let mut cpu = ProfileBuilder::new(self.period_ns, start, duration);
+        let mut samples = 0u64;
+        for ((frames, key), count) in counts {
+            name_stack(&frames, &mut stack);
             let labels = sample_labels(&self.config, &key, &mut names);
-            builder.add_sample(&stack, &labels, count);
+            cpu.add_sample(&stack, &labels, count);
             samples += count;
+        }
+        let mut block = ProfileBuilder::blocked(start, duration);
+        let mut looks = 0u64;
+        for ((frames, key), (contentions, delay_ns)) in blocked {
+            name_stack(&frames, &mut stack);
+            let labels = sample_labels(&self.config, &key, &mut names);
+            block.add_blocked(&stack, &labels, contentions, delay_ns);
+            looks += 1;
         }
         let naming = u64::try_from(naming.elapsed().as_nanos()).unwrap_or(u64::MAX);
         self.stats
@@ -391,12 +468,30 @@ impl State {
         self.stats
             .symbolize_nanos_max
             .fetch_max(naming, Ordering::Relaxed);
-        if samples == 0 {
-            // Nothing ran on a sampled thread: no file, no upload.
-            return;
+        // Nothing ran on a sampled thread (nothing blocked): no file, no upload.
+        if samples > 0 {
+            self.export(ProfileKind::Cpu, cpu, start, duration, samples);
+            self.stats
+                .samples_in_profiles
+                .fetch_add(samples, Ordering::Relaxed);
         }
-        let profile = builder.build();
-        let gzip_pprof = match pprof::encode_gzip(&profile) {
+        if looks > 0 {
+            self.export(ProfileKind::Blocked, block, start, duration, looks);
+            self.stats
+                .blocked_in_profiles
+                .fetch_add(looks, Ordering::Relaxed);
+        }
+    }
+
+    fn export(
+        &mut self,
+        kind: ProfileKind,
+        builder: ProfileBuilder,
+        start: SystemTime,
+        duration: Duration,
+        samples: u64,
+    ) {
+        let gzip_pprof = match pprof::encode_gzip(&builder.build()) {
             Ok(bytes) => bytes,
             Err(_) => {
                 self.stats.profiles_failed.fetch_add(1, Ordering::Relaxed);
@@ -404,14 +499,12 @@ impl State {
             }
         };
         let encoded = EncodedProfile {
+            kind,
             start,
             duration,
             samples,
             gzip_pprof,
         };
-        self.stats
-            .samples_in_profiles
-            .fetch_add(samples, Ordering::Relaxed);
         for sink in &mut self.sinks {
             match sink.export(&encoded) {
                 Ok(()) => self.stats.profiles_exported.fetch_add(1, Ordering::Relaxed),

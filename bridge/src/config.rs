@@ -14,6 +14,7 @@
 //! | `PYROSCOPE_SAMPLE_RATE` | samples per second | integer 1–1000 |
 //! | `PYROSCOPE_UPLOAD_INTERVAL` | profile length, at least 100 ms | `10s`, `500ms`, `1m`, `2h` or whole seconds (`10`); no space before the unit (`10 s` is rejected, as Go's `time.ParseDuration` that Pyroscope's own agents use rejects it) |
 //! | `OTEL_PROFILING_OUTPUT_DIR` | local files directory (no backend configured); default `$CARGO_TARGET_DIR/otel-profiling` when `CARGO_TARGET_DIR` is set, else `target/otel-profiling` (see [`crate::local_sink`]) | a path |
+//! | `OTEL_PROFILING_BLOCKED_THRESHOLD` | how long a thread must be held inside one poll of a span, off-CPU in a system call, before its stack goes into the blocked-in-poll profile (default 10ms; see `docs/blocked-in-poll.md`) | `10ms`, `50ms`, `1s` (1 ms to 60 s), or `off` (no watchdog) |
 //! | `OTEL_PROFILING_QUIET` | no stderr line at start saying where local files go (`Telemetry::quiet` wins) | `1`/`true` or `0`/`false` |
 //!
 //! An empty variable counts as unset. A malformed one fails setup with an error naming the
@@ -144,6 +145,8 @@ pub struct EnvConfig {
     pub output_dir: Option<PathBuf>,
     /// `OTEL_PROFILING_QUIET`: no stderr line saying where local files go.
     pub quiet: Option<bool>,
+    /// `OTEL_PROFILING_BLOCKED_THRESHOLD`: `Some(None)` for `off`.
+    pub blocked_threshold: Option<Option<Duration>>,
 }
 
 impl EnvConfig {
@@ -266,6 +269,22 @@ impl EnvConfig {
                     "a duration like `10s`, `500ms`, `1m`, or whole seconds, with no space before the unit",
                 )
             })?);
+        }
+        if let Some(v) = get("OTEL_PROFILING_BLOCKED_THRESHOLD") {
+            config.blocked_threshold = Some(if v.trim().eq_ignore_ascii_case("off") {
+                None
+            } else {
+                let threshold = parse_duration(&v)
+                    .filter(|d| (Duration::from_millis(1)..=Duration::from_secs(60)).contains(d));
+                Some(threshold.ok_or_else(|| {
+                    ConfigError::new(
+                        "OTEL_PROFILING_BLOCKED_THRESHOLD",
+                        "not a threshold between 1 ms and 60 s",
+                        &v,
+                        "a duration like `10ms`, `50ms` or `1s`, or `off`",
+                    )
+                })?)
+            });
         }
         config.output_dir = get("OTEL_PROFILING_OUTPUT_DIR").map(PathBuf::from);
         if let Some(v) = get("OTEL_PROFILING_QUIET") {

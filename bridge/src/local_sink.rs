@@ -1,6 +1,8 @@
 //! The embedded default sink: profiles and spans as files in a local directory.
 //!
-//! * every profile interval: `<start>_cpu.pb.gz`, a gzipped pprof (`go tool pprof` reads it);
+//! * every profile interval: `<start>_cpu.pb.gz`, a gzipped pprof (`go tool pprof` reads it),
+//!   and `<start>_blocked.pb.gz` when threads were found blocked inside a poll (the
+//!   blocked-in-poll profile, see `docs/blocked-in-poll.md`);
 //! * finished spans: `<start>_spans.jsonl`, one OTLP `ExportTraceServiceRequest` in JSON per
 //!   line, as the OpenTelemetry Collector's file exporter writes them.
 //!
@@ -130,7 +132,11 @@ impl LocalProfileSink {
 
 impl ProfileSink for LocalProfileSink {
     fn export(&mut self, profile: &EncodedProfile) -> io::Result<()> {
-        let name = format!("{}_cpu.pb.gz", timeline_stamp(profile.start));
+        let name = format!(
+            "{}_{}.pb.gz",
+            timeline_stamp(profile.start),
+            profile.kind.file_tag()
+        );
         // Write then rename, so a reader never sees half a file.
         let tmp = self.dir.join(format!(".{name}.tmp"));
         std::fs::write(&tmp, &profile.gzip_pprof)?;
@@ -283,6 +289,7 @@ mod tests {
         let mut sink = LocalProfileSink::new(&dir).expect("sink");
         let start = SystemTime::UNIX_EPOCH + Duration::from_secs(1_796_000_000);
         let profile = EncodedProfile {
+            kind: crate::collector::ProfileKind::Cpu,
             start,
             duration: Duration::from_secs(10),
             samples: 3,

@@ -1,4 +1,5 @@
-//! The CPU profiler as one piece: the sampler, the collector thread and its sinks.
+//! The CPU profiler as one piece: the sampler, the blocked-in-poll watchdog, the
+//! collector thread and its sinks.
 
 use std::path::{Path, PathBuf};
 use std::sync::atomic::Ordering;
@@ -6,6 +7,7 @@ use std::time::Duration;
 
 use crate::collector::{Collector, CollectorConfig, ProfileSink};
 use crate::local_sink::{output_dir, LocalProfileSink};
+use crate::sampler::watchdog::{self, Watchdog, WatchdogConfig, WatchdogError, WatchdogStats};
 use crate::sampler::{self, Sampler, SamplerConfig, SamplerError, SamplerStats};
 
 /// Errors starting the profiler.
@@ -15,6 +17,9 @@ pub enum ProfilerError {
     /// The sampler could not start (its message names the field or the conflict).
     #[error(transparent)]
     Sampler(#[from] SamplerError),
+    /// The blocked-in-poll watchdog could not start (its message names the field).
+    #[error(transparent)]
+    Watchdog(#[from] WatchdogError),
     /// `interval` must be at least `drain_every` and non-zero.
     #[error("profiler.interval must be at least 100 ms, got {0:?}")]
     InvalidInterval(Duration),
@@ -43,6 +48,10 @@ pub struct ProfilerStats {
     pub symbolize_nanos: u64,
     /// The longest one interval's symbolization took, in nanoseconds.
     pub symbolize_nanos_max: u64,
+    /// The blocked-in-poll watchdog's counters (process-wide).
+    pub blocked: WatchdogStats,
+    /// Blocked-in-poll stacks that went into blocked profiles.
+    pub blocked_in_profiles: u64,
 }
 
 /// Builds a [`Profiler`].
@@ -57,6 +66,8 @@ pub struct ProfilerBuilder {
     output_dir: Option<PathBuf>,
     sinks: Vec<Box<dyn ProfileSink>>,
     local_files: Option<bool>,
+    /// `None`: the default watchdog; `Some(None)`: switched off.
+    blocked: Option<Option<WatchdogConfig>>,
 }
 
 impl std::fmt::Debug for ProfilerBuilder {
@@ -66,6 +77,7 @@ impl std::fmt::Debug for ProfilerBuilder {
             .field("collector", &self.collector)
             .field("output_dir", &self.output_dir)
             .field("sinks", &self.sinks.len())
+            .field("blocked", &self.blocked)
             .finish()
     }
 }
@@ -100,6 +112,20 @@ impl ProfilerBuilder {
     /// drain period, see [`SamplerConfig::effective_ring_capacity`]).
     pub fn ring_capacity(mut self, capacity: usize) -> Self {
         self.sampler.ring_capacity = Some(capacity);
+        self
+    }
+
+    /// How long a thread must be held inside one poll of a span, off-CPU in a system
+    /// call, before the watchdog takes its stack for the blocked-in-poll profile (default
+    /// 10 ms; see [`watchdog`](crate::sampler::watchdog)). `None` switches the watchdog off.
+    pub fn blocked_threshold(mut self, threshold: Option<Duration>) -> Self {
+        self.blocked = Some(threshold.map(|t| WatchdogConfig::default().with_threshold(t)));
+        self
+    }
+
+    /// The blocked-in-poll watchdog's full settings (`None`: off).
+    pub fn blocked_watchdog(mut self, config: Option<WatchdogConfig>) -> Self {
+        self.blocked = Some(config);
         self
     }
 
@@ -145,6 +171,9 @@ impl ProfilerBuilder {
             self.sinks.push(Box::new(sink));
             output = Some(dir);
         }
+        if let Some(Some(config)) = &self.blocked {
+            config.validate()?;
+        }
         let period_ns = 1_000_000_000 / i64::from(self.sampler.frequency_hz.max(1));
         let sampler = Sampler::start(self.sampler)?;
         let collector =
@@ -155,7 +184,15 @@ impl ProfilerBuilder {
                 }
             })?;
         let _ = sampler.register_current_thread();
+        let watchdog = match self
+            .blocked
+            .unwrap_or_else(|| Some(WatchdogConfig::default()))
+        {
+            Some(config) => Watchdog::start(config)?,
+            None => None,
+        };
         Ok(Profiler {
+            watchdog,
             sampler: Some(sampler),
             collector: Some(collector),
             output_dir: output,
@@ -175,6 +212,8 @@ impl ProfilerBuilder {
 /// ```
 #[derive(Debug)]
 pub struct Profiler {
+    /// `None` when switched off, or when another profiler's watchdog serves the process.
+    watchdog: Option<Watchdog>,
     sampler: Option<Sampler>,
     collector: Option<Collector>,
     output_dir: Option<PathBuf>,
@@ -200,6 +239,7 @@ impl Profiler {
     pub fn stats(&self) -> ProfilerStats {
         let mut stats = ProfilerStats {
             sampler: sampler::stats(),
+            blocked: watchdog::stats(),
             ..ProfilerStats::default()
         };
         if let Some(c) = &self.collector {
@@ -209,6 +249,7 @@ impl Profiler {
             stats.samples_in_profiles = s.samples_in_profiles.load(Ordering::Relaxed);
             stats.symbolize_nanos = s.symbolize_nanos.load(Ordering::Relaxed);
             stats.symbolize_nanos_max = s.symbolize_nanos_max.load(Ordering::Relaxed);
+            stats.blocked_in_profiles = s.blocked_in_profiles.load(Ordering::Relaxed);
         }
         stats
     }
@@ -220,6 +261,8 @@ impl Profiler {
     }
 
     fn stop(&mut self, timeout: Duration) -> bool {
+        // The watchdog first: its last looks are drained into the last profile.
+        drop(self.watchdog.take());
         drop(self.sampler.take());
         match self.collector.take() {
             Some(c) => c.shutdown(timeout),

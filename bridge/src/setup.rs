@@ -128,6 +128,7 @@ pub struct Telemetry {
     quiet: Option<bool>,
     span_name_label: Option<bool>,
     trace_id_label: Option<bool>,
+    blocked_threshold: Option<Option<Duration>>,
     scope: ProfileIdScope,
     unsampled: UnsampledTraces,
     shutdown_timeout: Option<Duration>,
@@ -243,6 +244,13 @@ impl Telemetry {
         self
     }
 
+    /// Threshold of the blocked-in-poll watchdog (default 10 ms; `None`: off); wins over
+    /// `OTEL_PROFILING_BLOCKED_THRESHOLD`. See `docs/blocked-in-poll.md`.
+    pub fn blocked_threshold(mut self, threshold: Option<Duration>) -> Self {
+        self.blocked_threshold = Some(threshold);
+        self
+    }
+
     /// Which spans get `pyroscope.profile.id` (default: local roots).
     pub fn profile_id_scope(mut self, scope: ProfileIdScope) -> Self {
         self.scope = scope;
@@ -304,6 +312,9 @@ impl Telemetry {
         }
         if let Some(on) = self.trace_id_label {
             profiler = profiler.trace_id_label(on);
+        }
+        if let Some(threshold) = self.blocked_threshold.or(self.env.blocked_threshold) {
+            profiler = profiler.blocked_threshold(threshold);
         }
         let mut pyroscope_stats = None;
         if let Some((target, _)) = pyroscope {

@@ -128,6 +128,15 @@ impl SpanContextCell {
     /// Returns `None` for "no span", and also when the read raced a write.
     #[inline]
     pub fn read(&self) -> Option<LocalRoot> {
+        self.snapshot().and_then(|(_, root)| root)
+    }
+
+    /// Reads the record with its sequence number, from any thread: `None` when the read
+    /// raced a write. The sequence changes (by two) at every write, so two reads with the
+    /// same sequence saw no root transition in between: what the blocked-thread watchdog
+    /// uses to tell "still inside the same poll". Loads only.
+    #[inline]
+    pub(crate) fn snapshot(&self) -> Option<(u32, Option<LocalRoot>)> {
         let before = self.seq.load(Ordering::Acquire);
         if before & 1 == 1 {
             return None;
@@ -147,7 +156,7 @@ impl SpanContextCell {
             name: SpanName::from_raw(name),
             cpu,
         };
-        (!root.is_empty()).then_some(root)
+        Some((before, (!root.is_empty()).then_some(root)))
     }
 
     /// Writes the record. Only the owning thread may call this (single writer).

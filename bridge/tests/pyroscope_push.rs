@@ -13,9 +13,10 @@ use std::sync::{Arc, Mutex};
 use std::thread::JoinHandle;
 use std::time::{Duration, Instant, SystemTime};
 
-use otel_profiling::collector::{EncodedProfile, ProfileSink};
+use otel_profiling::collector::{EncodedProfile, ProfileKind, ProfileSink};
 use otel_profiling::export::pyroscope::{
     PyroscopeBackoff, PyroscopeConfig, PyroscopeExporter, PyroscopeSnapshot, PyroscopeStats,
+    BLOCK_CONTENTIONS_PROFILE_TYPE_ID, BLOCK_DELAY_PROFILE_TYPE_ID, BLOCK_PROFILE_NAME,
 };
 use otel_profiling::pprof::{self, FrameLine, ProfileBuilder, SampleLabels, SymbolizedFrame};
 
@@ -379,6 +380,7 @@ fn profile(span_id: u64) -> EncodedProfile {
     };
     builder.add_sample(&[frame], &labels, 3);
     EncodedProfile {
+        kind: ProfileKind::Cpu,
         start,
         duration,
         samples: 3,
@@ -398,6 +400,7 @@ fn blob(size: usize, seed: u64) -> EncodedProfile {
         })
         .collect();
     EncodedProfile {
+        kind: ProfileKind::Cpu,
         start: SystemTime::now(),
         duration: Duration::from_secs(10),
         samples: 1,
@@ -518,6 +521,81 @@ fn push_carries_labels_headers_auth_and_span_labels() {
     let requests = bearer.wait_for(1, Duration::from_secs(5));
     assert_eq!(requests[0].header("authorization"), Some("Bearer tok-123"));
     assert_eq!(requests[0].header("x-scope-orgid"), None);
+}
+
+/// Issue 11 item 3: blocked-in-poll profiles are pushed beside CPU ones, to the same
+/// service, as the `block` profile type, with their span labels.
+#[test]
+fn blocked_profiles_are_pushed_as_the_block_type_beside_cpu() {
+    let receiver = Receiver::ok(fresh_listener());
+    let mut exporter =
+        PyroscopeExporter::new(config(&receiver.url()).with_label("env", "dev")).expect("exporter");
+    let start = SystemTime::now();
+    let mut builder = ProfileBuilder::blocked(start, Duration::from_secs(10));
+    let frame = SymbolizedFrame {
+        address: 0x1000,
+        lines: vec![FrameLine {
+            function: "app::read_inventory_file_synchronously".into(),
+            file: None,
+            line: None,
+        }],
+    };
+    let labels = SampleLabels {
+        span_id: Some(SPAN_ID),
+        trace_id: Some(TRACE_ID),
+        span_name: Some("GET /blocking".into()),
+    };
+    builder.add_blocked(&[frame], &labels, 1, 250_000_000);
+    let blocked = EncodedProfile {
+        kind: ProfileKind::Blocked,
+        start,
+        duration: Duration::from_secs(10),
+        samples: 1,
+        gzip_pprof: pprof::encode_gzip(&builder.build()).expect("encode"),
+    };
+    exporter.export(&profile(SPAN_ID)).expect("cpu");
+    exporter.export(&blocked).expect("blocked");
+    let requests = receiver.wait_for(2, Duration::from_secs(5));
+    assert_eq!(requests.len(), 2);
+    let names: Vec<Vec<(String, String)>> =
+        requests.iter().map(|r| r.push().remove(0).labels).collect();
+    let label = |labels: &[(String, String)], name: &str| {
+        labels
+            .iter()
+            .find(|(n, _)| n == name)
+            .map(|(_, v)| v.clone())
+    };
+    assert_eq!(label(&names[0], "__name__").as_deref(), Some("process_cpu"));
+    assert_eq!(
+        label(&names[1], "__name__").as_deref(),
+        Some(BLOCK_PROFILE_NAME)
+    );
+    for labels in &names {
+        assert_eq!(label(labels, "service_name").as_deref(), Some("checkout"));
+        assert_eq!(label(labels, "env").as_deref(), Some("dev"));
+    }
+    let (raw, _) = only_sample(&requests[1]);
+    assert_eq!(raw, blocked.gzip_pprof);
+    let decoded = pprof::decode(&raw).expect("pprof");
+    let s = |i: i64| decoded.string_table[i as usize].clone();
+    let types: Vec<String> = decoded
+        .sample_type
+        .iter()
+        .map(|t| format!("{}:{}", s(t.r#type), s(t.unit)))
+        .collect();
+    // With `__name__=block`, Pyroscope stores the two series of Go's block profile.
+    let period = decoded.period_type.as_ref().expect("period type");
+    let period = format!("{}:{}", s(period.r#type), s(period.unit));
+    assert_eq!(
+        format!("{BLOCK_PROFILE_NAME}:{}:{period}", types[1]),
+        BLOCK_DELAY_PROFILE_TYPE_ID
+    );
+    assert_eq!(
+        format!("{BLOCK_PROFILE_NAME}:{}:{period}", types[0]),
+        BLOCK_CONTENTIONS_PROFILE_TYPE_ID
+    );
+    assert_eq!(decoded.sample[0].value, [1, 250_000_000]);
+    assert!(sample_labels(&raw).contains(&("span_id".into(), format!("{SPAN_ID:016x}"))));
 }
 
 #[test]
@@ -915,6 +993,7 @@ fn big_profile(n: u64) -> EncodedProfile {
         builder.add_sample(&stack, &labels, 1 + i % 4);
     }
     EncodedProfile {
+        kind: ProfileKind::Cpu,
         start,
         duration,
         samples: n,

@@ -16,7 +16,7 @@ use std::time::{Duration, Instant, SystemTime};
 use opentelemetry::trace::{TraceContextExt, Tracer, TracerProvider as _};
 use opentelemetry::Context;
 use opentelemetry_sdk::trace::SdkTracerProvider;
-use otel_profiling::collector::{EncodedProfile, ProfileSink};
+use otel_profiling::collector::{EncodedProfile, ProfileKind, ProfileSink};
 use otel_profiling::export::pyroscope::{PyroscopeConfig, PyroscopeExporter, PyroscopeLimits};
 use otel_profiling::pprof::{self, FrameLine, ProfileBuilder, SampleLabels, SymbolizedFrame};
 use otel_profiling::{Profiler, ProfilingContext};
@@ -175,6 +175,7 @@ fn a_large_interval_is_accepted_whole_at_pyroscopes_limits() {
     }
     let profile = builder.build();
     let profile = EncodedProfile {
+        kind: ProfileKind::Cpu,
         start,
         duration: Duration::from_secs(10),
         samples: 40_000,

@@ -248,3 +248,17 @@ fn quiet_switch() {
         assert!(e.to_string().contains("`1` or `true`"), "{e}");
     }
 }
+
+#[test]
+fn blocked_threshold_or_off() {
+    let c = env(&[("OTEL_PROFILING_BLOCKED_THRESHOLD", "25ms")]).expect("ok");
+    assert_eq!(c.blocked_threshold, Some(Some(Duration::from_millis(25))));
+    let c = env(&[("OTEL_PROFILING_BLOCKED_THRESHOLD", "OFF")]).expect("ok");
+    assert_eq!(c.blocked_threshold, Some(None));
+    assert_eq!(env(&[]).expect("ok").blocked_threshold, None);
+    for bad in ["0", "0ms", "2m", "fast", "10 ms"] {
+        let e = env(&[("OTEL_PROFILING_BLOCKED_THRESHOLD", bad)]).expect_err(bad);
+        assert_eq!(e.field, "OTEL_PROFILING_BLOCKED_THRESHOLD", "{bad}");
+        assert!(e.to_string().contains("off"), "{e}");
+    }
+}

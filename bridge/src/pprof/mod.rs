@@ -9,6 +9,11 @@
 //! * functions, locations and identical samples deduplicated, one mapping covering all
 //!   addresses (the stacks arrive already symbolized, so viewers must not re-symbolize).
 //!
+//! [`ProfileBuilder::blocked`] builds the second profile type instead, blocked-in-poll
+//! stacks in the shape of Go's block profile: sample types `contentions`/`count` and
+//! `delay`/`nanoseconds`, period type `contentions`/`count`, period 1 (see
+//! `docs/blocked-in-poll.md`).
+//!
 //! [`encode_gzip`] gives the bytes Pyroscope's ingest endpoint and `go tool pprof` read;
 //! [`decode`] reads them back.
 
@@ -71,6 +76,8 @@ pub const SPAN_NAME_KEY: &str = "span_name";
 /// stacks × labels, not with the number of samples.
 #[derive(Debug)]
 pub struct ProfileBuilder {
+    /// Whether this is a blocked-in-poll profile (two values per sample).
+    blocked: bool,
     period_ns: i64,
     time_nanos: i64,
     duration_nanos: i64,
@@ -92,6 +99,8 @@ struct PendingSample {
     location_ids: Vec<u64>,
     labels: SampleLabels,
     count: u64,
+    /// Blocked nanoseconds (blocked profiles only).
+    delay_ns: u64,
 }
 
 impl ProfileBuilder {
@@ -101,6 +110,7 @@ impl ProfileBuilder {
     /// interval the samples were taken in.
     pub fn new(period_ns: i64, start: SystemTime, duration: Duration) -> ProfileBuilder {
         ProfileBuilder {
+            blocked: false,
             period_ns,
             time_nanos: unix_nanos(start),
             duration_nanos: saturating_nanos(duration),
@@ -117,6 +127,14 @@ impl ProfileBuilder {
         }
     }
 
+    /// Starts an empty blocked-in-poll profile (values: blocks seen, blocked nanoseconds).
+    pub fn blocked(start: SystemTime, duration: Duration) -> ProfileBuilder {
+        ProfileBuilder {
+            blocked: true,
+            ..ProfileBuilder::new(1, start, duration)
+        }
+    }
+
     /// Adds `count` samples of `stack` (innermost frame first) carrying `labels`.
     ///
     /// Samples with the same stack and labels are merged. An address seen before keeps
@@ -125,11 +143,32 @@ impl ProfileBuilder {
         if count == 0 {
             return;
         }
+        self.add(stack, labels, count, 0);
+    }
+
+    /// Adds blocked time to a blocked-in-poll profile: `contentions` blocks (0 when this
+    /// continues a block already counted) and `delay_ns` blocked nanoseconds of `stack`.
+    /// Nothing is added when both are zero.
+    pub fn add_blocked(
+        &mut self,
+        stack: &[SymbolizedFrame],
+        labels: &SampleLabels,
+        contentions: u64,
+        delay_ns: u64,
+    ) {
+        if contentions == 0 && delay_ns == 0 {
+            return;
+        }
+        self.add(stack, labels, contentions, delay_ns);
+    }
+
+    fn add(&mut self, stack: &[SymbolizedFrame], labels: &SampleLabels, count: u64, delay: u64) {
         let location_ids: Vec<u64> = stack.iter().map(|f| self.location_id(f)).collect();
         match self.sample_index.entry((location_ids, labels.clone())) {
             Entry::Occupied(entry) => {
                 let sample = &mut self.samples[*entry.get()];
                 sample.count = sample.count.saturating_add(count);
+                sample.delay_ns = sample.delay_ns.saturating_add(delay);
             }
             Entry::Vacant(entry) => {
                 let (location_ids, labels) = entry.key().clone();
@@ -138,6 +177,7 @@ impl ProfileBuilder {
                     location_ids,
                     labels,
                     count,
+                    delay_ns: delay,
                 });
             }
         }
@@ -145,15 +185,31 @@ impl ProfileBuilder {
 
     /// Finishes the profile.
     pub fn build(mut self) -> proto::Profile {
-        let cpu = proto::ValueType {
-            r#type: self.strings.intern("cpu"),
-            unit: self.strings.intern("nanoseconds"),
+        let mut value_type = |kind: &str, unit: &str| proto::ValueType {
+            r#type: self.strings.intern(kind),
+            unit: self.strings.intern(unit),
+        };
+        let (sample_type, period_type) = if self.blocked {
+            // Go's block profile: Pyroscope and Grafana know its two series.
+            let contentions = value_type("contentions", "count");
+            let delay = value_type("delay", "nanoseconds");
+            (vec![contentions.clone(), delay], contentions)
+        } else {
+            let cpu = value_type("cpu", "nanoseconds");
+            (vec![cpu.clone()], cpu)
         };
         let samples = std::mem::take(&mut self.samples);
         let sample = samples
             .into_iter()
             .map(|s| proto::Sample {
-                value: vec![sample_value(s.count, self.period_ns)],
+                value: if self.blocked {
+                    vec![
+                        i64::try_from(s.count).unwrap_or(i64::MAX),
+                        i64::try_from(s.delay_ns).unwrap_or(i64::MAX),
+                    ]
+                } else {
+                    vec![sample_value(s.count, self.period_ns)]
+                },
                 label: self.labels(&s.labels),
                 location_id: s.location_ids,
             })
@@ -176,7 +232,7 @@ impl ProfileBuilder {
             has_inline_frames: self.has_inline_frames,
         };
         proto::Profile {
-            sample_type: vec![cpu.clone()],
+            sample_type,
             sample,
             mapping: vec![mapping],
             location: self.locations,
@@ -186,7 +242,7 @@ impl ProfileBuilder {
             keep_frames: 0,
             time_nanos: self.time_nanos,
             duration_nanos: self.duration_nanos,
-            period_type: Some(cpu),
+            period_type: Some(period_type),
             period: self.period_ns,
             comment: Vec::new(),
             default_sample_type: 0,

@@ -446,3 +446,36 @@ fn split_parts_respect_the_limits_and_keep_every_sample() {
     );
     assert_eq!(parts, vec![whole]);
 }
+
+/// Issue 11 item 3: the blocked-in-poll profile has Go's block profile shape, two values
+/// per sample (blocks, blocked nanoseconds), merged per stack and labels.
+#[test]
+fn blocked_profiles_have_the_block_shape() {
+    let mut b =
+        ProfileBuilder::blocked(UNIX_EPOCH + Duration::from_secs(1), Duration::from_secs(10));
+    let a = labels(0xab, 0x1234, "GET /blocking");
+    b.add_blocked(&stack(), &a, 1, 5_000_000);
+    b.add_blocked(&stack(), &a, 0, 7_000_000);
+    b.add_blocked(&stack(), &a, 0, 0);
+    let p = decode(&encode_gzip(&b.build()).expect("encode")).expect("decode");
+    let s = |i: i64| p.string_table[i as usize].clone();
+    let types: Vec<(String, String)> = p
+        .sample_type
+        .iter()
+        .map(|t| (s(t.r#type), s(t.unit)))
+        .collect();
+    assert_eq!(
+        types,
+        [
+            ("contentions".into(), "count".into()),
+            ("delay".into(), "nanoseconds".into())
+        ]
+    );
+    let period = p.period_type.as_ref().expect("period type");
+    assert_eq!(
+        (s(period.r#type), s(period.unit), p.period),
+        ("contentions".into(), "count".into(), 1)
+    );
+    assert_eq!(p.sample.len(), 1, "merged");
+    assert_eq!(p.sample[0].value, [1, 12_000_000]);
+}

@@ -54,6 +54,7 @@ mod unwind;
 #[cfg(not(any(target_arch = "x86_64", target_arch = "aarch64")))]
 #[path = "unwind_unsupported.rs"]
 mod unwind;
+pub mod watchdog;
 
 use std::cell::RefCell;
 use std::sync::atomic::{AtomicBool, AtomicU32, AtomicU64, AtomicUsize, Ordering};
@@ -711,6 +712,7 @@ extern "C" fn after_fork_in_child() {
     slots::reset_in_child();
     crate::root_cpu::after_fork_in_child();
     unwind::after_fork_in_child();
+    watchdog::after_fork_in_child();
 }
 
 /// The sampler is process-wide: unit tests that start it, or that use the slot table's

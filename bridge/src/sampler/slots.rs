@@ -82,6 +82,11 @@ pub(crate) struct Slot {
     timer: AtomicU64,
     /// Set while the owner's handler runs (for the panic guard).
     pub(crate) in_handler: AtomicBool,
+    /// Readers of the owner's span context record from other threads (the blocked-thread
+    /// watchdog) in progress: the owner waits for none before letting go of the slot
+    /// (and, soon after, of the thread-local the record lives in). See
+    /// [`Slot::read_cell_if_owned`].
+    watching: AtomicU32,
     pub(crate) counters: Counters,
     /// Free list link: index + 1 of the next free slot (0: none).
     next_free: AtomicU32,
@@ -101,6 +106,7 @@ impl Slot {
             ring: AtomicPtr::new(std::ptr::null_mut()),
             timer: AtomicU64::new(0),
             in_handler: AtomicBool::new(false),
+            watching: AtomicU32::new(0),
             counters: Counters::default(),
             next_free: AtomicU32::new(0),
         }
@@ -118,6 +124,43 @@ impl Slot {
             && value.generation() & 1 == 1
             // SAFETY: gettid has no preconditions and is async-signal-safe.
             && self.tid.load(Ordering::Relaxed) == unsafe { libc::gettid() }
+    }
+
+    /// The slot's generation (odd while owned): tells one owner from the next.
+    pub(crate) fn generation(&self) -> u32 {
+        self.generation.load(Ordering::Acquire)
+    }
+
+    /// The slot's index in the table.
+    pub(crate) fn index(&self) -> u32 {
+        self.index
+    }
+
+    /// Reads the owner's span context record from another thread, if the slot still
+    /// belongs to the owner of `generation`: `(sequence, root)` as
+    /// [`SpanContextCell::snapshot`] gives them, `None` when the owner let go or the read
+    /// raced a write.
+    ///
+    /// The record is a thread-local of the owner, freed when it exits. A handshake keeps it
+    /// alive for the read: this counts itself into `watching`, then checks the generation;
+    /// `release` bumps the generation, then waits until `watching` is zero (all SeqCst).
+    /// Whichever goes second sees the other: either this finds the generation changed and
+    /// reads nothing, or the owner waits the few nanoseconds of the read before exiting.
+    pub(crate) fn read_cell_if_owned(
+        &self,
+        generation: u32,
+    ) -> Option<(u32, Option<crate::span_context::LocalRoot>)> {
+        self.watching.fetch_add(1, Ordering::SeqCst);
+        let result = if self.generation.load(Ordering::SeqCst) == generation && generation & 1 == 1
+        {
+            // SAFETY: the owner of `generation` still holds the slot, so its thread (and
+            // its `const` thread-local record) lives until `watching` is cleared below.
+            unsafe { self.cell().as_ref() }.and_then(SpanContextCell::snapshot)
+        } else {
+            None
+        };
+        self.watching.fetch_sub(1, Ordering::SeqCst);
+        result
     }
 
     /// The owner's kernel thread id.
@@ -190,7 +233,19 @@ impl Slot {
     pub(crate) fn release(&self) {
         self.delete_timer();
         // Odd → even: a signal still queued for this thread finds a generation mismatch.
-        self.generation.fetch_add(1, Ordering::AcqRel);
+        self.generation.fetch_add(1, Ordering::SeqCst);
+        // A watchdog read of this thread's record that began before the bump ends first
+        // (see `read_cell_if_owned`): it holds no lock and makes no syscall.
+        let mut spins = 0u32;
+        while self.watching.load(Ordering::SeqCst) != 0 {
+            // A reader preempted inside its read would otherwise be spun against.
+            spins += 1;
+            if spins < 64 {
+                std::hint::spin_loop();
+            } else {
+                std::thread::yield_now();
+            }
+        }
         if let Some(_drain) = DRAINING.try_lock() {
             // No drainer can be reading this ring now, and no handler will write it.
             if self.ring().is_none_or(Ring::is_empty) {
@@ -411,6 +466,7 @@ pub(crate) fn reset_in_child() {
             slot.generation.fetch_add(1, Ordering::Relaxed);
         }
         slot.in_handler.store(false, Ordering::Relaxed);
+        slot.watching.store(0, Ordering::Relaxed);
         if let Some(ring) = slot.ring() {
             // SAFETY: the child has one thread, which is in neither a handler nor a drain.
             unsafe { ring.reset() };
@@ -487,5 +543,47 @@ mod tests {
         for index in all {
             push_free(slot(index).expect("allocated"));
         }
+    }
+
+    /// The watchdog's handshake: a thread letting go of its slot waits while a reader of
+    /// its span record is in progress, and a reader that starts after the generation
+    /// moved reads nothing.
+    #[test]
+    fn letting_go_of_a_slot_waits_for_a_reader_of_its_record() {
+        let _turn = super::super::test_turn();
+        let sampler =
+            super::super::Sampler::start(super::super::SamplerConfig::default()).expect("start");
+        let (owned, slot_of) = std::sync::mpsc::channel();
+        let (go, release) = std::sync::mpsc::channel::<()>();
+        let owner = std::thread::spawn(move || {
+            super::super::register_current_thread().expect("register");
+            let slot = super::super::current_slot().expect("slot");
+            owned.send((slot.index, slot.generation())).expect("send");
+            release.recv().expect("go");
+            super::super::unregister_current_thread();
+        });
+        let (index, generation) = slot_of.recv().expect("slot");
+        let slot = slot(index).expect("allocated");
+        assert!(
+            slot.read_cell_if_owned(generation).is_some(),
+            "owned: readable"
+        );
+        // A reader in progress.
+        slot.watching.fetch_add(1, Ordering::SeqCst);
+        go.send(()).expect("go");
+        let moved = std::time::Instant::now();
+        while slot.generation() == generation {
+            assert!(moved.elapsed() < std::time::Duration::from_secs(5));
+            std::thread::yield_now();
+        }
+        std::thread::sleep(std::time::Duration::from_millis(50));
+        assert!(!owner.is_finished(), "release waits for the reader");
+        assert!(
+            slot.read_cell_if_owned(generation).is_none(),
+            "a reader after the generation moved reads nothing"
+        );
+        slot.watching.fetch_sub(1, Ordering::SeqCst);
+        owner.join().expect("owner");
+        drop(sampler);
     }
 }

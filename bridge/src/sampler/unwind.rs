@@ -23,7 +23,7 @@
 //!
 //! **In the handler** nothing allocates, locks or touches thread-locals: framehop runs
 //! with `MustNotAllocateDuringUnwind` and a per-thread cache made at registration; every
-//! stack read goes through [`StackReader`] (aligned, inside `[sp, stack top)`); the depth
+//! stack read goes through `StackReader` (aligned, inside `[sp, stack top)`); the depth
 //! is capped at [`MAX_FRAMES`]; an address outside every known object ends the walk
 //! (framehop would otherwise guess with frame pointers, which release builds do not keep).
 //!
@@ -71,7 +71,7 @@ use framehop::{
 
 use super::modules::{self, LoadGeneration, LoadedObject, Tables};
 use super::ring::{SampleRecord, MAX_FRAMES};
-use super::stack::{Registers, StackBounds, StackReader};
+use super::stack::{Registers, StackBounds};
 
 /// The unwinder of the architecture we run on.
 #[cfg(target_arch = "x86_64")]
@@ -315,7 +315,7 @@ impl<A: Arch> Snapshot<A> {
     fn walk(
         &self,
         regs: &Registers,
-        stack: StackReader,
+        mut read: impl FnMut(u64) -> Result<u64, ()>,
         cache: &mut ThreadCache<A>,
         record: &mut SampleRecord,
     ) -> WalkEnd {
@@ -323,7 +323,6 @@ impl<A: Arch> Snapshot<A> {
             return WalkEnd::UnknownPc;
         }
         self.adopt(cache);
-        let mut read = |addr: u64| stack.read(addr);
         let mut frames = self.unwinder.iter_frames(
             regs.pc,
             A::regs(regs, self.register_mask),
@@ -618,7 +617,7 @@ pub(crate) unsafe fn walk(
                     // SAFETY: the caller guarantees this thread's handler is the cache's
                     // only user and does not nest, so this is the only reference to it.
                     let cache = unsafe { &mut *cache.0.get() };
-                    snapshot.walk(regs, reader, cache, record)
+                    snapshot.walk(regs, |addr| reader.read(addr), cache, record)
                 }
             };
             IN_FLIGHT.fetch_sub(1, Ordering::SeqCst);
@@ -627,6 +626,62 @@ pub(crate) unsafe fn walk(
     };
     record.truncated = end != WalkEnd::Complete;
     end
+}
+
+/// A framehop cache owned by one ordinary thread (the blocked-thread watchdog), for
+/// [`walk_copy`].
+pub(crate) struct OwnedCache(Box<ThreadCache<Native>>);
+
+impl OwnedCache {
+    pub(crate) fn new() -> OwnedCache {
+        OwnedCache(Box::new(ThreadCache::new()))
+    }
+}
+
+/// Fills `record` like [`walk`], from another thread's registers and a copy of its stack:
+/// `copy` holds the bytes that were at `[regs.sp, regs.sp + copy.len())`. Every read
+/// is served from the copy, so nothing of the other thread is touched. Not for signal
+/// handlers (it holds `IN_FLIGHT` like one, so a refresh never frees the snapshot under
+/// it).
+pub(crate) fn walk_copy(
+    regs: &Registers,
+    copy: &[u8],
+    cache: &mut OwnedCache,
+    record: &mut SampleRecord,
+) -> WalkEnd {
+    record.frames[0] = regs.pc;
+    record.depth = 1;
+    let base = regs.sp;
+    let read = |addr: u64| -> Result<u64, ()> {
+        if !addr.is_multiple_of(8) {
+            return Err(());
+        }
+        let at = usize::try_from(addr.checked_sub(base).ok_or(())?).map_err(|_| ())?;
+        let word = copy.get(at..at.checked_add(8).ok_or(())?).ok_or(())?;
+        Ok(u64::from_ne_bytes(word.try_into().map_err(|_| ())?))
+    };
+    IN_FLIGHT.fetch_add(1, Ordering::SeqCst);
+    let snapshot = CURRENT.load(Ordering::SeqCst);
+    // SAFETY: as in `walk`: loaded after the increment, freed only once IN_FLIGHT is
+    // seen at zero after it was retired.
+    let end = match unsafe { snapshot.as_ref() } {
+        None => WalkEnd::Truncated,
+        Some(snapshot) => snapshot.walk(regs, read, &mut cache.0, record),
+    };
+    IN_FLIGHT.fetch_sub(1, Ordering::SeqCst);
+    record.truncated = end != WalkEnd::Complete;
+    end
+}
+
+/// Whether `addr` lies in code the published unwinder knows (tests; the watchdog's
+/// frame-pointer guess).
+pub(crate) fn is_known_code(addr: u64) -> bool {
+    IN_FLIGHT.fetch_add(1, Ordering::SeqCst);
+    let snapshot = CURRENT.load(Ordering::SeqCst);
+    // SAFETY: as in `walk_copy`.
+    let known = unsafe { snapshot.as_ref() }.is_some_and(|s| s.is_code(addr));
+    IN_FLIGHT.fetch_sub(1, Ordering::SeqCst);
+    known
 }
 
 #[cfg(test)]
@@ -910,7 +965,7 @@ mod tests {
             record.frames[0] = pc;
             record.depth = 1;
             let reader = bounds.reader_from(base).expect("sp in bounds");
-            snapshot.walk(&regs, reader, cache, &mut record);
+            snapshot.walk(&regs, |addr| reader.read(addr), cache, &mut record);
             record.frames().to_vec()
         };
 

@@ -54,3 +54,28 @@ pub(crate) unsafe fn walk(
     record.truncated = true;
     WalkEnd::Truncated
 }
+
+pub(crate) struct OwnedCache;
+
+impl OwnedCache {
+    pub(crate) fn new() -> OwnedCache {
+        OwnedCache
+    }
+}
+
+/// Records only the blocked pc.
+pub(crate) fn walk_copy(
+    regs: &Registers,
+    _: &[u8],
+    _: &mut OwnedCache,
+    record: &mut SampleRecord,
+) -> WalkEnd {
+    record.frames[0] = regs.pc;
+    record.depth = 1;
+    record.truncated = true;
+    WalkEnd::Truncated
+}
+
+pub(crate) fn is_known_code(_: u64) -> bool {
+    false
+}

@@ -5,11 +5,14 @@ use std::sync::Arc;
 use std::thread::JoinHandle;
 use std::time::{Duration, Instant};
 
-use crate::collector::{EncodedProfile, ProfileSink};
+use crate::collector::{EncodedProfile, ProfileKind, ProfileSink};
 use crate::pprof::{self, split::SplitLimits};
 
 use super::queue::{Enqueued, Shared};
-use super::{proto, uploader, PyroscopeConfig, PyroscopeError, PyroscopeLimits, PyroscopeStats};
+use super::{
+    proto, uploader, PyroscopeConfig, PyroscopeError, PyroscopeLimits, PyroscopeStats,
+    BLOCK_PROFILE_NAME,
+};
 
 /// Name of the uploader thread.
 pub const UPLOADER_THREAD_NAME: &str = "otel-profiling-uploader";
@@ -33,6 +36,8 @@ const DROP_SLACK: Duration = Duration::from_millis(200);
 pub struct PyroscopeExporter {
     shared: Arc<Shared>,
     labels: Vec<proto::LabelPair>,
+    /// `labels` with `__name__` = [`BLOCK_PROFILE_NAME`], for blocked-in-poll profiles.
+    block_labels: Vec<proto::LabelPair>,
     limits: PyroscopeLimits,
     endpoint: String,
     shutdown_timeout: Duration,
@@ -55,12 +60,23 @@ impl PyroscopeExporter {
     pub fn new(config: PyroscopeConfig) -> Result<PyroscopeExporter, PyroscopeError> {
         let valid = config.validate_into()?;
         let shared = Arc::new(Shared::new(valid.max_queue_bytes));
-        let labels = valid
+        let labels: Vec<proto::LabelPair> = valid
             .labels
             .iter()
             .map(|(name, value)| proto::LabelPair {
                 name: name.clone(),
                 value: value.clone(),
+            })
+            .collect();
+        let block_labels = labels
+            .iter()
+            .map(|label: &proto::LabelPair| proto::LabelPair {
+                name: label.name.clone(),
+                value: if label.name == "__name__" {
+                    BLOCK_PROFILE_NAME.to_string()
+                } else {
+                    label.value.clone()
+                },
             })
             .collect();
         let endpoint = valid.endpoint.to_string();
@@ -89,6 +105,7 @@ impl PyroscopeExporter {
         Ok(PyroscopeExporter {
             shared,
             labels,
+            block_labels,
             limits,
             endpoint,
             shutdown_timeout,
@@ -157,7 +174,12 @@ impl ProfileSink for PyroscopeExporter {
                 .iter()
                 .map(|part| (part.as_slice(), uuid::Uuid::new_v4().to_string()))
                 .collect();
-            let body = proto::encode_push_many(&self.labels, &profiles);
+            // Same service labels; the profile type's name tells CPU from blocked.
+            let labels = match profile.kind {
+                ProfileKind::Blocked => &self.block_labels,
+                _ => &self.labels,
+            };
+            let body = proto::encode_push_many(labels, &profiles);
             let error = match self.shared.enqueue(body) {
                 Enqueued::Queued => continue,
                 Enqueued::TooLarge { size, max } => format!(

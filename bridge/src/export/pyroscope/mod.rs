@@ -41,7 +41,8 @@
 //!
 //! # Delivery
 //!
-//! * Series labels: `__name__=process_cpu`, `service_name=<application>`, then the extra
+//! * Series labels: `__name__=process_cpu` (`block` for blocked-in-poll profiles),
+//!   `service_name=<application>`, then the extra
 //!   labels (a later duplicate replaces an earlier one), sorted by name.
 //! * 2xx: sent. 5xx and network errors or timeouts: retried with exponential backoff and
 //!   full jitter, up to [`PyroscopeBackoff::max_attempts`] attempts, then dropped. 429:
@@ -104,3 +105,16 @@ pub const PROFILE_NAME: &str = "process_cpu";
 /// The Pyroscope profile type id of the profiles this crate pushes (`__name__`, sample type
 /// and period type): what Grafana's `tracesToProfiles.profileTypeId` must be.
 pub const PROFILE_TYPE_ID: &str = "process_cpu:cpu:nanoseconds:cpu:nanoseconds";
+
+/// Value of the `__name__` series label of blocked-in-poll profiles
+/// ([`ProfileKind::Blocked`](crate::collector::ProfileKind::Blocked)): the name of Go's
+/// block profile, whose shape they take (sample types `contentions`/`count` and
+/// `delay`/`nanoseconds`, period type `contentions`/`count`), so Grafana lists them as
+/// "block" with its known units. See `docs/blocked-in-poll.md`.
+pub const BLOCK_PROFILE_NAME: &str = "block";
+
+/// The profile type id of the blocked time (wall nanoseconds blocked inside a poll).
+pub const BLOCK_DELAY_PROFILE_TYPE_ID: &str = "block:delay:nanoseconds:contentions:count";
+
+/// The profile type id of the number of blocks seen.
+pub const BLOCK_CONTENTIONS_PROFILE_TYPE_ID: &str = "block:contentions:count:contentions:count";

@@ -1,0 +1,395 @@
+//! The watchdog against real threads: one blocked in `std::thread::sleep` inside a root,
+//! one burning CPU inside a root, one idle outside any root.
+
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::{Arc, Barrier};
+use std::time::{Duration, Instant};
+
+use opentelemetry::trace::{SpanId, TraceId};
+
+use super::*;
+use crate::sampler::{test_turn, Sampler, SamplerConfig};
+use crate::span_context::SpanContextGuard;
+use crate::symbolize::Symbolizer;
+
+#[test]
+fn syscall_lines_parse() {
+    assert_eq!(parse_syscall("running\n"), Some(SyscallState::Running));
+    assert_eq!(
+        parse_syscall("-1 0x7ffd1000 0x401000\n"),
+        Some(SyscallState::Blocked {
+            sp: 0x7ffd_1000,
+            pc: 0x40_1000
+        })
+    );
+    assert_eq!(
+        parse_syscall("230 0x1 0x0 0x7f00 0x0 0x0 0x0 0x7ffd2000 0x7f12345\n"),
+        Some(SyscallState::InSyscall(Syscall {
+            nr: 230,
+            arg0: 1,
+            sp: 0x7ffd_2000,
+            pc: 0x7f1_2345
+        }))
+    );
+    for bad in ["", "x", "230 0x1", "-1 12 0x1", "230 1 2 3 4 5 6 7 8"] {
+        assert_eq!(parse_syscall(bad), None, "{bad:?}");
+    }
+}
+
+#[test]
+fn configs_out_of_range_are_refused_naming_the_field() {
+    let zero = WatchdogConfig::default().with_threshold(Duration::ZERO);
+    assert!(zero
+        .validate()
+        .unwrap_err()
+        .to_string()
+        .contains("threshold"));
+    let cap = WatchdogConfig::default().with_max_threads_per_tick(0);
+    assert!(cap
+        .validate()
+        .unwrap_err()
+        .to_string()
+        .contains("max_threads_per_tick"));
+    assert!(WatchdogConfig::default().validate().is_ok());
+}
+
+#[test]
+fn own_memory_copies_fail_cleanly_on_unmapped_addresses() {
+    let mut buf = [0u8; 64];
+    assert_eq!(copy_own_memory(8, &mut buf), None);
+    let data = [7u8; 64];
+    assert_eq!(copy_own_memory(data.as_ptr() as u64, &mut buf), Some(64));
+    assert_eq!(buf, data);
+}
+
+#[inline(never)]
+fn watchdog_test_blocks_in_sleep(d: Duration) {
+    std::thread::sleep(d);
+    std::hint::black_box(());
+}
+
+#[inline(never)]
+fn watchdog_test_burns_cpu(stop: &AtomicBool) -> u64 {
+    let mut x = 1u64;
+    while !stop.load(Ordering::Relaxed) {
+        for _ in 0..10_000 {
+            x = x.wrapping_mul(6364136223846793005).wrapping_add(1);
+        }
+    }
+    std::hint::black_box(x)
+}
+
+fn root(span: u64) -> LocalRoot {
+    LocalRoot::new(SpanId::from(span), TraceId::from(0xabc_u128), None)
+}
+
+fn names(frames: &[u64], symbolizer: &mut Symbolizer) -> Vec<String> {
+    frames
+        .iter()
+        .enumerate()
+        .flat_map(|(i, &a)| symbolizer.frame(a, i > 0).lines)
+        .map(|l| l.function.to_string())
+        .collect()
+}
+
+/// Issue 11 item 3: a root blocked in `std::thread::sleep` is found, its stack names the
+/// blocking function under the root's span id, and its looks add up to about the blocked
+/// wall time; a CPU-burning root and a thread outside any root give nothing.
+#[test]
+fn blocked_stacks_name_the_blocking_function() {
+    let _turn = test_turn();
+    let sampler = Sampler::start(SamplerConfig::default()).expect("sampler");
+    drain_blocked(|_| {});
+    let block = Duration::from_millis(300);
+    let stop = Arc::new(AtomicBool::new(false));
+    let ready = Arc::new(Barrier::new(4));
+    let sleeper = {
+        let ready = ready.clone();
+        std::thread::spawn(move || {
+            crate::sampler::register_current_thread().expect("register");
+            ready.wait();
+            let _root = SpanContextGuard::enter(Some(root(0x51)));
+            watchdog_test_blocks_in_sleep(block);
+        })
+    };
+    let burner = {
+        let (ready, stop) = (ready.clone(), stop.clone());
+        std::thread::spawn(move || {
+            crate::sampler::register_current_thread().expect("register");
+            ready.wait();
+            let _root = SpanContextGuard::enter(Some(root(0xb0)));
+            watchdog_test_burns_cpu(&stop)
+        })
+    };
+    let idle = {
+        let (ready, stop) = (ready.clone(), stop.clone());
+        std::thread::spawn(move || {
+            crate::sampler::register_current_thread().expect("register");
+            ready.wait();
+            while !stop.load(Ordering::Relaxed) {
+                std::thread::sleep(Duration::from_millis(20));
+            }
+        })
+    };
+    let config = WatchdogConfig::default();
+    let mut scanner = Scanner::new(config.clone());
+    ready.wait();
+    let started = Instant::now();
+    while started.elapsed() < block + Duration::from_millis(100) {
+        scanner.tick();
+        std::thread::sleep(config.tick());
+    }
+    stop.store(true, Ordering::Relaxed);
+    sleeper.join().expect("sleeper");
+    burner.join().expect("burner");
+    idle.join().expect("idle");
+    let mut records = Vec::new();
+    drain_blocked(|r| records.push(r.clone()));
+    drop(sampler);
+
+    let mut symbolizer = Symbolizer::new();
+    let ours: Vec<&BlockedRecord> = records
+        .iter()
+        .filter(|r| r.root.and_then(|r| r.span_id()) == Some(SpanId::from(0x51)))
+        .collect();
+    assert!(
+        records
+            .iter()
+            .all(|r| r.root.and_then(|r| r.span_id()) == Some(SpanId::from(0x51))),
+        "only the sleeping root blocks: {records:?}"
+    );
+    assert!(
+        !ours.is_empty(),
+        "no blocked look at the sleeper: {:?}",
+        stats()
+    );
+    for record in &ours {
+        let stack = names(&record.frames, &mut symbolizer);
+        assert!(
+            stack
+                .iter()
+                .any(|f| f.contains("watchdog_test_blocks_in_sleep")),
+            "{stack:#?}"
+        );
+    }
+    let delay: u64 = ours.iter().map(|r| r.delay_ns).sum();
+    let delay = Duration::from_nanos(delay);
+    // Never more than the block; less by the ticks before it could be seen (two when
+    // the machine is quiet, more when the watchdog's own ticks are late).
+    assert!(
+        delay <= block && delay >= block * 6 / 10,
+        "blocked {delay:?} of {block:?}: {:?}",
+        stats()
+    );
+    assert_eq!(ours.iter().filter(|r| r.first_look).count(), 1, "one block");
+    assert!(
+        ours.windows(2)
+            .all(|w| std::sync::Arc::ptr_eq(&w[0].frames, &w[1].frames)),
+        "one stack taken per block, reused by every later look"
+    );
+}
+
+/// The frame-pointer guess skips words that only look like a saved frame pointer and finds
+/// the lowest record whose chain holds (without it, stacks stop at the first frame that
+/// finds its caller through `rbp`, such as `std::thread::sleep`: measured).
+#[cfg(target_arch = "x86_64")]
+#[test]
+fn the_frame_pointer_guess_finds_the_lowest_chained_record() {
+    let _turn = test_turn();
+    let sampler = Sampler::start(SamplerConfig::default()).expect("sampler");
+    let code = names as *const () as u64 + 16;
+    let sp = 0x7000_0000u64;
+    let mut words = vec![0u64; 32];
+    // A lone pointer up the stack followed by a non-code word: not a record.
+    words[1] = sp + 8 * 20;
+    words[2] = 0x1234;
+    // Records at words 4 → 10 → 16 → 0 (outermost), each followed by a code address.
+    for (at, next) in [(4, sp + 8 * 10), (10, sp + 8 * 16), (16, 0)] {
+        words[at] = next;
+        words[at + 1] = code;
+    }
+    let copy: Vec<u8> = words.iter().flat_map(|w| w.to_ne_bytes()).collect();
+    assert_eq!(guess_frame_pointer(sp, &copy), sp + 8 * 4);
+    // A chain that breaks (points down the stack) is not taken.
+    let mut broken = words.clone();
+    broken[10] = sp;
+    let copy: Vec<u8> = broken.iter().flat_map(|w| w.to_ne_bytes()).collect();
+    assert_eq!(
+        guess_frame_pointer(sp, &copy),
+        sp + 8 * 16,
+        "the outermost record"
+    );
+    assert_eq!(guess_frame_pointer(sp, &[]), 0);
+    drop(sampler);
+}
+
+/// With more blocked threads than the per-tick cap, every one is still looked at (the
+/// pass starts where the last one stopped), the rest counted as skipped, and the weights
+/// still add up to each block's wall time rather than to the looks taken.
+#[test]
+fn the_per_tick_cap_rotates_over_blocked_threads() {
+    let _turn = test_turn();
+    let sampler = Sampler::start(SamplerConfig::default()).expect("sampler");
+    drain_blocked(|_| {});
+    let block = Duration::from_millis(400);
+    let threads = 6u64;
+    let ready = Arc::new(Barrier::new(threads as usize + 1));
+    let handles: Vec<_> = (0..threads)
+        .map(|i| {
+            let ready = ready.clone();
+            std::thread::spawn(move || {
+                crate::sampler::register_current_thread().expect("register");
+                ready.wait();
+                let _root = SpanContextGuard::enter(Some(root(0x100 + i)));
+                watchdog_test_blocks_in_sleep(block);
+            })
+        })
+        .collect();
+    let config = WatchdogConfig::default().with_max_threads_per_tick(2);
+    let mut scanner = Scanner::new(config.clone());
+    let skipped_before = stats().skipped;
+    ready.wait();
+    let started = Instant::now();
+    while started.elapsed() < block {
+        scanner.tick();
+        std::thread::sleep(config.tick());
+    }
+    for h in handles {
+        h.join().expect("sleeper");
+    }
+    let mut delay = std::collections::HashMap::<u64, u64>::new();
+    drain_blocked(|r| {
+        let span = r.root.map_or(0, |r| r.span_id_u64());
+        *delay.entry(span).or_default() += r.delay_ns;
+    });
+    drop(sampler);
+    assert!(stats().skipped > skipped_before, "the cap was reached");
+    for i in 0..threads {
+        let d = Duration::from_nanos(delay.get(&(0x100 + i)).copied().unwrap_or(0));
+        assert!(
+            d <= block && d >= block / 3,
+            "thread {i}: {d:?} of {block:?} ({delay:?})"
+        );
+    }
+}
+
+#[inline(never)]
+fn watchdog_test_naps_in_a_loop(naps: u32, nap: Duration) {
+    for _ in 0..naps {
+        std::thread::sleep(nap);
+    }
+    std::hint::black_box(());
+}
+
+/// A poll that blocks in many short calls (a loop of small synchronous reads, say) holds
+/// its worker as surely as one long call: each nap is shorter than a tick, so the CPU
+/// clock never stands still for a whole tick, but it barely moves. Found, named, and
+/// weighted by the wall time minus the CPU time.
+#[test]
+fn a_loop_of_short_blocking_calls_counts_as_blocked() {
+    let _turn = test_turn();
+    let sampler = Sampler::start(SamplerConfig::default()).expect("sampler");
+    drain_blocked(|_| {});
+    let (naps, nap) = (100, Duration::from_millis(3));
+    let ready = Arc::new(Barrier::new(2));
+    let napper = {
+        let ready = ready.clone();
+        std::thread::spawn(move || {
+            crate::sampler::register_current_thread().expect("register");
+            ready.wait();
+            let started = Instant::now();
+            let _root = SpanContextGuard::enter(Some(root(0x4a)));
+            watchdog_test_naps_in_a_loop(naps, nap);
+            started.elapsed()
+        })
+    };
+    let config = WatchdogConfig::default();
+    let mut scanner = Scanner::new(config.clone());
+    ready.wait();
+    while !napper.is_finished() {
+        scanner.tick();
+        std::thread::sleep(config.tick());
+    }
+    let held = napper.join().expect("napper");
+    let mut records = Vec::new();
+    drain_blocked(|r| records.push(r.clone()));
+    drop(sampler);
+    let ours: Vec<&BlockedRecord> = records
+        .iter()
+        .filter(|r| r.root.and_then(|r| r.span_id()) == Some(SpanId::from(0x4a)))
+        .collect();
+    assert!(!ours.is_empty(), "{:?}", stats());
+    let delay = Duration::from_nanos(ours.iter().map(|r| r.delay_ns).sum());
+    assert!(
+        delay <= held && delay >= held * 4 / 10,
+        "blocked {delay:?} of {held:?} held: {:?}",
+        stats()
+    );
+    let mut symbolizer = Symbolizer::new();
+    for record in &ours {
+        let stack = names(&record.frames, &mut symbolizer);
+        assert!(
+            stack
+                .iter()
+                .any(|f| f.contains("watchdog_test_naps_in_a_loop")),
+            "{stack:#?}"
+        );
+    }
+}
+
+#[inline(never)]
+fn watchdog_test_waits_for_a_lock(lock: &std::sync::Mutex<u64>) -> u64 {
+    let value = *lock
+        .lock()
+        .unwrap_or_else(std::sync::PoisonError::into_inner);
+    std::hint::black_box(value)
+}
+
+/// A contended `std::sync::Mutex` inside a poll (blocked in `futex(2)`) is found and its
+/// stack names the function waiting for the lock.
+#[test]
+fn a_contended_mutex_names_the_waiting_function() {
+    let _turn = test_turn();
+    let sampler = Sampler::start(SamplerConfig::default()).expect("sampler");
+    drain_blocked(|_| {});
+    let lock = Arc::new(std::sync::Mutex::new(7u64));
+    let held = lock.lock().expect("lock");
+    let ready = Arc::new(Barrier::new(2));
+    let waiter = {
+        let (lock, ready) = (lock.clone(), ready.clone());
+        std::thread::spawn(move || {
+            crate::sampler::register_current_thread().expect("register");
+            ready.wait();
+            let _root = SpanContextGuard::enter(Some(root(0x10c)));
+            watchdog_test_waits_for_a_lock(&lock)
+        })
+    };
+    let config = WatchdogConfig::default();
+    let mut scanner = Scanner::new(config.clone());
+    ready.wait();
+    let started = Instant::now();
+    while started.elapsed() < Duration::from_millis(200) {
+        scanner.tick();
+        std::thread::sleep(config.tick());
+    }
+    drop(held);
+    assert_eq!(waiter.join().expect("waiter"), 7);
+    let mut records = Vec::new();
+    drain_blocked(|r| records.push(r.clone()));
+    drop(sampler);
+    let ours: Vec<&BlockedRecord> = records
+        .iter()
+        .filter(|r| r.root.and_then(|r| r.span_id()) == Some(SpanId::from(0x10c)))
+        .collect();
+    assert!(!ours.is_empty(), "{:?}", stats());
+    let mut symbolizer = Symbolizer::new();
+    for record in &ours {
+        let stack = names(&record.frames, &mut symbolizer);
+        assert!(
+            stack
+                .iter()
+                .any(|f| f.contains("watchdog_test_waits_for_a_lock")),
+            "{stack:#?}"
+        );
+    }
+}
