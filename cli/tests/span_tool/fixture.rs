@@ -527,3 +527,38 @@ fn span_of_cpu(id: u64) -> FixtureSpan {
     s.queued_ms = Some(0);
     s
 }
+
+/// [`routes_with_active_time`], plus the watchdog's blocked-in-poll profile of the
+/// `GET /sleep` spans: each blocked 90 ms in `flush_to_slow_disk` (under std's sleep) and
+/// 5 ms in `take_lock`.
+pub fn routes_with_blocked_profile() -> tempfile::TempDir {
+    let dir = routes_with_active_time();
+    let start = SystemTime::UNIX_EPOCH + Duration::from_secs(1_700_000_000);
+    let mut profile = ProfileBuilder::blocked(start, Duration::from_secs(10));
+    let mut addresses = HashMap::new();
+    let sleeping: Stack = &[
+        "main",
+        "handler",
+        "flush_to_slow_disk",
+        "std::thread::sleep",
+        "nanosleep",
+    ];
+    let locking: Stack = &["main", "handler", "take_lock", "std::sync::Mutex<T>::lock"];
+    // `routes_with_active_time` numbers GET /sleep's spans 0x6003..=0x6005.
+    for id in 0x6003u64..=0x6005 {
+        let labels = SampleLabels {
+            span_id: Some(id),
+            trace_id: Some(0xabc0_0000_0000_0000_0000_0000_0000_0000 | u128::from(id)),
+            span_name: Some(Arc::from("request")),
+        };
+        profile.add_blocked(&frames(sleeping, &mut addresses), &labels, 1, 90 * MS);
+        profile.add_blocked(&frames(locking, &mut addresses), &labels, 1, 5 * MS);
+    }
+    let bytes = encode_gzip(&profile.build()).expect("encode blocked profile");
+    std::fs::write(
+        dir.path().join("2026-01-01T00-00-00.000Z_blocked.pb.gz"),
+        bytes,
+    )
+    .expect("write blocked profile");
+    dir
+}

@@ -534,3 +534,40 @@ fn woken_but_not_polled_is_queued_not_waiting() {
         "{text}"
     );
 }
+
+/// Issue 11 item 4: a group blocked in poll names where it blocks, from the watchdog's
+/// blocked-in-poll profile (`*_blocked.pb.gz`): the user's function holding the blocked
+/// wall time, not the runtime's or std's.
+#[test]
+fn blocked_in_poll_names_the_blocking_function_from_the_blocked_profile() {
+    let dir = fixture::routes_with_blocked_profile();
+    let report = SpanReport::from_dirs(&[dir.path().to_path_buf()]).expect("report");
+    let sleep = report.group("GET /sleep", Some(V1)).expect("sleep");
+    assert_eq!(sleep.verdict, Verdict::BlockedInPoll, "{}", sleep.reason);
+    assert_eq!(sleep.blocked_profile_ns, 3 * 95 * MS);
+    assert_eq!(
+        sleep
+            .blocking
+            .iter()
+            .map(|f| (f.function.as_str(), f.cpu_ns / MS))
+            .collect::<Vec<_>>(),
+        [("flush_to_slow_disk", 270), ("take_lock", 15)]
+    );
+    assert!(
+        sleep
+            .reason
+            .contains("it blocks in flush_to_slow_disk (95% of the blocked time"),
+        "{}",
+        sleep.reason
+    );
+    assert!(
+        report
+            .to_string()
+            .contains("where it blocks (blocked-in-poll profile, 285.0 ms blocked in all): flush_to_slow_disk 270.0 ms, take_lock 15.0 ms"),
+        "{report}"
+    );
+    // The blocked profile is not CPU: the CPU figures are unchanged by it.
+    assert_eq!(sleep.profile_cpu_ns, 0);
+    let cpu = report.group("GET /cpu", Some(V1)).expect("cpu");
+    assert!(cpu.blocking.is_empty());
+}
