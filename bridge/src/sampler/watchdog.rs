@@ -533,11 +533,19 @@ fn copy_own_memory(addr: u64, buf: &mut [u8]) -> Option<usize> {
     usize::try_from(n).ok().filter(|&n| n > 0)
 }
 
-/// Guesses the frame-pointer register of a thread stopped at `sp` (x86_64: the lowest
-/// frame record on the copied stack; see the module docs). 0 when none is found.
-fn guess_frame_pointer(sp: u64, copy: &[u8]) -> u64 {
+/// Frame-pointer candidates to try for a thread stopped at `sp` (x86_64), lowest first,
+/// at most `MAX_FP_CANDIDATES`: first the places where the copied stack holds frame
+/// records chained at least three deep, then every place holding a word that points into
+/// known code just above it (a frame record `[saved fp, return address]` whose saved fp is
+/// not a chain pointer, because the caller keeps no frame pointer). The kernel gives only
+/// sp and pc of a thread blocked in a system call; the frame pointer matters where a
+/// frame's CFI needs it (std's frames are built with frame pointers), and in optimised code
+/// that keeps none, stale words can look like a record: so each candidate is tried by
+/// unwinding (see `Capture`).
+fn frame_pointer_candidates(sp: u64, copy: &[u8]) -> Vec<u64> {
+    let mut out = Vec::new();
     if !cfg!(target_arch = "x86_64") {
-        return 0;
+        return out;
     }
     let word = |addr: u64| -> Option<u64> {
         let at = usize::try_from(addr.checked_sub(sp)?).ok()?;
@@ -554,7 +562,7 @@ fn guess_frame_pointer(sp: u64, copy: &[u8]) -> u64 {
         (chained && unwind::is_known_code(ret)).then_some(next)
     };
     let mut at = sp;
-    while at + 16 <= top {
+    while at + 16 <= top && out.len() < MAX_FP_CANDIDATES / 2 {
         let mut link = at;
         let mut good = 0;
         while good < 3 {
@@ -570,11 +578,39 @@ fn guess_frame_pointer(sp: u64, copy: &[u8]) -> u64 {
             }
         }
         if good == 3 {
-            return at;
+            out.push(at);
         }
         at += 8;
     }
-    0
+    // Unchained records, nearest the stack pointer first (the blocked call's own frames).
+    let mut at = sp;
+    let near = top.min(sp.saturating_add(UNCHAINED_SCAN_BYTES));
+    while at + 16 <= near && out.len() < MAX_FP_CANDIDATES {
+        if !out.contains(&at) && word(at + 8).is_some_and(unwind::is_known_code) {
+            out.push(at);
+        }
+        at += 8;
+    }
+    // Nearest the stack pointer first: the innermost frame that needs the frame pointer
+    // (std's sleep, say) has its record just above the blocked call's own frames, while
+    // a candidate further up may complete a walk through stale return addresses.
+    out.sort_unstable();
+    out
+}
+
+/// How far above the stack pointer unchained frame records are looked for.
+const UNCHAINED_SCAN_BYTES: u64 = 4096;
+
+/// Frame-pointer candidates tried per capture.
+const MAX_FP_CANDIDATES: usize = 24;
+
+/// The lowest frame-pointer candidate (tests).
+#[cfg(test)]
+fn guess_frame_pointer(sp: u64, copy: &[u8]) -> u64 {
+    frame_pointer_candidates(sp, copy)
+        .first()
+        .copied()
+        .unwrap_or(0)
 }
 
 /// The watchdog's per-tick work, separate from its thread for tests.
@@ -796,14 +832,39 @@ impl Look<'_> {
             return None;
         };
         let copy = &stack[..copied];
-        let regs = Registers {
+        let mut regs = Registers {
             pc: call.pc,
             sp: call.sp,
-            fp: guess_frame_pointer(call.sp, copy),
+            fp: 0,
             #[cfg(target_arch = "aarch64")]
             lr: 0,
         };
-        let end = unwind::walk_copy(&regs, copy, cache, record);
+        // Each candidate frame pointer is tried (then none): the first whose walk reaches
+        // the thread's outermost frame wins, else the deepest walk. A wrong one derails
+        // the walk at the first frame that needs it, into stale return addresses.
+        let mut best = (0u64, 0usize, WalkEnd::Truncated);
+        let mut last_fp = None;
+        for fp in frame_pointer_candidates(call.sp, copy)
+            .into_iter()
+            .chain(std::iter::once(0))
+        {
+            regs.fp = fp;
+            let end = unwind::walk_copy(&regs, copy, cache, record);
+            last_fp = Some(fp);
+            if end == WalkEnd::Complete {
+                best = (fp, usize::from(record.depth), end);
+                break;
+            }
+            if usize::from(record.depth) > best.1 {
+                best = (fp, usize::from(record.depth), end);
+            }
+        }
+        let end = if last_fp == Some(best.0) {
+            best.2
+        } else {
+            regs.fp = best.0;
+            unwind::walk_copy(&regs, copy, cache, record)
+        };
         // Still the same block? Otherwise the copy may mix two moments: discard it.
         let same = read_syscall(tid) == Some(SyscallState::InSyscall(call))
             && thread_cpu_ns(tid) == Some(cpu)

@@ -189,12 +189,16 @@ fn blocked_stacks_name_the_blocking_function() {
     );
 }
 
-/// The frame-pointer guess skips words that only look like a saved frame pointer and finds
-/// the lowest record whose chain holds (without it, stacks stop at the first frame that
-/// finds its caller through `rbp`, such as `std::thread::sleep`: measured).
+/// The frame-pointer candidates are the places holding a frame record — a word followed by
+/// a code address — nearest the stack pointer first, whether or not the saved pointer
+/// chains (in optimised code the caller of a frame-pointer frame keeps none, so the true
+/// record's saved pointer is an arbitrary value); a word not followed by code is none.
+/// Each is then tried by unwinding (without them, stacks stop at the first frame that
+/// finds its caller through `rbp`, such as `std::thread::sleep`: measured; with only the
+/// lowest *chained* record, optimised callers got stale return addresses: measured).
 #[cfg(target_arch = "x86_64")]
 #[test]
-fn the_frame_pointer_guess_finds_the_lowest_chained_record() {
+fn frame_pointer_candidates_are_records_nearest_the_stack_pointer_first() {
     let _turn = test_turn();
     let sampler = Sampler::start(SamplerConfig::default()).expect("sampler");
     let code = names as *const () as u64 + 16;
@@ -203,23 +207,21 @@ fn the_frame_pointer_guess_finds_the_lowest_chained_record() {
     // A lone pointer up the stack followed by a non-code word: not a record.
     words[1] = sp + 8 * 20;
     words[2] = 0x1234;
-    // Records at words 4 → 10 → 16 → 0 (outermost), each followed by a code address.
-    for (at, next) in [(4, sp + 8 * 10), (10, sp + 8 * 16), (16, 0)] {
+    // An unchained record: a saved register that is no stack pointer, then code.
+    words[6] = 0xdead_beef;
+    words[7] = code;
+    // Records at words 12 → 18 → 24 → 0 (outermost), each followed by a code address.
+    for (at, next) in [(12, sp + 8 * 18), (18, sp + 8 * 24), (24, 0)] {
         words[at] = next;
         words[at + 1] = code;
     }
     let copy: Vec<u8> = words.iter().flat_map(|w| w.to_ne_bytes()).collect();
-    assert_eq!(guess_frame_pointer(sp, &copy), sp + 8 * 4);
-    // A chain that breaks (points down the stack) is not taken.
-    let mut broken = words.clone();
-    broken[10] = sp;
-    let copy: Vec<u8> = broken.iter().flat_map(|w| w.to_ne_bytes()).collect();
     assert_eq!(
-        guess_frame_pointer(sp, &copy),
-        sp + 8 * 16,
-        "the outermost record"
+        frame_pointer_candidates(sp, &copy),
+        [sp + 8 * 6, sp + 8 * 12, sp + 8 * 18, sp + 8 * 24]
     );
-    assert_eq!(guess_frame_pointer(sp, &[]), 0);
+    assert_eq!(guess_frame_pointer(sp, &copy), sp + 8 * 6);
+    assert!(frame_pointer_candidates(sp, &[]).is_empty());
     drop(sampler);
 }
 
