@@ -95,6 +95,22 @@ fn the_report_has_one_row_per_route_with_its_verdict() {
     // (`profiling.wall.active_ns` ≈ wall), so it is "blocked in poll", not "waiting".
     let sleep = group("GET /sleep");
     assert_eq!(sleep.verdict, Verdict::BlockedInPoll, "{}", sleep.reason);
+    // The watchdog's blocked-in-poll profile says where: the handler's own code, found by
+    // unwinding the blocked thread's stack (optimised code: no frame pointers kept).
+    let blocks_in = sleep.blocking.first().map(|f| f.function.as_str());
+    assert!(
+        blocks_in.is_some_and(|f| f.starts_with("otel_profiling_examples::axum_routes::")),
+        "{:?} ({})",
+        sleep.blocking,
+        sleep.reason
+    );
+    assert!(
+        sleep
+            .reason
+            .contains("it blocks in otel_profiling_examples::axum_routes::"),
+        "{}",
+        sleep.reason
+    );
     assert!(sleep.cpu_ratio < 0.1, "{}", sleep.cpu_ratio);
     assert!(summary.measured.get("/sleep").ratio() < 0.1);
     assert!(
