@@ -13,7 +13,9 @@ use opentelemetry_proto::tonic::collector::trace::v1::ExportTraceServiceRequest;
 use opentelemetry_proto::tonic::common::v1::{any_value, AnyValue, KeyValue};
 use opentelemetry_proto::tonic::resource::v1::Resource;
 use opentelemetry_proto::tonic::trace::v1::{ResourceSpans, ScopeSpans, Span};
-use otel_profiling::export::pyroscope::{PROFILE_NAME, PROFILE_TYPE_ID};
+use otel_profiling::export::pyroscope::{
+    BLOCK_CONTENTIONS_PROFILE_TYPE_ID, BLOCK_DELAY_PROFILE_TYPE_ID, PROFILE_NAME, PROFILE_TYPE_ID,
+};
 use otel_profiling::pprof::{self, FrameLine, ProfileBuilder, SampleLabels, SymbolizedFrame};
 use otel_profiling::PROFILE_ID_ATTRIBUTE;
 use otel_profiling_integration_tests::checklist::{
@@ -453,8 +455,19 @@ fn span_and_trace_ids_stay_out_of_series_labels() {
     assert!(!samples.is_empty());
     for s in &samples {
         assert!(!s.labels.contains_key("span_id") && !s.labels.contains_key("trace_id"));
-        assert_eq!(s.profile_type, PROFILE_TYPE_ID);
+        // CPU profiles, and the blocked-in-poll profiles of check 5's blocking task.
+        assert!(
+            [
+                PROFILE_TYPE_ID,
+                BLOCK_DELAY_PROFILE_TYPE_ID,
+                BLOCK_CONTENTIONS_PROFILE_TYPE_ID
+            ]
+            .contains(&s.profile_type.as_str()),
+            "{}",
+            s.profile_type
+        );
     }
+    assert!(samples.iter().any(|s| s.profile_type == PROFILE_TYPE_ID));
     assert!(samples
         .iter()
         .any(|s| s.span_id.is_some() && s.trace_id.is_some()));
