@@ -50,22 +50,48 @@ fn ns(span: &opentelemetry_sdk::trace::SpanData, key: &str) -> Duration {
     }
 }
 
+/// Spans exported with their evidence, a sampler at 100 Hz and a runtime of `workers`.
+struct Setup {
+    exporter: InMemorySpanExporter,
+    provider: SdkTracerProvider,
+    sampler: Sampler,
+    runtime: tokio::runtime::Runtime,
+}
+
+impl Setup {
+    fn new(workers: usize) -> Setup {
+        let exporter = InMemorySpanExporter::default();
+        let provider = SdkTracerProvider::builder()
+            .with_span_processor(CpuEvidenceProcessor::new(SimpleSpanProcessor::new(
+                exporter.clone(),
+            )))
+            .build();
+        let sampler =
+            Sampler::start(SamplerConfig::default().with_frequency_hz(100)).expect("sampler");
+        let runtime = tokio::runtime::Builder::new_multi_thread()
+            .worker_threads(workers)
+            .enable_all()
+            .build()
+            .expect("runtime");
+        Setup {
+            exporter,
+            provider,
+            sampler,
+            runtime,
+        }
+    }
+}
+
 #[test]
 fn cpu_blocked_in_poll_and_awaiting_are_told_apart() {
     let _turn = common::turn();
-    let exporter = InMemorySpanExporter::default();
-    let provider = SdkTracerProvider::builder()
-        .with_span_processor(CpuEvidenceProcessor::new(SimpleSpanProcessor::new(
-            exporter.clone(),
-        )))
-        .build();
+    let Setup {
+        exporter,
+        provider,
+        sampler,
+        runtime,
+    } = Setup::new(2);
     let tracer = provider.tracer("elapsed");
-    let sampler = Sampler::start(SamplerConfig::default().with_frequency_hz(100)).expect("sampler");
-    let runtime = tokio::runtime::Builder::new_multi_thread()
-        .worker_threads(2)
-        .enable_all()
-        .build()
-        .expect("runtime");
 
     let root = |name: &'static str| {
         let span = tracer.start(name);
@@ -208,19 +234,13 @@ fn cpu_blocked_in_poll_and_awaiting_are_told_apart() {
 #[test]
 fn time_woken_but_not_polled_is_queued_not_awaiting() {
     let _turn = common::turn();
-    let exporter = InMemorySpanExporter::default();
-    let provider = SdkTracerProvider::builder()
-        .with_span_processor(CpuEvidenceProcessor::new(SimpleSpanProcessor::new(
-            exporter.clone(),
-        )))
-        .build();
+    let Setup {
+        exporter,
+        provider,
+        sampler,
+        runtime,
+    } = Setup::new(1);
     let tracer = provider.tracer("queued");
-    let sampler = Sampler::start(SamplerConfig::default().with_frequency_hz(100)).expect("sampler");
-    let runtime = tokio::runtime::Builder::new_multi_thread()
-        .worker_threads(1)
-        .enable_all()
-        .build()
-        .expect("runtime");
     let span = tracer.start("queued");
     let queued = ProfilingContext::new(Context::current_with_span(span), "queued");
     let (tx, rx) = tokio::sync::oneshot::channel::<()>();
