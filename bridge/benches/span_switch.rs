@@ -29,8 +29,8 @@ use opentelemetry_sdk::trace::SdkTracerProvider;
 use opentelemetry_sdk::trace::{SpanData, SpanProcessor};
 use otel_profiling::sampler::{Sampler, SamplerConfig};
 use otel_profiling::{
-    CpuEvidenceProcessor, LocalRoot, ProfileIdSpanProcessor, ProfilingLayer, SpanContextGuard,
-    SpanName,
+    CpuEvidenceProcessor, LocalRoot, ProfileIdScope, ProfileIdSpanProcessor, ProfilingLayer,
+    SpanContextGuard, SpanName,
 };
 use tracing_subscriber::layer::SubscriberExt;
 
@@ -123,9 +123,11 @@ fn bench_span_lifecycle(c: &mut Criterion) {
     let plain = SdkTracerProvider::builder()
         .with_span_processor(Discard)
         .build();
+    // What `Telemetry` installs: one processor sets the profile id and adds the evidence.
     let bridged = SdkTracerProvider::builder()
-        .with_span_processor(ProfileIdSpanProcessor::default())
-        .with_span_processor(CpuEvidenceProcessor::new(Discard))
+        .with_span_processor(
+            CpuEvidenceProcessor::new(Discard).with_profile_id(ProfileIdScope::LocalRoots),
+        )
         .build();
     let mut group = c.benchmark_group("span_lifecycle");
     let lifecycle = |group: &mut criterion::BenchmarkGroup<'_, _>, name: &str, dispatch| {

@@ -11,9 +11,10 @@
 //! claiming and releasing them takes no lock beyond the shard's.
 
 use std::collections::HashMap;
+use std::hash::{BuildHasherDefault, Hasher};
 use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::{Arc, LazyLock, Mutex, PoisonError};
-use std::time::{Duration, Instant};
+use std::time::Duration;
 
 use opentelemetry::trace::SpanId;
 use opentelemetry::{Context, KeyValue};
@@ -21,6 +22,7 @@ use opentelemetry_sdk::error::OTelSdkResult;
 use opentelemetry_sdk::trace::{Span, SpanData, SpanProcessor};
 use opentelemetry_sdk::Resource;
 
+use crate::processor::{mark_profile_id, ProfileIdScope};
 use crate::root_cpu::{CpuHandle, RootTotals, SlotLists};
 
 /// Samples taken while the span (or its local children) ran on some thread.
@@ -67,12 +69,36 @@ impl RootCounters {
 
 struct Entry {
     cpu: Arc<RootCounters>,
-    since: Instant,
+    /// When the entry was made (coarse monotonic ns: only compared with [`ORPHAN_AGE`]).
+    since: u64,
+}
+
+/// Span ids are random (W3C trace context): their bits are already a good hash, so the
+/// table does not pay for SipHash on every root's start and end.
+#[derive(Default)]
+struct SpanIdHasher(u64);
+
+impl Hasher for SpanIdHasher {
+    fn finish(&self) -> u64 {
+        self.0
+    }
+
+    fn write(&mut self, bytes: &[u8]) {
+        // Only `write_u64` is used (the keys are `u64`); fold anything else in anyway.
+        for &b in bytes {
+            self.0 = self.0.rotate_left(8) ^ u64::from(b);
+        }
+    }
+
+    fn write_u64(&mut self, id: u64) {
+        // The shard took the low bits (`% SHARDS`): the map hashes the rest.
+        self.0 = id.rotate_right(6);
+    }
 }
 
 #[derive(Default)]
 struct Shard {
-    entries: HashMap<u64, Entry>,
+    entries: HashMap<u64, Entry, BuildHasherDefault<SpanIdHasher>>,
     inserts: u32,
     slots: SlotLists,
 }
@@ -97,11 +123,12 @@ pub(crate) fn track(span_id: SpanId) -> Option<Arc<RootCounters>> {
     let shard = &mut *shard;
     shard.inserts = shard.inserts.wrapping_add(1);
     if shard.inserts.is_multiple_of(SWEEP_EVERY) {
-        let now = Instant::now();
+        let now = crate::clock::coarse_monotonic_ns();
+        let max_age = ORPHAN_AGE.as_nanos() as u64;
         let slots = &mut shard.slots;
         // Only the table holds the counters: the span and its contexts are gone.
         shard.entries.retain(|_, e| {
-            let keep = Arc::strong_count(&e.cpu) > 1 || now.duration_since(e.since) < ORPHAN_AGE;
+            let keep = Arc::strong_count(&e.cpu) > 1 || now.saturating_sub(e.since) < max_age;
             if !keep {
                 slots.release(e.cpu.handle);
             }
@@ -115,7 +142,7 @@ pub(crate) fn track(span_id: SpanId) -> Option<Arc<RootCounters>> {
         key,
         Entry {
             cpu: cpu.clone(),
-            since: Instant::now(),
+            since: crate::clock::coarse_monotonic_ns(),
         },
     ) {
         // The same span id twice (a caller reusing ids): the older root stops counting.
@@ -140,24 +167,62 @@ fn take(span_id: SpanId) -> Option<RootTotals> {
 ///
 /// ```
 /// use opentelemetry_sdk::trace::{InMemorySpanExporter, SdkTracerProvider, SimpleSpanProcessor};
-/// use otel_profiling::{CpuEvidenceProcessor, ProfileIdSpanProcessor};
+/// use otel_profiling::{CpuEvidenceProcessor, ProfileIdScope};
 ///
 /// let exporter = InMemorySpanExporter::default();
 /// let provider = SdkTracerProvider::builder()
-///     .with_span_processor(ProfileIdSpanProcessor::default())
-///     .with_span_processor(CpuEvidenceProcessor::new(SimpleSpanProcessor::new(exporter)))
+///     .with_span_processor(
+///         CpuEvidenceProcessor::new(SimpleSpanProcessor::new(exporter))
+///             .with_profile_id(ProfileIdScope::LocalRoots),
+///     )
 ///     .build();
 /// ```
+///
+/// It can also set [`PROFILE_ID_ATTRIBUTE`](crate::PROFILE_ID_ATTRIBUTE) itself
+/// ([`with_profile_id`](CpuEvidenceProcessor::with_profile_id)), in place of a separate
+/// [`ProfileIdSpanProcessor`](crate::ProfileIdSpanProcessor): the SDK hands each processor
+/// but the last its own copy of every ended span, so one processor instead of two saves a
+/// copy of each span's data (its attributes, events and links) at every span end.
 #[derive(Debug)]
 pub struct CpuEvidenceProcessor<P> {
     inner: P,
+    profile_id: ProfileIdScope,
 }
 
 impl<P: SpanProcessor> CpuEvidenceProcessor<P> {
     /// Adds the evidence to what `inner` receives.
     pub fn new(inner: P) -> CpuEvidenceProcessor<P> {
         PROCESSORS.fetch_add(1, Ordering::Relaxed);
-        CpuEvidenceProcessor { inner }
+        CpuEvidenceProcessor {
+            inner,
+            profile_id: ProfileIdScope::None,
+        }
+    }
+
+    /// Also marks the spans in `scope` with `pyroscope.profile.id` as they start, as a
+    /// [`ProfileIdSpanProcessor`](crate::ProfileIdSpanProcessor) would (default: none, so
+    /// that a pipeline that has one does not get the attribute twice).
+    ///
+    /// ```
+    /// use opentelemetry::trace::{Tracer, TracerProvider as _};
+    /// use opentelemetry_sdk::trace::{InMemorySpanExporter, SdkTracerProvider, SimpleSpanProcessor};
+    /// use otel_profiling::{CpuEvidenceProcessor, ProfileIdScope, PROFILE_ID_ATTRIBUTE};
+    ///
+    /// let exporter = InMemorySpanExporter::default();
+    /// let provider = SdkTracerProvider::builder()
+    ///     .with_span_processor(
+    ///         CpuEvidenceProcessor::new(SimpleSpanProcessor::new(exporter.clone()))
+    ///             .with_profile_id(ProfileIdScope::LocalRoots),
+    ///     )
+    ///     .build();
+    /// provider.tracer("doc").in_span("GET /report", |_cx| {});
+    /// let span = &exporter.get_finished_spans().unwrap()[0];
+    /// let id = span.attributes.iter().find(|kv| kv.key.as_str() == PROFILE_ID_ATTRIBUTE);
+    /// assert_eq!(id.unwrap().value.to_string(), span.span_context.span_id().to_string());
+    /// ```
+    pub fn with_profile_id(mut self, scope: ProfileIdScope) -> CpuEvidenceProcessor<P> {
+        self.profile_id = scope;
+        self
     }
 }
 
@@ -169,6 +234,7 @@ impl<P> Drop for CpuEvidenceProcessor<P> {
 
 impl<P: SpanProcessor> SpanProcessor for CpuEvidenceProcessor<P> {
     fn on_start(&self, span: &mut Span, cx: &Context) {
+        mark_profile_id(self.profile_id, span, cx);
         self.inner.on_start(span, cx);
     }
 
@@ -178,7 +244,10 @@ impl<P: SpanProcessor> SpanProcessor for CpuEvidenceProcessor<P> {
             span.attributes.extend([
                 KeyValue::new(CPU_SAMPLES_ATTRIBUTE, int(totals.samples)),
                 KeyValue::new(CPU_TIME_ATTRIBUTE, int(totals.cpu_ns)),
-                KeyValue::new(WALL_ACTIVE_ATTRIBUTE, int(totals.active_ns)),
+                KeyValue::new(
+                    WALL_ACTIVE_ATTRIBUTE,
+                    int(crate::clock::ticks_to_ns(totals.active_ticks)),
+                ),
             ]);
             if let Some(queued) = totals.queued_ns {
                 span.attributes

@@ -123,7 +123,7 @@ impl ProfilingLayer {
             span.extensions()
                 .get::<OtelName>()
                 .map(|n| n.0)
-                .unwrap_or_else(|| SpanName::intern(span.name()))
+                .unwrap_or_else(|| SpanName::intern_static(span.name()))
         };
         let Some(otel) = self.otel_context(&span.id()) else {
             // No OpenTelemetry layer: only names are known.

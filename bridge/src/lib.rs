@@ -40,6 +40,7 @@ pub struct ReadmeDoctests;
 
 #[cfg(feature = "axum")]
 pub mod axum;
+mod clock;
 pub mod collector;
 pub mod config;
 mod evidence;

@@ -68,17 +68,7 @@ impl ProfileIdSpanProcessor {
 
 impl SpanProcessor for ProfileIdSpanProcessor {
     fn on_start(&self, span: &mut Span, parent: &Context) {
-        let marked = match self.scope {
-            ProfileIdScope::None => false,
-            ProfileIdScope::LocalRoots => is_local_root(parent),
-            ProfileIdScope::AllSpans => true,
-        };
-        if !marked || !span.is_recording() {
-            return;
-        }
-        let id = span.span_context().span_id();
-        // `SpanId`'s Display is exactly 16 lowercase hex digits.
-        span.set_attribute(KeyValue::new(PROFILE_ID_ATTRIBUTE, id.to_string()));
+        mark_profile_id(self.scope, span, parent);
     }
 
     fn on_end(&self, _span: SpanData) {}
@@ -90,6 +80,41 @@ impl SpanProcessor for ProfileIdSpanProcessor {
     fn shutdown_with_timeout(&self, _timeout: Duration) -> OTelSdkResult {
         Ok(())
     }
+}
+
+/// Sets [`PROFILE_ID_ATTRIBUTE`] on `span` if `scope` covers it: the work of
+/// [`ProfileIdSpanProcessor`], shared with
+/// [`CpuEvidenceProcessor::with_profile_id`](crate::CpuEvidenceProcessor::with_profile_id).
+#[inline]
+pub(crate) fn mark_profile_id(scope: ProfileIdScope, span: &mut Span, parent: &Context) {
+    let marked = match scope {
+        ProfileIdScope::None => false,
+        ProfileIdScope::LocalRoots => is_local_root(parent),
+        ProfileIdScope::AllSpans => true,
+    };
+    if !marked || !span.is_recording() {
+        return;
+    }
+    let id = span.span_context().span_id();
+    span.set_attribute(KeyValue::new(
+        PROFILE_ID_ATTRIBUTE,
+        lower_hex(id.to_bytes()),
+    ));
+}
+
+/// The 16 lowercase hex digits of a span id, as `SpanId`'s `Display` writes them, without
+/// going through the formatter (this runs for every local root span).
+fn lower_hex(bytes: [u8; 8]) -> String {
+    const DIGITS: &[u8; 16] = b"0123456789abcdef";
+    let mut out = [0u8; 16];
+    for (i, b) in bytes.iter().enumerate() {
+        out[2 * i] = DIGITS[usize::from(b >> 4)];
+        out[2 * i + 1] = DIGITS[usize::from(b & 0xf)];
+    }
+    // Only ASCII hex digits were written, so the conversion cannot fail.
+    std::str::from_utf8(&out)
+        .map(str::to_owned)
+        .unwrap_or_default()
 }
 
 #[cfg(test)]

@@ -44,7 +44,8 @@ struct Slot {
     samples: AtomicU64,
     time_ns: AtomicU64,
     /// Wall time threads spent inside the root: the low 16 bits of the owning generation
-    /// in the top 16 bits, nanoseconds in the low 48 (78 hours). Added to by span hooks on
+    /// in the top 16 bits, `clock::ticks` in the low 48 (78 hours of nanoseconds, or 26
+    /// hours of a 3 GHz time-stamp counter). Added to by span hooks on
     /// any thread, not by the handler, so it does not take part in the `IN_FLIGHT`
     /// quiescence; the generation inside the word makes an add from a thread that left
     /// the root after it ended fail instead of landing in the next owner's total.
@@ -184,7 +185,7 @@ impl SlotLists {
         let totals = RootTotals {
             samples: slot.samples.load(Ordering::Relaxed),
             cpu_ns: slot.time_ns.load(Ordering::Relaxed),
-            active_ns: active & ACTIVE_NS_MASK,
+            active_ticks: active & ACTIVE_NS_MASK,
             queued_ns: (queued & QUEUED_MEASURED != 0).then_some(queued & QUEUED_NS_MASK),
         };
         self.limbo.push(handle.index);
@@ -199,17 +200,17 @@ pub(crate) struct RootTotals {
     pub(crate) samples: u64,
     /// The CPU time they stand for.
     pub(crate) cpu_ns: u64,
-    /// Wall time threads spent inside the root (see [`add_active`]).
-    pub(crate) active_ns: u64,
+    /// Wall time threads spent inside the root, in `clock::ticks` (see [`add_active`]).
+    pub(crate) active_ticks: u64,
     /// Wall time its futures spent woken but not polled, when a wrapper measured it (see
     /// [`add_queued`]).
     pub(crate) queued_ns: Option<u64>,
 }
 
-/// Adds `ns` of wall time spent inside the root `raw` (a [`CpuHandle::to_raw`]) by the
-/// calling thread. Saturates at 2⁴⁸ ns; returns false (and adds nothing) when the root
-/// has ended. Lock-free: one compare-and-swap on the root's own slot, so threads of
-/// different roots never touch the same cache line.
+/// Adds `ns` (`clock::ticks`) of wall time spent inside the root `raw` (a
+/// [`CpuHandle::to_raw`]) by the calling thread. Saturates at 2⁴⁸; returns false (and
+/// adds nothing) when the root has ended. Lock-free: one compare-and-swap on the root's
+/// own slot, so threads of different roots never touch the same cache line.
 #[inline]
 pub(crate) fn add_active(raw: u64, ns: u64) -> bool {
     add_tagged(raw, ns, |slot| &slot.active, ACTIVE_NS_MASK, 0)
@@ -314,7 +315,7 @@ mod tests {
             RootTotals {
                 samples: 2,
                 cpu_ns: 20,
-                active_ns: 100,
+                active_ticks: 100,
                 queued_ns: None
             }
         );
@@ -339,7 +340,7 @@ mod tests {
             RootTotals {
                 samples: 1,
                 cpu_ns: 7,
-                active_ns: 3,
+                active_ticks: 3,
                 queued_ns: None
             }
         );
@@ -379,11 +380,11 @@ mod tests {
             }
         });
         add_active(raw, 0);
-        assert_eq!(lists.release(a).active_ns, 4 * 10_000 * 3, "no add lost");
+        assert_eq!(lists.release(a).active_ticks, 4 * 10_000 * 3, "no add lost");
         let b = lists.claim().expect("slot");
         assert!(add_active(b.to_raw(), u64::MAX));
         assert!(add_active(b.to_raw(), 1));
-        assert_eq!(lists.release(b).active_ns, ACTIVE_NS_MASK);
+        assert_eq!(lists.release(b).active_ticks, ACTIVE_NS_MASK);
     }
 
     #[test]
@@ -397,7 +398,7 @@ mod tests {
         assert!(add_queued(b.to_raw(), 5));
         assert!(add_active(b.to_raw(), 7), "the two words are independent");
         let totals = lists.release(b);
-        assert_eq!((totals.queued_ns, totals.active_ns), (Some(5), 7));
+        assert_eq!((totals.queued_ns, totals.active_ticks), (Some(5), 7));
         assert!(!add_queued(b.to_raw(), 1), "ended root refuses queued time");
         let c = lists.claim().expect("slot");
         assert!(add_queued(c.to_raw(), u64::MAX));

@@ -40,8 +40,7 @@ use crate::export::pyroscope::PyroscopeStats;
 use crate::export::span_stats::{SpanExportSnapshot, SpanExportStats};
 use crate::local_sink::{output_dir, LocalSpanExporter};
 use crate::{
-    ProfileIdScope, ProfileIdSpanProcessor, Profiler, ProfilerError, ProfilerStats, ProfilingLayer,
-    UnsampledTraces,
+    ProfileIdScope, Profiler, ProfilerError, ProfilerStats, ProfilingLayer, UnsampledTraces,
 };
 
 mod backends;
@@ -326,13 +325,13 @@ impl Telemetry {
         }
 
         // Spans: OTLP if configured, else local files; both with CPU evidence.
-        let mut provider = SdkTracerProvider::builder()
-            .with_resource(resource)
-            .with_span_processor(ProfileIdSpanProcessor::new(self.scope));
+        let mut provider = SdkTracerProvider::builder().with_resource(resource);
         let mut spans_file = None;
         let span_stats;
         match otlp {
-            Some((target, _)) => (provider, span_stats) = backends::with_otlp(provider, target)?,
+            Some((target, _)) => {
+                (provider, span_stats) = backends::with_otlp(provider, target, self.scope)?
+            }
             None => {
                 let exporter = LocalSpanExporter::new(&dir).map_err(|e| SetupError::Exporter {
                     what: "local span file",
@@ -340,7 +339,7 @@ impl Telemetry {
                 })?;
                 spans_file = Some(exporter.path().to_path_buf());
                 (provider, span_stats) =
-                    backends::add_span_exporter(provider, exporter, "local span file");
+                    backends::add_span_exporter(provider, exporter, "local span file", self.scope);
             }
         }
         let provider = provider.build();

@@ -58,6 +58,32 @@ impl SpanName {
         id
     }
 
+    /// [`SpanName::intern`] for names that live for the whole program (a `tracing`
+    /// callsite's name): a per-thread cache keyed by the text's address answers without
+    /// hashing the text. Two `'static` texts at the same address and length are the same
+    /// text, so a hit is always right.
+    #[inline]
+    pub(crate) fn intern_static(name: &'static str) -> SpanName {
+        let key = (name.as_ptr() as usize, name.len());
+        // Callsite names are at least byte-aligned and usually far apart: fold the address.
+        let index = (key.0 ^ (key.0 >> 7)) % STATIC_CACHE_SLOTS;
+        let hit = STATIC_CACHE
+            .try_with(|cache| {
+                let (ptr, len, raw) = cache[index].get();
+                ((ptr, len) == key)
+                    .then(|| SpanName::from_raw(raw))
+                    .flatten()
+            })
+            .ok()
+            .flatten();
+        if let Some(id) = hit {
+            return id;
+        }
+        let id = SpanName::intern(name);
+        let _ = STATIC_CACHE.try_with(|cache| cache[index].set((key.0, key.1, id.to_raw())));
+        id
+    }
+
     /// The interned text.
     pub fn resolve(self) -> Arc<str> {
         let table = INTERNER.lock().unwrap_or_else(PoisonError::into_inner);
@@ -104,7 +130,14 @@ struct Interner {
 static INTERNER: LazyLock<Mutex<Interner>> = LazyLock::new(Mutex::default);
 static OVERFLOWED: AtomicU64 = AtomicU64::new(0);
 
+/// Entries of the per-thread cache of `'static` names (a few hundred bytes a thread).
+const STATIC_CACHE_SLOTS: usize = 64;
+
 thread_local! {
+    // (address, length, raw id) of `'static` names; `const`, no destructor: usable from
+    // any hook, even during thread teardown. Address 0 never matches a real name.
+    static STATIC_CACHE: [std::cell::Cell<(usize, usize, u32)>; STATIC_CACHE_SLOTS] =
+        const { [const { std::cell::Cell::new((0, 0, 0)) }; STATIC_CACHE_SLOTS] };
     static LOCAL_CACHE: RefCell<HashMap<Box<str>, SpanName>> = RefCell::new(HashMap::new());
 }
 
@@ -180,6 +213,20 @@ mod tests {
         let id = rx.recv().expect("the destructor interned a name");
         assert_eq!(&*id.resolve(), "span-name-test/from-tls-drop");
         assert_eq!(id, SpanName::intern("span-name-test/from-tls-drop"));
+    }
+
+    #[test]
+    fn static_names_intern_like_any_other() {
+        static A: &str = "span-name-test/static-a";
+        let a = SpanName::intern_static(A);
+        assert_eq!(a, SpanName::intern("span-name-test/static-a"));
+        assert_eq!(SpanName::intern_static(A), a, "cached");
+        // The same text at another address, and a prefix at the same address.
+        let b = SpanName::intern_static(&A[..14]);
+        assert_eq!(&*b.resolve(), "span-name-test");
+        assert_ne!(a, b);
+        let leaked: &'static str = Box::leak(String::from(A).into_boxed_str());
+        assert_eq!(SpanName::intern_static(leaked), a);
     }
 
     #[test]

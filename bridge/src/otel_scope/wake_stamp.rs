@@ -18,8 +18,8 @@ use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, Mutex, PoisonError};
 use std::task::{Wake, Waker};
 
+use crate::clock::monotonic_ns;
 use crate::root_cpu;
-use crate::span_context::active::monotonic_ns;
 
 /// One wrapped future's wake time and the task's current waker.
 #[derive(Debug, Default)]

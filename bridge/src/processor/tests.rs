@@ -169,3 +169,52 @@ fn non_recording_spans_carry_nothing() {
     assert_eq!(spans.len(), 1);
     assert_eq!(spans[0].name, "sampled");
 }
+
+#[test]
+fn lower_hex_is_span_id_display() {
+    for id in [
+        0_u64,
+        1,
+        0x00ab_cdef_0123_4567,
+        u64::MAX,
+        0x8000_0000_0000_000f,
+    ] {
+        let span_id = SpanId::from(id);
+        assert_eq!(super::lower_hex(span_id.to_bytes()), span_id.to_string());
+    }
+}
+
+/// The evidence processor marks spans itself only when asked, exactly as this processor
+/// would: once per local root, never on children.
+#[test]
+fn evidence_processor_marks_local_roots_once_when_asked() {
+    use crate::CpuEvidenceProcessor;
+    use opentelemetry_sdk::trace::SimpleSpanProcessor;
+    for (scope, expect_root) in [(None, false), (Some(ProfileIdScope::LocalRoots), true)] {
+        let exporter = InMemorySpanExporter::default();
+        let evidence = CpuEvidenceProcessor::new(SimpleSpanProcessor::new(exporter.clone()));
+        let evidence = match scope {
+            Some(scope) => evidence.with_profile_id(scope),
+            None => evidence,
+        };
+        let provider = SdkTracerProvider::builder()
+            .with_span_processor(evidence)
+            .build();
+        let tracer = provider.tracer("test");
+        tracer.in_span("root", |_| tracer.in_span("child", |_| {}));
+        for span in exporter.get_finished_spans().expect("spans") {
+            let ids: Vec<_> = span
+                .attributes
+                .iter()
+                .filter(|kv| kv.key.as_str() == PROFILE_ID_ATTRIBUTE)
+                .map(|kv| kv.value.to_string())
+                .collect();
+            let expected = if span.name == "root" && expect_root {
+                vec![span.span_context.span_id().to_string()]
+            } else {
+                vec![]
+            };
+            assert_eq!(ids, expected, "{} with {scope:?}", span.name);
+        }
+    }
+}

@@ -351,6 +351,8 @@ impl Sampler {
     /// config is invalid (the error names the field).
     pub fn start(config: SamplerConfig) -> Result<Sampler, SamplerError> {
         config.validate()?;
+        // Before any root can claim counters: active time is then measured on one clock.
+        crate::clock::init_ticks();
         let _serial = START_STOP.lock();
         if running_run().is_some() {
             return Err(SamplerError::AlreadyRunning);

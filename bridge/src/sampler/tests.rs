@@ -238,7 +238,7 @@ fn a_local_root_kept_past_its_span_counts_for_no_span() {
     }
     let totals = lists.release(new);
     assert_eq!(totals.samples, 0, "the new root ran nothing");
-    assert_eq!(totals.active_ns, 0, "nor was it ever entered");
+    assert_eq!(totals.active_ticks, 0, "nor was it ever entered");
     assert!(stats().stale_roots >= stale_before + 5, "{:?}", stats());
     drop(sampler);
 }

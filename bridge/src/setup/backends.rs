@@ -13,7 +13,7 @@ use crate::collector::ProfileSink;
 use crate::config::{OtlpProtocol, OtlpTarget, PyroscopeTarget};
 use crate::export::pyroscope::PyroscopeStats;
 use crate::export::span_stats::{CountingSpanExporter, SpanExportStats};
-use crate::CpuEvidenceProcessor;
+use crate::{CpuEvidenceProcessor, ProfileIdScope};
 
 /// Where a setting came from, so errors name it as the user wrote it.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -144,17 +144,21 @@ pub(super) fn check(
     Ok(())
 }
 
-/// Counts and batches `exporter`'s spans, with CPU evidence, into `provider`.
+/// Counts and batches `exporter`'s spans, with CPU evidence and the profile id on the
+/// spans in `scope`, into `provider`. One processor does all three: the SDK clones each
+/// ended span's data for every processor but the last.
 pub(super) fn add_span_exporter(
     provider: TracerProviderBuilder,
     exporter: impl SpanExporter + 'static,
     what: &'static str,
+    scope: ProfileIdScope,
 ) -> (TracerProviderBuilder, Arc<SpanExportStats>) {
     let exporter = CountingSpanExporter::new(exporter, what);
     let stats = exporter.stats();
-    let provider = provider.with_span_processor(CpuEvidenceProcessor::new(
-        BatchSpanProcessor::builder(exporter).build(),
-    ));
+    let provider = provider.with_span_processor(
+        CpuEvidenceProcessor::new(BatchSpanProcessor::builder(exporter).build())
+            .with_profile_id(scope),
+    );
     (provider, stats)
 }
 
@@ -162,10 +166,11 @@ pub(super) fn add_span_exporter(
 pub(super) fn with_otlp(
     provider: TracerProviderBuilder,
     target: &OtlpTarget,
+    scope: ProfileIdScope,
 ) -> Result<(TracerProviderBuilder, Arc<SpanExportStats>), SetupError> {
     match target.protocol {
-        OtlpProtocol::HttpProtobuf => with_otlp_http(provider, target),
-        OtlpProtocol::Grpc => with_otlp_grpc(provider, target),
+        OtlpProtocol::HttpProtobuf => with_otlp_http(provider, target, scope),
+        OtlpProtocol::Grpc => with_otlp_grpc(provider, target, scope),
     }
 }
 
@@ -190,6 +195,7 @@ fn not_compiled(what: &'static str, feature: &'static str) -> SetupError {
 fn with_otlp_http(
     provider: TracerProviderBuilder,
     target: &OtlpTarget,
+    scope: ProfileIdScope,
 ) -> Result<(TracerProviderBuilder, Arc<SpanExportStats>), SetupError> {
     use opentelemetry_otlp::WithExportConfig;
     let exporter = opentelemetry_otlp::SpanExporter::builder()
@@ -202,6 +208,7 @@ fn with_otlp_http(
         provider,
         exporter,
         "otlp (http/protobuf)",
+        scope,
     ))
 }
 
@@ -209,6 +216,7 @@ fn with_otlp_http(
 fn with_otlp_http(
     _: TracerProviderBuilder,
     _: &OtlpTarget,
+    _: ProfileIdScope,
 ) -> Result<(TracerProviderBuilder, Arc<SpanExportStats>), SetupError> {
     Err(not_compiled("otlp", "otlp-http"))
 }
@@ -217,16 +225,18 @@ fn with_otlp_http(
 fn with_otlp_grpc(
     provider: TracerProviderBuilder,
     target: &OtlpTarget,
+    scope: ProfileIdScope,
 ) -> Result<(TracerProviderBuilder, Arc<SpanExportStats>), SetupError> {
     let exporter = crate::export::otlp::GrpcSpanExporter::new(&target.traces_url())
         .map_err(|e| exporter_error("otlp", e))?;
-    Ok(add_span_exporter(provider, exporter, "otlp (grpc)"))
+    Ok(add_span_exporter(provider, exporter, "otlp (grpc)", scope))
 }
 
 #[cfg(not(feature = "otlp-grpc"))]
 fn with_otlp_grpc(
     _: TracerProviderBuilder,
     _: &OtlpTarget,
+    _: ProfileIdScope,
 ) -> Result<(TracerProviderBuilder, Arc<SpanExportStats>), SetupError> {
     Err(not_compiled("otlp", "otlp-grpc"))
 }

@@ -4,9 +4,10 @@
 //! The span context record changes only when the thread moves to another local root (or
 //! to none): entering a child span of the same root, or polling the same root's future
 //! again right after, writes nothing. Those transitions are where the clock is read: one
-//! monotonic-clock read (a vDSO call, ~20 ns, no syscall) closes the stretch of the root
-//! being left (added to its counters, `root_cpu::add_active`) and opens the stretch of the
-//! root being entered. Roots without counters (no sampler, no evidence processor, an
+//! read of the active-time clock (`clock::ticks`: the TSC where the kernel keeps time with
+//! it, ~10 ns, else `CLOCK_MONOTONIC` through the vDSO, ~25 ns; never a syscall) closes
+//! the stretch of the root being left (added to its counters, `root_cpu::add_active`) and
+//! opens the stretch of the root being entered. Roots without counters (no sampler, no evidence processor, an
 //! unsampled trace) never read the clock. The thread's CPU clock is never read here: at
 //! ~500 ns a read (a syscall) it would cost more than the rest of a poll's hooks.
 //!
@@ -18,10 +19,11 @@
 
 use std::cell::Cell;
 
+use crate::clock;
 use crate::root_cpu;
 
 thread_local! {
-    // When the thread entered the root its record names now (monotonic ns); meaningful
+    // When the thread entered the root its record names now (`clock::ticks`); meaningful
     // only while that root has counters. `const`, no destructor: usable from any hook,
     // even during thread teardown.
     static ENTERED_AT: Cell<u64> = const { Cell::new(0) };
@@ -34,7 +36,7 @@ pub(super) fn transition(from: u64, to: u64) {
     if from == to || (from == 0 && to == 0) {
         return;
     }
-    let now = monotonic_ns();
+    let now = clock::ticks();
     // `try_with`: a thread-local destructor may end a scope after this one is gone.
     let _ = ENTERED_AT.try_with(|entered| {
         if from != 0 {
@@ -44,18 +46,4 @@ pub(super) fn transition(from: u64, to: u64) {
             entered.set(now);
         }
     });
-}
-
-/// `CLOCK_MONOTONIC` in nanoseconds (the clock `Instant` reads, without its wrapper).
-#[inline]
-pub(crate) fn monotonic_ns() -> u64 {
-    let mut ts = libc::timespec {
-        tv_sec: 0,
-        tv_nsec: 0,
-    };
-    // SAFETY: `ts` is a valid, writable timespec; CLOCK_MONOTONIC always exists on Linux.
-    unsafe { libc::clock_gettime(libc::CLOCK_MONOTONIC, &mut ts) };
-    (ts.tv_sec as u64)
-        .saturating_mul(1_000_000_000)
-        .saturating_add(ts.tv_nsec as u64)
 }
