@@ -1,16 +1,22 @@
 //! Narrowing a regression: the same span name in two versions (from one directory, by
-//! `service.version`) or in two directories, per request, and the functions whose CPU
-//! per request grew most.
+//! `service.version`) or in two directories, per request: where each side's wall time
+//! went (CPU, blocked in poll, queued, awaiting — the report's [`TimeSplit`] and verdict,
+//! built by [`SpanGroup::of_spans`]), which part grew, and the functions whose CPU per
+//! request grew most.
 
 use std::collections::BTreeSet;
 use std::fmt;
 use std::path::{Path, PathBuf};
 
+use crate::dependencies::Dependencies;
 use crate::error::ReportError;
 use crate::format::{ms, ms_delta, ms_f, Table};
-use crate::functions::FunctionTotals;
+use crate::functions::{FunctionCpu, FunctionTotals};
 use crate::input::{version_label, Input, Span};
+use crate::report::SpanGroup;
+use crate::split::{Part, TimeSplit};
 use crate::stats::percentile;
+use crate::verdict::Verdict;
 
 /// How many grown functions the diff names.
 pub const TOP_GROWN: usize = 10;
@@ -18,6 +24,19 @@ pub const TOP_GROWN: usize = 10;
 /// Share of the new side's CPU per request a new function must hold to be named (below
 /// it, a function seen in a sample or two is sampling noise).
 pub const NEW_FUNCTION_SHARE: f64 = 0.05;
+
+/// A part of the split whose time per request moved less than this is left out of the
+/// one-line statement of what changed (it would print as ±0.00 ms).
+pub const NOTICEABLE_NS: f64 = 5_000.0;
+
+/// The parts in the order the split draws them.
+const PART_ORDER: [Part; 5] = [
+    Part::Cpu,
+    Part::Blocked,
+    Part::Queued,
+    Part::Awaiting,
+    Part::OffCpu,
+];
 
 /// One span name compared between two versions or two directories, per request.
 #[derive(Clone, Debug)]
@@ -35,6 +54,28 @@ pub struct VersionDiff {
     /// [`NEW_FUNCTION_SHARE`] of the new side's CPU, by total CPU per request, most first
     /// (up to [`TOP_GROWN`]): new code paths, often the regression itself.
     pub new_functions: Vec<FunctionDelta>,
+    /// The parts of the wall time per request on both sides, on the finest basis both
+    /// sides' splits support (see [`VersionDiff::split_basis`]), the one that grew most
+    /// first.
+    pub parts: Vec<PartDelta>,
+}
+
+/// One part of the wall time (CPU, blocked in poll, ...) per request on both sides.
+#[derive(Clone, Copy, Debug, PartialEq)]
+pub struct PartDelta {
+    /// The part.
+    pub part: Part,
+    /// Mean nanoseconds per request before.
+    pub before_ns: f64,
+    /// Mean nanoseconds per request after.
+    pub after_ns: f64,
+}
+
+impl PartDelta {
+    /// Growth per request, nanoseconds.
+    pub fn delta_ns(&self) -> f64 {
+        self.after_ns - self.before_ns
+    }
 }
 
 /// One side of a diff.
@@ -50,6 +91,38 @@ pub struct DiffSide {
     pub cpu_per_request_ns: f64,
     /// `profiling.cpu.time_ns` per request, over the spans that carry it.
     pub attribute_cpu_per_request_ns: Option<f64>,
+    /// Where this side's wall time went, summed over its requests (as the report splits it).
+    pub split: TimeSplit,
+    /// The report's verdict on this side.
+    pub verdict: Verdict,
+    /// Why.
+    pub reason: String,
+    /// The child spans under this side's requests.
+    pub dependencies: Dependencies,
+    /// Where this side blocked inside a poll (its blocked-in-poll profile), most first.
+    pub blocking: Vec<FunctionCpu>,
+}
+
+impl DiffSide {
+    /// The split's parts (this side's own, as [`TimeSplit::parts`]) as mean nanoseconds
+    /// per request.
+    pub fn parts_per_request(&self) -> Vec<(Part, f64)> {
+        self.split
+            .parts()
+            .into_iter()
+            .map(|(part, ns)| (part, self.per_request(ns)))
+            .collect()
+    }
+
+    /// Mean wall time per request, nanoseconds.
+    pub fn wall_mean_ns(&self) -> f64 {
+        self.per_request(self.split.wall_ns)
+    }
+
+    /// `ns` (summed over this side's requests) as a mean per request.
+    pub fn per_request(&self, ns: u64) -> f64 {
+        ns as f64 / self.requests.max(1) as f64
+    }
 }
 
 /// A function's CPU per request on both sides.
@@ -111,8 +184,8 @@ impl VersionDiff {
             }
             Ok(chosen)
         };
-        let before = side(from.to_owned(), &input, &of_version(from)?);
-        let after = side(to.to_owned(), &input, &of_version(to)?);
+        let before = side(from.to_owned(), &input, span_name, &of_version(from)?);
+        let after = side(to.to_owned(), &input, span_name, &of_version(to)?);
         Ok(VersionDiff::new(span_name, before, after))
     }
 
@@ -126,8 +199,8 @@ impl VersionDiff {
     ) -> VersionDiff {
         VersionDiff::new(
             span_name,
-            side(before.0.to_owned(), input, before.1),
-            side(after.0.to_owned(), input, after.1),
+            side(before.0.to_owned(), input, span_name, before.1),
+            side(after.0.to_owned(), input, span_name, after.1),
         )
     }
 
@@ -140,7 +213,7 @@ impl VersionDiff {
         let side_of = |dir: &Path| -> Result<(DiffSide, FunctionTotals), ReportError> {
             let input = Input::load(&[dir.to_path_buf()])?;
             let spans = spans_named(&input, span_name)?;
-            Ok(side(dir.display().to_string(), &input, &spans))
+            Ok(side(dir.display().to_string(), &input, span_name, &spans))
         };
         Ok(VersionDiff::new(
             span_name,
@@ -192,14 +265,164 @@ impl VersionDiff {
                 .then(a.function.cmp(&b.function))
         });
         grown.truncate(TOP_GROWN);
+        let parts = part_deltas(&before, &after);
         VersionDiff {
             span_name: span_name.to_owned(),
             before,
             after,
             grown,
             new_functions,
+            parts,
         }
     }
+
+    /// What [`VersionDiff::parts`] compares: CPU, blocked in poll, queued and awaiting
+    /// when both sides have them; queued inside awaiting when one side did not measure
+    /// it; CPU against not on CPU when one side has no active time.
+    pub fn split_basis(&self) -> &'static str {
+        let (b, a) = (&self.before.split, &self.after.split);
+        match basis(b, a) {
+            Basis::Queued => "CPU, blocked in poll, queued, awaiting",
+            Basis::Active => "CPU, blocked in poll, awaiting (queued inside awaiting: not measured on both sides)",
+            Basis::OffCpu => "CPU against not on CPU (blocked and awaiting need the active time on both sides)",
+        }
+    }
+
+    /// Whether [`VersionDiff::parts`] compares less than one side's own split shows
+    /// (the other side lacks its active or queued time).
+    pub fn basis_is_coarser(&self) -> bool {
+        let (b, a) = (&self.before.split, &self.after.split);
+        let queued = |s: &TimeSplit| s.active.is_some() && s.queued_measured;
+        match basis(b, a) {
+            Basis::Queued => false,
+            Basis::Active => queued(b) || queued(a),
+            Basis::OffCpu => b.active.is_some() || a.active.is_some(),
+        }
+    }
+
+    /// What changed, in one line: the wall time's growth, then each part of the split
+    /// that moved, the one that grew most first, with what explains it (the function
+    /// whose CPU grew, the child spans awaited, where it blocks), then the verdicts.
+    pub fn what_changed(&self) -> String {
+        let (b, a) = (&self.before, &self.after);
+        let moved: Vec<String> = self
+            .parts
+            .iter()
+            .filter(|p| p.delta_ns().abs() >= NOTICEABLE_NS)
+            .map(|p| {
+                format!(
+                    "{} {}{}",
+                    p.part.label(),
+                    ms_delta(p.delta_ns()),
+                    self.explain(p)
+                )
+            })
+            .collect();
+        let moved = if moved.is_empty() {
+            "no part of the split moved".to_owned()
+        } else {
+            moved.join(", ")
+        };
+        let verdict = if b.verdict == a.verdict {
+            format!("verdict {} on both", a.verdict)
+        } else {
+            format!("verdict {} → {}", b.verdict, a.verdict)
+        };
+        format!(
+            "wall p50 {} (mean {} per request): {moved}; {verdict}",
+            ms_delta(a.wall_p50_ns as f64 - b.wall_p50_ns as f64),
+            ms_delta(a.wall_mean_ns() - b.wall_mean_ns()),
+        )
+    }
+
+    /// Why a part grew, in parentheses, from what the new side's figures name.
+    fn explain(&self, p: &PartDelta) -> String {
+        if p.delta_ns() <= 0.0 {
+            return String::new();
+        }
+        let (b, a) = (&self.before, &self.after);
+        match p.part {
+            Part::Cpu => self.grown.first().map_or_else(String::new, |f| {
+                format!(" (most in {} {})", f.function, ms_delta(f.delta_ns()))
+            }),
+            Part::Blocked => a
+                .blocking
+                .first()
+                .map_or_else(String::new, |f| format!(" (now blocks in {})", f.function)),
+            Part::Queued => " (woken but not polled: waiting for a worker)".to_owned(),
+            Part::Awaiting | Part::OffCpu => {
+                if a.dependencies.children.is_empty() {
+                    return " (no child span covers it: instrument the dependency call)".to_owned();
+                }
+                let now = a.dependencies.describe(3);
+                let was = b.dependencies.describe(3);
+                if b.dependencies.children.is_empty() {
+                    format!(" (now waiting on {now}; no child spans before)")
+                } else if was == now {
+                    format!(" (waiting on {now}, as before)")
+                } else {
+                    format!(" (now waiting on {now}; was {was})")
+                }
+            }
+        }
+    }
+}
+
+/// The finest split both sides support.
+#[derive(Clone, Copy, PartialEq, Eq)]
+enum Basis {
+    /// Both have active and queued time.
+    Queued,
+    /// Both have active time.
+    Active,
+    /// CPU against not on CPU.
+    OffCpu,
+}
+
+fn basis(b: &TimeSplit, a: &TimeSplit) -> Basis {
+    match (
+        b.active.is_some() && a.active.is_some(),
+        b.queued_measured && a.queued_measured,
+    ) {
+        (true, true) => Basis::Queued,
+        (true, false) => Basis::Active,
+        (false, _) => Basis::OffCpu,
+    }
+}
+
+/// Both sides' parts per request on their common basis, the one that grew most first.
+fn part_deltas(before: &DiffSide, after: &DiffSide) -> Vec<PartDelta> {
+    let basis = basis(&before.split, &after.split);
+    let parts_of = |side: &DiffSide| -> Vec<(Part, f64)> {
+        let s = &side.split;
+        let ns: Vec<(Part, u64)> = match basis {
+            Basis::Queued => s.parts(),
+            Basis::Active => vec![
+                (Part::Cpu, s.cpu_in_wall_ns),
+                (Part::Blocked, s.blocked_ns),
+                (Part::Awaiting, s.awaiting_ns + s.queued_ns),
+            ],
+            Basis::OffCpu => vec![
+                (Part::Cpu, s.cpu_in_wall_ns),
+                (Part::OffCpu, s.wall_ns.saturating_sub(s.cpu_in_wall_ns)),
+            ],
+        };
+        ns.into_iter()
+            .map(|(part, ns)| (part, side.per_request(ns)))
+            .collect()
+    };
+    let mut deltas: Vec<PartDelta> = parts_of(before)
+        .into_iter()
+        .zip(parts_of(after))
+        .map(|((part, before_ns), (_, after_ns))| PartDelta {
+            part,
+            before_ns,
+            after_ns,
+        })
+        .collect();
+    // Stable: equal growth keeps the drawing order.
+    deltas.sort_by(|x, y| y.delta_ns().total_cmp(&x.delta_ns()));
+    deltas
 }
 
 /// The local root spans named `name` (or whose route makes that name), or the error listing the names there are.
@@ -224,7 +447,12 @@ fn spans_named<'a>(input: &'a Input, name: &str) -> Result<Vec<&'a Span>, Report
 }
 
 /// One side's figures and per-function CPU.
-fn side(label: String, input: &Input, spans: &[&Span]) -> (DiffSide, FunctionTotals) {
+fn side(
+    label: String,
+    input: &Input,
+    span_name: &str,
+    spans: &[&Span],
+) -> (DiffSide, FunctionTotals) {
     let by_id = input.samples_by_span_id();
     let mut functions = FunctionTotals::default();
     let mut cpu_ns = 0u64;
@@ -240,6 +468,10 @@ fn side(label: String, input: &Input, spans: &[&Span]) -> (DiffSide, FunctionTot
     walls.sort_unstable();
     let with_attribute: Vec<u64> = spans.iter().filter_map(|s| s.cpu_time_ns).collect();
     let requests = spans.len();
+    // The report's own group of these spans: the diff shows the split and verdict the
+    // report shows for each version, never a second computation of them.
+    let version = spans.first().and_then(|s| s.service_version.as_deref());
+    let group = SpanGroup::of_spans(input, span_name, version, spans);
     let side = DiffSide {
         label,
         requests,
@@ -247,6 +479,11 @@ fn side(label: String, input: &Input, spans: &[&Span]) -> (DiffSide, FunctionTot
         cpu_per_request_ns: cpu_ns as f64 / requests.max(1) as f64,
         attribute_cpu_per_request_ns: (!with_attribute.is_empty())
             .then(|| with_attribute.iter().sum::<u64>() as f64 / with_attribute.len() as f64),
+        split: group.split,
+        verdict: group.verdict,
+        reason: group.reason,
+        dependencies: group.dependencies,
+        blocking: group.blocking,
     };
     (side, functions)
 }
@@ -292,6 +529,7 @@ impl fmt::Display for VersionDiff {
             ms_delta(a.cpu_per_request_ns - b.cpu_per_request_ns),
             ms_delta(a.wall_p50_ns as f64 - b.wall_p50_ns as f64),
         )?;
+        self.write_split(f)?;
         if !self.new_functions.is_empty() {
             writeln!(
                 f,
@@ -333,5 +571,217 @@ impl fmt::Display for VersionDiff {
             ]);
         }
         write!(f, "{table}")
+    }
+}
+
+impl VersionDiff {
+    /// Each side's split per request with the CPU samples beside it, its verdict, and the
+    /// line saying what changed.
+    fn write_split(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        let sides = [&self.before, &self.after];
+        let columns: Vec<Part> = PART_ORDER
+            .into_iter()
+            .filter(|part| {
+                sides
+                    .iter()
+                    .any(|s| s.split.parts().iter().any(|(p, _)| p == part))
+            })
+            .collect();
+        writeln!(
+            f,
+            "\nWhere the wall time went, per request (mean; CPU SAMPLES: the side's total, each \
+             one sampling period of CPU):"
+        )?;
+        let mut header = vec!["", "WALL", "CPU SAMPLES"];
+        header.extend(columns.iter().map(|p| match p {
+            Part::Cpu => "CPU",
+            Part::Blocked => "BLOCKED IN POLL",
+            Part::Queued => "QUEUED",
+            Part::Awaiting => "AWAITING",
+            Part::OffCpu => "NOT ON CPU",
+        }));
+        header.push("VERDICT");
+        let mut table = Table::new(&header).left_align(header.len() - 1).indent(2);
+        for side in sides {
+            let wall = side.wall_mean_ns();
+            let parts = side.parts_per_request();
+            let mut row = vec![
+                side.label.clone(),
+                ms_f(wall),
+                side.split.cpu_samples.to_string(),
+            ];
+            for column in &columns {
+                row.push(parts.iter().find(|(p, _)| p == column).map_or_else(
+                    || "-".to_owned(),
+                    |(_, ns)| format!("{} ({:.0}%)", ms_f(*ns), share(*ns, wall)),
+                ));
+            }
+            row.push(side.verdict.to_string());
+            table.row(row);
+        }
+        write!(f, "{table}")?;
+        for side in sides {
+            writeln!(f, "  {}: {} — {}", side.label, side.verdict, side.reason)?;
+        }
+        let (b, a) = (&self.before.split, &self.after.split);
+        if b.source() == a.source() {
+            writeln!(f, "  split: {}", b.source())?;
+        } else {
+            for side in sides {
+                writeln!(f, "  split of {}: {}", side.label, side.split.source())?;
+            }
+        }
+        if self.basis_is_coarser() {
+            writeln!(f, "  compared as {}", self.split_basis())?;
+        }
+        writeln!(f, "What changed: {}", self.what_changed())
+    }
+}
+
+/// `part` as a percentage of `whole` (0 when `whole` is 0).
+fn share(part: f64, whole: f64) -> f64 {
+    if whole > 0.0 {
+        part * 100.0 / whole
+    } else {
+        0.0
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use std::sync::Arc;
+
+    use super::*;
+    use crate::input::Sample;
+
+    const MS: u64 = 1_000_000;
+
+    fn span(id: u64, version: &str, wall_ms: u64, active_ms: Option<u64>) -> Span {
+        Span {
+            trace_id: format!("{id:032x}"),
+            span_id: format!("{id:016x}"),
+            parent_span_id: None,
+            parent_is_remote: false,
+            name: "GET /x".into(),
+            start_unix_nano: id * 1_000 * MS,
+            end_unix_nano: id * 1_000 * MS + wall_ms * MS,
+            service_version: Some(version.into()),
+            profile_id: Some(format!("{id:016x}")),
+            cpu_samples: None,
+            cpu_time_ns: None,
+            wall_active_ns: active_ms.map(|a| a * MS),
+            wall_queued_ns: None,
+            busy_ns: None,
+            http_route: None,
+            http_method: None,
+        }
+    }
+
+    fn sample(id: u64, samples: u64) -> Sample {
+        Sample {
+            frames: vec![Arc::from("work")],
+            cpu_ns: samples * 10 * MS,
+            count: samples,
+            span_id: Some(Arc::from(format!("{id:016x}").as_str())),
+            trace_id: None,
+            span_name: None,
+            window: None,
+        }
+    }
+
+    fn diff(input: &Input) -> VersionDiff {
+        let (old, new) = input.spans.split_at(1);
+        let old: Vec<&Span> = old.iter().collect();
+        let new: Vec<&Span> = new.iter().collect();
+        VersionDiff::between_spans(input, "GET /x", ("1", &old), ("2", &new))
+    }
+
+    #[test]
+    fn without_active_time_on_one_side_the_parts_compared_are_cpu_and_not_on_cpu() {
+        // 1: 100 ms, 20 ms CPU, no active time. 2: 150 ms, 20 ms CPU, 140 ms active (so
+        // 120 ms blocked): blocked cannot be told from awaiting in 1, so the growth is
+        // "not on CPU", not "blocked in poll".
+        let input = Input {
+            spans: vec![span(1, "1", 100, None), span(2, "2", 150, Some(140))],
+            samples: vec![sample(1, 2), sample(2, 2)],
+            profile_files: 1,
+            span_files: 1,
+            period_ns: Some(10 * MS),
+            ..Input::default()
+        };
+        let diff = diff(&input);
+        assert_eq!(
+            diff.parts,
+            [
+                PartDelta {
+                    part: Part::OffCpu,
+                    before_ns: 80.0 * MS as f64,
+                    after_ns: 130.0 * MS as f64
+                },
+                PartDelta {
+                    part: Part::Cpu,
+                    before_ns: 20.0 * MS as f64,
+                    after_ns: 20.0 * MS as f64
+                },
+            ]
+        );
+        assert!(diff.basis_is_coarser());
+        // Each side's own split is still shown whole.
+        assert_eq!(
+            diff.after.parts_per_request(),
+            [
+                (Part::Cpu, 20.0 * MS as f64),
+                (Part::Blocked, 120.0 * MS as f64),
+                (Part::Awaiting, 10.0 * MS as f64)
+            ]
+        );
+        assert_eq!(diff.after.verdict, Verdict::BlockedInPoll);
+        let text = diff.to_string();
+        assert!(
+            text.contains(
+                "What changed: wall p50 +50.00 ms (mean +50.00 ms per request): not on CPU \
+                 +50.00 ms (no child span covers it: instrument the dependency call); verdict \
+                 mixed → blocked in poll"
+            ),
+            "{text}"
+        );
+        assert!(
+            text.contains("compared as CPU against not on CPU"),
+            "{text}"
+        );
+        // The columns are both sides' parts: a side without one shows "-".
+        let row = text
+            .lines()
+            .find(|l| l.trim_start().starts_with("1 ") && l.contains("mixed"))
+            .expect("row of 1");
+        assert!(
+            row.contains("80.00 ms (80%)") && row.contains(" - "),
+            "{row}"
+        );
+    }
+
+    #[test]
+    fn queued_time_is_compared_when_both_sides_measured_it() {
+        let mut old = span(1, "1", 100, Some(10));
+        old.wall_queued_ns = Some(10 * MS);
+        let mut new = span(2, "2", 160, Some(10));
+        new.wall_queued_ns = Some(70 * MS);
+        let input = Input {
+            spans: vec![old, new],
+            profile_files: 1,
+            span_files: 1,
+            ..Input::default()
+        };
+        let diff = diff(&input);
+        let first = diff.parts[0];
+        assert_eq!(first.part, Part::Queued);
+        assert_eq!(first.delta_ns(), 60.0 * MS as f64);
+        assert!(!diff.basis_is_coarser());
+        assert!(
+            diff.what_changed()
+                .contains("queued +60.00 ms (woken but not polled: waiting for a worker)"),
+            "{}",
+            diff.what_changed()
+        );
     }
 }

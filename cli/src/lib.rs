@@ -11,7 +11,8 @@
 //!   user's own crates first ([`functions::library_group`]);
 //! * [`flame::FlameGraph`]: an SVG flame graph of one span id or one span name;
 //! * [`diff::VersionDiff`]: one span name in two versions or two directories, per
-//!   request, naming the functions whose CPU grew most;
+//!   request: each side's split and verdict (as the report's), which part of the wall
+//!   time grew, and the functions whose CPU grew most;
 //! * [`html::HtmlReport`]: all of it as one self-contained HTML page, with where the wall
 //!   time went ([`split::TimeSplit`]: CPU, blocked in a poll, awaiting) drawn as bars.
 //!

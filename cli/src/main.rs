@@ -62,7 +62,8 @@ enum Command {
         concurrent: bool,
     },
     /// One span name, per request, in two versions (one directory, --from/--to) or in two
-    /// directories: which functions' CPU grew.
+    /// directories: each version's CPU / blocked in poll / queued / awaiting split and
+    /// verdict, which part grew, and which functions' CPU grew.
     Diff {
         /// One directory (with --from and --to) or two (before, after).
         #[arg(required = true, num_args = 1..=2)]

@@ -202,6 +202,30 @@ impl SpanReport {
     }
 }
 
+impl SpanGroup {
+    /// The group of `spans` (local roots read into `input`) as the report builds it: the
+    /// same split, verdict and reason. The diff builds each of its sides with it, so the
+    /// two commands never disagree about a version.
+    pub fn of_spans(
+        input: &Input,
+        name: &str,
+        version: Option<&str>,
+        spans: &[&Span],
+    ) -> SpanGroup {
+        let by_id = input.samples_by_span_id();
+        let blocked_by_id = input.blocked_by_span_id();
+        let children = ChildIndex::new(&input.spans);
+        let sources = GroupSources {
+            by_id: &by_id,
+            blocked_by_id: &blocked_by_id,
+            sampling: input.sampling(),
+            children: &children,
+            samples: &input.samples,
+        };
+        build_group(name, version, spans, &sources)
+    }
+}
+
 /// What a group's figures are read from.
 struct GroupSources<'a> {
     /// CPU samples by span id.

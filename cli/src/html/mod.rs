@@ -586,6 +586,7 @@ fn write_diff(out: &mut String, diff: &VersionDiff) -> fmt::Result {
         ms_delta(a.cpu_per_request_ns - b.cpu_per_request_ns),
         ms_delta(a.wall_p50_ns as f64 - b.wall_p50_ns as f64),
     )?;
+    write_diff_split(out, diff)?;
     // When CPU per request did not grow, what grew is mostly sampling noise: folded away so
     // the regressions stand out.
     let folded = a.cpu_per_request_ns <= b.cpu_per_request_ns
@@ -643,6 +644,46 @@ fn write_diff(out: &mut String, diff: &VersionDiff) -> fmt::Result {
         )?;
     }
     writeln!(out, "</tbody></table>{close}</article>")
+}
+
+/// Each side's split as a bar with its figures per request, its verdict and the line
+/// saying what changed (the same text as the `diff` command's).
+fn write_diff_split(out: &mut String, diff: &VersionDiff) -> fmt::Result {
+    writeln!(
+        out,
+        r#"<table class="diff-split"><thead><tr><th></th><th class="split-col">Where the wall time went, per request</th><th class="num">CPU/request</th><th>Verdict</th></tr></thead><tbody>"#
+    )?;
+    for side in [&diff.before, &diff.after] {
+        let s = &side.split;
+        write!(out, r#"<tr><td>{}</td><td>"#, Esc(&side.label))?;
+        write_bar(out, s)?;
+        let figures: Vec<String> = side
+            .parts_per_request()
+            .into_iter()
+            .map(|(part, ns)| format!("{} {}", part.label(), ms_f(ns)))
+            .collect();
+        writeln!(
+            out,
+            r#"<br><small>{figures} (wall {wall})</small></td><td class="num">{cpu}<br><small>{samples} samples</small></td><td><span class="verdict {class}">{verdict}</span> <small>{reason}</small></td></tr>"#,
+            figures = figures.join(" · "),
+            wall = ms_f(side.wall_mean_ns()),
+            cpu = ms_f(side.per_request(s.cpu_ns)),
+            samples = s.cpu_samples,
+            class = verdict_class(side.verdict),
+            verdict = side.verdict,
+            reason = Esc(&side.reason),
+        )?;
+    }
+    let basis = if diff.basis_is_coarser() {
+        format!(" <small>(compared as {})</small>", diff.split_basis())
+    } else {
+        String::new()
+    };
+    writeln!(
+        out,
+        r#"</tbody></table><p class="what-changed"><strong>What changed:</strong> {}{basis}</p>"#,
+        Esc(&diff.what_changed())
+    )
 }
 
 fn write_notes(out: &mut String, period_ms: f64) -> fmt::Result {

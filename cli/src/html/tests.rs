@@ -127,6 +127,20 @@ fn shows_split_verdicts_flame_graphs_and_the_version_diff() {
     assert_eq!(html.diffs()[0].new_functions[0].function, "paginate");
     assert!(page.contains("New in 2.0"));
     assert!(page.contains("<code>paginate</code>"));
+    // Each version's split and verdict beside the other, and the part that grew named
+    // first: CPU 40 → 100 ms per request, awaiting 20 → 50, blocked 40 → 50.
+    assert!(
+        page.contains(
+            "<strong>What changed:</strong> wall p50 +100.00 ms (mean +100.00 ms per request): \
+             CPU +60.00 ms (most in paginate +60.00 ms), awaiting +30.00 ms (no child span \
+             covers it: instrument the dependency call), blocked in poll +10.00 ms; verdict \
+             mixed → CPU-bound"
+        ),
+        "{page}"
+    );
+    assert_eq!(page.matches(r#"<table class="diff-split">"#).count(), 2);
+    assert!(page
+        .contains("CPU 100.00 ms · blocked in poll 50.00 ms · awaiting 50.00 ms (wall 200.00 ms)"));
     assert_eq!(html.diffs()[1].after.label, "3.0");
     assert_eq!(page.matches("<details>").count(), 1);
     for tag in [

@@ -346,6 +346,9 @@ const EXPECTED: Expected = Expected {
         ">none<br><small>CPU vs not on CPU<",
         "GET /report: 1.0.0 → 2.0.0, per request",
         "New in 2.0.0",
+        // The diff's split: CPU 80 → 160 ms per request grew most, blocked and awaiting
+        // 10 ms each.
+        "(mean +100.00 ms per request): CPU +80.00 ms (most in encode_json",
     ],
 };
 

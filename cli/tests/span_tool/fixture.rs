@@ -562,3 +562,113 @@ pub fn routes_with_blocked_profile() -> tempfile::TempDir {
     .expect("write blocked profile");
     dir
 }
+
+/// The part of the wall time a [`regression`] fixture's 2.0.0 grows.
+#[derive(Clone, Copy, Debug)]
+pub enum Regression {
+    /// Three sequential `inventory.lookup` calls where 1.0.0 made one.
+    Awaiting,
+    /// A new `price_rules` computing 80 ms per request.
+    Cpu,
+    /// A blocking call holding the thread 90 ms per request (`flush_to_slow_disk` in the
+    /// blocked-in-poll profile).
+    Blocked,
+}
+
+pub const CHECKOUT_PRICING: Stack = &["main", "handle", "price_rules"];
+
+/// One directory, `POST /checkout` (spans named `request`, routed) in 1.0.0 and 2.0.0,
+/// three requests each, every root carrying `profiling.wall.active_ns`:
+///
+/// | | wall | CPU (samples) | active | blocked | awaiting | children per request |
+/// |---|---|---|---|---|---|---|
+/// | 1.0.0 | 100 | 10 (1) | 20 | 10 | 80 | 1 × inventory.lookup 40 ms |
+/// | 2.0.0 `Awaiting` | 140 | 10 (1) | 20 | 10 | 120 | 3 × inventory.lookup 30 ms |
+/// | 2.0.0 `Cpu` | 180 | 90 (9) | 100 | 10 | 80 | as 1.0.0 |
+/// | 2.0.0 `Blocked` | 190 | 10 (1) | 110 | 100 | 80 | as 1.0.0 |
+///
+/// 2.0.0 also serves `GET /hot` from spans named `request`, 3 × 300 ms of CPU: a diff
+/// that took every `request` span for the endpoint would see CPU grow.
+pub fn regression(kind: Regression) -> tempfile::TempDir {
+    let dir = tempfile::tempdir().expect("tempdir");
+    let mut spans = Vec::new();
+    let mut id = 0x9000;
+    for version in [V1, V2] {
+        let new = version == V2;
+        // (wall, stacks, active ms, lookups per request, lookup ms)
+        let (wall, stacks, active, lookups, lookup_ms): (u64, Vec<(Stack, u64)>, u64, u64, u64) =
+            match (new, kind) {
+                (false, _) => (100, vec![(CPU_WORK, 1)], 20, 1, 40),
+                (true, Regression::Awaiting) => (140, vec![(CPU_WORK, 1)], 20, 3, 30),
+                (true, Regression::Cpu) => {
+                    (180, vec![(CPU_WORK, 1), (CHECKOUT_PRICING, 8)], 100, 1, 40)
+                }
+                (true, Regression::Blocked) => (190, vec![(CPU_WORK, 1)], 110, 1, 40),
+            };
+        for r in 0..3u64 {
+            let at = u64::from(new) * 10_000 + r * 1_000;
+            let root_id = id;
+            let mut root = span("request", Some(version), root_id, wall, stacks.clone());
+            root.route = Some(("http.request.method", "POST", "/checkout"));
+            root.active_ms = Some(active);
+            root.at_ms = Some(at);
+            let trace_id = root.trace_id;
+            spans.push(root);
+            id += 1;
+            for call in 0..lookups {
+                let mut child = span("inventory.lookup", Some(version), id, lookup_ms, vec![]);
+                child.parent = Some(root_id);
+                child.trace_id = trace_id;
+                child.profile_id = false;
+                child.evidence = None;
+                child.at_ms = Some(at + 5 + call * lookup_ms);
+                spans.push(child);
+                id += 1;
+            }
+        }
+        if new {
+            for r in 0..3u64 {
+                let mut hot = span("request", Some(V2), id, 300, vec![(CPU_WORK, 30)]);
+                hot.route = Some(("http.request.method", "GET", "/hot"));
+                hot.active_ms = Some(300);
+                hot.at_ms = Some(20_000 + r * 1_000);
+                spans.push(hot);
+                id += 1;
+            }
+        }
+    }
+    write(dir.path(), "2026-01-01T00-00-00.000Z", &spans, 0);
+    if let Regression::Blocked = kind {
+        write_blocked_checkout(dir.path(), &spans);
+    }
+    dir
+}
+
+/// The watchdog's blocked-in-poll profile of [`regression`]'s 2.0.0 `POST /checkout`
+/// roots: 90 ms each in `flush_to_slow_disk`.
+fn write_blocked_checkout(dir: &Path, spans: &[FixtureSpan]) {
+    let start = SystemTime::UNIX_EPOCH + Duration::from_secs(1_700_000_000);
+    let mut profile = ProfileBuilder::blocked(start, Duration::from_secs(30));
+    let mut addresses = HashMap::new();
+    let sleeping: Stack = &[
+        "main",
+        "handle",
+        "flush_to_slow_disk",
+        "std::thread::sleep",
+        "nanosleep",
+    ];
+    let checkout_v2 = spans.iter().filter(|s| {
+        s.version == Some(V2) && s.parent.is_none() && s.route.map(|r| r.2) == Some("/checkout")
+    });
+    for s in checkout_v2 {
+        let labels = SampleLabels {
+            span_id: Some(s.span_id),
+            trace_id: Some(s.trace_id),
+            span_name: Some(Arc::from(s.name)),
+        };
+        profile.add_blocked(&frames(sleeping, &mut addresses), &labels, 1, 90 * MS);
+    }
+    let bytes = encode_gzip(&profile.build()).expect("encode blocked profile");
+    std::fs::write(dir.join("2026-01-01T00-00-00.000Z_blocked.pb.gz"), bytes)
+        .expect("write blocked profile");
+}

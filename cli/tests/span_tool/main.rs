@@ -5,6 +5,7 @@
 mod binary;
 mod browser;
 mod diff;
+mod diff_split;
 mod errors;
 mod fixture;
 mod flame;
