@@ -128,36 +128,30 @@ impl ProfilingContext {
     }
 }
 
-/// A future that runs every poll in a [`ProfilingContext`]: the OpenTelemetry context is
-/// attached and the thread's span context set for the poll, then both are restored, so
-/// the labels follow the task across worker threads and interleavings.
-///
-/// Use it in place of `opentelemetry::trace::FutureExt::with_context`.
-#[derive(Debug)]
-#[must_use = "futures do nothing unless polled"]
-pub struct ProfiledFuture<F> {
-    inner: F,
-    scope: ProfilingContext,
-    /// Measures the future's queued time (woken, not yet polled) when its root has
-    /// counters; made on the first such poll, once per future.
-    wake: Option<Arc<WakeStamp>>,
+pin_project_lite::pin_project! {
+    /// A future that runs every poll in a [`ProfilingContext`]: the OpenTelemetry context
+    /// is attached and the thread's span context set for the poll, then both are restored,
+    /// so the labels follow the task across worker threads and interleavings.
+    ///
+    /// Use it in place of `opentelemetry::trace::FutureExt::with_context`.
+    #[derive(Debug)]
+    #[must_use = "futures do nothing unless polled"]
+    pub struct ProfiledFuture<F> {
+        #[pin]
+        inner: F,
+        scope: ProfilingContext,
+        // Measures the future's queued time (woken, not yet polled) when its root has
+        // counters; made on the first such poll, once per future.
+        wake: Option<Arc<WakeStamp>>,
+    }
 }
 
 impl<F: Future> Future for ProfiledFuture<F> {
     type Output = F::Output;
 
     fn poll(self: Pin<&mut Self>, task: &mut TaskContext<'_>) -> Poll<F::Output> {
-        // SAFETY: `inner` is structurally pinned: it is never moved out of `self`, and
-        // `ProfiledFuture` has no `Drop` impl and is not `Unpin` unless `F` is. `scope` is
-        // only read; `wake` is not pinned (an `Option<Arc>`, moved freely).
-        let (inner, scope, wake) = unsafe {
-            let this = self.get_unchecked_mut();
-            (
-                Pin::new_unchecked(&mut this.inner),
-                &this.scope,
-                &mut this.wake,
-            )
-        };
+        let this = self.project();
+        let (inner, scope, wake) = (this.inner, &*this.scope, this.wake);
         let cpu = scope.label.map_or(0, |root| root.cpu_raw());
         // Queued time is the root's: measured by the outermost wrapper of the root only (a
         // nested one is polled inside it, and its wakes are the same wakes).
