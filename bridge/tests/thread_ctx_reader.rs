@@ -33,7 +33,7 @@ use std::process::{Command, Stdio};
 use std::time::{Duration, Instant};
 
 use opentelemetry::trace::{SpanId, TraceId};
-use otel_profiling::{thread_ctx, LocalRoot, SpanContextGuard, SpanName};
+use otel_profiling::{LocalRoot, SpanContextGuard, SpanName, Telemetry};
 
 const ROLE: &str = "OTEL_PROFILING_THREAD_CTX_ROLE";
 const NAMES: u64 = 7;
@@ -64,11 +64,17 @@ fn main() {
 
 /// The target: a worker thread entering and leaving roots in a loop until told to stop.
 fn target() {
-    thread_ctx::enable_with_resource(&[
-        ("service.name".into(), "thread-ctx-target".into()),
-        ("service.version".into(), "9.9.9".into()),
-    ])
-    .expect("publish");
+    // The one-call setup, as a service would use it: the thread context is on unless
+    // OTEL_PROFILING_THREAD_CONTEXT says otherwise; the profiler samples at 100 Hz.
+    let dir = std::env::temp_dir().join(format!("thread-ctx-target-{}", std::process::id()));
+    let telemetry = Telemetry::from_env()
+        .expect("environment")
+        .service_name("thread-ctx-target")
+        .resource_attribute("service.version", "9.9.9")
+        .output_dir(&dir)
+        .quiet(true)
+        .build()
+        .expect("setup");
     let names: Vec<SpanName> = (0..NAMES)
         .map(|k| SpanName::intern(&format!("GET /thread-ctx/{k}")))
         .collect();
@@ -110,6 +116,8 @@ fn target() {
     let _ = lines.next(); // "stop", or end of input
     stop.store(true, std::sync::atomic::Ordering::Relaxed);
     let switches = worker.join().unwrap();
+    drop(telemetry);
+    let _ = std::fs::remove_dir_all(&dir);
     println!("switches {switches}");
 }
 
@@ -188,33 +196,86 @@ impl Target {
     }
 }
 
+/// A running target process and its pipes.
+struct Running {
+    child: std::process::Child,
+    stdin: std::process::ChildStdin,
+    stdout: BufReader<std::process::ChildStdout>,
+    target: Target,
+    worker: i32,
+}
+
+impl Running {
+    /// Starts this file as the target, with `env` added to its environment.
+    fn start(env: &[(&str, &str)]) -> Running {
+        let mut command = Command::new(std::env::current_exe().unwrap());
+        command
+            .env(ROLE, "target")
+            // Local files only, whatever the environment running the test says.
+            .env_remove("OTEL_EXPORTER_OTLP_ENDPOINT")
+            .env_remove("PYROSCOPE_SERVER_ADDRESS")
+            .env_remove("OTEL_PROFILING_THREAD_CONTEXT")
+            .stdin(Stdio::piped())
+            .stdout(Stdio::piped());
+        for (key, value) in env {
+            command.env(key, value);
+        }
+        let mut child = command.spawn().expect("start the target");
+        let pid = child.id() as i32;
+        let stdin = child.stdin.take().unwrap();
+        let mut stdout = BufReader::new(child.stdout.take().unwrap());
+        let mut line = String::new();
+        stdout.read_line(&mut line).unwrap();
+        let worker = line
+            .trim()
+            .strip_prefix("worker ")
+            .and_then(|t| t.parse().ok())
+            .unwrap_or_else(|| panic!("target said {line:?}"));
+        let target = Target {
+            pid,
+            mem: File::open(format!("/proc/{pid}/mem")).expect("open /proc/<pid>/mem"),
+        };
+        Running {
+            child,
+            stdin,
+            stdout,
+            target,
+            worker,
+        }
+    }
+
+    fn go(&mut self) {
+        writeln!(self.stdin, "go").unwrap();
+    }
+
+    /// Stops the target; returns how many context switches its worker made.
+    fn finish(mut self) -> u64 {
+        writeln!(self.stdin, "stop").unwrap();
+        drop(self.stdin);
+        let mut line = String::new();
+        self.stdout.read_line(&mut line).unwrap();
+        let switches = line
+            .trim()
+            .strip_prefix("switches ")
+            .and_then(|t| t.parse().ok())
+            .unwrap_or_else(|| panic!("target said {line:?}"));
+        assert!(self.child.wait().unwrap().success());
+        switches
+    }
+
+    fn kill(mut self) {
+        let _ = self.child.kill();
+        let _ = self.child.wait();
+    }
+}
+
 /// The reader: everything a profiler outside the process does.
 fn reader() {
-    let exe = std::env::current_exe().unwrap();
-    let mut child = Command::new(exe)
-        .env(ROLE, "target")
-        .stdin(Stdio::piped())
-        .stdout(Stdio::piped())
-        .spawn()
-        .expect("start the target");
-    let pid = child.id() as i32;
-    let mut stdin = child.stdin.take().unwrap();
-    let mut stdout = BufReader::new(child.stdout.take().unwrap());
-    let mut line = String::new();
-    stdout.read_line(&mut line).unwrap();
-    let worker: i32 = line
-        .trim()
-        .strip_prefix("worker ")
-        .and_then(|t| t.parse().ok())
-        .unwrap_or_else(|| panic!("target said {line:?}"));
-
-    let target = Target {
-        pid,
-        mem: File::open(format!("/proc/{pid}/mem")).expect("open /proc/<pid>/mem"),
-    };
+    let mut run = Running::start(&[]);
+    let (pid, worker) = (run.target.pid, run.worker);
 
     // 1. The process context, found the way OTEP 4719 readers find it.
-    let keys = process_context(&target);
+    let keys = process_context(&run.target).expect("an OTEL_CTX mapping");
     assert_eq!(keys, ["span_name"], "threadlocal.attribute_key_map");
 
     // 2. The TLS symbol and its thread-pointer offset.
@@ -224,8 +285,7 @@ fn reader() {
     let tracer = match Tracer::seize(&[pid, worker]) {
         Ok(tracer) => tracer,
         Err(err) => {
-            let _ = child.kill();
-            let _ = child.wait();
+            run.kill();
             println!("thread_ctx_reader: skipped: ptrace is not permitted here ({err})");
             return;
         }
@@ -238,10 +298,14 @@ fn reader() {
     // Empty states: a thread that never ran a span has a NULL pointer; the worker, after
     // its first span ended, an attached record with `valid == 0`.
     tracer.stopped(pid, || {
-        assert_eq!(target.read_record(main_slot).1, Read::Null, "main thread");
+        assert_eq!(
+            run.target.read_record(main_slot).1,
+            Read::Null,
+            "main thread"
+        );
     });
     let record = tracer.stopped(worker, || {
-        let (ptr, read) = target.read_record(worker_slot);
+        let (ptr, read) = run.target.read_record(worker_slot);
         assert_eq!(read, Read::Invalid(0), "worker between spans");
         ptr
     });
@@ -249,7 +313,7 @@ fn reader() {
     tracer.detach(pid);
 
     // 4. Sample the switching worker, each read with the thread stopped.
-    writeln!(stdin, "go").unwrap();
+    run.go();
     std::thread::sleep(Duration::from_millis(20));
     let (mut valid, mut invalid, mut torn) = (0u64, 0u64, 0u64);
     let mut spans = HashSet::new();
@@ -259,7 +323,7 @@ fn reader() {
     for _ in 0..samples {
         // Let the worker run (and switch) between two stops.
         std::thread::sleep(Duration::from_micros(400));
-        let (ptr, read) = tracer.stopped(worker, || target.read_record(worker_slot));
+        let (ptr, read) = tracer.stopped(worker, || run.target.read_record(worker_slot));
         assert_eq!(ptr, record, "the record stays in place");
         match read {
             Read::Invalid(0) => invalid += 1,
@@ -296,16 +360,7 @@ fn reader() {
     }
     let elapsed = start.elapsed();
     tracer.detach(worker);
-    writeln!(stdin, "stop").unwrap();
-    drop(stdin);
-    line.clear();
-    stdout.read_line(&mut line).unwrap();
-    let switches: u64 = line
-        .trim()
-        .strip_prefix("switches ")
-        .and_then(|t| t.parse().ok())
-        .unwrap_or_else(|| panic!("target said {line:?}"));
-    assert!(child.wait().unwrap().success());
+    let switches = run.finish();
 
     println!(
         "thread_ctx_reader: {samples} stopped-thread reads in {elapsed:?}: {valid} valid \
@@ -322,10 +377,37 @@ fn reader() {
     );
     assert!(invalid >= 100, "too few reads between spans: {invalid}");
     assert!(switches >= 2 * spans.len() as u64);
+
+    switched_off();
 }
 
-/// OTEP 4719 reading protocol; returns the `threadlocal.attribute_key_map`.
-fn process_context(target: &Target) -> Vec<String> {
+/// With `OTEL_PROFILING_THREAD_CONTEXT=false` nothing is published: no process context,
+/// and the worker's `otel_thread_ctx_v1` stays NULL while it switches spans.
+fn switched_off() {
+    let mut run = Running::start(&[("OTEL_PROFILING_THREAD_CONTEXT", "false")]);
+    assert_eq!(process_context(&run.target), None, "no OTEL_CTX mapping");
+    let offset = tls_offset(run.target.pid);
+    let worker = run.worker;
+    let tracer = Tracer::seize(&[worker]).expect("ptrace");
+    let slot = tracer.thread_pointer(worker).wrapping_add(offset as u64);
+    run.go();
+    let mut nulls = 0;
+    for _ in 0..200 {
+        std::thread::sleep(Duration::from_micros(400));
+        if tracer.stopped(worker, || run.target.read_record(slot)).1 == Read::Null {
+            nulls += 1;
+        }
+    }
+    tracer.detach(worker);
+    let switches = run.finish();
+    println!("thread_ctx_reader: switched off: {nulls} of 200 reads NULL over {switches} switches");
+    assert_eq!(nulls, 200);
+    assert!(switches > 0);
+}
+
+/// OTEP 4719 reading protocol; returns the `threadlocal.attribute_key_map`, or `None`
+/// when the process publishes no context.
+fn process_context(target: &Target) -> Option<Vec<String>> {
     use opentelemetry_proto::tonic::common::v1::{any_value::Value, KeyValue};
     use opentelemetry_proto::tonic::resource::v1::Resource;
     use prost::Message;
@@ -357,6 +439,9 @@ fn process_context(target: &Target) -> Vec<String> {
             (named && !fields[1].contains('x')).then_some((start, line))
         })
         .collect();
+    if found.is_empty() {
+        return None;
+    }
     assert_eq!(
         found.len(),
         1,
@@ -427,7 +512,7 @@ fn process_context(target: &Target) -> Vec<String> {
             .join(" "),
         resource.attributes.len()
     );
-    keys
+    Some(keys)
 }
 
 /// The thread-pointer offset of `otel_thread_ctx_v1` in the target's executable.
