@@ -106,10 +106,13 @@ pub(crate) fn payload(resource: &[(String, String)]) -> Vec<u8> {
     message.encode_to_vec()
 }
 
-/// The published mapping: its address and length.
+/// The published mapping: its address and length, and the process that mapped it.
 struct Mapping {
     addr: usize,
     len: usize,
+    /// A child forked after publication has no such mapping (`MADV_DONTFORK`): there
+    /// the record must be ignored, never written to.
+    pid: u32,
 }
 
 static PUBLISHED: Mutex<Option<Mapping>> = Mutex::new(None);
@@ -121,6 +124,13 @@ pub(crate) fn publish(resource: &[(String, String)]) -> Result<(), ThreadContext
         return Err(ThreadContextError::PayloadTooLarge(payload.len()));
     }
     let mut published = PUBLISHED.lock().unwrap_or_else(PoisonError::into_inner);
+    if published
+        .as_ref()
+        .is_some_and(|mapping| mapping.pid != std::process::id())
+    {
+        // Inherited from the parent across fork: not mapped in this process.
+        *published = None;
+    }
     match published.as_ref() {
         Some(mapping) if PROCESS_CONTEXT_HEADER_LEN + payload.len() <= mapping.len => {
             // SAFETY: the mapping is ours, writable, and at least header + payload long.
@@ -231,6 +241,7 @@ fn create(size: usize) -> Result<Mapping, ThreadContextError> {
     Ok(Mapping {
         addr: addr as usize,
         len,
+        pid: std::process::id(),
     })
 }
 

@@ -185,3 +185,39 @@ fn thread_ctx_process_context_header_and_payload() {
     let message = process::ProcessContext::decode(payload2.as_slice()).unwrap();
     assert_eq!(message.resource.unwrap().attributes[0].key, "service.name");
 }
+
+/// A child forked after publication has no `OTEL_CTX` mapping (`MADV_DONTFORK`); its own
+/// `enable` maps a new one instead of writing to the parent's address.
+#[test]
+fn thread_ctx_fork_child_publishes_its_own_context() {
+    let _serial = on();
+    let count = || {
+        std::fs::read_to_string("/proc/self/maps")
+            .unwrap()
+            .lines()
+            .filter(|l| l.contains("OTEL_CTX"))
+            .count()
+    };
+    assert_eq!(count(), 1);
+    // SAFETY: the child only reads /proc, maps memory and exits; the locks it takes are
+    // not held by another thread (SERIAL serializes every caller of `enable`).
+    let pid = unsafe { libc::fork() };
+    if pid == 0 {
+        let before = count();
+        let ok = enable_with_resource(&[("service.name".into(), "child".into())]).is_ok();
+        let after = count();
+        unsafe {
+            libc::_exit(if before == 0 && ok && after == 1 {
+                0
+            } else {
+                1
+            })
+        };
+    }
+    let mut status = 0;
+    assert_eq!(unsafe { libc::waitpid(pid, &mut status, 0) }, pid);
+    assert!(
+        libc::WIFEXITED(status) && libc::WEXITSTATUS(status) == 0,
+        "{status:#x}"
+    );
+}
