@@ -11,7 +11,9 @@
 //!   most +15 %);
 //! * `context_switch`: this crate's context switch (set + restore) vs the `pyroscope`
 //!   crate's `tag_wrapper` add+remove with its pprof backend running at 100 Hz
-//!   (target: at least 100x cheaper).
+//!   (target: at least 100x cheaper); and the same switch with the OTEP 4947 thread
+//!   context off and on (`otel-profiling+thread_ctx`), with one root name and with two
+//!   names entered in turn (`/two-names`, where each switch copies the name's bytes).
 //!
 //! Run: `cargo bench -p otel-profiling --bench span_switch`. The ratios are printed at
 //! the end from criterion's own estimates.
@@ -175,9 +177,33 @@ fn bench_context_switch(c: &mut Criterion) {
         TraceId::from(0x0123_4567_89ab_cdef_0123_4567_89ab_cdef),
         Some(SpanName::intern("GET /report")),
     );
+    // Two roots with different names, entered in turn: each switch also changes the
+    // name, which the thread context copies into its record (the one-name case does not).
+    let other = LocalRoot::new(
+        SpanId::from(0x0123_4567_89ab_cdee),
+        TraceId::from(0x0123_4567_89ab_cdef_0123_4567_89ab_cdee),
+        Some(SpanName::intern("POST /orders/{id}/items")),
+    );
+    let two_names = |b: &mut criterion::Bencher| {
+        b.iter(|| {
+            drop(black_box(SpanContextGuard::enter(Some(black_box(root)))));
+            drop(black_box(SpanContextGuard::enter(Some(black_box(other)))));
+        })
+    };
+    // The OTEP 4947 thread context off (never enabled: a relaxed load and a branch per
+    // transition), then on (the record written at every transition).
     group.bench_function("otel-profiling", |b| {
         b.iter(|| drop(black_box(SpanContextGuard::enter(Some(black_box(root))))))
     });
+    group.bench_function("otel-profiling/two-names", two_names);
+    otel_profiling::thread_ctx::enable_with_resource(&[("service.name".into(), "bench".into())])
+        .expect("thread context");
+    group.bench_function("otel-profiling+thread_ctx", |b| {
+        b.iter(|| drop(black_box(SpanContextGuard::enter(Some(black_box(root))))))
+    });
+    group.bench_function("otel-profiling+thread_ctx/two-names", two_names);
+    thread_ctx_ab(root, other);
+    otel_profiling::thread_ctx::disable();
 
     // The pyroscope crate's own tagging, with its pprof backend sampling at 100 Hz. Its
     // server is an unused local port: uploads fail off the measured thread.
@@ -200,6 +226,55 @@ fn bench_context_switch(c: &mut Criterion) {
     group.finish();
 }
 
+/// The thread context's cost measured interleaved, so that a machine shared with other
+/// work loads both sides alike: rounds of (writer off, writer on) batches of switches,
+/// the minimum of each side and the median of the per-round differences. "Off" here is
+/// `thread_ctx::disable()` after it was on (a relaxed load, a branch, and the caller's
+/// record marked invalid: a TLS load and store more than never enabled).
+fn thread_ctx_ab(root: LocalRoot, other: LocalRoot) {
+    const BATCH: u32 = 200_000;
+    const ROUNDS: usize = 31;
+    let batch = |roots: &[LocalRoot]| {
+        let start = std::time::Instant::now();
+        for _ in 0..BATCH {
+            for r in roots {
+                drop(black_box(SpanContextGuard::enter(Some(black_box(*r)))));
+            }
+        }
+        start.elapsed().as_secs_f64() * 1e9 / f64::from(BATCH) / roots.len() as f64
+    };
+    println!("\n=== thread context, interleaved off/on (ns per set+restore) ===");
+    for (label, roots) in [
+        ("one root name", vec![root]),
+        ("two names in turn", vec![root, other]),
+    ] {
+        let (mut off, mut on, mut diff) = (Vec::new(), Vec::new(), Vec::new());
+        for _ in 0..ROUNDS {
+            otel_profiling::thread_ctx::disable();
+            let a = batch(&roots);
+            otel_profiling::thread_ctx::enable_with_resource(&[(
+                "service.name".into(),
+                "bench".into(),
+            )])
+            .expect("thread context");
+            let b = batch(&roots);
+            off.push(a);
+            on.push(b);
+            diff.push(b - a);
+        }
+        let min = |v: &[f64]| v.iter().copied().fold(f64::INFINITY, f64::min);
+        diff.sort_by(f64::total_cmp);
+        println!(
+            "{label:<20} off min {:>6.1}  on min {:>6.1}  on-off median {:>5.1} (min {:.1}, max {:.1})",
+            min(&off),
+            min(&on),
+            diff[ROUNDS / 2],
+            diff[0],
+            diff[ROUNDS - 1]
+        );
+    }
+}
+
 /// Criterion's point estimate of the mean, in nanoseconds, from its saved results.
 fn mean_ns(group: &str, id: &str) -> Option<f64> {
     let dir = std::env::var_os("CARGO_TARGET_DIR")
@@ -208,7 +283,8 @@ fn mean_ns(group: &str, id: &str) -> Option<f64> {
     let path = dir
         .join("criterion")
         .join(group)
-        .join(id)
+        // Criterion's directory for an id with `/` in it.
+        .join(id.replace('/', "_"))
         .join("new/estimates.json");
     let text = std::fs::read_to_string(path).ok()?;
     let json: serde_json::Value = serde_json::from_str(&text).ok()?;
@@ -273,6 +349,36 @@ fn print_ratios() {
         ),
     ] {
         row(label, "span_lifecycle", "otel", other);
+    }
+    for (label, base, other) in [
+        (
+            "switch: thread context on vs off (same root name)",
+            "otel-profiling",
+            "otel-profiling+thread_ctx",
+        ),
+        (
+            "switch x2: thread context on vs off (names alternate)",
+            "otel-profiling/two-names",
+            "otel-profiling+thread_ctx/two-names",
+        ),
+    ] {
+        row(label, "context_switch", base, other);
+        if let (Some(b), Some(o)) = (
+            mean_ns("context_switch", base),
+            mean_ns("context_switch", other),
+        ) {
+            // A set + restore is two root transitions.
+            let transitions = if base.ends_with("two-names") {
+                4.0
+            } else {
+                2.0
+            };
+            println!(
+                "  thread context adds {:.1} ns per set+restore, {:.2} ns per root transition",
+                (o - b) * 2.0 / transitions,
+                (o - b) / transitions
+            );
+        }
     }
     row(
         "switch: pyroscope tag_wrapper add+remove vs otel-profiling",

@@ -16,6 +16,7 @@
 //! | `OTEL_PROFILING_OUTPUT_DIR` | local files directory (no backend configured); default `$CARGO_TARGET_DIR/otel-profiling` when `CARGO_TARGET_DIR` is set, else `target/otel-profiling` (see [`crate::local_sink`]) | a path |
 //! | `OTEL_PROFILING_BLOCKED_THRESHOLD` | how long a thread must be held inside one poll of a span, off-CPU in a system call, before its stack goes into the blocked-in-poll profile (default 10ms; see `docs/blocked-in-poll.md`) | `10ms`, `50ms`, `1s` (1 ms to 60 s), or `off` (no watchdog) |
 //! | `OTEL_PROFILING_QUIET` | no stderr line at start saying where local files go (`Telemetry::quiet` wins) | `1`/`true` or `0`/`false` |
+//! | `OTEL_PROFILING_THREAD_CONTEXT` | publish each thread's running span for profilers outside the process (OTEP 4947 thread context and OTEP 4719 process context; default on; `Telemetry::thread_context` wins; see [`crate::thread_ctx`]) | `1`/`true` or `0`/`false` |
 //!
 //! An empty variable counts as unset. A malformed one fails setup with an error naming the
 //! variable and the accepted form. Secrets never appear in `Debug` output or errors.
@@ -147,6 +148,8 @@ pub struct EnvConfig {
     pub quiet: Option<bool>,
     /// `OTEL_PROFILING_BLOCKED_THRESHOLD`: `Some(None)` for `off`.
     pub blocked_threshold: Option<Option<Duration>>,
+    /// `OTEL_PROFILING_THREAD_CONTEXT`: publish the OTEP 4947 thread context.
+    pub thread_context: Option<bool>,
 }
 
 impl EnvConfig {
@@ -297,6 +300,20 @@ impl EnvConfig {
                         "not a switch",
                         &v,
                         "`1` or `true` (quiet), `0` or `false`",
+                    ))
+                }
+            });
+        }
+        if let Some(v) = get("OTEL_PROFILING_THREAD_CONTEXT") {
+            config.thread_context = Some(match v.trim().to_ascii_lowercase().as_str() {
+                "1" | "true" => true,
+                "0" | "false" => false,
+                _ => {
+                    return Err(ConfigError::new(
+                        "OTEL_PROFILING_THREAD_CONTEXT",
+                        "not a switch",
+                        &v,
+                        "`1` or `true` (publish the thread context), `0` or `false`",
                     ))
                 }
             });

@@ -59,6 +59,7 @@ mod setup;
 mod span_context;
 mod span_name;
 mod symbolize;
+pub mod thread_ctx;
 
 pub use evidence::{
     CpuEvidenceProcessor, CPU_SAMPLES_ATTRIBUTE, CPU_TIME_ATTRIBUTE, ORPHAN_AGE,

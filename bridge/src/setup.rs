@@ -96,6 +96,10 @@ pub enum SetupError {
         /// What the feature provides.
         purpose: &'static str,
     },
+    /// The thread or process context could not be published (turn it off with
+    /// `OTEL_PROFILING_THREAD_CONTEXT=false` or [`Telemetry::thread_context`]).
+    #[error("thread context (OTEL_PROFILING_THREAD_CONTEXT): {0}")]
+    ThreadContext(#[from] crate::thread_ctx::ThreadContextError),
     /// A global subscriber was already installed.
     #[error(
         "a global tracing subscriber is already installed (e.g. by `tracing_subscriber::fmt::init()`); \
@@ -128,6 +132,7 @@ pub struct Telemetry {
     span_name_label: Option<bool>,
     trace_id_label: Option<bool>,
     blocked_threshold: Option<Option<Duration>>,
+    thread_context: Option<bool>,
     scope: ProfileIdScope,
     unsampled: UnsampledTraces,
     shutdown_timeout: Option<Duration>,
@@ -250,6 +255,15 @@ impl Telemetry {
         self
     }
 
+    /// Whether to publish each thread's running local root span for profilers outside
+    /// the process (the OpenTelemetry eBPF profiler, Datadog's agent): the OTEP 4947
+    /// thread context and the OTEP 4719 process context with this resource (default
+    /// true; wins over `OTEL_PROFILING_THREAD_CONTEXT`). See [`crate::thread_ctx`].
+    pub fn thread_context(mut self, on: bool) -> Self {
+        self.thread_context = Some(on);
+        self
+    }
+
     /// Which spans get `pyroscope.profile.id` (default: local roots).
     pub fn profile_id_scope(mut self, scope: ProfileIdScope) -> Self {
         self.scope = scope;
@@ -297,6 +311,17 @@ impl Telemetry {
         let pyroscope = self.pyroscope_target();
         // Before anything starts: a backend compiled out is an error, never ignored.
         backends::check(Compiled::THIS_BUILD, otlp, pyroscope)?;
+        // The thread context, with the process context readers need first.
+        let thread_context = self.thread_context.or(self.env.thread_context);
+        if thread_context.unwrap_or(true) {
+            match crate::thread_ctx::enable_with_resource(&attributes) {
+                Ok(()) => {}
+                // On by default where the platform has it; asked for explicitly, an error.
+                Err(crate::thread_ctx::ThreadContextError::Unsupported)
+                    if thread_context.is_none() => {}
+                Err(err) => return Err(err.into()),
+            }
+        }
 
         // Profiles: Pyroscope if configured, else local files.
         let mut profiler = Profiler::builder().output_dir(&dir);

@@ -230,6 +230,7 @@ pub(crate) fn replace(root: Option<LocalRoot>) -> Option<LocalRoot> {
         if previous != root {
             active::transition(previous.map_or(0, |r| r.cpu), root.map_or(0, |r| r.cpu));
             cell.write(root);
+            crate::thread_ctx::publish(root);
         }
         previous
     })

@@ -163,6 +163,7 @@ fn push(table: &mut Interner, name: &str) -> SpanName {
     table.names.push(text.clone());
     let raw = u32::try_from(table.names.len()).unwrap_or(u32::MAX);
     let id = SpanName(NonZeroU32::new(raw).unwrap_or(NonZeroU32::MIN));
+    crate::thread_ctx::register_name(id.to_raw(), name);
     table.ids.insert(text, id);
     id
 }

@@ -262,3 +262,20 @@ fn blocked_threshold_or_off() {
         assert!(e.to_string().contains("off"), "{e}");
     }
 }
+
+#[test]
+fn thread_context_switch() {
+    assert_eq!(env(&[]).expect("unset").thread_context, None);
+    for (v, on) in [("1", true), ("true", true), ("0", false), ("FALSE", false)] {
+        let c = env(&[("OTEL_PROFILING_THREAD_CONTEXT", v)]).expect(v);
+        assert_eq!(c.thread_context, Some(on), "{v}");
+    }
+    for bad in ["on", "yes", "2"] {
+        let e = env(&[("OTEL_PROFILING_THREAD_CONTEXT", bad)]).expect_err(bad);
+        assert_eq!(e.field, "OTEL_PROFILING_THREAD_CONTEXT");
+        assert!(
+            e.to_string().contains("OTEL_PROFILING_THREAD_CONTEXT"),
+            "{e}"
+        );
+    }
+}

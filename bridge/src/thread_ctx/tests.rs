@@ -1,0 +1,223 @@
+use super::*;
+use crate::{LocalRoot, SpanContextGuard, SpanName};
+use opentelemetry::trace::{SpanId, TraceId};
+use prost::Message;
+use std::sync::{Mutex, PoisonError};
+
+/// The tests that switch the process-wide writer on and off run one at a time.
+static SERIAL: Mutex<()> = Mutex::new(());
+
+fn decoded() -> Option<(u128, u64, u8, Vec<u8>)> {
+    record::RECORD.with(record::Record::decode)
+}
+
+fn on() -> std::sync::MutexGuard<'static, ()> {
+    let guard = SERIAL.lock().unwrap_or_else(PoisonError::into_inner);
+    enable_with_resource(&[("service.name".into(), "thread-ctx-unit".into())]).unwrap();
+    guard
+}
+
+#[test]
+fn thread_ctx_record_follows_the_root_and_encodes_its_name() {
+    let _serial = on();
+    std::thread::spawn(|| {
+        #[cfg(otel_thread_ctx)]
+        assert!(
+            record::slot_value().is_null(),
+            "no record before the first span"
+        );
+        let name = SpanName::intern("thread-ctx/GET /orders/{id}");
+        let root = LocalRoot::new(
+            SpanId::from(0x0102_0304_0506_0708),
+            TraceId::from(0x1112_1314_1516_1718_191a_1b1c_1d1e_1f20),
+            Some(name),
+        );
+        {
+            let _guard = SpanContextGuard::enter(Some(root));
+            let (trace, span, flags, attrs) = decoded().expect("valid while in the span");
+            assert_eq!(trace, 0x1112_1314_1516_1718_191a_1b1c_1d1e_1f20);
+            assert_eq!(span, 0x0102_0304_0506_0708);
+            assert_eq!(flags, 0x01);
+            let text = b"thread-ctx/GET /orders/{id}";
+            assert_eq!(attrs[0], SPAN_NAME_KEY);
+            assert_eq!(usize::from(attrs[1]), text.len());
+            assert_eq!(&attrs[2..], text);
+            #[cfg(otel_thread_ctx)]
+            record::RECORD.with(|r| {
+                assert_eq!(
+                    record::slot_value().cast_const(),
+                    (r as *const record::Record).cast()
+                )
+            });
+            // In memory the ids are the W3C bytes, in order.
+            record::RECORD.with(|r| {
+                let bytes = unsafe {
+                    std::slice::from_raw_parts((r as *const record::Record).cast::<u8>(), 28)
+                };
+                assert_eq!(
+                    bytes[..16],
+                    0x1112_1314_1516_1718_191a_1b1c_1d1e_1f20u128.to_be_bytes()
+                );
+                assert_eq!(bytes[16..24], 0x0102_0304_0506_0708u64.to_be_bytes());
+                assert_eq!(bytes[24], 1, "valid");
+                assert_eq!(u16::from_ne_bytes([bytes[26], bytes[27]]), 2 + 27);
+            });
+        }
+        assert_eq!(decoded(), None, "invalid once no span runs");
+    })
+    .join()
+    .unwrap();
+}
+
+#[test]
+fn thread_ctx_name_only_roots_and_long_names() {
+    let _serial = on();
+    std::thread::spawn(|| {
+        let long = "é".repeat(200); // 400 bytes: cut at a character boundary
+        let root = LocalRoot::name_only(SpanName::intern(&long));
+        let _guard = SpanContextGuard::enter(Some(root));
+        let (trace, span, flags, attrs) = decoded().expect("valid");
+        assert_eq!(
+            (trace, span, flags),
+            (0, 0, 0),
+            "no ids for an unsampled trace"
+        );
+        assert_eq!(usize::from(attrs[1]), 254);
+        assert_eq!(std::str::from_utf8(&attrs[2..]).unwrap(), "é".repeat(127));
+        // A root without a name clears the attribute.
+        let plain = LocalRoot::new(SpanId::from(5), TraceId::from(6), None);
+        let _inner = SpanContextGuard::enter(Some(plain));
+        assert_eq!(decoded(), Some((6, 5, 1, Vec::new())));
+    })
+    .join()
+    .unwrap();
+}
+
+#[test]
+fn thread_ctx_disable_invalidates_and_stops_writing() {
+    let _serial = on();
+    std::thread::spawn(|| {
+        let root = LocalRoot::new(SpanId::from(11), TraceId::from(12), None);
+        let guard = SpanContextGuard::enter(Some(root));
+        assert!(decoded().is_some());
+        disable();
+        assert!(!is_enabled());
+        assert_eq!(decoded(), None, "disable invalidates the caller's record");
+        let other = LocalRoot::new(SpanId::from(13), TraceId::from(14), None);
+        let inner = SpanContextGuard::enter(Some(other));
+        assert_eq!(decoded(), None, "nothing written while off");
+        drop(inner);
+        drop(guard);
+    })
+    .join()
+    .unwrap();
+    enable_with_resource(&[]).unwrap();
+    assert!(is_enabled());
+}
+
+#[test]
+fn thread_ctx_process_context_header_and_payload() {
+    let _serial = on();
+    let resource = [
+        ("service.name".to_string(), "checkout".to_string()),
+        ("service.version".to_string(), "1.2.3".to_string()),
+        ("service.name".to_string(), "checkout-2".to_string()),
+    ];
+    enable_with_resource(&resource).unwrap();
+    let addr = process::published_addr().expect("published");
+    let read = |addr: usize| unsafe {
+        let base = addr as *const u8;
+        let signature = std::slice::from_raw_parts(base, 8).to_vec();
+        let version = std::ptr::read_unaligned(base.add(8).cast::<u32>());
+        let size = std::ptr::read_unaligned(base.add(12).cast::<u32>()) as usize;
+        let ts = std::ptr::read_unaligned(base.add(16).cast::<u64>());
+        let payload = std::ptr::read_unaligned(base.add(24).cast::<u64>()) as *const u8;
+        let payload = std::slice::from_raw_parts(payload, size).to_vec();
+        (signature, version, ts, payload)
+    };
+    let (signature, version, ts, payload) = read(addr);
+    assert_eq!(signature, b"OTEL_CTX");
+    assert_eq!(version, 2);
+    assert_ne!(ts, 0);
+    let message = process::ProcessContext::decode(payload.as_slice()).unwrap();
+    let resource = message.resource.unwrap();
+    let pairs: Vec<(String, String)> = resource
+        .attributes
+        .iter()
+        .map(|kv| {
+            (
+                kv.key.clone(),
+                format!("{:?}", kv.value.as_ref().unwrap().value),
+            )
+        })
+        .collect();
+    assert_eq!(pairs.len(), 2, "unique keys: {pairs:?}");
+    assert!(
+        pairs[1].1.contains("checkout-2"),
+        "last value wins: {pairs:?}"
+    );
+    assert_eq!(message.attributes[0].key, SCHEMA_VERSION_KEY);
+    assert_eq!(message.attributes[1].key, ATTRIBUTE_KEY_MAP_KEY);
+    let maps = std::fs::read_to_string("/proc/self/maps").unwrap();
+    let line = maps
+        .lines()
+        .find(|l| usize::from_str_radix(l.split('-').next().unwrap(), 16).unwrap() == addr)
+        .unwrap();
+    assert!(
+        [
+            "[anon_shmem:OTEL_CTX]",
+            "[anon:OTEL_CTX]",
+            "/memfd:OTEL_CTX"
+        ]
+        .iter()
+        .any(|name| line.contains(name)),
+        "{line}"
+    );
+    // A second publication updates the same mapping with a later timestamp.
+    enable_with_resource(&[("service.name".into(), "again".into())]).unwrap();
+    assert_eq!(
+        process::published_addr(),
+        Some(addr),
+        "one context per process"
+    );
+    let (_, _, ts2, payload2) = read(addr);
+    assert!(ts2 > ts);
+    let message = process::ProcessContext::decode(payload2.as_slice()).unwrap();
+    assert_eq!(message.resource.unwrap().attributes[0].key, "service.name");
+}
+
+/// A child forked after publication has no `OTEL_CTX` mapping (`MADV_DONTFORK`); its own
+/// `enable` maps a new one instead of writing to the parent's address.
+#[test]
+fn thread_ctx_fork_child_publishes_its_own_context() {
+    let _serial = on();
+    let count = || {
+        std::fs::read_to_string("/proc/self/maps")
+            .unwrap()
+            .lines()
+            .filter(|l| l.contains("OTEL_CTX"))
+            .count()
+    };
+    assert_eq!(count(), 1);
+    // SAFETY: the child only reads /proc, maps memory and exits; the locks it takes are
+    // not held by another thread (SERIAL serializes every caller of `enable`).
+    let pid = unsafe { libc::fork() };
+    if pid == 0 {
+        let before = count();
+        let ok = enable_with_resource(&[("service.name".into(), "child".into())]).is_ok();
+        let after = count();
+        unsafe {
+            libc::_exit(if before == 0 && ok && after == 1 {
+                0
+            } else {
+                1
+            })
+        };
+    }
+    let mut status = 0;
+    assert_eq!(unsafe { libc::waitpid(pid, &mut status, 0) }, pid);
+    assert!(
+        libc::WIFEXITED(status) && libc::WEXITSTATUS(status) == 0,
+        "{status:#x}"
+    );
+}
