@@ -34,6 +34,10 @@ const SETUPS: &[(&str, &str)] = &[
     ("processor", "+ CpuEvidenceProcessor with the profile id"),
     ("bridge", "+ sampler running (counters, active time)"),
     (
+        "bridge-threadctx",
+        "+ the OTEP 4947 thread context published",
+    ),
+    (
         "otel-batch",
         "tracing-opentelemetry alone, SDK batch processor",
     ),
@@ -113,10 +117,16 @@ fn run(setup: &str) {
     } else {
         None
     };
+    if setup.ends_with("threadctx") {
+        otel_profiling::thread_ctx::enable().expect("the thread context is published");
+    }
     tracing::dispatcher::with_default(&dispatch, || {
         lifecycles(LIFECYCLES);
         lifecycles(LIFECYCLES);
     });
+    if setup.ends_with("threadctx") {
+        otel_profiling::thread_ctx::disable();
+    }
     drop(sampler);
     let _ = provider.shutdown();
 }
@@ -179,9 +189,9 @@ fn main() {
                 let ratio = baselines
                     .get(base_name)
                     .map_or(String::from("-"), |base| format!("{:.3}x", per / base));
-                println!("  {setup:<13} {per:>9.0}  {ratio:>7}  {what}");
+                println!("  {setup:<17} {per:>9.0}  {ratio:>7}  {what}");
             }
-            Err(err) => println!("  {setup:<13} failed: {err}"),
+            Err(err) => println!("  {setup:<17} failed: {err}"),
         }
     }
 }
