@@ -126,7 +126,7 @@ fn run(command: Command) -> Result<(), ReportError> {
         } => {
             let mut report = SpanReport::from_dirs(&dirs)?;
             report.all_frames = all_frames;
-            print!("{report}");
+            emit(&report)?;
         }
         Command::Flame {
             dir,
@@ -176,10 +176,23 @@ fn run(command: Command) -> Result<(), ReportError> {
                     "give one directory with --from and --to, or two directories",
                 ),
             };
-            print!("{diff}");
+            emit(&diff)?;
         }
     }
     Ok(())
+}
+
+/// Writes `text` to standard output. A reader that stopped reading (`report | head`) is
+/// not an error: the output it wanted was written.
+fn emit(text: &impl std::fmt::Display) -> Result<(), ReportError> {
+    let mut out = std::io::stdout().lock();
+    match write!(out, "{text}").and_then(|()| out.flush()) {
+        Err(e) if e.kind() != std::io::ErrorKind::BrokenPipe => Err(ReportError::Io {
+            path: PathBuf::from("<standard output>"),
+            source: e,
+        }),
+        _ => Ok(()),
+    }
 }
 
 fn write_svg(graph: &FlameGraph, path: &Path) -> Result<(), ReportError> {

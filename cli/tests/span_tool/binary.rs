@@ -129,3 +129,38 @@ fn binary_fails_with_the_message() {
     ]);
     assert!(!out.status.success());
 }
+
+/// `report | head -1`: the reader goes away; the tool stops quietly with success instead
+/// of panicking on the broken pipe. The read end is closed before the tool writes, so
+/// every write meets the broken pipe, however small the report.
+#[test]
+fn a_reader_that_stops_early_is_not_an_error() {
+    use std::process::Stdio;
+    let dir = fixture::both_versions();
+    let path = dir.path().to_str().expect("utf-8 temp path");
+    for args in [
+        vec!["report", path],
+        vec![
+            "diff",
+            path,
+            "--span-name",
+            "GET /report",
+            "--from",
+            "1.0.0",
+            "--to",
+            "2.0.0",
+        ],
+    ] {
+        let mut child = Command::new(env!("CARGO_BIN_EXE_otel-profiling"))
+            .args(&args)
+            .stdout(Stdio::piped())
+            .stderr(Stdio::piped())
+            .spawn()
+            .expect("run otel-profiling");
+        drop(child.stdout.take());
+        let out = child.wait_with_output().expect("exit");
+        let stderr = text(&out.stderr);
+        assert!(out.status.success(), "{args:?}: {:?}: {stderr}", out.status);
+        assert!(!stderr.contains("panicked"), "{args:?}: {stderr}");
+    }
+}
