@@ -137,7 +137,7 @@ pub fn convert(
             samples,
             time_unix_nano: u64::try_from(profile.time_nanos).unwrap_or(0),
             duration_nano: u64::try_from(profile.duration_nanos).unwrap_or(0),
-            period_type: period_type.clone(),
+            period_type,
             period: profile.period,
             ..Profile::default()
         });
@@ -507,11 +507,11 @@ mod tests {
         ]
     }
 
+    /// Sum of values per (trace id, span id).
+    type LinkSums = HashMap<(Vec<u8>, Vec<u8>), i64>;
+
     /// Sum of values per (trace id, span id) of the profile at `p`, with its sample type.
-    fn sums(
-        request: &ExportProfilesServiceRequest,
-        p: usize,
-    ) -> (String, HashMap<(Vec<u8>, Vec<u8>), i64>) {
+    fn sums(request: &ExportProfilesServiceRequest, p: usize) -> (String, LinkSums) {
         let dict = request.dictionary.as_ref().expect("dictionary");
         let profile = &request.resource_profiles[0].scope_profiles[0].profiles[p];
         let st = profile.sample_type.as_ref().expect("sample type");
