@@ -174,30 +174,35 @@ pub(super) fn check_otlp_profiles(
             "otlp-grpc",
             "OTLP profiles over gRPC",
         )),
+        // The queue and uploader thread come with either HTTP backend feature.
+        OtlpProtocol::Grpc if !compiled.pyroscope && !compiled.otlp_http => Err(disabled(
+            endpoint_field,
+            &target.endpoint,
+            "otlp-http",
+            "the profile uploader OTLP profiles over gRPC run on",
+        )),
         OtlpProtocol::Grpc => Ok(()),
     }
 }
 
 /// The OTLP profiles sink for `target` (resource `attributes` with `service.name`), and
 /// its counters.
-#[cfg(feature = "otlp-http")]
+#[cfg(any(feature = "pyroscope", feature = "otlp-http"))]
 pub(super) fn otlp_profiles_sink(
     target: &OtlpProfilesTarget,
     attributes: &[(String, String)],
     timeout: Duration,
 ) -> Result<(Box<dyn ProfileSink>, Arc<PyroscopeStats>), SetupError> {
     use crate::export::otlp_profiles::{OtlpProfilesConfig, OtlpProfilesExporter};
-    if target.protocol == OtlpProtocol::Grpc {
-        return otlp_profiles_grpc_sink(target, attributes, timeout);
-    }
     let service = attributes
         .iter()
         .rev()
         .find(|(k, _)| k == "service.name")
         .map(|(_, v)| v.clone())
         .unwrap_or_else(|| "unknown_service".into());
-    let mut config =
-        OtlpProfilesConfig::new(&target.endpoint, service).with_shutdown_timeout(timeout);
+    let mut config = OtlpProfilesConfig::new(&target.endpoint, service)
+        .with_protocol(target.protocol)
+        .with_shutdown_timeout(timeout);
     for (k, v) in attributes.iter().filter(|(k, _)| k != "service.name") {
         config = config.with_resource_attribute(k.clone(), v.clone());
     }
@@ -210,31 +215,13 @@ pub(super) fn otlp_profiles_sink(
     Ok((Box::new(exporter), stats))
 }
 
-#[cfg(not(feature = "otlp-http"))]
+#[cfg(not(any(feature = "pyroscope", feature = "otlp-http")))]
 pub(super) fn otlp_profiles_sink(
-    target: &OtlpProfilesTarget,
-    attributes: &[(String, String)],
-    timeout: Duration,
-) -> Result<(Box<dyn ProfileSink>, Arc<PyroscopeStats>), SetupError> {
-    if target.protocol == OtlpProtocol::Grpc {
-        return otlp_profiles_grpc_sink(target, attributes, timeout);
-    }
-    Err(not_compiled("otlp profiles", "otlp-http"))
-}
-
-/// OTLP profiles over gRPC.
-fn otlp_profiles_grpc_sink(
     _: &OtlpProfilesTarget,
     _: &[(String, String)],
     _: Duration,
 ) -> Result<(Box<dyn ProfileSink>, Arc<PyroscopeStats>), SetupError> {
-    Err(SetupError::Exporter {
-        what: "otlp profiles",
-        message: "OTLP profiles over gRPC are not available yet; use \
-                  OTEL_EXPORTER_OTLP_PROFILES_PROTOCOL=http/protobuf (Pyroscope and the \
-                  Collector take both)"
-            .into(),
-    })
+    Err(not_compiled("otlp profiles", "otlp-http"))
 }
 
 /// Counts and batches `exporter`'s spans, with CPU evidence, into `provider`.

@@ -18,7 +18,10 @@
 //!   `ExportProfilesServiceRequest`, optionally gzipped), converted as Pyroscope does
 //!   (links → `span_id`/`trace_id`, `service.name` → `service_name`, `process_cpu` from
 //!   `samples`/`count` over `cpu`/`nanoseconds`; see the `otlp_profiles` module) into the
-//!   same store the push feeds, under the same limits. gRPC is not served;
+//!   same store the push feeds, under the same limits; the same over OTLP/gRPC
+//!   (`ProfilesService/Export`, h2c on the same port, as Pyroscope serves it), a refusal
+//!   answered with the gRPC code Pyroscope gives (`InvalidArgument`, `ResourceExhausted`
+//!   for its 429, `Internal`);
 //! * Pyroscope's span profile query: `POST /querier.v1.QuerierService/SelectMergeSpanProfile`
 //!   (Connect JSON) answering Pyroscope's flame graph shape.
 //!
@@ -99,6 +102,12 @@ impl StandIn {
             .route("/api/traces/{id}", get(tempo_trace))
             .route("/push.v1.PusherService/Push", post(pyroscope_push))
             .route("/v1development/profiles", post(pyroscope_otlp_profiles))
+            .route_service(
+                "/opentelemetry.proto.collector.profiles.v1development.ProfilesService/Export",
+                opentelemetry_proto::tonic::collector::profiles::v1development::profiles_service_server::ProfilesServiceServer::new(
+                    GrpcProfiles(stores.clone()),
+                ),
+            )
             .route(
                 "/querier.v1.QuerierService/SelectMergeSpanProfile",
                 post(pyroscope_select),
@@ -289,6 +298,41 @@ async fn pyroscope_push(
             e.code,
             &e.message,
         ),
+    }
+}
+
+/// Pyroscope's OTLP/gRPC profiles intake.
+struct GrpcProfiles(Arc<Stores>);
+
+#[tonic::async_trait]
+impl opentelemetry_proto::tonic::collector::profiles::v1development::profiles_service_server::ProfilesService
+    for GrpcProfiles
+{
+    async fn export(
+        &self,
+        request: tonic::Request<
+            opentelemetry_proto::tonic::collector::profiles::v1development::ExportProfilesServiceRequest,
+        >,
+    ) -> Result<
+        tonic::Response<
+            opentelemetry_proto::tonic::collector::profiles::v1development::ExportProfilesServiceResponse,
+        >,
+        tonic::Status,
+    > {
+        let request = request.into_inner();
+        let mut store = self
+            .0
+            .pyroscope
+            .lock()
+            .map_err(|_| tonic::Status::internal("poisoned"))?;
+        match store.push_otlp_request(&request) {
+            Ok(()) => Ok(tonic::Response::new(Default::default())),
+            Err(e) => Err(match e.status {
+                400 => tonic::Status::invalid_argument(e.message),
+                429 => tonic::Status::resource_exhausted(e.message),
+                _ => tonic::Status::internal(e.message),
+            }),
+        }
     }
 }
 

@@ -243,11 +243,19 @@ impl PyroscopeStore {
     /// `super::otlp_profiles`), then steps 1–7 of the module docs as for a push.
     pub fn push_otlp(&mut self, raw: &[u8]) -> Result<(), PushRejection> {
         use opentelemetry_proto::tonic::collector::profiles::v1development::ExportProfilesServiceRequest;
-        let now = Instant::now();
         let request = ExportProfilesServiceRequest::decode(raw).map_err(|e| {
             PushRejection::invalid(None, format!("Failed to parse protobuf request: {e}"))
         })?;
-        let converted = super::otlp_profiles::convert_request(&request).map_err(|e| {
+        self.push_otlp_request(&request)
+    }
+
+    /// [`PyroscopeStore::push_otlp`] of a decoded request (the gRPC intake).
+    pub fn push_otlp_request(
+        &mut self,
+        request: &opentelemetry_proto::tonic::collector::profiles::v1development::ExportProfilesServiceRequest,
+    ) -> Result<(), PushRejection> {
+        let now = Instant::now();
+        let converted = super::otlp_profiles::convert_request(request).map_err(|e| {
             PushRejection::invalid(None, format!("failed to convert otel profile: {e}"))
         })?;
         let mut first_error = None;

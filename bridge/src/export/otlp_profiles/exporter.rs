@@ -14,8 +14,11 @@ use reqwest::{StatusCode, Url};
 
 use super::convert;
 use crate::collector::{EncodedProfile, ProfileSink};
+use crate::config::OtlpProtocol;
 use crate::export::pyroscope::pipeline::{Pipeline, StartError};
-use crate::export::pyroscope::uploader::{Protocol, StatusClass, UploadSettings};
+use crate::export::pyroscope::uploader::{
+    ClientError, Protocol, StatusClass, Transport, UploadSettings,
+};
 use crate::export::pyroscope::{
     is_secret_header, PyroscopeBackoff, PyroscopeError, PyroscopeLimits, PyroscopeStats,
 };
@@ -29,10 +32,12 @@ pub const OTLP_UPLOADER_THREAD_NAME: &str = "otel-profiling-otlp-profiles";
 #[derive(Clone)]
 #[non_exhaustive]
 pub struct OtlpProfilesConfig {
-    /// The full URL requests are posted to, e.g.
+    /// For HTTP the full URL requests are posted to, e.g.
     /// `http://localhost:4040/v1development/profiles` (used verbatim, as OTel exporters use a
-    /// signal-specific endpoint).
+    /// signal-specific endpoint); for gRPC the server, e.g. `http://localhost:4317`.
     pub endpoint: String,
+    /// Transport (default `http/protobuf`; gRPC needs the `otlp-grpc` feature).
+    pub protocol: OtlpProtocol,
     /// Resource attributes (`service.name` first), string-valued.
     pub resource: Vec<(String, String)>,
     /// Extra HTTP headers (`OTEL_EXPORTER_OTLP_PROFILES_HEADERS`), e.g. `Authorization`,
@@ -66,6 +71,7 @@ impl fmt::Debug for OtlpProfilesConfig {
             .collect();
         f.debug_struct("OtlpProfilesConfig")
             .field("endpoint", &self.endpoint)
+            .field("protocol", &self.protocol)
             .field("resource", &self.resource)
             .field("headers", &headers)
             .field("request_timeout", &self.request_timeout)
@@ -82,6 +88,7 @@ impl OtlpProfilesConfig {
     pub fn new(endpoint: impl Into<String>, service_name: impl Into<String>) -> Self {
         OtlpProfilesConfig {
             endpoint: endpoint.into(),
+            protocol: OtlpProtocol::HttpProtobuf,
             resource: vec![("service.name".into(), service_name.into())],
             headers: Vec::new(),
             request_timeout: Duration::from_secs(10),
@@ -107,7 +114,13 @@ impl OtlpProfilesConfig {
         self
     }
 
-    /// Adds an HTTP header to every request.
+    /// Sets the transport.
+    pub fn with_protocol(mut self, protocol: OtlpProtocol) -> Self {
+        self.protocol = protocol;
+        self
+    }
+
+    /// Adds an HTTP header (gRPC metadata) to every request.
     pub fn with_header(mut self, name: impl Into<String>, value: impl Into<String>) -> Self {
         self.headers.push((name.into(), value.into()));
         self
@@ -171,6 +184,18 @@ impl OtlpProfilesConfig {
             });
         }
         self.limits.validate()?;
+        let transport = match self.protocol {
+            OtlpProtocol::HttpProtobuf => Transport::Http,
+            #[cfg(feature = "otlp-grpc")]
+            OtlpProtocol::Grpc => Transport::Grpc,
+            #[cfg(not(feature = "otlp-grpc"))]
+            OtlpProtocol::Grpc => {
+                return Err(PyroscopeError::Setting {
+                    field: "otlp_profiles.protocol",
+                    reason: "grpc needs the otel-profiling feature \"otlp-grpc\"".into(),
+                })
+            }
+        };
         let mut headers = HeaderMap::new();
         headers.insert(
             reqwest::header::CONTENT_TYPE,
@@ -211,6 +236,7 @@ impl OtlpProfilesConfig {
             headers,
             request_timeout: self.request_timeout,
             backoff: self.backoff,
+            transport,
         })
     }
 }
@@ -250,13 +276,17 @@ impl OtlpProfilesExporter {
         let endpoint = settings.endpoint.to_string();
         let pipeline = Pipeline::start(
             settings,
-            Box::new(OtlpHttp),
+            Box::new(Otlp),
             config.max_queue_bytes,
             config.shutdown_timeout,
             OTLP_UPLOADER_THREAD_NAME,
         )
         .map_err(|e| match e {
-            StartError::Client(e) => PyroscopeError::HttpClient(e),
+            StartError::Client(ClientError::Http(e)) => PyroscopeError::HttpClient(e),
+            StartError::Client(ClientError::Grpc(reason)) => PyroscopeError::Setting {
+                field: "otlp_profiles.endpoint",
+                reason,
+            },
             StartError::Thread(e) => PyroscopeError::Thread(e),
         })?;
         Ok(OtlpProfilesExporter {
@@ -344,8 +374,9 @@ fn profiles_mut(
         .flat_map(|s| s.profiles.iter_mut())
 }
 
-/// OTLP/HTTP as the uploader speaks it.
-struct OtlpHttp;
+/// OTLP as the uploader speaks it (HTTP statuses here; gRPC codes are classified by the
+/// uploader).
+struct Otlp;
 
 /// `google.rpc.Status`, the body of an OTLP/HTTP error answer (code 1, message 2).
 #[derive(Clone, PartialEq, prost::Message)]
@@ -356,7 +387,7 @@ struct RpcStatus {
     message: String,
 }
 
-impl Protocol for OtlpHttp {
+impl Protocol for Otlp {
     fn what(&self) -> &'static str {
         "OTLP profiles export"
     }
@@ -438,7 +469,7 @@ mod tests {
 
     #[test]
     fn retry_classes_follow_the_otlp_spec() {
-        let p = OtlpHttp;
+        let p = Otlp;
         for (code, class) in [
             (429, StatusClass::RateLimited),
             (502, StatusClass::Retryable),
@@ -462,7 +493,7 @@ mod tests {
 
     #[test]
     fn partial_success_is_reported_and_full_success_is_not() {
-        let p = OtlpHttp;
+        let p = Otlp;
         let partial = ExportProfilesServiceResponse {
             partial_success: Some(ExportProfilesPartialSuccess {
                 rejected_profiles: 2,
@@ -510,7 +541,7 @@ mod tests {
         )
         .expect("converts");
         assert_eq!(bodies.len(), 1);
-        let [a, b] = OtlpHttp.split(&bodies[0]).expect("splits");
+        let [a, b] = Otlp.split(&bodies[0]).expect("splits");
         let total = |bytes: &[u8]| -> i64 {
             let r = ExportProfilesServiceRequest::decode(bytes).expect("decodes");
             r.resource_profiles[0].scope_profiles[0].profiles[0]

@@ -76,10 +76,15 @@
 //! `partial_successes` and logged. Needs the `otlp-http` cargo feature.
 
 pub mod convert;
-#[cfg(feature = "otlp-http")]
+#[cfg(any(feature = "pyroscope", feature = "otlp-http"))]
 mod exporter;
+#[cfg(all(
+    feature = "otlp-grpc",
+    any(feature = "pyroscope", feature = "otlp-http")
+))]
+pub(crate) mod grpc;
 
-#[cfg(feature = "otlp-http")]
+#[cfg(any(feature = "pyroscope", feature = "otlp-http"))]
 pub use exporter::{OtlpProfilesConfig, OtlpProfilesExporter, OTLP_UPLOADER_THREAD_NAME};
 
 /// The signal path of OTLP/HTTP profiles, appended to a generic OTLP endpoint

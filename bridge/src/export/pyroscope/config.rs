@@ -429,6 +429,7 @@ impl ValidConfig {
             headers: self.headers.clone(),
             request_timeout: self.request_timeout,
             backoff: self.backoff,
+            transport: super::uploader::Transport::Http,
         }
     }
 }

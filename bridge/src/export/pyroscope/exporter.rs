@@ -6,7 +6,7 @@ use crate::collector::{EncodedProfile, ProfileKind, ProfileSink};
 use crate::pprof::{self, split::SplitLimits};
 
 use super::pipeline::{Pipeline, StartError};
-use super::uploader::{Protocol, StatusClass};
+use super::uploader::{ClientError, Protocol, StatusClass};
 use super::{
     proto, PyroscopeConfig, PyroscopeError, PyroscopeLimits, PyroscopeStats, BLOCK_PROFILE_NAME,
 };
@@ -77,7 +77,11 @@ impl PyroscopeExporter {
             UPLOADER_THREAD_NAME,
         )
         .map_err(|e| match e {
-            StartError::Client(e) => PyroscopeError::HttpClient(e),
+            StartError::Client(ClientError::Http(e)) => PyroscopeError::HttpClient(e),
+            StartError::Client(ClientError::Grpc(reason)) => PyroscopeError::Setting {
+                field: "pyroscope.server_address",
+                reason,
+            },
             StartError::Thread(e) => PyroscopeError::Thread(e),
         })?;
         Ok(PyroscopeExporter {

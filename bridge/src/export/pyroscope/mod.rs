@@ -76,7 +76,9 @@
 // `HealthStats` is the same type in every build. The queue, the uploader thread and the
 // settings they use are shared with the OTLP profiles exporter
 // ([`crate::export::otlp_profiles`]), so they build with either feature.
+// Without `pyroscope`, only the parts the OTLP profiles exporter shares are used.
 #[cfg(any(feature = "pyroscope", feature = "otlp-http"))]
+#[cfg_attr(not(feature = "pyroscope"), allow(dead_code))]
 mod config;
 #[cfg(any(feature = "pyroscope", feature = "otlp-http"))]
 mod error;

@@ -8,7 +8,7 @@ use std::time::{Duration, Instant};
 
 use super::queue::{Enqueued, Shared};
 use super::stats::PyroscopeStats;
-use super::uploader::{self, Protocol, UploadSettings};
+use super::uploader::{self, ClientError, Protocol, UploadSettings};
 
 /// How much longer than the shutdown timeout `drop` waits for the uploader to finish on its
 /// own before leaving it behind.
@@ -17,8 +17,8 @@ const DROP_SLACK: Duration = Duration::from_millis(200);
 /// Why the pipeline could not start.
 #[derive(Debug)]
 pub(crate) enum StartError {
-    /// The HTTP client could not be built (TLS setup).
-    Client(reqwest::Error),
+    /// The client could not be built (TLS setup, gRPC endpoint).
+    Client(ClientError),
     /// The thread could not be started, or ended while starting.
     Thread(std::io::Error),
 }

@@ -35,6 +35,35 @@ pub(crate) struct UploadSettings {
     pub(crate) request_timeout: Duration,
     /// Retry policy.
     pub(crate) backoff: PyroscopeBackoff,
+    /// How requests travel.
+    pub(crate) transport: Transport,
+}
+
+/// How requests travel.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) enum Transport {
+    /// HTTP/1.1 POST with a gzipped body (reqwest's blocking client).
+    Http,
+    /// OTLP/gRPC `ProfilesService/Export` (tonic, on a runtime of the uploader thread's own).
+    #[cfg(feature = "otlp-grpc")]
+    Grpc,
+}
+
+/// The client of one transport, living on the uploader thread.
+enum Client {
+    Http(reqwest::blocking::Client),
+    #[cfg(feature = "otlp-grpc")]
+    Grpc(Box<crate::export::otlp_profiles::grpc::GrpcClient>),
+}
+
+/// Why the client could not be built.
+#[derive(Debug)]
+pub(crate) enum ClientError {
+    /// reqwest's (TLS setup).
+    Http(reqwest::Error),
+    /// tonic's (bad endpoint, runtime).
+    #[cfg_attr(not(feature = "otlp-grpc"), allow(dead_code))]
+    Grpc(String),
 }
 
 /// How an HTTP status is treated.
@@ -80,7 +109,7 @@ pub(crate) fn run(
     config: UploadSettings,
     protocol: Box<dyn Protocol>,
     shared: Arc<Shared>,
-    ready: SyncSender<Result<(), reqwest::Error>>,
+    ready: SyncSender<Result<(), ClientError>>,
     done: SyncSender<()>,
 ) {
     let exit = ExitGuard {
@@ -128,13 +157,25 @@ impl Drop for ExitGuard {
 /// `rustls` feature) for `https`, platform certificate verification. Redirects are not
 /// followed: a push answered with a redirect is a misconfigured address, and following it
 /// could hand the credentials to another host.
-fn build_client(config: &UploadSettings) -> Result<reqwest::blocking::Client, reqwest::Error> {
-    reqwest::blocking::Client::builder()
-        .user_agent(concat!("otel-profiling/", env!("CARGO_PKG_VERSION")))
-        .redirect(reqwest::redirect::Policy::none())
-        .connect_timeout(config.request_timeout)
-        .timeout(config.request_timeout)
-        .build()
+fn build_client(config: &UploadSettings) -> Result<Client, ClientError> {
+    match config.transport {
+        Transport::Http => reqwest::blocking::Client::builder()
+            .user_agent(concat!("otel-profiling/", env!("CARGO_PKG_VERSION")))
+            .redirect(reqwest::redirect::Policy::none())
+            .connect_timeout(config.request_timeout)
+            .timeout(config.request_timeout)
+            .build()
+            .map(Client::Http)
+            .map_err(ClientError::Http),
+        #[cfg(feature = "otlp-grpc")]
+        Transport::Grpc => crate::export::otlp_profiles::grpc::GrpcClient::new(
+            &config.endpoint,
+            &config.headers,
+            config.request_timeout,
+        )
+        .map(|client| Client::Grpc(Box::new(client)))
+        .map_err(ClientError::Grpc),
+    }
 }
 
 /// Why an attempt failed.
@@ -156,7 +197,7 @@ enum Failure {
 struct Uploader {
     config: UploadSettings,
     protocol: Box<dyn Protocol>,
-    client: reqwest::blocking::Client,
+    client: Client,
     shared: Arc<Shared>,
     log: LogLimiter,
     jitter: Jitter,
@@ -185,7 +226,8 @@ impl Uploader {
             };
             // The uncompressed request, kept for a split if the server answers 429.
             let plain = (!compressed).then(|| body.clone());
-            let (body, gzipped) = if compressed {
+            // gRPC frames the message itself: its body stays as queued.
+            let (body, gzipped) = if compressed || self.config.transport != Transport::Http {
                 (body, None)
             } else {
                 match gzip(&body) {
@@ -264,10 +306,19 @@ impl Uploader {
         }
     }
 
-    /// One POST of `body`.
-    fn attempt(&self, body: Bytes, timeout: Duration) -> Result<(), Failure> {
-        let response = self
-            .client
+    /// One attempt to send `body` (gzipped for HTTP, plain for gRPC).
+    fn attempt(&mut self, body: Bytes, timeout: Duration) -> Result<(), Failure> {
+        // One arm when gRPC is compiled out.
+        #[allow(clippy::infallible_destructuring_match)]
+        let client = match &mut self.client {
+            Client::Http(client) => client,
+            #[cfg(feature = "otlp-grpc")]
+            Client::Grpc(client) => {
+                let answer = client.export(&body, timeout);
+                return self.grpc_outcome(answer);
+            }
+        };
+        let response = client
             .post(self.config.endpoint.clone())
             .headers(self.config.headers.clone())
             .timeout(timeout)
@@ -340,6 +391,58 @@ impl Uploader {
         }
     }
 
+    /// The failure of a gRPC answer, counted like the HTTP ones. Retryable per the OTLP
+    /// spec: CANCELLED, DEADLINE_EXCEEDED, ABORTED, OUT_OF_RANGE, UNAVAILABLE, DATA_LOSS;
+    /// RESOURCE_EXHAUSTED is Pyroscope's ingestion limit (its HTTP 429), treated like a 429.
+    #[cfg(feature = "otlp-grpc")]
+    fn grpc_outcome(
+        &mut self,
+        answer: Result<Option<String>, (tonic::Code, String)>,
+    ) -> Result<(), Failure> {
+        use tonic::Code;
+        let stats = &self.shared.stats;
+        match answer {
+            Ok(None) => Ok(()),
+            Ok(Some(partial)) => {
+                PyroscopeStats::add(&stats.partial_successes, 1);
+                Err(Failure::Partial(truncate(partial)))
+            }
+            Err((code, message)) => {
+                let message = truncate(format!("gRPC {code:?}: {message}"));
+                match code {
+                    Code::ResourceExhausted => {
+                        PyroscopeStats::add(&stats.rate_limited, 1);
+                        Err(Failure::Retryable {
+                            message,
+                            retry_after: None,
+                            rate_limited: true,
+                        })
+                    }
+                    Code::Unavailable | Code::DeadlineExceeded => {
+                        PyroscopeStats::add(&stats.network_errors, 1);
+                        Err(Failure::Retryable {
+                            message,
+                            retry_after: None,
+                            rate_limited: false,
+                        })
+                    }
+                    Code::Cancelled | Code::Aborted | Code::OutOfRange | Code::DataLoss => {
+                        PyroscopeStats::add(&stats.server_errors, 1);
+                        Err(Failure::Retryable {
+                            message,
+                            retry_after: None,
+                            rate_limited: false,
+                        })
+                    }
+                    _ => {
+                        PyroscopeStats::add(&stats.rejected, 1);
+                        Err(Failure::Permanent(message))
+                    }
+                }
+            }
+        }
+    }
+
     /// Records `message` as the last error and logs it, rate-limited.
     fn report(&mut self, message: &str) {
         self.shared.stats.set_last_error(message);
@@ -360,6 +463,7 @@ impl Uploader {
 
 /// Which of Pyroscope's limits a refusal names, and the setting that keeps pushes within
 /// it (the first failure and then one line a minute are logged with it).
+#[cfg_attr(not(feature = "pyroscope"), allow(dead_code))]
 pub(crate) fn pyroscope_limit_hint(message: &str) -> Option<&'static str> {
     let m = message.to_ascii_lowercase();
     let hints: [(&[&str], &str); 4] = [
@@ -437,6 +541,7 @@ fn describe(error: &reqwest::Error, timeout: Duration) -> String {
 
 /// `: <code>: <message>` of a Connect error body (`{"code": …, "message": …}`), else the
 /// start of the body as text.
+#[cfg_attr(not(feature = "pyroscope"), allow(dead_code))]
 pub(crate) fn connect_error_detail(body: &[u8]) -> String {
     if body.is_empty() {
         return String::new();
