@@ -1,5 +1,5 @@
 //! Profiles as the OpenTelemetry profiles signal: OTLP `ExportProfilesServiceRequest`
-//! (`opentelemetry/proto/profiles/v1development`) over OTLP/HTTP protobuf.
+//! (`opentelemetry/proto/profiles/v1development`) over OTLP/HTTP protobuf or OTLP/gRPC.
 //!
 //! ```text
 //!  collector thread                               otel-profiling-otlp-profiles thread
@@ -73,7 +73,12 @@
 //! answered by sending the request's samples in two halves, as for the push API); any other
 //! status is permanent. A 200 whose `partial_success` reports rejected profiles or a
 //! message counts as sent (the spec forbids retrying it), is counted in
-//! `partial_successes` and logged. Needs the `otlp-http` cargo feature.
+//! `partial_successes` and logged. Over gRPC (`ProfilesService/Export`, tonic on a
+//! current-thread runtime of the uploader thread) the OTLP spec's retryable codes
+//! (`CANCELLED`, `DEADLINE_EXCEEDED`, `ABORTED`, `OUT_OF_RANGE`, `UNAVAILABLE`,
+//! `DATA_LOSS`) are retried, and `RESOURCE_EXHAUSTED` — what Pyroscope answers over its
+//! ingestion limit, its HTTP 429 (`toGRPCStatus` in `ingest_handler.go`) — is split like a
+//! 429. HTTP needs the `otlp-http` cargo feature, gRPC `otlp-grpc`.
 
 pub mod convert;
 #[cfg(any(feature = "pyroscope", feature = "otlp-http"))]
