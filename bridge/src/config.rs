@@ -15,6 +15,10 @@
 //! | `PYROSCOPE_UPLOAD_INTERVAL` | profile length, at least 100 ms | `10s`, `500ms`, `1m`, `2h` or whole seconds (`10`); no space before the unit (`10 s` is rejected, as Go's `time.ParseDuration` that Pyroscope's own agents use rejects it) |
 //! | `OTEL_PROFILING_OUTPUT_DIR` | local files directory (no backend configured); default `$CARGO_TARGET_DIR/otel-profiling` when `CARGO_TARGET_DIR` is set, else `target/otel-profiling` (see [`crate::local_sink`]) | a path |
 //! | `OTEL_PROFILING_BLOCKED_THRESHOLD` | how long a thread must be held inside one poll of a span, off-CPU in a system call, before its stack goes into the blocked-in-poll profile (default 10ms; see `docs/blocked-in-poll.md`) | `10ms`, `50ms`, `1s` (1 ms to 60 s), or `off` (no watchdog) |
+//! | `OTEL_PROFILING_PROFILES_EXPORTER` | where profiles go: Pyroscope's push API, OTLP profiles, or both. Unset: `otlp` when `OTEL_EXPORTER_OTLP_PROFILES_ENDPOINT` is set (`both` if `PYROSCOPE_SERVER_ADDRESS` is set too), else Pyroscope when configured | `pyroscope`, `otlp` or `both` |
+//! | `OTEL_EXPORTER_OTLP_PROFILES_ENDPOINT` | OTLP profiles receiver, used as given; else `OTEL_EXPORTER_OTLP_ENDPOINT` + `/v1development/profiles` (HTTP) | `http://localhost:4040/v1development/profiles` (Pyroscope), `http://localhost:4318/v1development/profiles` (Collector) |
+//! | `OTEL_EXPORTER_OTLP_PROFILES_PROTOCOL` | OTLP profiles protocol; else `OTEL_EXPORTER_OTLP_PROTOCOL` | `http/protobuf` (default) or `grpc` |
+//! | `OTEL_EXPORTER_OTLP_PROFILES_HEADERS` | headers of OTLP profiles requests; else `OTEL_EXPORTER_OTLP_HEADERS` | `name=value,name2=value2` (values percent-decoded) |
 //! | `OTEL_PROFILING_QUIET` | no stderr line at start saying where local files go (`Telemetry::quiet` wins) | `1`/`true` or `0`/`false` |
 //! | `OTEL_PROFILING_THREAD_CONTEXT` | publish each thread's running span for profilers outside the process (OTEP 4947 thread context and OTEP 4719 process context; default on; `Telemetry::thread_context` wins; see [`crate::thread_ctx`]) | `1`/`true` or `0`/`false` |
 //!
@@ -88,6 +92,90 @@ impl OtlpTarget {
     }
 }
 
+/// Which exporters get the profiles (`OTEL_PROFILING_PROFILES_EXPORTER`,
+/// [`Telemetry::profiles_exporter`](crate::Telemetry::profiles_exporter)).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+#[non_exhaustive]
+pub enum ProfilesExporter {
+    /// Pyroscope's push API (`PYROSCOPE_SERVER_ADDRESS`).
+    Pyroscope,
+    /// OTLP profiles (`OTEL_EXPORTER_OTLP_PROFILES_ENDPOINT`, else the generic endpoint).
+    Otlp,
+    /// Both, the same profiles to each.
+    Both,
+}
+
+impl ProfilesExporter {
+    /// Whether the Pyroscope push is chosen.
+    pub fn pyroscope(self) -> bool {
+        matches!(self, ProfilesExporter::Pyroscope | ProfilesExporter::Both)
+    }
+
+    /// Whether OTLP profiles are chosen.
+    pub fn otlp(self) -> bool {
+        matches!(self, ProfilesExporter::Otlp | ProfilesExporter::Both)
+    }
+
+    /// Reads `pyroscope`, `otlp` or `both` (case-insensitive).
+    pub fn parse(field: &'static str, value: &str) -> Result<ProfilesExporter, ConfigError> {
+        match value.trim().to_ascii_lowercase().as_str() {
+            "pyroscope" => Ok(ProfilesExporter::Pyroscope),
+            "otlp" => Ok(ProfilesExporter::Otlp),
+            "both" => Ok(ProfilesExporter::Both),
+            _ => Err(ConfigError::new(
+                field,
+                "unknown profiles exporter",
+                value,
+                "`pyroscope`, `otlp` or `both`",
+            )),
+        }
+    }
+}
+
+/// Where OTLP profiles go. `Debug` shows header names only.
+#[derive(Clone, PartialEq, Eq)]
+pub struct OtlpProfilesTarget {
+    /// The URL requests go to: for HTTP the full URL with the signal path
+    /// (`http://host:4040/v1development/profiles`), for gRPC the server (`http://host:4317`).
+    pub endpoint: String,
+    /// Transport.
+    pub protocol: OtlpProtocol,
+    /// Extra headers (metadata for gRPC).
+    pub headers: Vec<(String, String)>,
+}
+
+impl fmt::Debug for OtlpProfilesTarget {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        let names: Vec<&str> = self.headers.iter().map(|(n, _)| n.as_str()).collect();
+        f.debug_struct("OtlpProfilesTarget")
+            .field("endpoint", &self.endpoint)
+            .field("protocol", &self.protocol)
+            .field("header_names", &names)
+            .finish()
+    }
+}
+
+impl OtlpProfilesTarget {
+    /// The target for a generic OTLP endpoint (`OTEL_EXPORTER_OTLP_ENDPOINT`): for HTTP the
+    /// signal path `/v1development/profiles` is appended, as the OTel spec says for every
+    /// signal; gRPC uses the endpoint as is.
+    pub fn from_base(base: &str, protocol: OtlpProtocol, headers: Vec<(String, String)>) -> Self {
+        let endpoint = match protocol {
+            OtlpProtocol::HttpProtobuf => format!(
+                "{}{}",
+                base.trim_end_matches('/'),
+                crate::export::otlp_profiles::PROFILES_PATH
+            ),
+            OtlpProtocol::Grpc => base.to_string(),
+        };
+        OtlpProfilesTarget {
+            endpoint,
+            protocol,
+            headers,
+        }
+    }
+}
+
 /// Credentials for Pyroscope.
 #[derive(Clone, PartialEq, Eq)]
 pub enum Credentials {
@@ -150,6 +238,13 @@ pub struct EnvConfig {
     pub blocked_threshold: Option<Option<Duration>>,
     /// `OTEL_PROFILING_THREAD_CONTEXT`: publish the OTEP 4947 thread context.
     pub thread_context: Option<bool>,
+    /// `OTEL_EXPORTER_OTLP_PROFILES_ENDPOINT` / `_PROTOCOL` / `_HEADERS`, each falling back
+    /// to the generic `OTEL_EXPORTER_OTLP_*`: where OTLP profiles would go.
+    pub otlp_profiles: Option<OtlpProfilesTarget>,
+    /// `OTEL_PROFILING_PROFILES_EXPORTER`; when unset, `otlp` is implied by
+    /// `OTEL_EXPORTER_OTLP_PROFILES_ENDPOINT` (with Pyroscope too when
+    /// `PYROSCOPE_SERVER_ADDRESS` is set), else profiles go to Pyroscope when configured.
+    pub profiles_exporter: Option<ProfilesExporter>,
 }
 
 impl EnvConfig {
@@ -290,6 +385,21 @@ impl EnvConfig {
             });
         }
         config.output_dir = get("OTEL_PROFILING_OUTPUT_DIR").map(PathBuf::from);
+        config.otlp_profiles = otlp_profiles_from(&get)?;
+        config.profiles_exporter = match get("OTEL_PROFILING_PROFILES_EXPORTER") {
+            Some(v) => Some(ProfilesExporter::parse(
+                "OTEL_PROFILING_PROFILES_EXPORTER",
+                &v,
+            )?),
+            None if get("OTEL_EXPORTER_OTLP_PROFILES_ENDPOINT").is_some() => {
+                Some(if config.pyroscope.is_some() {
+                    ProfilesExporter::Both
+                } else {
+                    ProfilesExporter::Otlp
+                })
+            }
+            None => None,
+        };
         if let Some(v) = get("OTEL_PROFILING_QUIET") {
             config.quiet = Some(match v.trim().to_ascii_lowercase().as_str() {
                 "1" | "true" => true,
@@ -319,6 +429,77 @@ impl EnvConfig {
             });
         }
         Ok(config)
+    }
+}
+
+/// `OTEL_EXPORTER_OTLP_PROFILES_*` with the generic fallbacks.
+fn otlp_profiles_from(
+    get: &dyn Fn(&str) -> Option<String>,
+) -> Result<Option<OtlpProfilesTarget>, ConfigError> {
+    let (protocol_field, protocol) = match get("OTEL_EXPORTER_OTLP_PROFILES_PROTOCOL") {
+        Some(v) => ("OTEL_EXPORTER_OTLP_PROFILES_PROTOCOL", Some(v)),
+        None => (
+            "OTEL_EXPORTER_OTLP_PROTOCOL",
+            get("OTEL_EXPORTER_OTLP_PROTOCOL"),
+        ),
+    };
+    let protocol = match protocol.as_deref().map(str::trim) {
+        None | Some("http/protobuf") => OtlpProtocol::HttpProtobuf,
+        Some("grpc") => OtlpProtocol::Grpc,
+        Some(other) => {
+            return Err(ConfigError::new(
+                protocol_field,
+                "unsupported protocol",
+                other,
+                "`http/protobuf` or `grpc`",
+            ))
+        }
+    };
+    let headers = match get("OTEL_EXPORTER_OTLP_PROFILES_HEADERS") {
+        Some(v) => parse_headers("OTEL_EXPORTER_OTLP_PROFILES_HEADERS", &v)?,
+        None => match get("OTEL_EXPORTER_OTLP_HEADERS") {
+            Some(v) => parse_headers("OTEL_EXPORTER_OTLP_HEADERS", &v)?,
+            None => Vec::new(),
+        },
+    };
+    if let Some(endpoint) = get("OTEL_EXPORTER_OTLP_PROFILES_ENDPOINT") {
+        // A signal-specific endpoint is used as given (the OTel spec).
+        let endpoint = parse_url(
+            "OTEL_EXPORTER_OTLP_PROFILES_ENDPOINT",
+            &endpoint,
+            otlp_profiles_url_example(protocol),
+        )?;
+        return Ok(Some(OtlpProfilesTarget {
+            endpoint,
+            protocol,
+            headers,
+        }));
+    }
+    match get("OTEL_EXPORTER_OTLP_ENDPOINT") {
+        Some(base) => {
+            let base = parse_url(
+                "OTEL_EXPORTER_OTLP_ENDPOINT",
+                &base,
+                otlp_url_example(protocol),
+            )?;
+            Ok(Some(OtlpProfilesTarget::from_base(
+                &base, protocol, headers,
+            )))
+        }
+        None => Ok(None),
+    }
+}
+
+/// The accepted form of an OTLP profiles endpoint.
+pub(crate) fn otlp_profiles_url_example(protocol: OtlpProtocol) -> &'static str {
+    match protocol {
+        OtlpProtocol::HttpProtobuf => {
+            "the full http:// or https:// URL, e.g. http://localhost:4040/v1development/profiles \
+             (Pyroscope) or http://localhost:4318/v1development/profiles (a Collector)"
+        }
+        OtlpProtocol::Grpc => {
+            "an http:// or https:// URL such as http://localhost:4317 (OTLP/gRPC)"
+        }
     }
 }
 
@@ -373,34 +554,46 @@ pub(crate) fn parse_url(
 
 /// `key=value,key2=value2` with percent-encoded values (the OpenTelemetry spec form).
 pub(crate) fn parse_resource_attributes(value: &str) -> Result<Vec<(String, String)>, ConfigError> {
-    const EXPECTED: &str =
-        "comma-separated key=value pairs, e.g. service.version=1.2,deployment.environment=prod";
+    parse_key_values(
+        "OTEL_RESOURCE_ATTRIBUTES",
+        value,
+        value,
+        "comma-separated key=value pairs, e.g. service.version=1.2,deployment.environment=prod",
+    )
+}
+
+/// `OTEL_EXPORTER_OTLP_*HEADERS`: the same form as resource attributes (the OTel spec's);
+/// the value never appears in errors (it usually holds credentials).
+pub(crate) fn parse_headers(
+    field: &'static str,
+    value: &str,
+) -> Result<Vec<(String, String)>, ConfigError> {
+    parse_key_values(
+        field,
+        value,
+        "***",
+        "comma-separated name=value pairs, e.g. Authorization=Bearer%20token,X-Scope-OrgID=tenant",
+    )
+}
+
+/// `key=value,key2=value2` of `field`; `shown` is what errors print of the value.
+fn parse_key_values(
+    field: &'static str,
+    value: &str,
+    shown: &str,
+    expected: &'static str,
+) -> Result<Vec<(String, String)>, ConfigError> {
     let mut out = Vec::new();
     for pair in value.split(',').map(str::trim).filter(|p| !p.is_empty()) {
-        let (key, val) = pair.split_once('=').ok_or_else(|| {
-            ConfigError::new(
-                "OTEL_RESOURCE_ATTRIBUTES",
-                "a pair without `=`",
-                value,
-                EXPECTED,
-            )
-        })?;
+        let (key, val) = pair
+            .split_once('=')
+            .ok_or_else(|| ConfigError::new(field, "a pair without `=`", shown, expected))?;
         let key = key.trim();
         if key.is_empty() {
-            return Err(ConfigError::new(
-                "OTEL_RESOURCE_ATTRIBUTES",
-                "an empty key",
-                value,
-                EXPECTED,
-            ));
+            return Err(ConfigError::new(field, "an empty key", shown, expected));
         }
         let val = percent_decode(val.trim()).ok_or_else(|| {
-            ConfigError::new(
-                "OTEL_RESOURCE_ATTRIBUTES",
-                "a malformed percent-encoding",
-                value,
-                EXPECTED,
-            )
+            ConfigError::new(field, "a malformed percent-encoding", shown, expected)
         })?;
         out.push((key.to_string(), val));
     }

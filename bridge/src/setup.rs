@@ -34,7 +34,8 @@ use tracing_subscriber::registry::LookupSpan;
 use tracing_subscriber::Layer;
 
 use crate::config::{
-    ConfigError, Credentials, EnvConfig, OtlpProtocol, OtlpTarget, PyroscopeTarget,
+    ConfigError, Credentials, EnvConfig, OtlpProfilesTarget, OtlpProtocol, OtlpTarget,
+    ProfilesExporter, PyroscopeTarget,
 };
 use crate::export::pyroscope::PyroscopeStats;
 use crate::export::span_stats::{SpanExportSnapshot, SpanExportStats};
@@ -125,6 +126,8 @@ pub struct Telemetry {
     tags: Vec<(String, String)>,
     otlp: Option<OtlpTarget>,
     pyroscope: Option<PyroscopeTarget>,
+    otlp_profiles: Option<OtlpProfilesTarget>,
+    profiles_exporter: Option<ProfilesExporter>,
     frequency_hz: Option<u32>,
     interval: Option<Duration>,
     output_dir: Option<PathBuf>,
@@ -205,6 +208,39 @@ impl Telemetry {
             tenant_id,
         });
         Ok(self)
+    }
+
+    /// Sends profiles as OTLP profiles to `endpoint`: for `http/protobuf` the full URL
+    /// (`http://localhost:4040/v1development/profiles` for Grafana Pyroscope,
+    /// `http://localhost:4318/v1development/profiles` for a Collector), for gRPC the server.
+    /// Implies [`ProfilesExporter::Otlp`] unless [`profiles_exporter`](Self::profiles_exporter)
+    /// says otherwise (or [`ProfilesExporter::Both`] when a Pyroscope server is set too).
+    pub fn otlp_profiles(
+        mut self,
+        endpoint: &str,
+        protocol: OtlpProtocol,
+        headers: Vec<(String, String)>,
+    ) -> Result<Self, SetupError> {
+        self.otlp_profiles = Some(OtlpProfilesTarget {
+            endpoint: crate::config::parse_url(
+                "otlp_profiles.endpoint",
+                endpoint,
+                crate::config::otlp_profiles_url_example(protocol),
+            )?,
+            protocol,
+            headers,
+        });
+        Ok(self)
+    }
+
+    /// Which exporters get the profiles: Pyroscope's push API, OTLP profiles, or both
+    /// (wins over `OTEL_PROFILING_PROFILES_EXPORTER`). OTLP profiles go to the endpoint of
+    /// [`otlp_profiles`](Self::otlp_profiles), else of the environment
+    /// (`OTEL_EXPORTER_OTLP_PROFILES_ENDPOINT`, `OTEL_EXPORTER_OTLP_ENDPOINT`), else of
+    /// [`otlp`](Self::otlp) with `/v1development/profiles` appended for HTTP.
+    pub fn profiles_exporter(mut self, exporter: ProfilesExporter) -> Self {
+        self.profiles_exporter = Some(exporter);
+        self
     }
 
     /// Samples per second (default 100).
@@ -308,7 +344,7 @@ impl Telemetry {
         );
         let timeout = self.shutdown_timeout.unwrap_or(Duration::from_secs(5));
         let otlp = self.otlp_target();
-        let pyroscope = self.pyroscope_target();
+        let (pyroscope, otlp_profiles) = self.profile_targets()?;
         // Before anything starts: a backend compiled out is an error, never ignored.
         backends::check(Compiled::THIS_BUILD, otlp, pyroscope)?;
         // The thread context, with the process context readers need first.
@@ -322,6 +358,7 @@ impl Telemetry {
                 Err(err) => return Err(err.into()),
             }
         }
+        backends::check_otlp_profiles(Compiled::THIS_BUILD, otlp_profiles.as_ref())?;
 
         // Profiles: Pyroscope if configured, else local files.
         let mut profiler = Profiler::builder().output_dir(&dir);
@@ -346,6 +383,12 @@ impl Telemetry {
             labels.extend(self.tags.iter().cloned());
             let (sink, stats) = backends::pyroscope_sink(target, &service_name, labels, timeout)?;
             pyroscope_stats = Some(stats);
+            profiler = profiler.sink_boxed(sink);
+        }
+        let mut otlp_profiles_stats = None;
+        if let Some((target, _)) = &otlp_profiles {
+            let (sink, stats) = backends::otlp_profiles_sink(target, &attributes, timeout)?;
+            otlp_profiles_stats = Some(stats);
             profiler = profiler.sink_boxed(sink);
         }
 
@@ -375,7 +418,8 @@ impl Telemetry {
                 eprintln!("{line}");
             }
             let interval = self.interval.or(self.env.upload_interval);
-            if let Some(line) = interval_notice(interval, pyroscope_stats.is_some()) {
+            let to_pyroscope = pyroscope_stats.is_some() || otlp_profiles_stats.is_some();
+            if let Some(line) = interval_notice(interval, to_pyroscope) {
                 eprintln!("{line}");
             }
         }
@@ -383,6 +427,7 @@ impl Telemetry {
             provider,
             profiler: Some(profiler),
             pyroscope_stats,
+            otlp_profiles_stats,
             span_stats,
             spans_file,
             unsampled: self.unsampled,
@@ -398,6 +443,84 @@ impl Telemetry {
             (None, Some(target)) => Some((target, Source::Env)),
             (None, None) => None,
         }
+    }
+
+    /// The profile backends [`ProfilesExporter`] chooses: the Pyroscope target and the
+    /// OTLP profiles target, each with where its setting came from. A choice that names a
+    /// backend with no address is an error naming the setting.
+    #[allow(clippy::type_complexity)]
+    fn profile_targets(
+        &self,
+    ) -> Result<
+        (
+            Option<(&PyroscopeTarget, Source)>,
+            Option<(OtlpProfilesTarget, Source)>,
+        ),
+        SetupError,
+    > {
+        let pyroscope = self.pyroscope_target();
+        let (choice, field) = match (self.profiles_exporter, self.env.profiles_exporter) {
+            (Some(choice), _) => (choice, "profiles_exporter"),
+            (None, Some(choice)) => (choice, "OTEL_PROFILING_PROFILES_EXPORTER"),
+            (None, None) => match (&self.otlp_profiles, pyroscope) {
+                (Some(_), Some(_)) => (ProfilesExporter::Both, "otlp_profiles.endpoint"),
+                (Some(_), None) => (ProfilesExporter::Otlp, "otlp_profiles.endpoint"),
+                (None, _) => (ProfilesExporter::Pyroscope, "profiles_exporter"),
+            },
+        };
+        let pyroscope = if choice.pyroscope() {
+            match pyroscope {
+                Some(target) => Some(target),
+                // The default choice with no server: local files, as before.
+                None if choice == ProfilesExporter::Pyroscope
+                    && self.profiles_exporter.is_none()
+                    && self.env.profiles_exporter.is_none() =>
+                {
+                    None
+                }
+                None => {
+                    return Err(SetupError::Config(ConfigError::new(
+                        field,
+                        "profiles to Pyroscope need a server",
+                        if choice == ProfilesExporter::Both {
+                            "both"
+                        } else {
+                            "pyroscope"
+                        },
+                        "PYROSCOPE_SERVER_ADDRESS or Telemetry::pyroscope",
+                    )))
+                }
+            }
+        } else {
+            None
+        };
+        let otlp_profiles = if choice.otlp() {
+            let target = match (&self.otlp_profiles, &self.env.otlp_profiles, &self.otlp) {
+                (Some(t), _, _) => (t.clone(), Source::Builder),
+                (None, Some(t), _) => (t.clone(), Source::Env),
+                (None, None, Some(traces)) => (
+                    OtlpProfilesTarget::from_base(&traces.endpoint, traces.protocol, Vec::new()),
+                    Source::Builder,
+                ),
+                (None, None, None) => {
+                    return Err(SetupError::Config(ConfigError::new(
+                        field,
+                        "OTLP profiles need an endpoint",
+                        if choice == ProfilesExporter::Both {
+                            "both"
+                        } else {
+                            "otlp"
+                        },
+                        "OTEL_EXPORTER_OTLP_PROFILES_ENDPOINT, OTEL_EXPORTER_OTLP_ENDPOINT or \
+                         Telemetry::otlp_profiles",
+                    )))
+                }
+            };
+            Some(target)
+        } else {
+            None
+        };
+        Ok((pyroscope, otlp_profiles))
     }
 
     /// The Pyroscope target, code winning over the environment, and where it came from.
@@ -477,6 +600,7 @@ pub struct TelemetryGuard {
     provider: SdkTracerProvider,
     profiler: Option<Profiler>,
     pyroscope_stats: Option<Arc<PyroscopeStats>>,
+    otlp_profiles_stats: Option<Arc<PyroscopeStats>>,
     span_stats: Arc<SpanExportStats>,
     spans_file: Option<PathBuf>,
     unsampled: UnsampledTraces,
@@ -491,6 +615,8 @@ pub struct HealthStats {
     pub profiler: ProfilerStats,
     /// Pyroscope upload counters, when profiles go to Pyroscope.
     pub pyroscope: Option<crate::export::pyroscope::PyroscopeSnapshot>,
+    /// OTLP profiles upload counters (the same kind), when profiles go over OTLP.
+    pub otlp_profiles: Option<crate::export::pyroscope::PyroscopeSnapshot>,
     /// Span export counters (OTLP or the local span file): batches and spans sent and
     /// failed. Failures are also logged, the first at once, then at most once a minute.
     pub spans: SpanExportSnapshot,
@@ -538,6 +664,7 @@ impl TelemetryGuard {
                 .map(Profiler::stats)
                 .unwrap_or_default(),
             pyroscope: self.pyroscope_stats.as_ref().map(|s| s.snapshot()),
+            otlp_profiles: self.otlp_profiles_stats.as_ref().map(|s| s.snapshot()),
             spans: self.span_stats.snapshot(),
         }
     }
@@ -752,6 +879,68 @@ mod tests {
                 ("service_instance_id".to_string(), "pod-7".to_string()),
                 ("deployment_environment".to_string(), "staging".to_string()),
             ]
+        );
+    }
+
+    fn setup_error(vars: &[(&str, &str)]) -> String {
+        let env = EnvConfig::from_lookup(|name| {
+            vars.iter()
+                .find(|(k, _)| *k == name)
+                .map(|(_, v)| v.to_string())
+        })
+        .expect("valid variables");
+        match Telemetry::from_env_config(env).quiet(true).build() {
+            Err(e) => e.to_string(),
+            Ok(_) => panic!("accepted: {vars:?}"),
+        }
+    }
+
+    /// Choosing a profiles backend that has no address fails at setup, naming the setting.
+    #[test]
+    fn a_profiles_exporter_without_its_address_fails_naming_the_variable() {
+        let msg = setup_error(&[("OTEL_PROFILING_PROFILES_EXPORTER", "otlp")]);
+        assert!(
+            msg.starts_with("OTEL_PROFILING_PROFILES_EXPORTER: "),
+            "{msg}"
+        );
+        assert!(
+            msg.contains("OTEL_EXPORTER_OTLP_PROFILES_ENDPOINT"),
+            "{msg}"
+        );
+        let msg = setup_error(&[
+            ("OTEL_PROFILING_PROFILES_EXPORTER", "both"),
+            (
+                "OTEL_EXPORTER_OTLP_PROFILES_ENDPOINT",
+                "http://localhost:1/v1development/profiles",
+            ),
+        ]);
+        assert!(
+            msg.starts_with("OTEL_PROFILING_PROFILES_EXPORTER: "),
+            "{msg}"
+        );
+        assert!(msg.contains("PYROSCOPE_SERVER_ADDRESS"), "{msg}");
+        let err = Telemetry::builder()
+            .quiet(true)
+            .profiles_exporter(ProfilesExporter::Otlp)
+            .build()
+            .map(|_| ())
+            .expect_err("no endpoint");
+        assert!(err.to_string().starts_with("profiles_exporter: "), "{err}");
+    }
+
+    #[cfg(not(feature = "otlp-http"))]
+    #[test]
+    fn otlp_profiles_without_the_http_feature_fail_setup() {
+        let msg = refused(&[(
+            "OTEL_EXPORTER_OTLP_PROFILES_ENDPOINT",
+            "http://localhost:4040/v1development/profiles",
+        )]);
+        assert!(
+            msg.starts_with(
+                "OTEL_EXPORTER_OTLP_PROFILES_ENDPOINT=http://localhost:4040/v1development/profiles \
+                 needs the otel-profiling feature \"otlp-http\""
+            ),
+            "{msg}"
         );
     }
 }

@@ -28,6 +28,9 @@ pub struct Backends {
     pub tempo: TempoClient,
     /// Pyroscope client.
     pub pyroscope: PyroscopeClient,
+    /// Recordings ship their profiles as OTLP profiles to Pyroscope's
+    /// `/v1development/profiles` instead of its push API (the checks are the same).
+    pub profiles_over_otlp: bool,
 }
 
 impl Backends {
@@ -40,22 +43,34 @@ impl Backends {
             timeout,
             tempo: TempoClient::new(tempo),
             pyroscope: PyroscopeClient::new(pyroscope),
+            profiles_over_otlp: false,
         }
     }
 
+    /// The same backends, with profiles shipped over OTLP (`true`) or the push API.
+    pub fn with_profiles_over_otlp(mut self, on: bool) -> Backends {
+        self.profiles_over_otlp = on;
+        self
+    }
+
     /// From `TEMPO_URL`, `PYROSCOPE_URL` and `OTEL_EXPORTER_OTLP_ENDPOINT` (all three, or
-    /// `None`); `CHECKLIST_TIMEOUT_SECS` overrides the 60 s wait.
+    /// `None`); `CHECKLIST_TIMEOUT_SECS` overrides the 60 s wait;
+    /// `CHECKLIST_PROFILES_OVER_OTLP=1` ships profiles as OTLP profiles.
     pub fn from_env() -> Option<Backends> {
         let get = |k: &str| std::env::var(k).ok().filter(|v| !v.trim().is_empty());
         let timeout = get("CHECKLIST_TIMEOUT_SECS")
             .and_then(|s| s.parse().ok())
             .unwrap_or(60);
-        Some(Backends::new(
-            &get("TEMPO_URL")?,
-            &get("PYROSCOPE_URL")?,
-            &get("OTEL_EXPORTER_OTLP_ENDPOINT")?,
-            Duration::from_secs(timeout),
-        ))
+        let over_otlp = get("CHECKLIST_PROFILES_OVER_OTLP").is_some_and(|v| v.trim() == "1");
+        Some(
+            Backends::new(
+                &get("TEMPO_URL")?,
+                &get("PYROSCOPE_URL")?,
+                &get("OTEL_EXPORTER_OTLP_ENDPOINT")?,
+                Duration::from_secs(timeout),
+            )
+            .with_profiles_over_otlp(over_otlp),
+        )
     }
 }
 
@@ -718,6 +733,7 @@ pub fn record_all(exe: &std::path::Path, b: &Backends) -> Result<Recordings, Str
         service_version: version.to_string(),
         scenario,
         profile_id: true,
+        profiles_over_otlp: b.profiles_over_otlp,
     };
     let ops = record_in_child(exe, &spec(Scenario::CpuAndIo, "1.5.0"))?;
     let by_name: BTreeMap<&str, &RecordedOp> = ops.iter().map(|o| (o.name.as_str(), o)).collect();

@@ -46,6 +46,9 @@ pub fn record_args(spec: &RecordSpec) -> Vec<String> {
     if !spec.profile_id {
         args.push("--no-profile-id".into());
     }
+    if spec.profiles_over_otlp {
+        args.push("--profiles-over-otlp".into());
+    }
     args
 }
 
@@ -57,6 +60,8 @@ pub fn record_in_child(exe: &Path, spec: &RecordSpec) -> Result<Vec<RecordedOp>,
         .env_remove("OTEL_EXPORTER_OTLP_ENDPOINT")
         .env_remove("OTEL_EXPORTER_OTLP_TRACES_ENDPOINT")
         .env_remove("PYROSCOPE_SERVER_ADDRESS")
+        .env_remove("OTEL_EXPORTER_OTLP_PROFILES_ENDPOINT")
+        .env_remove("OTEL_PROFILING_PROFILES_EXPORTER")
         .env_remove("OTEL_RESOURCE_ATTRIBUTES")
         .env_remove("OTEL_SERVICE_NAME")
         .output()

@@ -6,7 +6,7 @@ use std::hint::black_box;
 use std::time::{Duration, Instant};
 
 use opentelemetry::trace::TraceContextExt as _;
-use otel_profiling::config::OtlpProtocol;
+use otel_profiling::config::{OtlpProtocol, ProfilesExporter};
 use otel_profiling::{ProfileIdScope, Telemetry};
 use serde_json::json;
 use tracing_opentelemetry::OpenTelemetrySpanExt as _;
@@ -93,6 +93,9 @@ pub struct RecordSpec {
     pub scenario: Scenario,
     /// Whether local roots get `pyroscope.profile.id` (false = `ProfileIdScope::None`).
     pub profile_id: bool,
+    /// Ship profiles as OTLP profiles to `{pyroscope_url}/v1development/profiles` (the path
+    /// Pyroscope serves) instead of Pyroscope's push API.
+    pub profiles_over_otlp: bool,
 }
 
 /// Busy CPU work until `budget` of wall time has passed.
@@ -196,11 +199,26 @@ pub fn record(spec: &RecordSpec) -> Result<Vec<serde_json::Value>, String> {
         })
         .upload_interval(Duration::from_secs(5))
         .otlp(&spec.otlp_endpoint, OtlpProtocol::HttpProtobuf)
-        .map_err(|e| e.to_string())?
-        .pyroscope(&spec.pyroscope_url, None, None)
-        .map_err(|e| e.to_string())?
-        .init()
         .map_err(|e| e.to_string())?;
+    let telemetry = if spec.profiles_over_otlp {
+        telemetry
+            .otlp_profiles(
+                &format!(
+                    "{}{}",
+                    spec.pyroscope_url.trim_end_matches('/'),
+                    otel_profiling::export::otlp_profiles::PROFILES_PATH
+                ),
+                OtlpProtocol::HttpProtobuf,
+                Vec::new(),
+            )
+            .map_err(|e| e.to_string())?
+            .profiles_exporter(ProfilesExporter::Otlp)
+    } else {
+        telemetry
+            .pyroscope(&spec.pyroscope_url, None, None)
+            .map_err(|e| e.to_string())?
+    };
+    let telemetry = telemetry.init().map_err(|e| e.to_string())?;
     let mut out = Vec::new();
     let mut run = |name: &'static str, work: &dyn Fn() -> Option<usize>| {
         let span = tracing::info_span!(

@@ -92,6 +92,7 @@ fn record(scenario: Scenario, profile_id: bool) -> Vec<RecordedOp> {
         service_version: "2.0.0".into(),
         scenario,
         profile_id,
+        profiles_over_otlp: false,
     };
     let _lock = children();
     record_in_child(CHECKLIST_EXE.as_ref(), &spec).expect("recording")

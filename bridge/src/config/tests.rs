@@ -279,3 +279,103 @@ fn thread_context_switch() {
         );
     }
 }
+
+#[test]
+fn otlp_profiles_endpoint_protocol_and_headers_fall_back_to_the_generic_variables() {
+    // The generic endpoint gets the signal path appended, as the OTel spec says.
+    let c = env(&[
+        ("OTEL_EXPORTER_OTLP_ENDPOINT", "http://collector:4318/"),
+        (
+            "OTEL_EXPORTER_OTLP_HEADERS",
+            "X-Scope-OrgID=t1,Authorization=Bearer%20abc",
+        ),
+    ])
+    .expect("ok");
+    let t = c.otlp_profiles.expect("target");
+    assert_eq!(t.endpoint, "http://collector:4318/v1development/profiles");
+    assert_eq!(t.protocol, OtlpProtocol::HttpProtobuf);
+    assert_eq!(
+        t.headers,
+        vec![
+            ("X-Scope-OrgID".to_string(), "t1".to_string()),
+            ("Authorization".to_string(), "Bearer abc".to_string())
+        ]
+    );
+    assert!(!format!("{t:?}").contains("abc"), "{t:?}");
+    // Only the generic endpoint: nothing chosen, profiles stay where they were.
+    assert_eq!(c.profiles_exporter, None);
+
+    // The signal-specific ones win and are used as given.
+    let c = env(&[
+        ("OTEL_EXPORTER_OTLP_ENDPOINT", "http://tempo:4317"),
+        ("OTEL_EXPORTER_OTLP_PROTOCOL", "grpc"),
+        (
+            "OTEL_EXPORTER_OTLP_PROFILES_ENDPOINT",
+            "http://pyroscope:4040/v1development/profiles",
+        ),
+        ("OTEL_EXPORTER_OTLP_PROFILES_PROTOCOL", "http/protobuf"),
+        ("OTEL_EXPORTER_OTLP_HEADERS", "a=1"),
+        ("OTEL_EXPORTER_OTLP_PROFILES_HEADERS", "b=2"),
+    ])
+    .expect("ok");
+    let t = c.otlp_profiles.expect("target");
+    assert_eq!(t.endpoint, "http://pyroscope:4040/v1development/profiles");
+    assert_eq!(t.protocol, OtlpProtocol::HttpProtobuf);
+    assert_eq!(t.headers, vec![("b".to_string(), "2".to_string())]);
+    // A profiles endpoint implies OTLP profiles; with a Pyroscope server too, both.
+    assert_eq!(c.profiles_exporter, Some(ProfilesExporter::Otlp));
+    let c = env(&[
+        (
+            "OTEL_EXPORTER_OTLP_PROFILES_ENDPOINT",
+            "http://c:4318/v1development/profiles",
+        ),
+        ("PYROSCOPE_SERVER_ADDRESS", "http://pyroscope:4040"),
+    ])
+    .expect("ok");
+    assert_eq!(c.profiles_exporter, Some(ProfilesExporter::Both));
+    // gRPC keeps the endpoint as is.
+    let c = env(&[
+        ("OTEL_EXPORTER_OTLP_ENDPOINT", "http://collector:4317"),
+        ("OTEL_EXPORTER_OTLP_PROFILES_PROTOCOL", "grpc"),
+    ])
+    .expect("ok");
+    assert_eq!(
+        c.otlp_profiles.expect("target").endpoint,
+        "http://collector:4317"
+    );
+}
+
+#[test]
+fn profiles_exporter_choice_is_one_setting_and_bad_values_name_their_variable() {
+    for (value, expected) in [
+        ("pyroscope", ProfilesExporter::Pyroscope),
+        ("OTLP", ProfilesExporter::Otlp),
+        ("both", ProfilesExporter::Both),
+    ] {
+        let c = env(&[("OTEL_PROFILING_PROFILES_EXPORTER", value)]).expect("ok");
+        assert_eq!(c.profiles_exporter, Some(expected));
+    }
+    assert_eq!(
+        err_field(&[("OTEL_PROFILING_PROFILES_EXPORTER", "jaeger")]),
+        "OTEL_PROFILING_PROFILES_EXPORTER"
+    );
+    assert_eq!(
+        err_field(&[("OTEL_EXPORTER_OTLP_PROFILES_PROTOCOL", "http/json")]),
+        "OTEL_EXPORTER_OTLP_PROFILES_PROTOCOL"
+    );
+    assert_eq!(
+        err_field(&[("OTEL_EXPORTER_OTLP_PROFILES_ENDPOINT", "pyroscope:4040")]),
+        "OTEL_EXPORTER_OTLP_PROFILES_ENDPOINT"
+    );
+    let e = env(&[(
+        "OTEL_EXPORTER_OTLP_PROFILES_HEADERS",
+        "Authorization Bearer secret",
+    )])
+    .expect_err("no =");
+    assert_eq!(e.field, "OTEL_EXPORTER_OTLP_PROFILES_HEADERS");
+    assert!(!e.to_string().contains("secret"), "{e}");
+    assert_eq!(
+        err_field(&[("OTEL_EXPORTER_OTLP_HEADERS", "=x")]),
+        "OTEL_EXPORTER_OTLP_HEADERS"
+    );
+}

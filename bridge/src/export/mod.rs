@@ -3,5 +3,6 @@
 mod log_limiter;
 #[cfg(feature = "otlp-grpc")]
 pub mod otlp;
+pub mod otlp_profiles;
 pub mod pyroscope;
 pub mod span_stats;

@@ -10,7 +10,7 @@ use opentelemetry_sdk::trace::{BatchSpanProcessor, SpanExporter, TracerProviderB
 
 use super::SetupError;
 use crate::collector::ProfileSink;
-use crate::config::{OtlpProtocol, OtlpTarget, PyroscopeTarget};
+use crate::config::{OtlpProfilesTarget, OtlpProtocol, OtlpTarget, PyroscopeTarget};
 use crate::export::pyroscope::PyroscopeStats;
 use crate::export::span_stats::{CountingSpanExporter, SpanExportStats};
 use crate::{CpuEvidenceProcessor, ProfileIdScope};
@@ -142,6 +142,86 @@ pub(super) fn check(
         }
     }
     Ok(())
+}
+
+/// Fails when the OTLP profiles target needs a feature `compiled` lacks (or a transport
+/// this crate does not have for profiles), naming the setting.
+pub(super) fn check_otlp_profiles(
+    compiled: Compiled,
+    target: Option<&(OtlpProfilesTarget, Source)>,
+) -> Result<(), SetupError> {
+    let Some((target, source)) = target else {
+        return Ok(());
+    };
+    let endpoint_field = match source {
+        Source::Builder => "otlp_profiles.endpoint",
+        Source::Env => "OTEL_EXPORTER_OTLP_PROFILES_ENDPOINT",
+    };
+    match target.protocol {
+        OtlpProtocol::HttpProtobuf if !compiled.otlp_http => Err(disabled(
+            endpoint_field,
+            &target.endpoint,
+            "otlp-http",
+            "OTLP profiles over http/protobuf",
+        )),
+        OtlpProtocol::HttpProtobuf => check_tls(compiled, endpoint_field, &target.endpoint),
+        OtlpProtocol::Grpc if !compiled.otlp_grpc => Err(disabled(
+            match source {
+                Source::Builder => "otlp_profiles.protocol",
+                Source::Env => "OTEL_EXPORTER_OTLP_PROFILES_PROTOCOL",
+            },
+            "grpc",
+            "otlp-grpc",
+            "OTLP profiles over gRPC",
+        )),
+        // The queue and uploader thread come with either HTTP backend feature.
+        OtlpProtocol::Grpc if !compiled.pyroscope && !compiled.otlp_http => Err(disabled(
+            endpoint_field,
+            &target.endpoint,
+            "otlp-http",
+            "the profile uploader OTLP profiles over gRPC run on",
+        )),
+        OtlpProtocol::Grpc => Ok(()),
+    }
+}
+
+/// The OTLP profiles sink for `target` (resource `attributes` with `service.name`), and
+/// its counters.
+#[cfg(any(feature = "pyroscope", feature = "otlp-http"))]
+pub(super) fn otlp_profiles_sink(
+    target: &OtlpProfilesTarget,
+    attributes: &[(String, String)],
+    timeout: Duration,
+) -> Result<(Box<dyn ProfileSink>, Arc<PyroscopeStats>), SetupError> {
+    use crate::export::otlp_profiles::{OtlpProfilesConfig, OtlpProfilesExporter};
+    let service = attributes
+        .iter()
+        .rev()
+        .find(|(k, _)| k == "service.name")
+        .map(|(_, v)| v.clone())
+        .unwrap_or_else(|| "unknown_service".into());
+    let mut config = OtlpProfilesConfig::new(&target.endpoint, service)
+        .with_protocol(target.protocol)
+        .with_shutdown_timeout(timeout);
+    for (k, v) in attributes.iter().filter(|(k, _)| k != "service.name") {
+        config = config.with_resource_attribute(k.clone(), v.clone());
+    }
+    for (name, value) in &target.headers {
+        config = config.with_header(name.clone(), value.clone());
+    }
+    let exporter =
+        OtlpProfilesExporter::new(config).map_err(|e| exporter_error("otlp profiles", e))?;
+    let stats = exporter.stats();
+    Ok((Box::new(exporter), stats))
+}
+
+#[cfg(not(any(feature = "pyroscope", feature = "otlp-http")))]
+pub(super) fn otlp_profiles_sink(
+    _: &OtlpProfilesTarget,
+    _: &[(String, String)],
+    _: Duration,
+) -> Result<(Box<dyn ProfileSink>, Arc<PyroscopeStats>), SetupError> {
+    Err(not_compiled("otlp profiles", "otlp-http"))
 }
 
 /// Counts and batches `exporter`'s spans, with CPU evidence and the profile id on the
@@ -418,5 +498,53 @@ mod tests {
         .is_ok());
         let grpc = otlp("https://tempo:4317", OtlpProtocol::Grpc);
         assert!(check(no_tls, Some((&grpc, Source::Env)), None).is_ok());
+    }
+
+    /// OTLP profiles asked for over a transport compiled out are refused naming the
+    /// setting and the feature; with the feature they pass.
+    #[test]
+    fn otlp_profiles_compiled_out_are_refused_naming_the_setting_and_the_feature() {
+        let http = OtlpProfilesTarget {
+            endpoint: "http://pyroscope:4040/v1development/profiles".into(),
+            protocol: OtlpProtocol::HttpProtobuf,
+            headers: Vec::new(),
+        };
+        let https = OtlpProfilesTarget {
+            endpoint: "https://pyroscope:4040/v1development/profiles".into(),
+            ..http.clone()
+        };
+        let grpc = OtlpProfilesTarget {
+            endpoint: "http://collector:4317".into(),
+            protocol: OtlpProtocol::Grpc,
+            headers: Vec::new(),
+        };
+        let cases = [
+            (
+                Compiled { otlp_http: false, ..ALL },
+                (http.clone(), Source::Env),
+                "OTEL_EXPORTER_OTLP_PROFILES_ENDPOINT=http://pyroscope:4040/v1development/profiles needs the otel-profiling feature \"otlp-http\"",
+            ),
+            (
+                Compiled { otlp_http: false, ..ALL },
+                (http, Source::Builder),
+                "otlp_profiles.endpoint=http://pyroscope:4040/v1development/profiles needs the otel-profiling feature \"otlp-http\"",
+            ),
+            (
+                Compiled { tls: false, ..ALL },
+                (https, Source::Env),
+                "OTEL_EXPORTER_OTLP_PROFILES_ENDPOINT=https://pyroscope:4040/v1development/profiles needs the otel-profiling feature \"tls\"",
+            ),
+            (
+                Compiled { otlp_grpc: false, ..ALL },
+                (grpc, Source::Env),
+                "OTEL_EXPORTER_OTLP_PROFILES_PROTOCOL=grpc needs the otel-profiling feature \"otlp-grpc\"",
+            ),
+        ];
+        for (compiled, target, expected) in cases {
+            let msg = message(check_otlp_profiles(compiled, Some(&target)));
+            assert!(msg.starts_with(expected), "{msg}\nexpected: {expected}");
+            assert!(check_otlp_profiles(ALL, Some(&target)).is_ok(), "{msg}");
+        }
+        assert!(check_otlp_profiles(ALL, None).is_ok());
     }
 }

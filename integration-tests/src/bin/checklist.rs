@@ -2,6 +2,7 @@
 //!
 //! ```text
 //! checklist [--tempo URL] [--pyroscope URL] [--otlp URL] [--timeout SECS] [--standin]
+//!           [--profiles-over-otlp]
 //! ```
 //!
 //! URLs default to `TEMPO_URL`, `PYROSCOPE_URL` and `OTEL_EXPORTER_OTLP_ENDPOINT`.
@@ -42,6 +43,10 @@ struct Cli {
     /// using a stack.
     #[arg(long, conflicts_with_all = ["tempo", "pyroscope", "otlp"])]
     standin: bool,
+    /// Ship the recordings' profiles as OTLP profiles to Pyroscope's
+    /// `/v1development/profiles` instead of its push API; the checks are the same.
+    #[arg(long, env = "CHECKLIST_PROFILES_OVER_OTLP", value_parser = clap::builder::BoolishValueParser::new(), default_value_t = false)]
+    profiles_over_otlp: bool,
     #[command(subcommand)]
     mode: Option<Mode>,
 }
@@ -68,6 +73,8 @@ struct RecordArgs {
     scenario: Scenario,
     #[arg(long)]
     no_profile_id: bool,
+    #[arg(long)]
+    profiles_over_otlp: bool,
 }
 
 fn parse_scenario(text: &str) -> Result<Scenario, String> {
@@ -110,9 +117,17 @@ fn main() -> ExitCode {
             }
         }
     };
+    let backends = backends.with_profiles_over_otlp(cli.profiles_over_otlp);
     println!(
-        "tempo {}  pyroscope {}  otlp {}",
-        backends.tempo_url, backends.pyroscope_url, backends.otlp_endpoint
+        "tempo {}  pyroscope {}  otlp {}  profiles over {}",
+        backends.tempo_url,
+        backends.pyroscope_url,
+        backends.otlp_endpoint,
+        if backends.profiles_over_otlp {
+            "OTLP (/v1development/profiles)"
+        } else {
+            "the push API"
+        }
     );
     let started = Instant::now();
     let exe = match std::env::current_exe() {
@@ -187,6 +202,7 @@ fn record_mode(args: RecordArgs) -> ExitCode {
         service_version: args.version,
         scenario: args.scenario,
         profile_id: !args.no_profile_id,
+        profiles_over_otlp: args.profiles_over_otlp,
     };
     match record(&spec) {
         Ok(lines) => {

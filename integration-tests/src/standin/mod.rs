@@ -14,6 +14,14 @@
 //!   validation and its rules for the `span_id` / `trace_id` sample labels (see the
 //!   `pyroscope` module for the order of the checks); refusals are counted per reason
 //!   ([`StandIn::push_counters`]);
+//! * Pyroscope's OTLP profiles intake: `POST /v1development/profiles` (protobuf
+//!   `ExportProfilesServiceRequest`, optionally gzipped), converted as Pyroscope does
+//!   (links → `span_id`/`trace_id`, `service.name` → `service_name`, `process_cpu` from
+//!   `samples`/`count` over `cpu`/`nanoseconds`; see the `otlp_profiles` module) into the
+//!   same store the push feeds, under the same limits; the same over OTLP/gRPC
+//!   (`ProfilesService/Export`, h2c on the same port, as Pyroscope serves it), a refusal
+//!   answered with the gRPC code Pyroscope gives (`InvalidArgument`, `ResourceExhausted`
+//!   for its 429, `Internal`);
 //! * Pyroscope's span profile query: `POST /querier.v1.QuerierService/SelectMergeSpanProfile`
 //!   (Connect JSON) answering Pyroscope's flame graph shape.
 //!
@@ -21,6 +29,7 @@
 //! `127.0.0.1:0` and stops when dropped.
 
 mod limits;
+mod otlp_profiles;
 mod pyroscope;
 pub mod pyroscope_proto {
     //! `push.v1` messages (own prost definitions, shared with the push client).
@@ -92,6 +101,13 @@ impl StandIn {
             .route("/v1/traces", post(otlp_traces))
             .route("/api/traces/{id}", get(tempo_trace))
             .route("/push.v1.PusherService/Push", post(pyroscope_push))
+            .route("/v1development/profiles", post(pyroscope_otlp_profiles))
+            .route_service(
+                "/opentelemetry.proto.collector.profiles.v1development.ProfilesService/Export",
+                opentelemetry_proto::tonic::collector::profiles::v1development::profiles_service_server::ProfilesServiceServer::new(
+                    GrpcProfiles(stores.clone()),
+                ),
+            )
             .route(
                 "/querier.v1.QuerierService/SelectMergeSpanProfile",
                 post(pyroscope_select),
@@ -281,6 +297,90 @@ async fn pyroscope_push(
             StatusCode::from_u16(e.status).unwrap_or(StatusCode::INTERNAL_SERVER_ERROR),
             e.code,
             &e.message,
+        ),
+    }
+}
+
+/// Pyroscope's OTLP/gRPC profiles intake.
+struct GrpcProfiles(Arc<Stores>);
+
+#[tonic::async_trait]
+impl opentelemetry_proto::tonic::collector::profiles::v1development::profiles_service_server::ProfilesService
+    for GrpcProfiles
+{
+    async fn export(
+        &self,
+        request: tonic::Request<
+            opentelemetry_proto::tonic::collector::profiles::v1development::ExportProfilesServiceRequest,
+        >,
+    ) -> Result<
+        tonic::Response<
+            opentelemetry_proto::tonic::collector::profiles::v1development::ExportProfilesServiceResponse,
+        >,
+        tonic::Status,
+    > {
+        let request = request.into_inner();
+        let mut store = self
+            .0
+            .pyroscope
+            .lock()
+            .map_err(|_| tonic::Status::internal("poisoned"))?;
+        match store.push_otlp_request(&request) {
+            Ok(()) => Ok(tonic::Response::new(Default::default())),
+            Err(e) => Err(match e.status {
+                400 => tonic::Status::invalid_argument(e.message),
+                429 => tonic::Status::resource_exhausted(e.message),
+                _ => tonic::Status::internal(e.message),
+            }),
+        }
+    }
+}
+
+/// Pyroscope's OTLP/HTTP profiles intake: 200 with an empty `ExportProfilesServiceResponse`,
+/// else the status Pyroscope's handler gives (400 invalid, 429 over the ingestion limit,
+/// 500 otherwise) with the message as text.
+async fn pyroscope_otlp_profiles(
+    State(stores): State<Arc<Stores>>,
+    headers: HeaderMap,
+    body: Bytes,
+) -> Response {
+    let text = |status: StatusCode, message: String| {
+        (
+            status,
+            [("content-type", "text/plain; charset=utf-8")],
+            message,
+        )
+            .into_response()
+    };
+    let content_type = headers
+        .get("content-type")
+        .and_then(|v| v.to_str().ok())
+        .unwrap_or_default();
+    if content_type != "application/x-protobuf" && content_type != "application/protobuf" {
+        return text(
+            StatusCode::UNSUPPORTED_MEDIA_TYPE,
+            format!("Unsupported Content-Type: {content_type}"),
+        );
+    }
+    let raw = match body_bytes(&headers, &body) {
+        Ok(raw) => raw,
+        Err(e) => return text(StatusCode::BAD_REQUEST, e),
+    };
+    let mut store = match stores.pyroscope.lock() {
+        Ok(s) => s,
+        Err(_) => return text(StatusCode::INTERNAL_SERVER_ERROR, "poisoned".into()),
+    };
+    match store.push_otlp(&raw) {
+        // An empty ExportProfilesServiceResponse encodes as no bytes.
+        Ok(()) => (
+            StatusCode::OK,
+            [("content-type", "application/x-protobuf")],
+            Vec::<u8>::new(),
+        )
+            .into_response(),
+        Err(e) => text(
+            StatusCode::from_u16(e.status).unwrap_or(StatusCode::INTERNAL_SERVER_ERROR),
+            e.message,
         ),
     }
 }

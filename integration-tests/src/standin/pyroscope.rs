@@ -238,6 +238,41 @@ impl PyroscopeStore {
         first_error.map_or(Ok(()), Err)
     }
 
+    /// Decodes and ingests an OTLP `ExportProfilesServiceRequest` (protobuf) now: each
+    /// profile converted the way Pyroscope's OTLP intake does (see
+    /// `super::otlp_profiles`), then steps 1–7 of the module docs as for a push.
+    pub fn push_otlp(&mut self, raw: &[u8]) -> Result<(), PushRejection> {
+        use opentelemetry_proto::tonic::collector::profiles::v1development::ExportProfilesServiceRequest;
+        let request = ExportProfilesServiceRequest::decode(raw).map_err(|e| {
+            PushRejection::invalid(None, format!("Failed to parse protobuf request: {e}"))
+        })?;
+        self.push_otlp_request(&request)
+    }
+
+    /// [`PyroscopeStore::push_otlp`] of a decoded request (the gRPC intake).
+    pub fn push_otlp_request(
+        &mut self,
+        request: &opentelemetry_proto::tonic::collector::profiles::v1development::ExportProfilesServiceRequest,
+    ) -> Result<(), PushRejection> {
+        let now = Instant::now();
+        let converted = super::otlp_profiles::convert_request(request).map_err(|e| {
+            PushRejection::invalid(None, format!("failed to convert otel profile: {e}"))
+        })?;
+        let mut first_error = None;
+        for (labels, profile) in converted {
+            match self.push_profile(labels, &profile.encode_to_vec(), now) {
+                Ok(()) => self.counters.accepted_profiles += 1,
+                Err(e) => {
+                    if let Some(reason) = e.reason {
+                        self.counters.reject(reason);
+                    }
+                    first_error.get_or_insert(e);
+                }
+            }
+        }
+        first_error.map_or(Ok(()), Err)
+    }
+
     /// One profile of a push: steps 1–7 of the module docs; nothing is stored unless every
     /// step passes.
     fn push_profile(

@@ -181,7 +181,7 @@ impl fmt::Debug for Redacted {
 }
 
 /// Whether a header's value must not be shown.
-fn is_secret_header(name: &str) -> bool {
+pub(crate) fn is_secret_header(name: &str) -> bool {
     let name = name.to_ascii_lowercase();
     [
         "auth",
@@ -421,6 +421,19 @@ fn setting(field: &'static str, reason: &str) -> PyroscopeError {
     }
 }
 
+impl ValidConfig {
+    /// What the uploader thread needs.
+    pub(crate) fn upload_settings(&self) -> super::uploader::UploadSettings {
+        super::uploader::UploadSettings {
+            endpoint: self.endpoint.clone(),
+            headers: self.headers.clone(),
+            request_timeout: self.request_timeout,
+            backoff: self.backoff,
+            transport: super::uploader::Transport::Http,
+        }
+    }
+}
+
 /// Settings after validation, as the exporter and its thread use them.
 #[derive(Debug)]
 pub(crate) struct ValidConfig {
@@ -569,7 +582,7 @@ impl PyroscopeLimits {
         self
     }
 
-    fn validate(&self) -> Result<(), PyroscopeError> {
+    pub(crate) fn validate(&self) -> Result<(), PyroscopeError> {
         if self.max_samples_per_profile == 0 {
             return Err(setting(
                 "pyroscope.limits.max_samples_per_profile",

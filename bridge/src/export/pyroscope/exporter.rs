@@ -1,26 +1,18 @@
 //! The exporter: validates the configuration, queues encoded pushes, owns the uploader.
 
-use std::sync::mpsc::{self, RecvTimeoutError};
 use std::sync::Arc;
-use std::thread::JoinHandle;
-use std::time::{Duration, Instant};
 
 use crate::collector::{EncodedProfile, ProfileKind, ProfileSink};
 use crate::pprof::{self, split::SplitLimits};
 
-use super::queue::{Enqueued, Shared};
+use super::pipeline::{Pipeline, StartError};
+use super::uploader::{ClientError, Protocol, StatusClass};
 use super::{
-    proto, uploader, PyroscopeConfig, PyroscopeError, PyroscopeLimits, PyroscopeStats,
-    BLOCK_PROFILE_NAME,
+    proto, PyroscopeConfig, PyroscopeError, PyroscopeLimits, PyroscopeStats, BLOCK_PROFILE_NAME,
 };
 
 /// Name of the uploader thread.
 pub const UPLOADER_THREAD_NAME: &str = "otel-profiling-uploader";
-
-/// How much longer than the shutdown timeout `drop` waits for the uploader to finish on its
-/// own before leaving it behind.
-const DROP_SLACK: Duration = Duration::from_millis(200);
-
 /// A [`ProfileSink`] that pushes profiles to Pyroscope from its own thread.
 ///
 /// ```no_run
@@ -34,22 +26,19 @@ const DROP_SLACK: Duration = Duration::from_millis(200);
 /// # Ok::<(), otel_profiling::export::pyroscope::PyroscopeError>(())
 /// ```
 pub struct PyroscopeExporter {
-    shared: Arc<Shared>,
+    pipeline: Pipeline,
     labels: Vec<proto::LabelPair>,
     /// `labels` with `__name__` = [`BLOCK_PROFILE_NAME`], for blocked-in-poll profiles.
     block_labels: Vec<proto::LabelPair>,
     limits: PyroscopeLimits,
     endpoint: String,
-    shutdown_timeout: Duration,
-    thread: Option<JoinHandle<()>>,
-    done: mpsc::Receiver<()>,
 }
 
 impl std::fmt::Debug for PyroscopeExporter {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         f.debug_struct("PyroscopeExporter")
             .field("endpoint", &self.endpoint)
-            .field("stats", &self.shared.stats.snapshot())
+            .field("stats", &self.pipeline.stats().snapshot())
             .finish_non_exhaustive()
     }
 }
@@ -59,7 +48,6 @@ impl PyroscopeExporter {
     /// thread.
     pub fn new(config: PyroscopeConfig) -> Result<PyroscopeExporter, PyroscopeError> {
         let valid = config.validate_into()?;
-        let shared = Arc::new(Shared::new(valid.max_queue_bytes));
         let labels: Vec<proto::LabelPair> = valid
             .labels
             .iter()
@@ -80,44 +68,35 @@ impl PyroscopeExporter {
             })
             .collect();
         let endpoint = valid.endpoint.to_string();
-        let shutdown_timeout = valid.shutdown_timeout;
         let limits = valid.limits;
-        let (ready_tx, ready_rx) = mpsc::sync_channel(1);
-        let (done_tx, done) = mpsc::sync_channel(1);
-        let thread_shared = shared.clone();
-        let thread = std::thread::Builder::new()
-            .name(UPLOADER_THREAD_NAME.into())
-            .spawn(move || uploader::run(valid, thread_shared, ready_tx, done_tx))
-            .map_err(PyroscopeError::Thread)?;
-        match ready_rx.recv() {
-            Ok(Ok(())) => {}
-            Ok(Err(e)) => {
-                let _ = thread.join();
-                return Err(PyroscopeError::HttpClient(e));
-            }
-            Err(_) => {
-                let _ = thread.join();
-                return Err(PyroscopeError::Thread(std::io::Error::other(
-                    "the uploader thread ended while starting",
-                )));
-            }
-        }
+        let pipeline = Pipeline::start(
+            valid.upload_settings(),
+            Box::new(PushProtocol),
+            valid.max_queue_bytes,
+            valid.shutdown_timeout,
+            UPLOADER_THREAD_NAME,
+        )
+        .map_err(|e| match e {
+            StartError::Client(ClientError::Http(e)) => PyroscopeError::HttpClient(e),
+            StartError::Client(ClientError::Grpc(reason)) => PyroscopeError::Setting {
+                field: "pyroscope.server_address",
+                reason,
+            },
+            StartError::Thread(e) => PyroscopeError::Thread(e),
+        })?;
         Ok(PyroscopeExporter {
-            shared,
+            pipeline,
             labels,
             block_labels,
             limits,
             endpoint,
-            shutdown_timeout,
-            thread: Some(thread),
-            done,
         })
     }
 
     /// The counters, shared with the uploader thread. Clone the `Arc` before handing the
     /// exporter to the profiler; it stays readable after the exporter is gone.
     pub fn stats(&self) -> Arc<PyroscopeStats> {
-        self.shared.stats.clone()
+        self.pipeline.stats().clone()
     }
 
     /// The gzipped profiles of each push for `profile`: the profile itself when it fits
@@ -132,8 +111,9 @@ impl PyroscopeExporter {
         let parts: Vec<(Vec<u8>, usize)> = match pprof::decode(&profile.gzip_pprof) {
             Ok(decoded) if !split.fits(&decoded) => {
                 let parts = pprof::split::split(&decoded, split);
-                PyroscopeStats::add(&self.shared.stats.profiles_split, 1);
-                PyroscopeStats::add(&self.shared.stats.split_parts, parts.len() as u64);
+                let stats = self.pipeline.stats();
+                PyroscopeStats::add(&stats.profiles_split, 1);
+                PyroscopeStats::add(&stats.split_parts, parts.len() as u64);
                 parts
                     .iter()
                     .filter_map(|p| {
@@ -180,40 +160,41 @@ impl ProfileSink for PyroscopeExporter {
                 _ => &self.labels,
             };
             let body = proto::encode_push_many(labels, &profiles);
-            let error = match self.shared.enqueue(body) {
-                Enqueued::Queued => continue,
-                Enqueued::TooLarge { size, max } => format!(
-                    "pyroscope: profile request of {size} bytes exceeds max_queue_bytes ({max}); dropped"
-                ),
-                Enqueued::Stopped => "pyroscope: the uploader has stopped; profile dropped".into(),
-            };
-            result = Err(std::io::Error::other(error));
+            if let Err(e) = self.pipeline.enqueue(body) {
+                result = Err(e);
+            }
         }
         result
     }
 }
 
-impl Drop for PyroscopeExporter {
-    fn drop(&mut self) {
-        let deadline = Instant::now() + self.shutdown_timeout;
-        self.shared.begin_shutdown(deadline);
-        match self.done.recv_timeout(self.shutdown_timeout + DROP_SLACK) {
-            Ok(()) | Err(RecvTimeoutError::Disconnected) => {
-                if let Some(thread) = self.thread.take() {
-                    // The thread signals `done` as its very last step: this join is short.
-                    let _ = thread.join();
-                }
-            }
-            Err(RecvTimeoutError::Timeout) => {
-                // Stuck in a request that started before the shutdown: leave it behind.
-                let dropped = self.shared.abandon();
-                eprintln!(
-                    "otel-profiling: pyroscope uploader did not finish within the shutdown \
-                     timeout ({:?}); {dropped} queued profile(s) dropped",
-                    self.shutdown_timeout
-                );
-                self.thread.take();
-            }
+/// Pyroscope's push API as the uploader speaks it: Connect errors, 429 and 5xx retried.
+struct PushProtocol;
+
+impl Protocol for PushProtocol {
+    fn what(&self) -> &'static str {
+        "pyroscope push"
+    }
+
+    fn classify(&self, status: reqwest::StatusCode) -> StatusClass {
+        if status == reqwest::StatusCode::TOO_MANY_REQUESTS {
+            StatusClass::RateLimited
+        } else if status.is_server_error() {
+            StatusClass::Retryable
+        } else {
+            StatusClass::Permanent
         }
+    }
+
+    fn error_detail(&self, body: &[u8]) -> String {
+        super::uploader::connect_error_detail(body)
+    }
+
+    fn limit_hint(&self, message: &str) -> Option<&'static str> {
+        super::uploader::pyroscope_limit_hint(message)
+    }
+
+    fn split(&self, plain: &[u8]) -> Option<[Vec<u8>; 2]> {
+        proto::split_push(plain)
     }
 }

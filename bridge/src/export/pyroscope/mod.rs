@@ -73,27 +73,35 @@
 //! platform's verifier.
 
 // The push client is the only part behind the feature: the counters stay, so
-// `HealthStats` is the same type in every build.
-#[cfg(feature = "pyroscope")]
+// `HealthStats` is the same type in every build. The queue, the uploader thread and the
+// settings they use are shared with the OTLP profiles exporter
+// ([`crate::export::otlp_profiles`]), so they build with either feature.
+// Without `pyroscope`, only the parts the OTLP profiles exporter shares are used.
+#[cfg(any(feature = "pyroscope", feature = "otlp-http"))]
+#[cfg_attr(not(feature = "pyroscope"), allow(dead_code))]
 mod config;
-#[cfg(feature = "pyroscope")]
+#[cfg(any(feature = "pyroscope", feature = "otlp-http"))]
 mod error;
 #[cfg(feature = "pyroscope")]
 mod exporter;
+#[cfg(any(feature = "pyroscope", feature = "otlp-http"))]
+pub(crate) mod pipeline;
 #[cfg(feature = "pyroscope")]
 mod proto;
-#[cfg(feature = "pyroscope")]
+#[cfg(any(feature = "pyroscope", feature = "otlp-http"))]
 mod queue;
 mod stats;
-#[cfg(feature = "pyroscope")]
-mod uploader;
+#[cfg(any(feature = "pyroscope", feature = "otlp-http"))]
+pub(crate) mod uploader;
 
-#[cfg(feature = "pyroscope")]
+#[cfg(any(feature = "pyroscope", feature = "otlp-http"))]
+pub(crate) use config::is_secret_header;
+#[cfg(any(feature = "pyroscope", feature = "otlp-http"))]
 pub use config::{
     PyroscopeAuth, PyroscopeBackoff, PyroscopeConfig, PyroscopeLimits, MAX_LABEL_NAMES,
     MAX_LABEL_VALUE_BYTES,
 };
-#[cfg(feature = "pyroscope")]
+#[cfg(any(feature = "pyroscope", feature = "otlp-http"))]
 pub use error::PyroscopeError;
 #[cfg(feature = "pyroscope")]
 pub use exporter::{PyroscopeExporter, UPLOADER_THREAD_NAME};

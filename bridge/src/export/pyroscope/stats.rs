@@ -1,4 +1,4 @@
-//! Counters of the Pyroscope exporter.
+//! Counters of the profile exporters (Pyroscope push and OTLP profiles share them).
 
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Mutex, PoisonError};
@@ -42,6 +42,9 @@ pub struct PyroscopeStats {
     pub server_errors: AtomicU64,
     /// Attempts with no answer (connection refused or reset, timeout).
     pub network_errors: AtomicU64,
+    /// Requests accepted with an OTLP partial success (some profiles or samples rejected;
+    /// counted in `profiles_sent` too, not retried, the message logged).
+    pub partial_successes: AtomicU64,
     last_error: Mutex<Option<String>>,
 }
 
@@ -75,6 +78,8 @@ pub struct PyroscopeSnapshot {
     pub server_errors: u64,
     /// See [`PyroscopeStats::network_errors`].
     pub network_errors: u64,
+    /// See [`PyroscopeStats::partial_successes`].
+    pub partial_successes: u64,
 }
 
 impl PyroscopeStats {
@@ -94,6 +99,7 @@ impl PyroscopeStats {
             rejected: self.rejected.load(Ordering::Relaxed),
             server_errors: self.server_errors.load(Ordering::Relaxed),
             network_errors: self.network_errors.load(Ordering::Relaxed),
+            partial_successes: self.partial_successes.load(Ordering::Relaxed),
         }
     }
 
@@ -106,8 +112,8 @@ impl PyroscopeStats {
     }
 }
 
-// Written only by the push client.
-#[cfg(feature = "pyroscope")]
+// Written only by the upload clients.
+#[cfg(any(feature = "pyroscope", feature = "otlp-http"))]
 impl PyroscopeStats {
     pub(crate) fn set_last_error(&self, error: &str) {
         *self

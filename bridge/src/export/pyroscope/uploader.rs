@@ -10,9 +10,11 @@ use reqwest::StatusCode;
 
 use std::borrow::Cow;
 
+use reqwest::header::HeaderMap;
+use reqwest::Url;
+
 use super::super::log_limiter::LogLimiter;
-use super::config::ValidConfig;
-use super::proto;
+use super::config::PyroscopeBackoff;
 use super::queue::{Outcome, Shared, Take};
 use super::stats::PyroscopeStats;
 
@@ -22,14 +24,92 @@ const MAX_RESPONSE_READ: u64 = 64 * 1024;
 /// Longest error message kept in the counters and logs.
 const MAX_MESSAGE: usize = 512;
 
-/// Runs on the `otel-profiling-uploader` thread until the exporter shuts it down.
+/// What the uploader needs to know of where and how requests go, whatever the protocol.
+#[derive(Debug, Clone)]
+pub(crate) struct UploadSettings {
+    /// The URL every request is posted to.
+    pub(crate) endpoint: Url,
+    /// Headers of every request (credentials marked sensitive).
+    pub(crate) headers: HeaderMap,
+    /// Timeout of one request, connecting included.
+    pub(crate) request_timeout: Duration,
+    /// Retry policy.
+    pub(crate) backoff: PyroscopeBackoff,
+    /// How requests travel.
+    pub(crate) transport: Transport,
+}
+
+/// How requests travel.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) enum Transport {
+    /// HTTP/1.1 POST with a gzipped body (reqwest's blocking client).
+    Http,
+    /// OTLP/gRPC `ProfilesService/Export` (tonic, on a runtime of the uploader thread's own).
+    #[cfg(feature = "otlp-grpc")]
+    Grpc,
+}
+
+/// The client of one transport, living on the uploader thread.
+enum Client {
+    Http(reqwest::blocking::Client),
+    #[cfg(feature = "otlp-grpc")]
+    Grpc(Box<crate::export::otlp_profiles::grpc::GrpcClient>),
+}
+
+/// Why the client could not be built.
+#[derive(Debug)]
+pub(crate) enum ClientError {
+    /// reqwest's (TLS setup).
+    Http(reqwest::Error),
+    /// tonic's (bad endpoint, runtime).
+    #[cfg_attr(not(feature = "otlp-grpc"), allow(dead_code))]
+    Grpc(String),
+}
+
+/// How an HTTP status is treated.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) enum StatusClass {
+    /// Rate limited (429): retried after the backoff (or `Retry-After`), split if possible.
+    RateLimited,
+    /// A server error worth retrying.
+    Retryable,
+    /// Refused for good.
+    Permanent,
+}
+
+/// What differs between the protocols one uploader can speak (Pyroscope's push API, OTLP
+/// profiles over HTTP): the queue, the thread, the backoff, the counters and the logging
+/// are the same for all.
+pub(crate) trait Protocol: Send + 'static {
+    /// What a request is, for log lines: `pyroscope push`, `OTLP profiles export`.
+    fn what(&self) -> &'static str;
+    /// How a non-2xx status is treated.
+    fn classify(&self, status: StatusCode) -> StatusClass;
+    /// `: <detail>` of an error answer's body (empty when there is nothing to say).
+    fn error_detail(&self, body: &[u8]) -> String;
+    /// The setting that avoids the server limit a refusal names, if any.
+    fn limit_hint(&self, _message: &str) -> Option<&'static str> {
+        None
+    }
+    /// Two requests carrying together what `plain` (an uncompressed request) carries, to
+    /// replace a request answered 429; `None` when it cannot be made smaller.
+    fn split(&self, plain: &[u8]) -> Option<[Vec<u8>; 2]>;
+    /// Reads a 2xx answer's body: `Some(message)` when the server accepted only part of
+    /// the request (counted in `partial_success` and logged).
+    fn partial_success(&self, _body: &[u8]) -> Option<String> {
+        None
+    }
+}
+
+/// Runs on the uploader thread until the exporter shuts it down.
 ///
 /// Reports on `ready` whether the HTTP client could be built, and on `done` that it has
 /// finished, as its very last step (after the client and its connections are gone).
 pub(crate) fn run(
-    config: ValidConfig,
+    config: UploadSettings,
+    protocol: Box<dyn Protocol>,
     shared: Arc<Shared>,
-    ready: SyncSender<Result<(), reqwest::Error>>,
+    ready: SyncSender<Result<(), ClientError>>,
     done: SyncSender<()>,
 ) {
     let exit = ExitGuard {
@@ -47,6 +127,7 @@ pub(crate) fn run(
     drop(ready);
     let mut uploader = Uploader {
         config,
+        protocol,
         client,
         shared,
         log: LogLimiter::default(),
@@ -76,13 +157,25 @@ impl Drop for ExitGuard {
 /// `rustls` feature) for `https`, platform certificate verification. Redirects are not
 /// followed: a push answered with a redirect is a misconfigured address, and following it
 /// could hand the credentials to another host.
-fn build_client(config: &ValidConfig) -> Result<reqwest::blocking::Client, reqwest::Error> {
-    reqwest::blocking::Client::builder()
-        .user_agent(concat!("otel-profiling/", env!("CARGO_PKG_VERSION")))
-        .redirect(reqwest::redirect::Policy::none())
-        .connect_timeout(config.request_timeout)
-        .timeout(config.request_timeout)
-        .build()
+fn build_client(config: &UploadSettings) -> Result<Client, ClientError> {
+    match config.transport {
+        Transport::Http => reqwest::blocking::Client::builder()
+            .user_agent(concat!("otel-profiling/", env!("CARGO_PKG_VERSION")))
+            .redirect(reqwest::redirect::Policy::none())
+            .connect_timeout(config.request_timeout)
+            .timeout(config.request_timeout)
+            .build()
+            .map(Client::Http)
+            .map_err(ClientError::Http),
+        #[cfg(feature = "otlp-grpc")]
+        Transport::Grpc => crate::export::otlp_profiles::grpc::GrpcClient::new(
+            &config.endpoint,
+            &config.headers,
+            config.request_timeout,
+        )
+        .map(|client| Client::Grpc(Box::new(client)))
+        .map_err(ClientError::Grpc),
+    }
 }
 
 /// Why an attempt failed.
@@ -90,6 +183,8 @@ fn build_client(config: &ValidConfig) -> Result<reqwest::blocking::Client, reqwe
 enum Failure {
     /// Not worth retrying (4xx other than 429, 3xx).
     Permanent(String),
+    /// Accepted with a partial success (OTLP): sent, never retried (the OTLP spec), logged.
+    Partial(String),
     /// 5xx, 429, network error or timeout.
     Retryable {
         message: String,
@@ -100,8 +195,9 @@ enum Failure {
 }
 
 struct Uploader {
-    config: ValidConfig,
-    client: reqwest::blocking::Client,
+    config: UploadSettings,
+    protocol: Box<dyn Protocol>,
+    client: Client,
     shared: Arc<Shared>,
     log: LogLimiter,
     jitter: Jitter,
@@ -114,8 +210,9 @@ impl Uploader {
                 Take::Exit { dropped } => {
                     if dropped > 0 {
                         eprintln!(
-                            "otel-profiling: pyroscope: {dropped} profile(s) still queued at the \
-                             end of the shutdown timeout were dropped"
+                            "otel-profiling: {}: {dropped} profile(s) still queued at the \
+                             end of the shutdown timeout were dropped",
+                            self.protocol.what()
                         );
                     }
                     return;
@@ -129,7 +226,8 @@ impl Uploader {
             };
             // The uncompressed request, kept for a split if the server answers 429.
             let plain = (!compressed).then(|| body.clone());
-            let (body, gzipped) = if compressed {
+            // gRPC frames the message itself: its body stays as queued.
+            let (body, gzipped) = if compressed || self.config.transport != Transport::Http {
                 (body, None)
             } else {
                 match gzip(&body) {
@@ -156,6 +254,10 @@ impl Uploader {
                     self.report(&format!("{message} (not retried; profile dropped)"));
                     Outcome::Failed
                 }
+                Err(Failure::Partial(message)) => {
+                    self.report(&format!("partial success: {message} (not retried)"));
+                    Outcome::Sent
+                }
                 Err(Failure::Retryable {
                     message,
                     retry_after,
@@ -174,7 +276,7 @@ impl Uploader {
                             .as_deref()
                             .map(Cow::Borrowed)
                             .or_else(|| gunzip(&body_for_split).ok().map(Cow::Owned))
-                            .and_then(|plain| proto::split_push(&plain))
+                            .and_then(|plain| self.protocol.split(&plain))
                     } else {
                         None
                     };
@@ -204,10 +306,19 @@ impl Uploader {
         }
     }
 
-    /// One POST of `body`.
-    fn attempt(&self, body: Bytes, timeout: Duration) -> Result<(), Failure> {
-        let response = self
-            .client
+    /// One attempt to send `body` (gzipped for HTTP, plain for gRPC).
+    fn attempt(&mut self, body: Bytes, timeout: Duration) -> Result<(), Failure> {
+        // One arm when gRPC is compiled out.
+        #[allow(clippy::infallible_destructuring_match)]
+        let client = match &mut self.client {
+            Client::Http(client) => client,
+            #[cfg(feature = "otlp-grpc")]
+            Client::Grpc(client) => {
+                let answer = client.export(&body, timeout);
+                return self.grpc_outcome(answer);
+            }
+        };
+        let response = client
             .post(self.config.endpoint.clone())
             .headers(self.config.headers.clone())
             .timeout(timeout)
@@ -226,11 +337,16 @@ impl Uploader {
         };
         let status = response.status();
         if status.is_success() {
-            // Read the (empty) answer so the connection can be reused.
-            let _ = std::io::copy(
-                &mut (&mut response).take(MAX_RESPONSE_READ),
-                &mut std::io::sink(),
-            );
+            // Read the answer (so the connection can be reused): OTLP may report a
+            // partial success in it.
+            let mut answer = Vec::new();
+            let _ = (&mut response)
+                .take(MAX_RESPONSE_READ)
+                .read_to_end(&mut answer);
+            if let Some(message) = self.protocol.partial_success(&answer) {
+                PyroscopeStats::add(&self.shared.stats.partial_successes, 1);
+                return Err(Failure::Partial(truncate(message)));
+            }
             return Ok(());
         }
         let retry_after = if status == StatusCode::TOO_MANY_REQUESTS {
@@ -246,10 +362,14 @@ impl Uploader {
         let _ = (&mut response)
             .take(MAX_RESPONSE_READ)
             .read_to_end(&mut text);
-        let message = truncate(format!("HTTP {status}{}", error_detail(&text)));
+        let message = truncate(format!(
+            "HTTP {status}{}",
+            self.protocol.error_detail(&text)
+        ));
         let stats = &self.shared.stats;
-        let rate_limited = status == StatusCode::TOO_MANY_REQUESTS;
-        if status.is_server_error() || rate_limited {
+        let class = self.protocol.classify(status);
+        let rate_limited = class == StatusClass::RateLimited;
+        if class != StatusClass::Permanent {
             let counter = if rate_limited {
                 &stats.rate_limited
             } else {
@@ -263,8 +383,63 @@ impl Uploader {
             })
         } else {
             PyroscopeStats::add(&stats.rejected, 1);
-            let hint = limit_hint(&message).map_or(String::new(), |h| format!(" [{h}]"));
+            let hint = self
+                .protocol
+                .limit_hint(&message)
+                .map_or(String::new(), |h| format!(" [{h}]"));
             Err(Failure::Permanent(format!("{message}{hint}")))
+        }
+    }
+
+    /// The failure of a gRPC answer, counted like the HTTP ones. Retryable per the OTLP
+    /// spec: CANCELLED, DEADLINE_EXCEEDED, ABORTED, OUT_OF_RANGE, UNAVAILABLE, DATA_LOSS;
+    /// RESOURCE_EXHAUSTED is Pyroscope's ingestion limit (its HTTP 429), treated like a 429.
+    #[cfg(feature = "otlp-grpc")]
+    fn grpc_outcome(
+        &mut self,
+        answer: Result<Option<String>, (tonic::Code, String)>,
+    ) -> Result<(), Failure> {
+        use tonic::Code;
+        let stats = &self.shared.stats;
+        match answer {
+            Ok(None) => Ok(()),
+            Ok(Some(partial)) => {
+                PyroscopeStats::add(&stats.partial_successes, 1);
+                Err(Failure::Partial(truncate(partial)))
+            }
+            Err((code, message)) => {
+                let message = truncate(format!("gRPC {code:?}: {message}"));
+                match code {
+                    Code::ResourceExhausted => {
+                        PyroscopeStats::add(&stats.rate_limited, 1);
+                        Err(Failure::Retryable {
+                            message,
+                            retry_after: None,
+                            rate_limited: true,
+                        })
+                    }
+                    Code::Unavailable | Code::DeadlineExceeded => {
+                        PyroscopeStats::add(&stats.network_errors, 1);
+                        Err(Failure::Retryable {
+                            message,
+                            retry_after: None,
+                            rate_limited: false,
+                        })
+                    }
+                    Code::Cancelled | Code::Aborted | Code::OutOfRange | Code::DataLoss => {
+                        PyroscopeStats::add(&stats.server_errors, 1);
+                        Err(Failure::Retryable {
+                            message,
+                            retry_after: None,
+                            rate_limited: false,
+                        })
+                    }
+                    _ => {
+                        PyroscopeStats::add(&stats.rejected, 1);
+                        Err(Failure::Permanent(message))
+                    }
+                }
+            }
         }
     }
 
@@ -278,7 +453,8 @@ impl Uploader {
                 String::new()
             };
             eprintln!(
-                "otel-profiling: pyroscope push to {} failed: {message}{tail}",
+                "otel-profiling: {} to {} failed: {message}{tail}",
+                self.protocol.what(),
                 self.config.endpoint
             );
         }
@@ -287,7 +463,8 @@ impl Uploader {
 
 /// Which of Pyroscope's limits a refusal names, and the setting that keeps pushes within
 /// it (the first failure and then one line a minute are logged with it).
-fn limit_hint(message: &str) -> Option<&'static str> {
+#[cfg_attr(not(feature = "pyroscope"), allow(dead_code))]
+pub(crate) fn pyroscope_limit_hint(message: &str) -> Option<&'static str> {
     let m = message.to_ascii_lowercase();
     let hints: [(&[&str], &str); 4] = [
         (
@@ -364,7 +541,8 @@ fn describe(error: &reqwest::Error, timeout: Duration) -> String {
 
 /// `: <code>: <message>` of a Connect error body (`{"code": …, "message": …}`), else the
 /// start of the body as text.
-fn error_detail(body: &[u8]) -> String {
+#[cfg_attr(not(feature = "pyroscope"), allow(dead_code))]
+pub(crate) fn connect_error_detail(body: &[u8]) -> String {
     if body.is_empty() {
         return String::new();
     }
@@ -388,7 +566,7 @@ fn parse_retry_after(value: &str) -> Option<Duration> {
     value.trim().parse::<u64>().ok().map(Duration::from_secs)
 }
 
-fn truncate(mut message: String) -> String {
+pub(crate) fn truncate(mut message: String) -> String {
     if message.len() > MAX_MESSAGE {
         let mut end = MAX_MESSAGE;
         while !message.is_char_boundary(end) {
@@ -454,14 +632,14 @@ mod tests {
     #[test]
     fn connect_errors_and_retry_after_are_read() {
         assert_eq!(
-            error_detail(br#"{"code":"invalid_argument","message":"bad labels"}"#),
+            connect_error_detail(br#"{"code":"invalid_argument","message":"bad labels"}"#),
             ": invalid_argument: bad labels"
         );
         assert_eq!(
-            error_detail(b"upstream\nconnect error"),
+            connect_error_detail(b"upstream\nconnect error"),
             ": upstream connect error"
         );
-        assert_eq!(error_detail(b""), "");
+        assert_eq!(connect_error_detail(b""), "");
         assert_eq!(parse_retry_after(" 7 "), Some(Duration::from_secs(7)));
         assert_eq!(parse_retry_after("Wed, 21 Oct 2015 07:28:00 GMT"), None);
     }
