@@ -903,6 +903,28 @@ mod tests {
         lines
     }
 
+    /// For the differential test: the names of the sized function symbols of `exe` that
+    /// cover an address, when more than one does (overlapping, not nested, functions).
+    fn overlapping_functions(exe: &Path) -> impl Fn(u64) -> Vec<&'static str> {
+        use object::{Object, ObjectSymbol, SymbolKind};
+        let data: &'static [u8] = Box::leak(std::fs::read(exe).expect("read").into_boxed_slice());
+        let file = object::File::parse(data).expect("parse");
+        let mut functions: Vec<(u64, u64, &'static str)> = file
+            .symbols()
+            .filter(|s| s.kind() == SymbolKind::Text && s.size() > 0)
+            .filter_map(|s| Some((s.address(), s.address() + s.size(), s.name().ok()?)))
+            .collect();
+        functions.sort_unstable();
+        move |address| {
+            let end = functions.partition_point(|f| f.0 <= address);
+            functions[..end]
+                .iter()
+                .filter(|f| address < f.1)
+                .map(|f| f.2)
+                .collect()
+        }
+    }
+
     #[inline(always)]
     fn inlined_inner(out: &mut Vec<u64>) {
         let trace = backtrace::Backtrace::new_unresolved();
@@ -962,22 +984,61 @@ mod tests {
         let loader = addr2line::Loader::new(&exe).expect("addr2line loads the test binary");
         let mut file = FileNames::default();
         file.name_all(&exe, addresses.clone());
-        let (mut inlined, mut with_lines, mut differ) = (0, 0, Vec::new());
+        let overlapping = overlapping_functions(&exe);
+        let (mut inlined, mut with_lines, mut differ, mut ambiguous) = (0, 0, Vec::new(), 0);
         for &address in &addresses {
             let expected = reference(&loader, &exe, address);
             let got = file.names.get(&address).expect("every address is named");
             inlined += usize::from(expected.len() > 1);
             with_lines += usize::from(expected.iter().any(|l| l.line.is_some()));
-            if **got != *expected {
-                differ.push((address, expected, got.to_vec()));
+            if **got == *expected {
+                continue;
             }
+            // Functions whose ranges overlap without nesting (assembly that declares a
+            // local routine inside a global one, each `.type @function` with a size):
+            // which one an address takes is unspecified (addr2line binary-searches the
+            // overlapping ranges). Either name is right there; file and line still agree.
+            let covering = overlapping(address);
+            let same_place = |a: &FrameLine, b: &FrameLine| (&a.file, a.line) == (&b.file, b.line);
+            if let ([ours], [theirs]) = (&got[..], &expected[..]) {
+                if covering.len() > 1
+                    && covering.contains(&&*ours.function)
+                    && covering.contains(&&*theirs.function)
+                    && same_place(ours, theirs)
+                {
+                    ambiguous += 1;
+                    continue;
+                }
+            }
+            differ.push((address, expected, got.to_vec()));
         }
         assert!(
+            ambiguous * 1000 < addresses.len(),
+            "{ambiguous} addresses in overlapping functions: too many to be assembly"
+        );
+        let summary: Vec<String> = differ
+            .iter()
+            .map(|(address, expected, got)| {
+                let names = |frames: &[FrameLine]| {
+                    frames
+                        .iter()
+                        .map(|f| format!("{} ({:?}:{:?})", f.function, f.file, f.line))
+                        .collect::<Vec<_>>()
+                        .join(" <- ")
+                };
+                format!(
+                    "{address:#x}: addr2line {} | ours {}",
+                    names(expected),
+                    names(got)
+                )
+            })
+            .collect();
+        assert!(
             differ.is_empty(),
-            "{} of {} addresses differ, first: {:#?}",
+            "{} of {} addresses differ:\n{}",
             differ.len(),
             addresses.len(),
-            differ.first()
+            summary.join("\n")
         );
         // Not vacuous: inline chains and lines were compared.
         assert!(inlined > 100, "{inlined} addresses with an inline chain");
