@@ -600,7 +600,10 @@ pub(crate) fn on_span_enter() {
                 .unwrap_or(true)
         })
         .unwrap_or(true);
-    if !settled {
+    // Threads in OpenTelemetry's suppressed scope (the bridge's own, the SDK's batch
+    // processor) are never sampled: their work is the telemetry's, not the application's.
+    // Checked only while unregistered, so a registered thread's enter costs nothing more.
+    if !settled && !opentelemetry::Context::is_current_telemetry_suppressed() {
         let _ = register(run, false);
     }
 }
