@@ -7,7 +7,9 @@
 //! * string labels `span_id` (16 lowercase hex digits), `trace_id` (32) and `span_name`,
 //!   each only when known;
 //! * functions, locations and identical samples deduplicated, one mapping covering all
-//!   addresses (the stacks arrive already symbolized, so viewers must not re-symbolize).
+//!   addresses (the stacks arrive already symbolized, so viewers must not re-symbolize);
+//! * samples in a fixed order (labels, then stack), so the same samples encode to the
+//!   same bytes whatever order they were added in.
 //!
 //! [`ProfileBuilder::blocked`] builds the second profile type instead, blocked-in-poll
 //! stacks in the shape of Go's block profile: sample types `contentions`/`count` and

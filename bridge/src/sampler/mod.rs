@@ -581,8 +581,9 @@ pub fn tokio_on_thread_stop() -> impl Fn() + Send + Sync + 'static {
     unregister_current_thread
 }
 
-/// Registers the calling thread on its first span enter while a sampler runs: one
-/// atomic load and one thread-local read when already registered (or known blocked).
+/// Registers the calling thread on its first span enter while a sampler runs, unless it
+/// is in OpenTelemetry's suppressed scope: one atomic load and one thread-local read when
+/// already registered (or known blocked).
 #[inline]
 pub(crate) fn on_span_enter() {
     // Relaxed: a stale answer only delays registration to the next enter; `register`
