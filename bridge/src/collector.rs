@@ -162,7 +162,13 @@ impl Collector {
         };
         let thread = std::thread::Builder::new()
             .name("otel-profiling-collector".into())
-            .spawn(move || state.run(receiver))?;
+            .spawn(move || {
+                // Held for the thread's life, as the SDK's batch span processor does: what
+                // the sinks run here (file writes, a test double, instrumented code) makes no
+                // spans, and a span entered here does not register the thread for sampling.
+                let _suppressed = opentelemetry::Context::enter_telemetry_suppressed_scope();
+                state.run(receiver)
+            })?;
         Ok(Collector {
             commands,
             thread: Some(thread),

@@ -103,18 +103,20 @@ fn go_tool_pprof_reads_functions_inlining_values_and_span_labels() {
     std::fs::write(&file.0, profile_bytes()).expect("write profile");
 
     // -raw: header, merged values, labels as `key:[value]` on one line (keys sorted),
-    // and locations with the inlined frame first, its caller on the next line.
+    // and locations with the inlined frame first, its caller on the next line. Samples
+    // are ordered by labels (the unlabelled one first), locations numbered in that order:
+    // 1 is `main`, 2 the inlined `to_string`.
     let raw = go_pprof("-raw", &file.0);
     assert!(raw.contains("PeriodType: cpu nanoseconds"), "{raw}");
     assert!(raw.contains(&format!("Period: {PERIOD_NS}")), "{raw}");
     let raw_words = word_lines(&raw);
     let value = |n: i64| format!("{}:", n * PERIOD_NS);
     assert!(
-        raw_words.contains(&vec![value(3).as_str(), "1", "2"]),
-        "merged labelled sample (3 × period over locations 1 2):\n{raw}"
+        raw_words.contains(&vec![value(3).as_str(), "2", "1"]),
+        "merged labelled sample (3 × period over locations 2 1):\n{raw}"
     );
     assert!(
-        raw_words.contains(&vec![value(2).as_str(), "2"]),
+        raw_words.contains(&vec![value(2).as_str(), "1"]),
         "unlabelled sample:\n{raw}"
     );
     let label_line =
@@ -125,7 +127,7 @@ fn go_tool_pprof_reads_functions_inlining_values_and_span_labels() {
     );
     assert!(
         raw_words.contains(&vec![
-            "1:",
+            "2:",
             "0x555500002000",
             "M=1",
             "serde_json::ser::to_string",

@@ -33,6 +33,13 @@ impl GrpcSpanExporter {
         let runtime = tokio::runtime::Builder::new_multi_thread()
             .worker_threads(1)
             .thread_name("otel-profiling-otlp-grpc")
+            // tonic's connection tasks run on these threads: no spans or profiles of
+            // their own (see `collector.rs`).
+            .on_thread_start(|| {
+                // Never popped: the scope lasts until the thread ends, and its context
+                // stack is freed with the thread.
+                std::mem::forget(opentelemetry::Context::enter_telemetry_suppressed_scope());
+            })
             .enable_all()
             .build()
             .map_err(|e| format!("starting the gRPC runtime: {e}"))?;

@@ -7,7 +7,9 @@
 //! * string labels `span_id` (16 lowercase hex digits), `trace_id` (32) and `span_name`,
 //!   each only when known;
 //! * functions, locations and identical samples deduplicated, one mapping covering all
-//!   addresses (the stacks arrive already symbolized, so viewers must not re-symbolize).
+//!   addresses (the stacks arrive already symbolized, so viewers must not re-symbolize);
+//! * samples in a fixed order (labels, then stack), so the same samples encode to the
+//!   same bytes whatever order they were added in.
 //!
 //! [`ProfileBuilder::blocked`] builds the second profile type instead, blocked-in-poll
 //! stacks in the shape of Go's block profile: sample types `contentions`/`count` and
@@ -52,8 +54,9 @@ pub struct SymbolizedFrame {
     pub lines: Vec<FrameLine>,
 }
 
-/// Labels of one sample.
-#[derive(Clone, Debug, Default, PartialEq, Eq, Hash)]
+/// Labels of one sample. Ordered (span id, trace id, span name; absent first): the order
+/// of samples in a built profile.
+#[derive(Clone, Debug, Default, PartialEq, Eq, PartialOrd, Ord, Hash)]
 pub struct SampleLabels {
     /// Span id of the local root span, written as 16 lowercase hex digits.
     pub span_id: Option<u64>,
@@ -81,10 +84,11 @@ pub struct ProfileBuilder {
     period_ns: i64,
     time_nanos: i64,
     duration_nanos: i64,
-    strings: StringTable,
-    functions: Vec<proto::Function>,
+    /// Functions by provisional id − 1, as (name, file).
+    functions: Vec<(Arc<str>, Option<Arc<str>>)>,
     function_ids: HashMap<(Arc<str>, Option<Arc<str>>), u64>,
-    locations: Vec<proto::Location>,
+    /// Locations by provisional id − 1.
+    locations: Vec<PendingLocation>,
     location_ids: HashMap<u64, u64>,
     samples: Vec<PendingSample>,
     sample_index: HashMap<(Vec<u64>, SampleLabels), usize>,
@@ -96,11 +100,20 @@ pub struct ProfileBuilder {
 /// A deduplicated sample: values are multiplied by the period only in `build`.
 #[derive(Debug)]
 struct PendingSample {
+    /// Provisional location ids (arrival order), renumbered in `build`.
     location_ids: Vec<u64>,
     labels: SampleLabels,
     count: u64,
     /// Blocked nanoseconds (blocked profiles only).
     delay_ns: u64,
+}
+
+/// A location before `build` numbers it: its address and (provisional function id, line)
+/// per source frame, innermost first.
+#[derive(Debug)]
+struct PendingLocation {
+    address: u64,
+    lines: Vec<(u64, i64)>,
 }
 
 impl ProfileBuilder {
@@ -114,7 +127,6 @@ impl ProfileBuilder {
             period_ns,
             time_nanos: unix_nanos(start),
             duration_nanos: saturating_nanos(duration),
-            strings: StringTable::new(),
             functions: Vec::new(),
             function_ids: HashMap::new(),
             locations: Vec::new(),
@@ -184,10 +196,17 @@ impl ProfileBuilder {
     }
 
     /// Finishes the profile.
+    ///
+    /// The result depends only on the samples added, not on the order they arrived in
+    /// (the collector hands them over in hash-map order): samples are sorted by (labels,
+    /// stack addresses); locations are numbered in the order the sorted samples first
+    /// use them, functions in the order those locations first use them, and strings in
+    /// the order the fields below are written. The same samples give the same bytes.
     pub fn build(mut self) -> proto::Profile {
+        let mut strings = StringTable::new();
         let mut value_type = |kind: &str, unit: &str| proto::ValueType {
-            r#type: self.strings.intern(kind),
-            unit: self.strings.intern(unit),
+            r#type: strings.intern(kind),
+            unit: strings.intern(unit),
         };
         let (sample_type, period_type) = if self.blocked {
             // Go's block profile: Pyroscope and Grafana know its two series.
@@ -198,7 +217,66 @@ impl ProfileBuilder {
             let cpu = value_type("cpu", "nanoseconds");
             (vec![cpu.clone()], cpu)
         };
-        let samples = std::mem::take(&mut self.samples);
+        let mut samples = std::mem::take(&mut self.samples);
+        let pending = std::mem::take(&mut self.locations);
+        // (labels, stack) is unique after deduplication, so the order is total.
+        samples.sort_unstable_by(|a, b| {
+            let address = |id: &u64| pending[slot(*id)].address;
+            a.labels.cmp(&b.labels).then_with(|| {
+                a.location_ids
+                    .iter()
+                    .map(address)
+                    .cmp(b.location_ids.iter().map(address))
+            })
+        });
+        // Provisional id − 1 → final id (0: not numbered yet).
+        let mut location_ids = vec![0u64; pending.len()];
+        let mut location_order: Vec<usize> = Vec::with_capacity(pending.len());
+        for sample in &mut samples {
+            for id in &mut sample.location_ids {
+                *id = renumber(&mut location_ids, &mut location_order, *id);
+            }
+        }
+        let mut function_ids = vec![0u64; self.functions.len()];
+        let mut function_order: Vec<usize> = Vec::with_capacity(self.functions.len());
+        let location = location_order
+            .iter()
+            .zip(1u64..)
+            .map(|(&old, id)| {
+                let pending = &pending[old];
+                proto::Location {
+                    id,
+                    mapping_id: MAPPING_ID,
+                    address: pending.address,
+                    line: pending
+                        .lines
+                        .iter()
+                        .map(|&(function, line)| proto::Line {
+                            function_id: renumber(&mut function_ids, &mut function_order, function),
+                            line,
+                            column: 0,
+                        })
+                        .collect(),
+                    is_folded: false,
+                }
+            })
+            .collect();
+        let function = function_order
+            .iter()
+            .zip(1u64..)
+            .map(|(&old, id)| {
+                let (name, file) = &self.functions[old];
+                let name = strings.intern(name);
+                proto::Function {
+                    id,
+                    name,
+                    // Names arrive demangled and the mangled form is gone by then.
+                    system_name: name,
+                    filename: strings.intern(file.as_deref().unwrap_or("")),
+                    start_line: 0,
+                }
+            })
+            .collect();
         let sample = samples
             .into_iter()
             .map(|s| proto::Sample {
@@ -210,7 +288,7 @@ impl ProfileBuilder {
                 } else {
                     vec![sample_value(s.count, self.period_ns)]
                 },
-                label: self.labels(&s.labels),
+                label: labels(&mut strings, &s.labels),
                 location_id: s.location_ids,
             })
             .collect();
@@ -224,7 +302,7 @@ impl ProfileBuilder {
             memory_start: 0,
             memory_limit: u64::MAX,
             file_offset: 0,
-            filename: self.strings.intern(&exe),
+            filename: strings.intern(&exe),
             build_id: 0,
             has_functions: true,
             has_filenames: self.has_filenames,
@@ -235,9 +313,9 @@ impl ProfileBuilder {
             sample_type,
             sample,
             mapping: vec![mapping],
-            location: self.locations,
-            function: self.functions,
-            string_table: self.strings.strings,
+            location,
+            function,
+            string_table: strings.strings,
             drop_frames: 0,
             keep_frames: 0,
             time_nanos: self.time_nanos,
@@ -250,34 +328,28 @@ impl ProfileBuilder {
         }
     }
 
-    /// Id of the location of `frame.address`, created on first sight.
+    /// Provisional id of the location of `frame.address`, created on first sight.
     fn location_id(&mut self, frame: &SymbolizedFrame) -> u64 {
         if let Some(&id) = self.location_ids.get(&frame.address) {
             return id;
         }
-        let line = frame
+        let lines = frame
             .lines
             .iter()
-            .map(|l| proto::Line {
-                function_id: self.function_id(l),
-                line: l.line.map_or(0, i64::from),
-                column: 0,
-            })
+            .map(|l| (self.function_id(l), l.line.map_or(0, i64::from)))
             .collect();
         self.has_inline_frames |= frame.lines.len() > 1;
         let id = self.locations.len() as u64 + 1;
-        self.locations.push(proto::Location {
-            id,
-            mapping_id: MAPPING_ID,
+        self.locations.push(PendingLocation {
             address: frame.address,
-            line,
-            is_folded: false,
+            lines,
         });
         self.location_ids.insert(frame.address, id);
         id
     }
 
-    /// Id of the function of (`line.function`, `line.file`), created on first sight.
+    /// Provisional id of the function of (`line.function`, `line.file`), created on first
+    /// sight.
     fn function_id(&mut self, line: &FrameLine) -> u64 {
         self.has_filenames |= line.file.is_some();
         self.has_line_numbers |= line.line.is_some();
@@ -285,43 +357,57 @@ impl ProfileBuilder {
         if let Some(&id) = self.function_ids.get(&key) {
             return id;
         }
-        let name = self.strings.intern(&line.function);
-        let filename = self.strings.intern(line.file.as_deref().unwrap_or(""));
         let id = self.functions.len() as u64 + 1;
-        self.functions.push(proto::Function {
-            id,
-            name,
-            // Names arrive demangled and the mangled form is gone by then.
-            system_name: name,
-            filename,
-            start_line: 0,
-        });
+        self.functions.push(key.clone());
         self.function_ids.insert(key, id);
         id
     }
+}
 
-    /// The pprof labels of `labels`, in a fixed order.
-    fn labels(&mut self, labels: &SampleLabels) -> Vec<proto::Label> {
-        let mut out = Vec::with_capacity(3);
-        if let Some(span_id) = labels.span_id {
-            out.push(self.string_label(SPAN_ID_KEY, &format!("{span_id:016x}")));
-        }
-        if let Some(trace_id) = labels.trace_id {
-            out.push(self.string_label(TRACE_ID_KEY, &format!("{trace_id:032x}")));
-        }
-        if let Some(name) = &labels.span_name {
-            out.push(self.string_label(SPAN_NAME_KEY, name));
-        }
-        out
+/// Index of the provisional id `id` (ids start at 1).
+fn slot(id: u64) -> usize {
+    usize::try_from(id.saturating_sub(1)).unwrap_or(usize::MAX)
+}
+
+/// The final id of provisional id `id`: the next one in `order` when first seen.
+fn renumber(ids: &mut [u64], order: &mut Vec<usize>, id: u64) -> u64 {
+    let index = slot(id);
+    if ids[index] == 0 {
+        order.push(index);
+        ids[index] = order.len() as u64;
     }
+    ids[index]
+}
 
-    fn string_label(&mut self, key: &str, value: &str) -> proto::Label {
-        proto::Label {
-            key: self.strings.intern(key),
-            str: self.strings.intern(value),
-            num: 0,
-            num_unit: 0,
-        }
+/// The pprof labels of `labels`, in a fixed order.
+fn labels(strings: &mut StringTable, labels: &SampleLabels) -> Vec<proto::Label> {
+    let mut out = Vec::with_capacity(3);
+    if let Some(span_id) = labels.span_id {
+        out.push(string_label(
+            strings,
+            SPAN_ID_KEY,
+            &format!("{span_id:016x}"),
+        ));
+    }
+    if let Some(trace_id) = labels.trace_id {
+        out.push(string_label(
+            strings,
+            TRACE_ID_KEY,
+            &format!("{trace_id:032x}"),
+        ));
+    }
+    if let Some(name) = &labels.span_name {
+        out.push(string_label(strings, SPAN_NAME_KEY, name));
+    }
+    out
+}
+
+fn string_label(strings: &mut StringTable, key: &str, value: &str) -> proto::Label {
+    proto::Label {
+        key: strings.intern(key),
+        str: strings.intern(value),
+        num: 0,
+        num_unit: 0,
     }
 }
 

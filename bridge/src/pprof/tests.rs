@@ -115,7 +115,8 @@ fn round_trip_through_gzip_keeps_samples_and_labels() {
     assert_eq!(decode(&built.encode_to_vec()).expect("decode plain"), built);
 
     assert_eq!(decoded.sample.len(), 2);
-    let first = &decoded.sample[0];
+    // Samples are ordered by labels: the unlabelled one first.
+    let first = &decoded.sample[1];
     assert_eq!(first.value, vec![3 * PERIOD]);
     assert_eq!(
         stack_names(&decoded, first),
@@ -136,7 +137,7 @@ fn round_trip_through_gzip_keeps_samples_and_labels() {
             ("span_name".to_owned(), "GET /report".to_owned()),
         ]
     );
-    let second = &decoded.sample[1];
+    let second = &decoded.sample[0];
     assert_eq!(second.value, vec![PERIOD]);
     assert_eq!(stack_names(&decoded, second), ["app::main"]);
     assert!(second.label.is_empty());
@@ -156,7 +157,8 @@ fn identical_samples_merge_and_different_labels_do_not() {
     b.add_sample(&stack(), &a, 0); // adds nothing
     let p = b.build();
     let values: Vec<i64> = p.sample.iter().map(|s| s.value[0]).collect();
-    assert_eq!(values, [7 * PERIOD, PERIOD, PERIOD]);
+    // Ordered by (labels, stack addresses): `a` at [0x1000], `a` at [0x2000, 0x1000], `b`.
+    assert_eq!(values, [PERIOD, 7 * PERIOD, PERIOD]);
 }
 
 #[test]
@@ -190,15 +192,16 @@ fn label_formats_are_fixed_width_lowercase_hex() {
     let p = b.build();
     let got: Vec<_> = p.sample.iter().map(|x| label_strings(&p, x)).collect();
     let pair = |k: &str, v: &str| (k.to_owned(), v.to_owned());
-    assert_eq!(got[0], [pair("span_id", "00000000000000ab")]);
+    // Ordered by labels, absent ones first.
+    assert_eq!(got[0], [pair("span_name", "only name")]);
+    assert_eq!(got[1], [pair("span_id", "00000000000000ab")]);
     assert_eq!(
-        got[1],
+        got[2],
         [
             pair("span_id", "ffffffffffffffff"),
             pair("trace_id", "0000000000abcdef0000000000000001"),
         ]
     );
-    assert_eq!(got[2], [pair("span_name", "only name")]);
 }
 
 #[test]
@@ -478,4 +481,206 @@ fn blocked_profiles_have_the_block_shape() {
     );
     assert_eq!(p.sample.len(), 1, "merged");
     assert_eq!(p.sample[0].value, [1, 12_000_000]);
+}
+
+#[path = "../../tests/support/golden.rs"]
+mod golden;
+
+/// A fixed set of samples: two spans of one trace, one unlabelled sample, a second
+/// name, inlined frames, a frame without file or line.
+fn golden_samples() -> Vec<(Vec<SymbolizedFrame>, SampleLabels, u64, u64)> {
+    let parse = || frame(0x5000, vec![line("serde_json::de::from_str", None, None)]);
+    let mut parsing = vec![parse()];
+    parsing.extend(stack()[1..].iter().cloned());
+    vec![
+        (stack(), labels(0xab, 0x1234, "GET /report"), 3, 4_000),
+        (stack()[1..].to_vec(), SampleLabels::default(), 1, 0),
+        (
+            parsing.clone(),
+            labels(0xab, 0x1234, "GET /report"),
+            2,
+            1_500,
+        ),
+        (stack(), labels(0xcd, 0x1234, "GET /search"), 5, 0),
+        (
+            parsing,
+            SampleLabels {
+                span_name: Some("unsampled".into()),
+                ..SampleLabels::default()
+            },
+            1,
+            250,
+        ),
+    ]
+}
+
+/// The profile of `samples`, added in the order given.
+fn golden_profile(
+    blocked: bool,
+    samples: impl IntoIterator<Item = (Vec<SymbolizedFrame>, SampleLabels, u64, u64)>,
+) -> proto::Profile {
+    let mut b = if blocked {
+        ProfileBuilder::blocked(
+            UNIX_EPOCH + Duration::from_secs(1_700_000_000),
+            Duration::from_secs(10),
+        )
+    } else {
+        builder()
+    };
+    for (stack, labels, count, delay_ns) in samples {
+        if blocked {
+            b.add_blocked(&stack, &labels, count, delay_ns);
+        } else {
+            b.add_sample(&stack, &labels, count);
+        }
+    }
+    let mut p = b.build();
+    // The mapping names the test binary, whose path differs between builds.
+    let exe = usize::try_from(p.mapping[0].filename).expect("string index");
+    p.string_table[exe] = "<current exe>".to_owned();
+    p
+}
+
+/// Every field of `p` as text, then its encoded bytes in hex: what the golden files hold.
+fn dump(p: &proto::Profile) -> String {
+    use std::fmt::Write;
+    let mut out = String::new();
+    let vt = |v: &proto::ValueType| format!("{}/{}", s(p, v.r#type), s(p, v.unit));
+    let types: Vec<String> = p.sample_type.iter().map(vt).collect();
+    let _ = writeln!(out, "sample_type: {}", types.join(", "));
+    let _ = writeln!(
+        out,
+        "period_type: {} period: {}",
+        p.period_type.as_ref().map(vt).unwrap_or_default(),
+        p.period
+    );
+    let _ = writeln!(
+        out,
+        "time_nanos: {} duration_nanos: {} default_sample_type: {} drop_frames: {} \
+         keep_frames: {} comments: {:?} doc_url: {}",
+        p.time_nanos,
+        p.duration_nanos,
+        p.default_sample_type,
+        p.drop_frames,
+        p.keep_frames,
+        p.comment,
+        p.doc_url
+    );
+    let _ = writeln!(out, "strings:");
+    for (i, text) in p.string_table.iter().enumerate() {
+        let _ = writeln!(out, "  {i} {text:?}");
+    }
+    let _ = writeln!(out, "mappings:");
+    for m in &p.mapping {
+        let _ = writeln!(
+            out,
+            "  {} [{:#x}, {:#x}) offset {:#x} file {:?} build_id {} functions {} filenames {} \
+             line_numbers {} inline_frames {}",
+            m.id,
+            m.memory_start,
+            m.memory_limit,
+            m.file_offset,
+            s(p, m.filename),
+            m.build_id,
+            m.has_functions,
+            m.has_filenames,
+            m.has_line_numbers,
+            m.has_inline_frames
+        );
+    }
+    let _ = writeln!(out, "functions:");
+    for f in &p.function {
+        let _ = writeln!(
+            out,
+            "  {} {:?} system {:?} file {:?} start_line {}",
+            f.id,
+            s(p, f.name),
+            s(p, f.system_name),
+            s(p, f.filename),
+            f.start_line
+        );
+    }
+    let _ = writeln!(out, "locations:");
+    for l in &p.location {
+        let lines: Vec<String> = l
+            .line
+            .iter()
+            .map(|ln| format!("fn {} line {} col {}", ln.function_id, ln.line, ln.column))
+            .collect();
+        let _ = writeln!(
+            out,
+            "  {} {:#x} mapping {} folded {} [{}]",
+            l.id,
+            l.address,
+            l.mapping_id,
+            l.is_folded,
+            lines.join("; ")
+        );
+    }
+    let _ = writeln!(out, "samples:");
+    for sample in &p.sample {
+        let labels: Vec<String> = label_strings(p, sample)
+            .into_iter()
+            .map(|(k, v)| format!("{k}={v}"))
+            .collect();
+        let _ = writeln!(
+            out,
+            "  values {:?} locations {:?} labels {{{}}} ({})",
+            sample.value,
+            sample.location_id,
+            labels.join(", "),
+            stack_names(p, sample).join(" < ")
+        );
+    }
+    let bytes = p.encode_to_vec();
+    let _ = writeln!(out, "encoded: {} bytes", bytes.len());
+    for chunk in bytes.chunks(32) {
+        let hex: Vec<String> = chunk.iter().map(|b| format!("{b:02x}")).collect();
+        let _ = writeln!(out, "  {}", hex.concat());
+    }
+    out
+}
+
+fn golden_path(name: &str) -> std::path::PathBuf {
+    std::path::Path::new(env!("CARGO_MANIFEST_DIR"))
+        .join("tests/data/pprof/results")
+        .join(name)
+}
+
+#[test]
+fn cpu_profile_matches_its_golden_file() {
+    let p = golden_profile(false, golden_samples());
+    golden::check(&golden_path("cpu.txt"), &dump(&p));
+}
+
+#[test]
+fn blocked_profile_matches_its_golden_file() {
+    let p = golden_profile(true, golden_samples());
+    golden::check(&golden_path("blocked.txt"), &dump(&p));
+}
+
+#[test]
+fn the_same_samples_in_any_order_give_the_same_bytes() {
+    for blocked in [false, true] {
+        let forward = golden_profile(blocked, golden_samples());
+        let reversed = golden_profile(blocked, golden_samples().into_iter().rev());
+        assert_eq!(
+            forward.encode_to_vec(),
+            reversed.encode_to_vec(),
+            "blocked: {blocked}\n{}",
+            golden::line_diff(&dump(&forward), &dump(&reversed))
+        );
+        // As the collector hands them over: in the order of a hash map, whose seed differs
+        // from map to map.
+        for _ in 0..4 {
+            let map: HashMap<usize, _> = golden_samples().into_iter().enumerate().collect();
+            let hashed = golden_profile(blocked, map.into_values());
+            assert_eq!(
+                encode_gzip(&forward).expect("encode"),
+                encode_gzip(&hashed).expect("encode"),
+                "blocked: {blocked}\n{}",
+                golden::line_diff(&dump(&forward), &dump(&hashed))
+            );
+        }
+    }
 }

@@ -581,8 +581,9 @@ pub fn tokio_on_thread_stop() -> impl Fn() + Send + Sync + 'static {
     unregister_current_thread
 }
 
-/// Registers the calling thread on its first span enter while a sampler runs: one
-/// atomic load and one thread-local read when already registered (or known blocked).
+/// Registers the calling thread on its first span enter while a sampler runs, unless it
+/// is in OpenTelemetry's suppressed scope: one atomic load and one thread-local read when
+/// already registered (or known blocked).
 #[inline]
 pub(crate) fn on_span_enter() {
     // Relaxed: a stale answer only delays registration to the next enter; `register`
@@ -600,7 +601,10 @@ pub(crate) fn on_span_enter() {
                 .unwrap_or(true)
         })
         .unwrap_or(true);
-    if !settled {
+    // Threads in OpenTelemetry's suppressed scope (the bridge's own, the SDK's batch
+    // processor) are never sampled: their work is the telemetry's, not the application's.
+    // Checked only while unregistered, so a registered thread's enter costs nothing more.
+    if !settled && !opentelemetry::Context::is_current_telemetry_suppressed() {
         let _ = register(run, false);
     }
 }

@@ -350,6 +350,8 @@ impl Watchdog {
         let spawned = std::thread::Builder::new()
             .name("otel-profiling-watchdog".into())
             .spawn(move || {
+                // For the thread's life (see `collector.rs`): no spans, never sampled.
+                let _suppressed = opentelemetry::Context::enter_telemetry_suppressed_scope();
                 let mut scanner = Scanner::new(config.clone());
                 let tick = config.tick();
                 let mut next = Instant::now() + tick;

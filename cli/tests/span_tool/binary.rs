@@ -1,6 +1,7 @@
+use std::path::Path;
 use std::process::{Command, Output};
 
-use crate::fixture;
+use crate::{fixture, golden, results};
 
 fn run(args: &[&str]) -> Output {
     Command::new(env!("CARGO_BIN_EXE_otel-profiling"))
@@ -13,67 +14,137 @@ fn text(bytes: &[u8]) -> String {
     String::from_utf8_lossy(bytes).into_owned()
 }
 
-#[test]
-fn binary_report_flame_and_diff_on_a_fixture() {
-    let dir = fixture::both_versions();
-    let path = dir.path().to_str().expect("utf-8 temp path");
+/// Runs the tool inside `dir` (output names relative paths only).
+fn run_in(dir: &Path, args: &[&str]) -> Output {
+    Command::new(env!("CARGO_BIN_EXE_otel-profiling"))
+        .current_dir(dir)
+        .args(args)
+        .output()
+        .expect("run otel-profiling")
+}
 
-    let out = run(&["report", path]);
-    assert!(out.status.success(), "{}", text(&out.stderr));
-    let stdout = text(&out.stdout);
-    assert!(stdout.contains("VERDICT"), "{stdout}");
-    assert!(
-        stdout.contains("CPU-bound") && stdout.contains("waiting"),
-        "{stdout}"
-    );
+/// Standard output of a successful run inside `dir`.
+fn stdout_in(dir: &Path, args: &[&str]) -> String {
+    let out = run_in(dir, args);
+    assert!(out.status.success(), "{args:?}: {}", text(&out.stderr));
+    text(&out.stdout)
+}
 
-    let svg = dir.path().join("report.svg");
-    let out = run(&[
-        "flame",
-        path,
-        "--span-name",
-        "GET /report",
-        "-o",
-        svg.to_str().expect("utf-8"),
-    ]);
-    assert!(out.status.success(), "{}", text(&out.stderr));
+/// The SVG `flame` writes for `selection` (`--span-id …` or `--span-name …`) of `dir`.
+fn flame(dir: &Path, selection: &[&str]) -> String {
+    let mut args = vec!["flame", "."];
+    args.extend_from_slice(selection);
+    args.extend(["-o", "flame.svg"]);
+    stdout_in(dir, &args);
+    let svg = dir.join("flame.svg");
     let drawn = std::fs::read_to_string(&svg).expect("svg written");
-    assert!(drawn.contains("CPU of spans named GET /report") && drawn.contains("encode_json"));
+    std::fs::remove_file(&svg).expect("remove the svg");
+    drawn
+}
 
-    let out = run(&[
-        "diff",
-        path,
-        "--span-name",
-        "GET /report",
-        "--from",
-        "1.0.0",
-        "--to",
-        "2.0.0",
-    ]);
-    assert!(out.status.success(), "{}", text(&out.stderr));
-    assert!(
-        text(&out.stdout).contains("encode_json"),
-        "{}",
-        text(&out.stdout)
+/// `diff . --span-name name --from from --to to`.
+const fn diff<'a>(name: &'a str, from: &'a str, to: &'a str) -> [&'a str; 8] {
+    ["diff", ".", "--span-name", name, "--from", from, "--to", to]
+}
+
+#[test]
+fn binary_report_matches_its_golden_files() {
+    let dir = fixture::both_versions();
+    results::check("report.txt", &stdout_in(dir.path(), &["report", "."]));
+    results::check(
+        "report_all_frames.txt",
+        &stdout_in(dir.path(), &["report", ".", "--all-frames"]),
+    );
+    let blocked = fixture::routes_with_blocked_profile();
+    results::check(
+        "report_blocked.txt",
+        &stdout_in(blocked.path(), &["report", "."]),
+    );
+}
+
+#[test]
+fn binary_html_report_matches_its_golden_file() {
+    let dir = fixture::both_versions();
+    let out = stdout_in(dir.path(), &["report", ".", "--html", "report.html"]);
+    results::check("report_html_stdout.txt", &out);
+    let html = std::fs::read_to_string(dir.path().join("report.html")).expect("page written");
+    results::check("report.html", &html);
+}
+
+#[test]
+fn binary_flame_matches_its_golden_files() {
+    let dir = fixture::both_versions();
+    results::check(
+        "flame_span_name.svg",
+        &flame(dir.path(), &["--span-name", "GET /report"]),
+    );
+    results::check(
+        "flame_span_id.svg",
+        &flame(dir.path(), &["--span-id", "0000000000002000"]),
+    );
+}
+
+#[test]
+fn binary_diff_matches_its_golden_files() {
+    let dir = fixture::both_versions();
+    results::check(
+        "diff_versions.txt",
+        &stdout_in(dir.path(), &diff("GET /report", "1.0.0", "2.0.0")),
+    );
+    results::check(
+        "diff_nothing_grown.txt",
+        &stdout_in(dir.path(), &diff("GET /orders", "1.0.0", "2.0.0")),
     );
 }
 
 #[test]
 fn binary_diff_of_two_directories() {
-    let (before, after) = fixture::one_version_each();
-    let out = run(&[
-        "diff",
-        before.path().to_str().expect("utf-8"),
-        after.path().to_str().expect("utf-8"),
-        "--span-name",
-        "GET /report",
-    ]);
-    assert!(out.status.success(), "{}", text(&out.stderr));
-    assert!(
-        text(&out.stdout).contains("+80.00 ms"),
-        "{}",
-        text(&out.stdout)
+    let root = fixture::one_version_each_in_one_dir();
+    let out = stdout_in(
+        root.path(),
+        &["diff", "before", "after", "--span-name", "GET /report"],
     );
+    assert!(out.contains("+80.00 ms"), "{out}");
+    results::check("diff_dirs.txt", &out);
+}
+
+/// Each run is a new process, with new hash-map seeds: what iterates a hash map without
+/// sorting shows here.
+#[test]
+fn binary_output_is_the_same_bytes_run_after_run() {
+    let dir = fixture::both_versions();
+    let blocked = fixture::routes_with_blocked_profile();
+    let blocked_path = blocked.path().to_str().expect("utf-8 temp path");
+    let runs: [&[&str]; 4] = [
+        &["report", "."],
+        &["report", ".", blocked_path],
+        &["report", ".", "--all-frames"],
+        &diff("GET /report", "1.0.0", "2.0.0"),
+    ];
+    for args in runs {
+        let first = stdout_in(dir.path(), args);
+        for _ in 0..3 {
+            let again = stdout_in(dir.path(), args);
+            assert!(
+                again == first,
+                "{args:?} printed something else the second time:\n{}",
+                golden::line_diff(&first, &again)
+            );
+        }
+    }
+    let page = |n: usize| {
+        let file = format!("report{n}.html");
+        stdout_in(dir.path(), &["report", ".", "--html", &file]);
+        std::fs::read(dir.path().join(&file)).expect("page written")
+    };
+    let first = page(0);
+    for n in 1..3 {
+        assert!(page(n) == first, "the HTML report changed between runs");
+    }
+    let svg = flame(dir.path(), &["--span-name", "GET /report"]);
+    for _ in 0..3 {
+        assert_eq!(flame(dir.path(), &["--span-name", "GET /report"]), svg);
+    }
 }
 
 #[test]

@@ -399,9 +399,21 @@ pub fn both_versions() -> tempfile::TempDir {
 pub fn one_version_each() -> (tempfile::TempDir, tempfile::TempDir) {
     let before = tempfile::tempdir().expect("tempdir");
     let after = tempfile::tempdir().expect("tempdir");
-    write(before.path(), "2026-01-01T00-00-00.000Z", &v1_spans(), 0);
-    write(after.path(), "2026-01-02T00-00-00.000Z", &v2_spans(), 0);
+    write_one_version_each(before.path(), after.path());
     (before, after)
+}
+
+/// [`one_version_each`] as `before/` and `after/` in one temporary directory (for output
+/// that names the directories: relative names are the same on every machine).
+pub fn one_version_each_in_one_dir() -> tempfile::TempDir {
+    let root = tempfile::tempdir().expect("tempdir");
+    write_one_version_each(&root.path().join("before"), &root.path().join("after"));
+    root
+}
+
+fn write_one_version_each(before: &Path, after: &Path) {
+    write(before, "2026-01-01T00-00-00.000Z", &v1_spans(), 0);
+    write(after, "2026-01-02T00-00-00.000Z", &v2_spans(), 0);
 }
 
 pub const CPU_WORK: Stack = &["main", "handle", "compute_checksums"];

@@ -9,4 +9,7 @@ mod diff_split;
 mod errors;
 mod fixture;
 mod flame;
+#[path = "../../../bridge/tests/support/golden.rs"]
+mod golden;
 mod report;
+mod results;

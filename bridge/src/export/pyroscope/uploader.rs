@@ -112,6 +112,9 @@ pub(crate) fn run(
     ready: SyncSender<Result<(), ClientError>>,
     done: SyncSender<()>,
 ) {
+    // For the thread's life (see `collector.rs`): the push's HTTP calls make no spans or
+    // profiles of their own.
+    let _suppressed = opentelemetry::Context::enter_telemetry_suppressed_scope();
     let exit = ExitGuard {
         shared: shared.clone(),
         done,
