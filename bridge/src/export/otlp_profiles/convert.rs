@@ -598,14 +598,23 @@ mod tests {
         for f in ["app::hot", "app::cold", "app::main"] {
             assert!(function_names.contains(&f), "{function_names:?}");
         }
-        let first = &profile.samples[0];
-        let stack = &dict.stack_table[first.stack_index as usize];
-        let leaf = &dict.location_table[stack.location_indices[0] as usize];
-        let leaf_fn = &dict.function_table[leaf.lines[0].function_index as usize];
-        assert_eq!(
-            dict.string_table[leaf_fn.name_strindex as usize],
-            "app::hot"
-        );
+        // Span b ran only `stack_a`: its sample's stack is hot <- main, leaf first.
+        let span_b_sample = profile
+            .samples
+            .iter()
+            .find(|s| dict.link_table[s.link_index as usize].span_id == 0xbbu64.to_be_bytes())
+            .expect("span b's sample");
+        let stack = &dict.stack_table[span_b_sample.stack_index as usize];
+        let frames: Vec<&str> = stack
+            .location_indices
+            .iter()
+            .map(|l| {
+                let line = &dict.location_table[*l as usize].lines[0];
+                let function = &dict.function_table[line.function_index as usize];
+                dict.string_table[function.name_strindex as usize].as_str()
+            })
+            .collect();
+        assert_eq!(frames, ["app::hot", "app::main"]);
         let attrs = &request.resource_profiles[0]
             .resource
             .as_ref()
