@@ -600,21 +600,22 @@ fn parse_key_values(
     Ok(out)
 }
 
+/// `s` percent-decoded as the OTel spec encodes header values; `None` when a `%` is not
+/// followed by two hex digits (a typo there should fail setup, not reach the server) or
+/// the result is not UTF-8.
 fn percent_decode(s: &str) -> Option<String> {
-    let bytes = s.as_bytes();
-    let mut out = Vec::with_capacity(bytes.len());
-    let mut i = 0;
-    while i < bytes.len() {
-        if bytes[i] == b'%' {
-            let hex = s.get(i + 1..i + 3)?;
-            out.push(u8::from_str_radix(hex, 16).ok()?);
-            i += 3;
-        } else {
-            out.push(bytes[i]);
-            i += 1;
-        }
+    let well_formed = s.match_indices('%').all(|(i, _)| {
+        s.as_bytes()
+            .get(i + 1..i + 3)
+            .is_some_and(|hex| hex.iter().all(u8::is_ascii_hexdigit))
+    });
+    if !well_formed {
+        return None;
     }
-    String::from_utf8(out).ok()
+    percent_encoding::percent_decode_str(s)
+        .decode_utf8()
+        .ok()
+        .map(|decoded| decoded.into_owned())
 }
 
 /// `10s`, `500ms`, `1m`, `2h`, or a bare number of seconds; surrounding blanks are

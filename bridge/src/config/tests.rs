@@ -379,3 +379,27 @@ fn profiles_exporter_choice_is_one_setting_and_bad_values_name_their_variable() 
         "OTEL_EXPORTER_OTLP_HEADERS"
     );
 }
+
+#[test]
+fn header_values_are_percent_decoded_and_malformed_escapes_fail_setup() {
+    let c = env(&[
+        ("OTEL_EXPORTER_OTLP_ENDPOINT", "http://collector:4318"),
+        ("OTEL_EXPORTER_OTLP_HEADERS", "a=%e2%82%ac%20x,b=plain"),
+    ])
+    .expect("ok");
+    let t = c.otlp_profiles.expect("target");
+    assert_eq!(
+        t.headers,
+        vec![
+            ("a".to_string(), "€ x".to_string()),
+            ("b".to_string(), "plain".to_string())
+        ]
+    );
+    for bad in ["a=%zz", "a=100%", "a=%4", "a=%ff"] {
+        assert_eq!(
+            err_field(&[("OTEL_EXPORTER_OTLP_HEADERS", bad)]),
+            "OTEL_EXPORTER_OTLP_HEADERS",
+            "{bad}"
+        );
+    }
+}
