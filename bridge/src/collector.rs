@@ -47,6 +47,15 @@ impl ProfileKind {
             ProfileKind::Blocked => "blocked",
         }
     }
+
+    /// How a local profile file of this kind ends (`<start>_cpu.pb.gz`, ...): what the
+    /// local sink writes and what readers of its directory look for.
+    pub fn file_suffix(self) -> &'static str {
+        match self {
+            ProfileKind::Cpu => crate::local_sink::CPU_PROFILE_SUFFIX,
+            ProfileKind::Blocked => crate::local_sink::BLOCKED_PROFILE_SUFFIX,
+        }
+    }
 }
 
 /// One finished profile interval, encoded.

@@ -130,12 +130,27 @@ impl LocalProfileSink {
     }
 }
 
+/// How CPU profile files end: `<start>_cpu.pb.gz`.
+pub const CPU_PROFILE_SUFFIX: &str = "_cpu.pb.gz";
+/// How blocked-in-poll profile files end: `<start>_blocked.pb.gz`.
+pub const BLOCKED_PROFILE_SUFFIX: &str = "_blocked.pb.gz";
+/// How span files end: `<start>_spans.jsonl`.
+pub const SPANS_SUFFIX: &str = "_spans.jsonl";
+
+/// Whether `file_name` is one of the files this sink writes (what a tool clearing or
+/// reading a sink's directory should touch).
+pub fn is_sink_file(file_name: &str) -> bool {
+    [CPU_PROFILE_SUFFIX, BLOCKED_PROFILE_SUFFIX, SPANS_SUFFIX]
+        .iter()
+        .any(|suffix| file_name.ends_with(suffix))
+}
+
 impl ProfileSink for LocalProfileSink {
     fn export(&mut self, profile: &EncodedProfile) -> io::Result<()> {
         let name = format!(
-            "{}_{}.pb.gz",
+            "{}{}",
             timeline_stamp(profile.start),
-            profile.kind.file_tag()
+            profile.kind.file_suffix()
         );
         // Write then rename, so a reader never sees half a file.
         let tmp = self.dir.join(format!(".{name}.tmp"));
@@ -157,9 +172,10 @@ impl LocalSpanExporter {
     /// the exporter was created.
     pub fn new(dir: impl AsRef<Path>) -> io::Result<LocalSpanExporter> {
         std::fs::create_dir_all(dir.as_ref())?;
-        let path = dir
-            .as_ref()
-            .join(format!("{}_spans.jsonl", timeline_stamp(SystemTime::now())));
+        let path = dir.as_ref().join(format!(
+            "{}{SPANS_SUFFIX}",
+            timeline_stamp(SystemTime::now())
+        ));
         Ok(LocalSpanExporter {
             path,
             file: Mutex::new(None),
@@ -216,6 +232,23 @@ impl SpanExporter for LocalSpanExporter {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn sink_files_are_named_by_kind_and_recognised() {
+        use crate::collector::ProfileKind;
+        assert_eq!(ProfileKind::Cpu.file_suffix(), "_cpu.pb.gz");
+        assert_eq!(ProfileKind::Blocked.file_suffix(), "_blocked.pb.gz");
+        for name in [
+            "2026-11-30T00-53-20.000Z_cpu.pb.gz",
+            "2026-11-30T00-53-20.000Z_blocked.pb.gz",
+            "2026-11-30T00-53-20.000Z_spans.jsonl",
+        ] {
+            assert!(is_sink_file(name), "{name}");
+        }
+        for name in ["notes.txt", ".x_cpu.pb.gz.tmp", "profile.pb.gz"] {
+            assert!(!is_sink_file(name), "{name}");
+        }
+    }
     use std::time::Duration;
 
     #[test]

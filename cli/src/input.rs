@@ -12,10 +12,10 @@ pub use pprof::Sample;
 use crate::error::ReportError;
 use crate::verdict::Sampling;
 
-/// File name ending of the profile files.
-pub const PROFILE_SUFFIX: &str = "_cpu.pb.gz";
-/// File name ending of the span files.
-pub const SPANS_SUFFIX: &str = "_spans.jsonl";
+/// File name ending of the profile files (the local sink's).
+pub use otel_profiling::local_sink::CPU_PROFILE_SUFFIX as PROFILE_SUFFIX;
+/// File name ending of the span files (the local sink's).
+pub use otel_profiling::local_sink::SPANS_SUFFIX;
 
 /// The sampling period assumed when no profile says (100 Hz, the profiler's default).
 pub const DEFAULT_PERIOD_NS: u64 = 10_000_000;
@@ -181,8 +181,8 @@ fn by_span_id(samples: &[Sample]) -> HashMap<&str, Vec<&Sample>> {
     map
 }
 
-/// The blocked-in-poll profiles' file name ending.
-pub const BLOCKED_SUFFIX: &str = "_blocked.pb.gz";
+/// The blocked-in-poll profiles' file name ending (the local sink's).
+pub use otel_profiling::local_sink::BLOCKED_PROFILE_SUFFIX as BLOCKED_SUFFIX;
 /// The sample type of a blocked-in-poll profile that holds the blocked nanoseconds.
 const BLOCKED_VALUE: &str = "delay";
 

@@ -175,11 +175,7 @@ fn clear_previous_run(dir: &Path) -> std::io::Result<()> {
     std::fs::create_dir_all(dir)?;
     for file in list(dir)? {
         let name = file.file_name().map(|n| n.to_string_lossy().into_owned());
-        if name.is_some_and(|n| {
-            n.ends_with("_cpu.pb.gz")
-                || n.ends_with("_blocked.pb.gz")
-                || n.ends_with("_spans.jsonl")
-        }) {
+        if name.is_some_and(|n| otel_profiling::local_sink::is_sink_file(&n)) {
             std::fs::remove_file(&file)?;
         }
     }

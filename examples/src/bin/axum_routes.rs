@@ -45,7 +45,7 @@ fn clear_previous_run(dir: &std::path::Path) -> std::io::Result<()> {
     for entry in std::fs::read_dir(dir)? {
         let path = entry?.path();
         let name = path.file_name().map(|n| n.to_string_lossy().into_owned());
-        if name.is_some_and(|n| n.ends_with("_cpu.pb.gz") || n.ends_with("_spans.jsonl")) {
+        if name.is_some_and(|n| otel_profiling::local_sink::is_sink_file(&n)) {
             std::fs::remove_file(&path)?;
         }
     }
