@@ -111,21 +111,54 @@ impl Default for CollectorConfig {
     }
 }
 
-/// Collector counters.
+/// The collector's live counters, updated by its thread (read them through
+/// [`Collector::stats`]).
 #[derive(Debug, Default)]
-pub struct CollectorStats {
+pub(crate) struct CollectorStats {
     /// Profiles handed to the sinks successfully.
-    pub profiles_exported: AtomicU64,
+    pub(crate) profiles_exported: AtomicU64,
     /// Profiles a sink failed to take.
-    pub profiles_failed: AtomicU64,
+    pub(crate) profiles_failed: AtomicU64,
     /// Samples put into profiles.
-    pub samples_in_profiles: AtomicU64,
+    pub(crate) samples_in_profiles: AtomicU64,
     /// Nanoseconds spent naming the stacks of all intervals so far.
-    pub symbolize_nanos: AtomicU64,
+    pub(crate) symbolize_nanos: AtomicU64,
     /// The longest any one interval's naming took, in nanoseconds.
-    pub symbolize_nanos_max: AtomicU64,
+    pub(crate) symbolize_nanos_max: AtomicU64,
     /// Blocked-in-poll looks put into blocked profiles.
-    pub blocked_in_profiles: AtomicU64,
+    pub(crate) blocked_in_profiles: AtomicU64,
+}
+
+/// A snapshot of the collector's counters ([`Collector::stats`]).
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+#[non_exhaustive]
+pub struct CollectorSnapshot {
+    /// Profiles handed to the sinks successfully.
+    pub profiles_exported: u64,
+    /// Profiles a sink failed to take.
+    pub profiles_failed: u64,
+    /// Samples put into profiles.
+    pub samples_in_profiles: u64,
+    /// Nanoseconds spent naming the stacks of all intervals so far.
+    pub symbolize_nanos: u64,
+    /// The longest any one interval's naming took, in nanoseconds.
+    pub symbolize_nanos_max: u64,
+    /// Blocked-in-poll looks put into blocked profiles.
+    pub blocked_in_profiles: u64,
+}
+
+impl CollectorStats {
+    fn snapshot(&self) -> CollectorSnapshot {
+        let load = |counter: &AtomicU64| counter.load(Ordering::Relaxed);
+        CollectorSnapshot {
+            profiles_exported: load(&self.profiles_exported),
+            profiles_failed: load(&self.profiles_failed),
+            samples_in_profiles: load(&self.samples_in_profiles),
+            symbolize_nanos: load(&self.symbolize_nanos),
+            symbolize_nanos_max: load(&self.symbolize_nanos_max),
+            blocked_in_profiles: load(&self.blocked_in_profiles),
+        }
+    }
 }
 
 enum Command {
@@ -195,9 +228,9 @@ impl Collector {
         wait.recv_timeout(timeout).is_ok()
     }
 
-    /// Counters.
-    pub fn stats(&self) -> &CollectorStats {
-        &self.stats
+    /// The counters, as they are now.
+    pub fn stats(&self) -> CollectorSnapshot {
+        self.stats.snapshot()
     }
 
     /// Writes the last profile and stops the thread, waiting at most `timeout`.

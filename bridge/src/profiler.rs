@@ -2,7 +2,6 @@
 //! collector thread and its sinks.
 
 use std::path::{Path, PathBuf};
-use std::sync::atomic::Ordering;
 use std::time::Duration;
 
 use crate::collector::{Collector, CollectorConfig, ProfileSink};
@@ -244,12 +243,12 @@ impl Profiler {
         };
         if let Some(c) = &self.collector {
             let s = c.stats();
-            stats.profiles_exported = s.profiles_exported.load(Ordering::Relaxed);
-            stats.profiles_failed = s.profiles_failed.load(Ordering::Relaxed);
-            stats.samples_in_profiles = s.samples_in_profiles.load(Ordering::Relaxed);
-            stats.symbolize_nanos = s.symbolize_nanos.load(Ordering::Relaxed);
-            stats.symbolize_nanos_max = s.symbolize_nanos_max.load(Ordering::Relaxed);
-            stats.blocked_in_profiles = s.blocked_in_profiles.load(Ordering::Relaxed);
+            stats.profiles_exported = s.profiles_exported;
+            stats.profiles_failed = s.profiles_failed;
+            stats.samples_in_profiles = s.samples_in_profiles;
+            stats.symbolize_nanos = s.symbolize_nanos;
+            stats.symbolize_nanos_max = s.symbolize_nanos_max;
+            stats.blocked_in_profiles = s.blocked_in_profiles;
         }
         stats
     }

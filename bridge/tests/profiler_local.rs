@@ -107,6 +107,14 @@ fn profiles_and_spans_land_in_the_directory_and_agree() {
         ids
     });
     drop(runtime);
+    // The collector's counters, as the profiler reports them, saw the profiles written.
+    assert!(profiler.flush(Duration::from_secs(10)), "flushed in time");
+    let stats = profiler.stats();
+    assert!(
+        stats.profiles_exported >= 1 && stats.samples_in_profiles > 0,
+        "{stats:?}"
+    );
+    assert_eq!(stats.profiles_failed, 0, "{stats:?}");
     assert!(
         profiler.shutdown(Duration::from_secs(10)),
         "shutdown in time"
