@@ -2,7 +2,7 @@
 //! span it is running.
 //!
 //! On every enter (every poll of an instrumented future) the layer writes the entered span's
-//! local root into the thread's [`SpanContextCell`](crate::SpanContextCell) and pushes the
+//! local root into the thread's span context record (`SpanContextCell`) and pushes the
 //! span onto the thread's scope stack with what was there; on exit it ends that scope.
 //! Exits in non-LIFO order are handled by splicing the stack, so a child ending never
 //! clears its parent's context. A span is named on the stack by (this layer, span id):

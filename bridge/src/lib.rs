@@ -74,6 +74,6 @@ pub use setup::{
     series_labels, HealthStats, SetupError, Telemetry, TelemetryGuard, RESOURCE_SERIES_LABELS,
 };
 pub use span_context::{
-    current_local_root, thread_cell, LocalRoot, SpanContextCell, SpanContextGuard,
+    current_local_root, LocalRoot, SpanContextGuard,
 };
 pub use span_name::{span_names_overflowed, SpanName, MAX_SPAN_NAMES};

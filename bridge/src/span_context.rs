@@ -101,7 +101,7 @@ impl LocalRoot {
 /// readers see a whole value or "no span", never a mix), read by the sampler's handler.
 #[repr(C, align(64))]
 #[derive(Debug)]
-pub struct SpanContextCell {
+pub(crate) struct SpanContextCell {
     seq: AtomicU32,
     name: AtomicU32,
     span_id: AtomicU64,
@@ -112,7 +112,7 @@ pub struct SpanContextCell {
 
 impl SpanContextCell {
     /// An empty record ("no span").
-    pub const fn new() -> SpanContextCell {
+    pub(crate) const fn new() -> SpanContextCell {
         SpanContextCell {
             seq: AtomicU32::new(0),
             name: AtomicU32::new(0),
@@ -127,7 +127,7 @@ impl SpanContextCell {
     ///
     /// Returns `None` for "no span", and also when the read raced a write.
     #[inline]
-    pub fn read(&self) -> Option<LocalRoot> {
+    pub(crate) fn read(&self) -> Option<LocalRoot> {
         self.snapshot().and_then(|(_, root)| root)
     }
 
@@ -218,7 +218,7 @@ pub fn current_local_root() -> Option<LocalRoot> {
 
 /// The calling thread's record, for the sampler to read from its signal handler. The
 /// pointer is valid until the thread exits.
-pub fn thread_cell() -> *const SpanContextCell {
+pub(crate) fn thread_cell() -> *const SpanContextCell {
     CELL.with(|cell| cell as *const SpanContextCell)
 }
 
