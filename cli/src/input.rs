@@ -10,12 +10,28 @@ pub use otlp::Span;
 pub use pprof::Sample;
 
 use crate::error::ReportError;
-use crate::verdict::Sampling;
 
 /// File name ending of the profile files (the local sink's).
 pub use otel_profiling::local_sink::CPU_PROFILE_SUFFIX as PROFILE_SUFFIX;
 /// File name ending of the span files (the local sink's).
 pub use otel_profiling::local_sink::SPANS_SUFFIX;
+
+/// What the sampling could have seen: needed to explain an empty profile.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct Sampling {
+    /// Some profile file was read.
+    pub profiles_read: bool,
+    /// The sampling period, nanoseconds.
+    pub period_ns: u64,
+}
+
+impl Sampling {
+    /// Spans whose wall time is under this often get no sample: two periods (20 ms at
+    /// 100 Hz, the figure Pyroscope documents for span profiles).
+    pub fn too_short_ns(&self) -> u64 {
+        self.period_ns.saturating_mul(2)
+    }
+}
 
 /// The sampling period assumed when no profile says (100 Hz, the profiler's default).
 pub const DEFAULT_PERIOD_NS: u64 = 10_000_000;

@@ -12,10 +12,11 @@ use crate::dependencies::{ChildIndex, Dependencies};
 use crate::error::ReportError;
 use crate::format::{ms, percent, Table};
 use crate::functions::{FunctionCpu, FunctionTotals};
+use crate::input::Sampling;
 use crate::input::{version_label, Input, Span};
 use crate::split::TimeSplit;
 use crate::stats::percentile;
-use crate::verdict::{NoSamples, Sampling, Verdict};
+use crate::verdict::{NoSamples, Verdict};
 
 /// How many functions each top list holds.
 pub const TOP_FUNCTIONS: usize = 5;

@@ -13,7 +13,7 @@
 
 use std::fmt;
 
-use crate::input::Span;
+use crate::input::{Sampling, Span};
 use crate::stats::percentile;
 
 /// CPU/wall ratio from which a span is [`Verdict::CpuBound`].
@@ -150,23 +150,6 @@ impl fmt::Display for Verdict {
             Verdict::Mixed => "mixed",
             Verdict::Waiting => "waiting",
         })
-    }
-}
-
-/// What the sampling could have seen: needed to explain an empty profile.
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
-pub struct Sampling {
-    /// Some profile file was read.
-    pub profiles_read: bool,
-    /// The sampling period, nanoseconds.
-    pub period_ns: u64,
-}
-
-impl Sampling {
-    /// Spans whose wall time is under this often get no sample: two periods (20 ms at
-    /// 100 Hz, the figure Pyroscope documents for span profiles).
-    pub fn too_short_ns(&self) -> u64 {
-        self.period_ns.saturating_mul(2)
     }
 }
 
