@@ -1,4 +1,4 @@
-//! Compiles the OTEP 4947 thread-local variable (`src/thread_ctx/tls.c`) on Linux x86-64
+//! Compiles the OTEP 4947 thread-local variable (`src/record/thread_ctx/tls.c`) on Linux x86-64
 //! and aarch64, the platforms whose TLS ABI the thread context readers know.
 //!
 //! C, not Rust: stable Rust can neither export a thread-local under a fixed name nor
@@ -8,7 +8,7 @@
 use std::env;
 
 fn main() {
-    println!("cargo:rerun-if-changed=src/thread_ctx/tls.c");
+    println!("cargo:rerun-if-changed=src/record/thread_ctx/tls.c");
     println!("cargo:rustc-check-cfg=cfg(otel_thread_ctx)");
     let os = env::var("CARGO_CFG_TARGET_OS").unwrap_or_default();
     let arch = env::var("CARGO_CFG_TARGET_ARCH").unwrap_or_default();
@@ -16,7 +16,7 @@ fn main() {
         return;
     }
     let mut build = cc::Build::new();
-    build.file("src/thread_ctx/tls.c").warnings(true);
+    build.file("src/record/thread_ctx/tls.c").warnings(true);
     if arch == "x86_64" {
         // TLSDESC; on aarch64 descriptors are the only general-dynamic dialect already.
         build.flag("-mtls-dialect=gnu2");

@@ -38,28 +38,29 @@
 #[doc = include_str!("../../README.md")]
 pub struct ReadmeDoctests;
 
-#[cfg(feature = "axum")]
-pub mod axum;
-mod clock;
+// The data path, one folder per stage (see the README's layout table):
+//
+//   hooks (span start/enter/exit/end) ─► record (per-thread span record) ◄─ sampler
+//   (signal handler) ─► collector (symbolize, aggregate) ─► pprof ─► export (Pyroscope,
+//   OTLP, local files); setup wires them together.
 pub mod collector;
-pub mod config;
-mod evidence;
 pub mod export;
-mod layer;
-mod local_root;
-pub mod local_sink;
-mod never_freed;
-mod otel_scope;
+mod hooks;
 pub mod pprof;
-mod processor;
-mod profiler;
-mod root_cpu;
+mod record;
 pub mod sampler;
 mod setup;
-mod span_context;
-mod span_name;
-mod symbolize;
-pub mod thread_ctx;
+
+// Public paths from before the folders, and short crate-internal ones.
+pub(crate) use collector::symbolize;
+pub use export::local_sink;
+#[cfg(feature = "axum")]
+pub use hooks::axum;
+pub(crate) use hooks::{evidence, layer, local_root, otel_scope, processor};
+pub use record::thread_ctx;
+pub(crate) use record::{clock, never_freed, root_cpu, span_context, span_name};
+pub use setup::config;
+pub(crate) use setup::profiler;
 
 pub use evidence::{
     CpuEvidenceProcessor, CPU_SAMPLES_ATTRIBUTE, CPU_TIME_ATTRIBUTE, ORPHAN_AGE,

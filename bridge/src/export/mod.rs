@@ -1,5 +1,6 @@
 //! Shipping profiles and traces to the real backends.
 
+pub mod local_sink;
 mod log_limiter;
 #[cfg(feature = "otlp-grpc")]
 pub mod otlp;

@@ -15,6 +15,8 @@
 //! Symbolization, encoding and compression happen here, on a named thread that never
 //! holds a lock the sampler or the application needs.
 
+pub(crate) mod symbolize;
+
 use std::collections::HashMap;
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::mpsc::{self, Receiver, RecvTimeoutError, Sender};

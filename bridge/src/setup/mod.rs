@@ -45,6 +45,8 @@ use crate::{
 };
 
 mod backends;
+pub mod config;
+pub(crate) mod profiler;
 
 use backends::{Compiled, Source};
 
