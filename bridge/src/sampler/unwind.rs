@@ -749,15 +749,8 @@ mod tests {
 
     static PROBE: AtomicPtr<Probe> = AtomicPtr::new(std::ptr::null_mut());
 
-    fn monotonic_ns() -> u64 {
-        let mut ts = libc::timespec {
-            tv_sec: 0,
-            tv_nsec: 0,
-        };
-        // SAFETY: plain FFI with an out-parameter; async-signal-safe.
-        unsafe { libc::clock_gettime(libc::CLOCK_MONOTONIC, &mut ts) };
-        ts.tv_sec as u64 * 1_000_000_000 + ts.tv_nsec as u64
-    }
+    // clock_gettime: async-signal-safe, so the handler-side probe may read it.
+    use crate::clock::monotonic_ns;
 
     extern "C" fn on_sigusr1(_: libc::c_int, _: *mut libc::siginfo_t, ucontext: *mut libc::c_void) {
         // SAFETY: the test keeps the probe alive while it raises the signal.

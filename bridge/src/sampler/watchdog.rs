@@ -508,15 +508,8 @@ fn own_cpu_ns() -> u64 {
     thread_cpu_ns(unsafe { libc::gettid() }).unwrap_or(0)
 }
 
-fn monotonic_ns() -> u64 {
-    let mut ts = libc::timespec {
-        tv_sec: 0,
-        tv_nsec: 0,
-    };
-    // SAFETY: `ts` is a valid, writable timespec; CLOCK_MONOTONIC always exists.
-    unsafe { libc::clock_gettime(libc::CLOCK_MONOTONIC, &mut ts) };
-    (ts.tv_sec as u64) * 1_000_000_000 + ts.tv_nsec as u64
-}
+// The crate's clock (clock_gettime, async-signal-safe), one spelling for every caller.
+use crate::clock::monotonic_ns;
 
 /// Copies `[addr, addr + buf.len())` of this process into `buf` without dereferencing it:
 /// the number of bytes copied, `None` if nothing could be.
