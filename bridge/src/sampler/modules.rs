@@ -8,7 +8,7 @@
 //! lock keeps the object mapped, so a later `dlclose` can never leave the unwinder
 //! reading unmapped memory. No file is read.
 //!
-//! The unwinder (`unwind.rs`) takes the tables; the symbolizer (`crate::symbolize`) only
+//! The unwinder (`unwind/`) takes the tables; the symbolizer (`crate::symbolize`) only
 //! the names and ranges, from [`list`].
 //!
 //! Never called from the signal handler: `dl_iterate_phdr` takes the loader lock and

@@ -1,7 +1,7 @@
 //! The interrupted register state and the stack memory the unwinder may read, for the
 //! signal handler.
 //!
-//! The unwinder (`unwind.rs`) reads saved registers and return addresses from the
+//! The unwinder (`unwind/`) reads saved registers and return addresses from the
 //! interrupted thread's stack. Every such read goes through [`StackReader`], which accepts
 //! only 8-byte aligned words inside `[interrupted sp, stack top)` of the sampled thread:
 //! that range is mapped (it is the live part of the thread's stack), so a corrupt or
@@ -35,32 +35,9 @@ impl Registers {
         }
         // SAFETY: the caller passes the kernel-provided, valid `ucontext_t`.
         let uc = unsafe { &*(ucontext as *const libc::ucontext_t) };
-        #[cfg(target_arch = "x86_64")]
-        {
-            let g = &uc.uc_mcontext.gregs;
-            Some(Registers {
-                pc: g[libc::REG_RIP as usize] as u64,
-                sp: g[libc::REG_RSP as usize] as u64,
-                fp: g[libc::REG_RBP as usize] as u64,
-            })
-        }
-        #[cfg(target_arch = "aarch64")]
-        {
-            let m = &uc.uc_mcontext;
-            Some(Registers {
-                pc: m.pc,
-                sp: m.sp,
-                fp: m.regs[29],
-                lr: m.regs[30],
-            })
-        }
-        #[cfg(not(any(target_arch = "x86_64", target_arch = "aarch64")))]
-        {
-            // No unwinder for this architecture; the interrupted pc is not read either
-            // (the context layout is not verified here), so the record stays empty.
-            let _ = uc;
-            None
-        }
+        // Where the registers lie is the architecture's: `unwind/x86_64.rs`,
+        // `unwind/aarch64.rs` (none elsewhere: see `unwind_unsupported.rs`).
+        super::unwind::registers(uc)
     }
 }
 

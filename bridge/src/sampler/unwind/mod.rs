@@ -58,6 +58,12 @@
 //! the first walk of a thread (cold cache); framehop in an unoptimised dev build is about
 //! ten times slower. A thread's first walk under a newly published snapshot also
 //! overwrites its cache: 509 lookups, about 70 µs in an unoptimised build.
+//!
+//! **Layout.** This file is the architecture-independent part: publication, the walk and
+//! its bounds checks, the thread caches. What differs per architecture (framehop's
+//! unwinder, cache and register types, and where the signal context keeps the
+//! registers) is in `x86_64.rs` and `aarch64.rs`, as framehop arranges its own; elsewhere
+//! `unwind_unsupported.rs` stands in for this module.
 
 use std::cell::UnsafeCell;
 use std::ops::Range;
@@ -65,19 +71,28 @@ use std::sync::atomic::{AtomicPtr, AtomicU64, AtomicUsize, Ordering};
 use std::sync::{Mutex, PoisonError, TryLockError};
 use std::time::{Duration, Instant};
 
-use framehop::{
-    ExplicitModuleSectionInfo, FrameAddress, Module, MustNotAllocateDuringUnwind, Unwinder,
-};
+use framehop::{ExplicitModuleSectionInfo, FrameAddress, Module, Unwinder};
 
 use super::modules::{self, LoadGeneration, LoadedObject, Tables};
 use super::ring::{SampleRecord, MAX_FRAMES};
 use super::stack::{Registers, StackBounds};
 
+// Both are compiled on either architecture, so the other one's path is type-checked too.
+mod aarch64;
+mod x86_64;
+
 /// The unwinder of the architecture we run on.
 #[cfg(target_arch = "x86_64")]
-type Native = X86_64;
+type Native = x86_64::X86_64;
 #[cfg(target_arch = "aarch64")]
-type Native = Aarch64;
+type Native = aarch64::Aarch64;
+
+#[cfg(target_arch = "aarch64")]
+pub(crate) use aarch64::registers;
+/// The interrupted registers in a `SA_SIGINFO` handler's context, as this architecture
+/// lays it out.
+#[cfg(target_arch = "x86_64")]
+pub(crate) use x86_64::registers;
 
 /// What one architecture contributes: its framehop unwinder, cache and registers.
 pub(crate) trait Arch {
@@ -91,62 +106,6 @@ pub(crate) trait Arch {
     /// Extra state derived from the known modules (the aarch64 pointer-auth mask).
     fn register_mask(unwinder: &Self::Unwinder) -> u64;
     fn regs(regs: &Registers, mask: u64) -> Self::Regs;
-}
-
-/// x86_64: CFA from `rsp`/`rbp` rules; registers `(rip, rsp, rbp)`.
-#[cfg_attr(not(target_arch = "x86_64"), allow(dead_code))]
-pub(crate) struct X86_64;
-
-impl Arch for X86_64 {
-    type Unwinder = framehop::x86_64::UnwinderX86_64<Vec<u8>, MustNotAllocateDuringUnwind>;
-    type Regs = framehop::x86_64::UnwindRegsX86_64;
-    type Cache = framehop::x86_64::CacheX86_64<MustNotAllocateDuringUnwind>;
-    fn new_unwinder() -> Self::Unwinder {
-        Self::Unwinder::new()
-    }
-    fn new_cache() -> Self::Cache {
-        Self::Cache::new_in()
-    }
-    fn register_mask(_: &Self::Unwinder) -> u64 {
-        0
-    }
-    fn regs(regs: &Registers, _: u64) -> Self::Regs {
-        Self::Regs::new(regs.pc, regs.sp, regs.fp)
-    }
-}
-
-/// aarch64: registers `(lr, sp, fp)` (note the order), the pc passed separately. Return
-/// addresses signed with pointer authentication are stripped with a mask guessed from
-/// the highest known code address.
-#[cfg_attr(not(target_arch = "aarch64"), allow(dead_code))]
-pub(crate) struct Aarch64;
-
-impl Arch for Aarch64 {
-    type Unwinder = framehop::aarch64::UnwinderAarch64<Vec<u8>, MustNotAllocateDuringUnwind>;
-    type Regs = framehop::aarch64::UnwindRegsAarch64;
-    type Cache = framehop::aarch64::CacheAarch64<MustNotAllocateDuringUnwind>;
-    fn new_unwinder() -> Self::Unwinder {
-        Self::Unwinder::new()
-    }
-    fn new_cache() -> Self::Cache {
-        Self::Cache::new_in()
-    }
-    fn register_mask(unwinder: &Self::Unwinder) -> u64 {
-        framehop::aarch64::PtrAuthMask::from_max_known_address(unwinder.max_known_code_address()).0
-    }
-    fn regs(regs: &Registers, mask: u64) -> Self::Regs {
-        #[cfg(target_arch = "aarch64")]
-        let lr = regs.lr;
-        // Never used off aarch64; kept compiling so the aarch64 path is type-checked here.
-        #[cfg(not(target_arch = "aarch64"))]
-        let lr = 0;
-        Self::Regs::new_with_ptr_auth_mask(
-            framehop::aarch64::PtrAuthMask(mask),
-            lr,
-            regs.sp,
-            regs.fp,
-        )
-    }
 }
 
 /// An immutable set of known objects: the unwinder plus what the handler checks.
@@ -689,7 +648,7 @@ mod tests {
     use super::*;
     use std::sync::PoisonError;
 
-    fn build<A: Arch>() -> Snapshot<A> {
+    pub(super) fn build<A: Arch>() -> Snapshot<A> {
         Snapshot::<A>::next(None, modules::scan(&|_, _, _| false)).expect("objects")
     }
 
@@ -1077,25 +1036,5 @@ mod tests {
             .count();
         assert_eq!(cached as u64, slots, "framehop's rule cache changed size");
         eprintln!("replacing every cached rule took {took:?}");
-    }
-
-    /// The aarch64 path builds and yields stripped registers (it cannot run here).
-    #[test]
-    fn the_aarch64_unwinder_builds() {
-        let snapshot = build::<Aarch64>();
-        let mask = snapshot.register_mask;
-        assert_eq!(
-            mask,
-            u64::MAX >> snapshot.unwinder.max_known_code_address().leading_zeros()
-        );
-        let regs = Registers {
-            pc: 0x1000,
-            sp: 0x2000,
-            fp: 0x3000,
-            #[cfg(target_arch = "aarch64")]
-            lr: 0x4000,
-        };
-        let r = Aarch64::regs(&regs, mask);
-        assert_eq!((r.sp(), r.fp()), (0x2000, 0x3000));
     }
 }
