@@ -76,3 +76,18 @@ pub use setup::{
 };
 pub use span_context::{current_local_root, LocalRoot, SpanContextGuard};
 pub use span_name::{span_names_overflowed, SpanName, MAX_SPAN_NAMES};
+
+/// Not part of the API (no semver guarantee, hidden from the docs): what the workspace's
+/// own tests share with the crate so that each protocol has one implementation. Only with
+/// the `test-support` feature, which the bridge's tests and the integration tests enable.
+#[cfg(feature = "test-support")]
+#[doc(hidden)]
+pub mod test_support {
+    /// Pyroscope's `push.v1` messages, the exporter's own (`export/pyroscope/proto.rs`).
+    #[cfg(feature = "pyroscope")]
+    pub mod push_v1 {
+        pub use crate::export::pyroscope::proto::{
+            LabelPair, PushRequest, RawProfileSeries, RawSample,
+        };
+    }
+}

@@ -1,16 +1,17 @@
-//! The Pyroscope exporter against a hand-written HTTP/1.1 receiver on 127.0.0.1.
+//! The Pyroscope exporter against the tests' HTTP/1.1 receiver on 127.0.0.1
+//! (`support/receiver.rs`).
 //!
-//! What arrives is decoded independently of the exporter: gunzipped with flate2, the
-//! `PushRequest` read with the small protobuf wire reader below (field numbers of
-//! grafana/pyroscope `api/push/v1/push.proto` and `api/types/v1/types.proto`), the inner
-//! pprof with `otel_profiling::pprof::decode`.
+//! What arrives is gunzipped with flate2, the `PushRequest` read with the workspace's one
+//! push.v1 codec (the exporter's message types, `otel_profiling::test_support`, whose field
+//! numbers the bridge's `field_numbers_match_push_proto` checks byte by byte against
+//! grafana/pyroscope `api/push/v1/push.proto`), the inner pprof with
+//! `otel_profiling::pprof::decode`.
+
+#[path = "support/receiver.rs"]
+mod receiver;
 
 use std::collections::HashSet;
-use std::io::{BufRead, BufReader, Read, Write};
-use std::net::{SocketAddr, TcpListener, TcpStream};
-use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
-use std::sync::{Arc, Mutex};
-use std::thread::JoinHandle;
+use std::sync::atomic::Ordering;
 use std::time::{Duration, Instant, SystemTime};
 
 use otel_profiling::collector::{EncodedProfile, ProfileKind, ProfileSink};
@@ -19,282 +20,16 @@ use otel_profiling::export::pyroscope::{
     BLOCK_CONTENTIONS_PROFILE_TYPE_ID, BLOCK_DELAY_PROFILE_TYPE_ID, BLOCK_PROFILE_NAME,
 };
 use otel_profiling::pprof::{self, FrameLine, ProfileBuilder, SampleLabels, SymbolizedFrame};
+use otel_profiling::test_support::push_v1::PushRequest;
+use prost::Message;
+use receiver::{closed_port, fresh_listener, rebind, Receiver, Request};
 
-// ───────────────────────────── the receiver ─────────────────────────────
-
-/// One request as received.
-#[derive(Clone, Debug)]
-struct Request {
-    method: String,
-    path: String,
-    /// Names lowercased.
-    headers: Vec<(String, String)>,
-    body: Vec<u8>,
-}
+// ───────────────────────────── what arrived ─────────────────────────────
 
 impl Request {
-    fn header(&self, name: &str) -> Option<&str> {
-        self.headers
-            .iter()
-            .find(|(n, _)| n == name)
-            .map(|(_, v)| v.as_str())
-    }
-
-    /// The body, gunzipped when `Content-Encoding: gzip`.
-    fn payload(&self) -> Vec<u8> {
-        if self.header("content-encoding") == Some("gzip") {
-            let mut out = Vec::new();
-            flate2::read::GzDecoder::new(&self.body[..])
-                .read_to_end(&mut out)
-                .expect("gzip body");
-            out
-        } else {
-            self.body.clone()
-        }
-    }
-
     fn push(&self) -> Vec<Series> {
         decode_push(&self.payload())
     }
-}
-
-/// The answer to one request: status, extra headers, body.
-type Answer = (u16, Vec<(&'static str, String)>, Vec<u8>);
-type Responder = Box<dyn FnMut(usize, &Request) -> Answer + Send>;
-
-/// A one-thread HTTP/1.1 server: reads `Content-Length` bodies, answers with
-/// `Connection: close`. Or a black hole that accepts connections and never reads them.
-struct Receiver {
-    addr: SocketAddr,
-    requests: Arc<Mutex<Vec<Request>>>,
-    accepted: Arc<AtomicUsize>,
-    stop: Arc<AtomicBool>,
-    thread: Option<JoinHandle<()>>,
-}
-
-impl Receiver {
-    fn answering(listener: TcpListener, responder: Responder) -> Receiver {
-        Receiver::start(listener, Some(responder))
-    }
-
-    fn ok(listener: TcpListener) -> Receiver {
-        Receiver::answering(listener, Box::new(|_, _| (200, vec![], b"{}".to_vec())))
-    }
-
-    fn black_hole(listener: TcpListener) -> Receiver {
-        Receiver::start(listener, None)
-    }
-
-    fn start(listener: TcpListener, mut responder: Option<Responder>) -> Receiver {
-        let addr = listener.local_addr().expect("addr");
-        listener.set_nonblocking(true).expect("nonblocking");
-        let requests = Arc::new(Mutex::new(Vec::new()));
-        let accepted = Arc::new(AtomicUsize::new(0));
-        let stop = Arc::new(AtomicBool::new(false));
-        let (r, a, s) = (requests.clone(), accepted.clone(), stop.clone());
-        let thread = std::thread::spawn(move || {
-            let mut held = Vec::new();
-            while !s.load(Ordering::SeqCst) {
-                let stream = match listener.accept() {
-                    Ok((stream, _)) => stream,
-                    Err(e) if e.kind() == std::io::ErrorKind::WouldBlock => {
-                        std::thread::sleep(Duration::from_millis(2));
-                        continue;
-                    }
-                    Err(e) => panic!("accept: {e}"),
-                };
-                a.fetch_add(1, Ordering::SeqCst);
-                match responder.as_mut() {
-                    None => held.push(stream),
-                    Some(responder) => {
-                        let _ = serve(stream, &r, responder);
-                    }
-                }
-            }
-        });
-        Receiver {
-            addr,
-            requests,
-            accepted,
-            stop,
-            thread: Some(thread),
-        }
-    }
-
-    fn url(&self) -> String {
-        format!("http://{}", self.addr)
-    }
-
-    fn requests(&self) -> Vec<Request> {
-        self.requests.lock().expect("requests").clone()
-    }
-
-    fn wait_for(&self, n: usize, timeout: Duration) -> Vec<Request> {
-        let until = Instant::now() + timeout;
-        loop {
-            let got = self.requests();
-            if got.len() >= n || Instant::now() >= until {
-                return got;
-            }
-            std::thread::sleep(Duration::from_millis(5));
-        }
-    }
-}
-
-impl Drop for Receiver {
-    fn drop(&mut self) {
-        self.stop.store(true, Ordering::SeqCst);
-        if let Some(t) = self.thread.take() {
-            let _ = t.join();
-        }
-    }
-}
-
-/// Reads one request from `stream`, records it and writes the answer.
-fn serve(
-    stream: TcpStream,
-    requests: &Mutex<Vec<Request>>,
-    responder: &mut Responder,
-) -> std::io::Result<()> {
-    stream.set_nonblocking(false)?;
-    stream.set_read_timeout(Some(Duration::from_secs(5)))?;
-    let mut reader = BufReader::new(stream.try_clone()?);
-    let mut line = String::new();
-    reader.read_line(&mut line)?;
-    let mut parts = line.split_whitespace();
-    let method = parts.next().unwrap_or_default().to_string();
-    let path = parts.next().unwrap_or_default().to_string();
-    let mut headers = Vec::new();
-    loop {
-        let mut line = String::new();
-        reader.read_line(&mut line)?;
-        let line = line.trim_end();
-        if line.is_empty() {
-            break;
-        }
-        let (name, value) = line.split_once(':').expect("header line");
-        headers.push((name.trim().to_ascii_lowercase(), value.trim().to_string()));
-    }
-    let length: usize = headers
-        .iter()
-        .find(|(n, _)| n == "content-length")
-        .map(|(_, v)| v.parse().expect("content-length"))
-        .unwrap_or(0);
-    let mut body = vec![0; length];
-    reader.read_exact(&mut body)?;
-    let request = Request {
-        method,
-        path,
-        headers,
-        body,
-    };
-    let index = {
-        let mut all = requests.lock().expect("requests");
-        all.push(request.clone());
-        all.len() - 1
-    };
-    let (status, extra, body) = responder(index, &request);
-    let mut out = format!(
-        "HTTP/1.1 {status} X\r\nContent-Type: application/json\r\nContent-Length: {}\r\nConnection: close\r\n",
-        body.len()
-    );
-    for (name, value) in extra {
-        out.push_str(&format!("{name}: {value}\r\n"));
-    }
-    out.push_str("\r\n");
-    let mut stream = stream;
-    stream.write_all(out.as_bytes())?;
-    stream.write_all(&body)?;
-    stream.flush()?;
-    let _ = stream.shutdown(std::net::Shutdown::Both);
-    Ok(())
-}
-
-/// A port nothing listens on (bound, then released).
-fn closed_port() -> SocketAddr {
-    let listener = TcpListener::bind("127.0.0.1:0").expect("bind");
-    listener.local_addr().expect("addr")
-}
-
-/// Listens on `addr` again (a port released by [`closed_port`]).
-fn rebind(addr: SocketAddr) -> TcpListener {
-    for _ in 0..100 {
-        if let Ok(listener) = TcpListener::bind(addr) {
-            return listener;
-        }
-        std::thread::sleep(Duration::from_millis(20));
-    }
-    panic!("cannot listen on {addr} again");
-}
-
-fn fresh_listener() -> TcpListener {
-    TcpListener::bind("127.0.0.1:0").expect("bind")
-}
-
-// ─────────────────────── protobuf wire reader (independent) ───────────────────────
-
-#[derive(Debug)]
-enum Wire<'a> {
-    Varint,
-    Len(&'a [u8]),
-    Fixed,
-}
-
-fn varint(buf: &[u8], pos: &mut usize) -> u64 {
-    let mut value = 0u64;
-    for shift in (0..64).step_by(7) {
-        let byte = buf[*pos];
-        *pos += 1;
-        value |= u64::from(byte & 0x7f) << shift;
-        if byte & 0x80 == 0 {
-            return value;
-        }
-    }
-    panic!("varint too long");
-}
-
-/// (field number, value) of every field of one message.
-fn fields(buf: &[u8]) -> Vec<(u64, Wire<'_>)> {
-    let mut pos = 0;
-    let mut out = Vec::new();
-    while pos < buf.len() {
-        let key = varint(buf, &mut pos);
-        let value = match key & 7 {
-            0 => {
-                varint(buf, &mut pos);
-                Wire::Varint
-            }
-            1 => {
-                pos += 8;
-                Wire::Fixed
-            }
-            2 => {
-                let len = varint(buf, &mut pos) as usize;
-                let bytes = &buf[pos..pos + len];
-                pos += len;
-                Wire::Len(bytes)
-            }
-            5 => {
-                pos += 4;
-                Wire::Fixed
-            }
-            t => panic!("wire type {t}"),
-        };
-        out.push((key >> 3, value));
-    }
-    assert_eq!(pos, buf.len(), "message overruns its buffer");
-    out
-}
-
-fn len_field<'a>(w: &Wire<'a>) -> &'a [u8] {
-    match w {
-        Wire::Len(b) => b,
-        other => panic!("expected a length-delimited field, got {other:?}"),
-    }
-}
-
-fn text(w: &Wire<'_>) -> String {
-    String::from_utf8(len_field(w).to_vec()).expect("utf-8")
 }
 
 /// `RawProfileSeries` as read back.
@@ -305,46 +40,26 @@ struct Series {
     samples: Vec<(Vec<u8>, String)>,
 }
 
-/// `PushRequest { series = 1 }`, `RawProfileSeries { labels = 1, samples = 2 }`,
-/// `LabelPair { name = 1, value = 2 }`, `RawSample { raw_profile = 1, ID = 2 }`.
+/// A `PushRequest`, which must hold no field outside `push.proto`: prost keeps no unknown
+/// field, so re-encoding what it read gives other bytes when one was there.
 fn decode_push(buf: &[u8]) -> Vec<Series> {
-    let mut series = Vec::new();
-    for (number, value) in fields(buf) {
-        assert_eq!(number, 1, "unexpected PushRequest field");
-        let mut s = Series {
-            labels: Vec::new(),
-            samples: Vec::new(),
-        };
-        for (number, value) in fields(len_field(&value)) {
-            match number {
-                1 => {
-                    let (mut name, mut val) = (String::new(), String::new());
-                    for (n, v) in fields(len_field(&value)) {
-                        match n {
-                            1 => name = text(&v),
-                            2 => val = text(&v),
-                            n => panic!("LabelPair field {n}"),
-                        }
-                    }
-                    s.labels.push((name, val));
-                }
-                2 => {
-                    let (mut raw, mut id) = (Vec::new(), String::new());
-                    for (n, v) in fields(len_field(&value)) {
-                        match n {
-                            1 => raw = len_field(&v).to_vec(),
-                            2 => id = text(&v),
-                            n => panic!("RawSample field {n}"),
-                        }
-                    }
-                    s.samples.push((raw, id));
-                }
-                n => panic!("RawProfileSeries field {n}"),
-            }
-        }
-        series.push(s);
-    }
-    series
+    let push = PushRequest::decode(buf).expect("PushRequest protobuf");
+    assert_eq!(
+        push.encode_to_vec(),
+        buf,
+        "the push holds a field outside push.proto"
+    );
+    push.series
+        .into_iter()
+        .map(|s| Series {
+            labels: s.labels.into_iter().map(|l| (l.name, l.value)).collect(),
+            samples: s
+                .samples
+                .into_iter()
+                .map(|r| (r.raw_profile, r.id))
+                .collect(),
+        })
+        .collect()
 }
 
 /// The single (raw_profile, ID) of a one-profile push.

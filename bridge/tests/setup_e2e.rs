@@ -3,134 +3,23 @@
 //! and the span id in the trace is the `span_id` label of the profile's samples.
 
 mod common;
+#[path = "support/receiver.rs"]
+mod receiver;
 
 use std::collections::HashSet;
-use std::io::{BufRead, BufReader, Read, Write};
-use std::net::TcpListener;
-use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
 use opentelemetry_proto::tonic::collector::trace::v1::ExportTraceServiceRequest;
 use otel_profiling::config::{Credentials, OtlpProtocol};
+use otel_profiling::test_support::push_v1::PushRequest;
 use otel_profiling::{pprof, Telemetry};
 use prost::Message;
+use receiver::{fresh_listener, Receiver};
 use tracing_subscriber::layer::SubscriberExt;
 
-/// One HTTP request as received.
-#[derive(Clone, Debug)]
-struct Request {
-    path: String,
-    headers: Vec<(String, String)>,
-    body: Vec<u8>,
-}
-
-impl Request {
-    fn header(&self, name: &str) -> Option<&str> {
-        self.headers
-            .iter()
-            .find(|(k, _)| k.eq_ignore_ascii_case(name))
-            .map(|(_, v)| v.as_str())
-    }
-
-    /// The body, gunzipped if the request says it is gzip.
-    fn plain_body(&self) -> Vec<u8> {
-        if self.header("content-encoding") == Some("gzip") {
-            let mut out = Vec::new();
-            flate2::read::GzDecoder::new(&self.body[..])
-                .read_to_end(&mut out)
-                .expect("gzip body");
-            out
-        } else {
-            self.body.clone()
-        }
-    }
-}
-
-/// A minimal HTTP/1.1 receiver on 127.0.0.1 that answers 200 with an empty body.
-fn receiver() -> (String, Arc<Mutex<Vec<Request>>>) {
-    let listener = TcpListener::bind("127.0.0.1:0").expect("bind");
-    let url = format!("http://{}", listener.local_addr().expect("addr"));
-    let seen: Arc<Mutex<Vec<Request>>> = Arc::default();
-    let store = seen.clone();
-    std::thread::spawn(move || {
-        for stream in listener.incoming() {
-            let Ok(stream) = stream else { continue };
-            let store = store.clone();
-            std::thread::spawn(move || {
-                let mut reader = BufReader::new(stream);
-                loop {
-                    let mut line = String::new();
-                    if reader.read_line(&mut line).unwrap_or(0) == 0 {
-                        return;
-                    }
-                    let path = line.split_whitespace().nth(1).unwrap_or("").to_string();
-                    let mut headers = Vec::new();
-                    loop {
-                        let mut h = String::new();
-                        if reader.read_line(&mut h).unwrap_or(0) == 0 {
-                            return;
-                        }
-                        let h = h.trim_end();
-                        if h.is_empty() {
-                            break;
-                        }
-                        if let Some((k, v)) = h.split_once(':') {
-                            headers.push((k.trim().to_string(), v.trim().to_string()));
-                        }
-                    }
-                    let len: usize = headers
-                        .iter()
-                        .find(|(k, _)| k.eq_ignore_ascii_case("content-length"))
-                        .and_then(|(_, v)| v.parse().ok())
-                        .unwrap_or(0);
-                    let mut body = vec![0; len];
-                    if reader.read_exact(&mut body).is_err() {
-                        return;
-                    }
-                    store.lock().expect("store").push(Request {
-                        path,
-                        headers,
-                        body,
-                    });
-                    let reply = b"HTTP/1.1 200 OK\r\ncontent-type: application/proto\r\ncontent-length: 0\r\n\r\n";
-                    if reader.get_mut().write_all(reply).is_err() {
-                        return;
-                    }
-                }
-            });
-        }
-    });
-    (url, seen)
-}
-
-/// The push request's series and their raw pprof samples, decoded field by field
-/// (push.v1.PushRequest: 1 series; RawProfileSeries: 1 labels, 2 samples; LabelPair:
-/// 1 name, 2 value; RawSample: 1 raw_profile, 2 ID).
-#[derive(Clone, PartialEq, prost::Message)]
-struct PushRequest {
-    #[prost(message, repeated, tag = "1")]
-    series: Vec<RawProfileSeries>,
-}
-#[derive(Clone, PartialEq, prost::Message)]
-struct RawProfileSeries {
-    #[prost(message, repeated, tag = "1")]
-    labels: Vec<LabelPair>,
-    #[prost(message, repeated, tag = "2")]
-    samples: Vec<RawSample>,
-}
-#[derive(Clone, PartialEq, prost::Message)]
-struct LabelPair {
-    #[prost(string, tag = "1")]
-    name: String,
-    #[prost(string, tag = "2")]
-    value: String,
-}
-#[derive(Clone, PartialEq, prost::Message)]
-struct RawSample {
-    #[prost(bytes = "vec", tag = "1")]
-    raw_profile: Vec<u8>,
-    #[prost(string, tag = "2")]
-    id: String,
+/// The tests' HTTP/1.1 receiver, answering every request with 200 and an empty body.
+fn receiver() -> Receiver {
+    Receiver::answering(fresh_listener(), Box::new(|_, _| (200, vec![], Vec::new())))
 }
 
 #[inline(never)]
@@ -152,8 +41,9 @@ fn checkout_cpu(cpu: Duration) -> u64 {
 #[test]
 fn traces_and_profiles_reach_their_receivers_with_the_same_span_id() {
     let _turn = common::turn();
-    let (otlp_url, otlp_seen) = receiver();
-    let (pyro_url, pyro_seen) = receiver();
+    let otlp = receiver();
+    let pyroscope = receiver();
+    let (otlp_url, pyro_url) = (otlp.url(), pyroscope.url());
     let telemetry = Telemetry::builder()
         .service_name("checkout")
         .resource_attribute("service.version", "2.0.1")
@@ -182,13 +72,12 @@ fn traces_and_profiles_reach_their_receivers_with_the_same_span_id() {
     drop(telemetry);
 
     // Traces: OTLP/HTTP protobuf at /v1/traces; the root carries pyroscope.profile.id.
-    let traces = otlp_seen.lock().expect("otlp").clone();
+    let traces = otlp.requests();
     assert!(!traces.is_empty(), "no OTLP request");
     let mut root_id = None;
     for req in &traces {
         assert_eq!(req.path, "/v1/traces");
-        let export =
-            ExportTraceServiceRequest::decode(&req.plain_body()[..]).expect("OTLP protobuf");
+        let export = ExportTraceServiceRequest::decode(&req.payload()[..]).expect("OTLP protobuf");
         for rs in &export.resource_spans {
             for ss in &rs.scope_spans {
                 for span in &ss.spans {
@@ -218,7 +107,7 @@ fn traces_and_profiles_reach_their_receivers_with_the_same_span_id() {
 
     // Profiles: the push endpoint, the workload's labels, and samples labelled with the
     // root's id.
-    let pushes = pyro_seen.lock().expect("pyroscope").clone();
+    let pushes = pyroscope.requests();
     assert!(!pushes.is_empty(), "no push");
     let mut span_ids = HashSet::new();
     for req in &pushes {
@@ -227,7 +116,7 @@ fn traces_and_profiles_reach_their_receivers_with_the_same_span_id() {
         assert!(req
             .header("authorization")
             .is_some_and(|a| a.starts_with("Basic ")));
-        let push = PushRequest::decode(&req.plain_body()[..]).expect("push protobuf");
+        let push = PushRequest::decode(&req.payload()[..]).expect("push protobuf");
         for series in &push.series {
             let label = |n: &str| {
                 series

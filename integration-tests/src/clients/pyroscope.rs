@@ -4,12 +4,12 @@ use std::collections::BTreeMap;
 use std::io::Write;
 
 use otel_profiling::export::pyroscope::PROFILE_TYPE_ID;
+use otel_profiling::test_support::push_v1::{LabelPair, PushRequest, RawProfileSeries, RawSample};
 use otel_profiling::RESOURCE_SERIES_LABELS;
 use prost::Message;
 use serde_json::{json, Value};
 
 use super::{http_client, FlameGraph, TraceSpan};
-use crate::standin::pyroscope_proto::{LabelPair, PushRequest, RawProfileSeries, RawSample};
 
 /// Errors of the clients.
 #[derive(Debug, Clone, PartialEq, Eq)]

@@ -31,10 +31,6 @@
 mod limits;
 mod otlp_profiles;
 mod pyroscope;
-pub mod pyroscope_proto {
-    //! `push.v1` messages (own prost definitions, shared with the push client).
-    pub use super::pyroscope::{LabelPair, PushRequest, RawProfileSeries, RawSample};
-}
 mod selector;
 mod tempo;
 mod validate;

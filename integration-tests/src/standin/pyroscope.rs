@@ -39,53 +39,14 @@ use std::time::Instant;
 use axum::http::StatusCode;
 use axum::response::{IntoResponse, Response};
 use otel_profiling::pprof::proto::{Profile, Sample};
+// push.v1: the bridge's own message types, the workspace's one codec of them.
+use otel_profiling::test_support::push_v1::{LabelPair, PushRequest, RawProfileSeries, RawSample};
 use prost::Message;
 use serde_json::{json, Value};
 
 use super::limits::{humanize_iec, humanize_si, Limits, PushCounters, TokenBucket};
 use super::selector::{parse_selector, Matcher};
 use super::validate::{validate_labels, validate_profile, PushRejection};
-
-/// `push.v1.PushRequest` (field numbers of grafana/pyroscope `api/push/v1/push.proto`).
-#[derive(Clone, PartialEq, prost::Message)]
-pub struct PushRequest {
-    /// Series.
-    #[prost(message, repeated, tag = "1")]
-    pub series: Vec<RawProfileSeries>,
-}
-
-/// `push.v1.RawProfileSeries`.
-#[derive(Clone, PartialEq, prost::Message)]
-pub struct RawProfileSeries {
-    /// Series labels.
-    #[prost(message, repeated, tag = "1")]
-    pub labels: Vec<LabelPair>,
-    /// Profiles of the series.
-    #[prost(message, repeated, tag = "2")]
-    pub samples: Vec<RawSample>,
-}
-
-/// `types.v1.LabelPair`.
-#[derive(Clone, PartialEq, prost::Message)]
-pub struct LabelPair {
-    /// Name.
-    #[prost(string, tag = "1")]
-    pub name: String,
-    /// Value.
-    #[prost(string, tag = "2")]
-    pub value: String,
-}
-
-/// `push.v1.RawSample`.
-#[derive(Clone, PartialEq, prost::Message)]
-pub struct RawSample {
-    /// pprof bytes, plain or gzipped.
-    #[prost(bytes = "vec", tag = "1")]
-    pub raw_profile: Vec<u8>,
-    /// Client-chosen id.
-    #[prost(string, tag = "2")]
-    pub id: String,
-}
 
 /// One stored pprof sample, as Pyroscope splits it: series labels, per-sample span columns.
 #[derive(Clone, Debug, PartialEq, Eq)]

@@ -86,8 +86,10 @@ mod error;
 mod exporter;
 #[cfg(any(feature = "pyroscope", feature = "otlp-http"))]
 pub(crate) mod pipeline;
+// `pub` items, reachable only through `crate::test_support` (feature `test-support`).
 #[cfg(feature = "pyroscope")]
-mod proto;
+#[cfg_attr(not(feature = "test-support"), allow(unreachable_pub))]
+pub(crate) mod proto;
 #[cfg(any(feature = "pyroscope", feature = "otlp-http"))]
 mod queue;
 mod stats;

@@ -3,48 +3,54 @@
 //! Field numbers follow grafana/pyroscope `api/push/v1/push.proto` (`PushRequest`,
 //! `RawProfileSeries`, `RawSample`) and `api/types/v1/types.proto` (`LabelPair`).
 //! `RawProfileSeries.annotations` (3) is left out: distributors drop pushed annotations.
+//!
+//! The one push.v1 codec of the workspace: the bridge's tests and the integration tests'
+//! Pyroscope stand-in and push client use these types too, through the `test-support`
+//! feature (`otel_profiling::test_support::push_v1`), which is not part of the API.
+//! `field_numbers_match_push_proto` below checks the field numbers byte by byte, apart
+//! from prost.
 
 use prost::Message;
 
 /// `push.v1.PushRequest`.
 #[derive(Clone, PartialEq, prost::Message)]
-pub(crate) struct PushRequest {
+pub struct PushRequest {
     /// Raw profiles with their series labels.
     #[prost(message, repeated, tag = "1")]
-    pub(crate) series: Vec<RawProfileSeries>,
+    pub series: Vec<RawProfileSeries>,
 }
 
 /// `push.v1.RawProfileSeries`.
 #[derive(Clone, PartialEq, prost::Message)]
-pub(crate) struct RawProfileSeries {
+pub struct RawProfileSeries {
     /// Series labels.
     #[prost(message, repeated, tag = "1")]
-    pub(crate) labels: Vec<LabelPair>,
+    pub labels: Vec<LabelPair>,
     /// The profiles of this series.
     #[prost(message, repeated, tag = "2")]
-    pub(crate) samples: Vec<RawSample>,
+    pub samples: Vec<RawSample>,
 }
 
 /// `types.v1.LabelPair`.
 #[derive(Clone, PartialEq, Eq, prost::Message)]
-pub(crate) struct LabelPair {
+pub struct LabelPair {
     /// Label name.
     #[prost(string, tag = "1")]
-    pub(crate) name: String,
+    pub name: String,
     /// Label value.
     #[prost(string, tag = "2")]
-    pub(crate) value: String,
+    pub value: String,
 }
 
 /// `push.v1.RawSample`.
 #[derive(Clone, PartialEq, prost::Message)]
-pub(crate) struct RawSample {
+pub struct RawSample {
     /// pprof bytes, plain or gzipped (Pyroscope sniffs the gzip header).
     #[prost(bytes = "vec", tag = "1")]
-    pub(crate) raw_profile: Vec<u8>,
+    pub raw_profile: Vec<u8>,
     /// Profile id, a UUID (field `ID` in the .proto).
     #[prost(string, tag = "2")]
-    pub(crate) id: String,
+    pub id: String,
 }
 
 /// The encoded `PushRequest` for one or more profiles of one series (a whole interval's
