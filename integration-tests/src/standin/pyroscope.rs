@@ -40,7 +40,7 @@ use axum::http::StatusCode;
 use axum::response::{IntoResponse, Response};
 use otel_profiling::pprof::proto::{Profile, Sample};
 // push.v1: the bridge's own message types, the workspace's one codec of them.
-use otel_profiling::test_support::push_v1::{LabelPair, PushRequest, RawProfileSeries, RawSample};
+use otel_profiling::test_support::push_v1::PushRequest;
 use prost::Message;
 use serde_json::{json, Value};
 
@@ -605,6 +605,7 @@ mod tests {
     use std::time::Duration;
 
     use otel_profiling::pprof::proto::{Function, Label, Line, Location, ValueType};
+    use otel_profiling::test_support::push_v1::{LabelPair, RawProfileSeries, RawSample};
 
     use super::super::limits::Reason;
     use super::*;
