@@ -13,6 +13,7 @@
 use std::collections::{BTreeSet, HashMap, HashSet};
 
 use crate::functions::{FunctionCpu, FunctionTotals};
+use crate::ids::SpanId;
 use crate::input::{Sample, Span};
 
 /// The caveat every rendering of [`Concurrent`] carries.
@@ -114,7 +115,7 @@ pub fn select<'a>(
     spans: &[&Span],
     samples: &'a [Sample],
 ) -> (BTreeSet<(u64, u64)>, Vec<&'a Sample>) {
-    let own: HashSet<&str> = spans.iter().map(|s| s.span_id.as_str()).collect();
+    let own: HashSet<SpanId> = spans.iter().map(|s| s.span_id).collect();
     let overlaps = |(start, end): (u64, u64)| {
         spans.iter().any(|s| {
             // A zero-length span still lies in the window holding its instant.
@@ -129,7 +130,7 @@ pub fn select<'a>(
             continue;
         };
         windows.insert(window);
-        if !sample.span_id.as_deref().is_some_and(|id| own.contains(id)) {
+        if !sample.span_id.is_some_and(|id| own.contains(&id)) {
             selected.push(sample);
         }
     }
@@ -139,14 +140,15 @@ pub fn select<'a>(
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::ids::TraceId;
     use std::sync::Arc;
 
     const S: u64 = 1_000_000_000;
 
     fn span(id: &str, start_s: u64, end_s: u64) -> Span {
         Span {
-            trace_id: "0102030405060708090a0b0c0d0e0f10".into(),
-            span_id: id.into(),
+            trace_id: TraceId::from(0x0102_0304_0506_0708_090a_0b0c_0d0e_0f10),
+            span_id: id.parse().unwrap(),
             parent_span_id: None,
             parent_is_remote: false,
             name: "GET /slow".into(),
@@ -174,7 +176,7 @@ mod tests {
             frames: vec![Arc::from(function)],
             cpu_ns: cpu_s * S,
             count: cpu_s * 100,
-            span_id: span.map(|(id, _)| Arc::from(id)),
+            span_id: span.map(|(id, _)| id.parse().unwrap()),
             trace_id: None,
             span_name: span.map(|(_, name)| Arc::from(name)),
             window: Some((window.0 * S, window.1 * S)),

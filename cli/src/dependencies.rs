@@ -10,6 +10,7 @@
 
 use std::collections::HashMap;
 
+use crate::ids::{SpanId, TraceId};
 use crate::input::Span;
 
 /// One child span name under a group's roots.
@@ -37,17 +38,17 @@ pub struct Dependencies {
 /// Spans by (trace id, parent span id), to find descendants.
 #[derive(Debug, Default)]
 pub struct ChildIndex<'a> {
-    by_parent: HashMap<(&'a str, &'a str), Vec<&'a Span>>,
+    by_parent: HashMap<(TraceId, SpanId), Vec<&'a Span>>,
 }
 
 impl<'a> ChildIndex<'a> {
     /// Indexes every span that has a local parent.
     pub fn new(spans: &'a [Span]) -> ChildIndex<'a> {
-        let mut by_parent: HashMap<(&str, &str), Vec<&Span>> = HashMap::new();
+        let mut by_parent: HashMap<(TraceId, SpanId), Vec<&Span>> = HashMap::new();
         for span in spans {
             if let (Some(parent), false) = (&span.parent_span_id, span.parent_is_remote) {
                 by_parent
-                    .entry((span.trace_id.as_str(), parent.as_str()))
+                    .entry((span.trace_id, *parent))
                     .or_default()
                     .push(span);
             }
@@ -58,7 +59,7 @@ impl<'a> ChildIndex<'a> {
     /// Every descendant of `root` (children, their children, ...).
     fn descendants(&self, root: &Span) -> Vec<&'a Span> {
         let mut out = Vec::new();
-        let mut queue = vec![root.span_id.as_str()];
+        let mut queue = vec![root.span_id];
         while let Some(id) = queue.pop() {
             // Corrupt input with a parent cycle would loop: stop at a bound no real trace
             // reaches.
@@ -67,12 +68,12 @@ impl<'a> ChildIndex<'a> {
             }
             for child in self
                 .by_parent
-                .get(&(root.trace_id.as_str(), id))
+                .get(&(root.trace_id, id))
                 .into_iter()
                 .flatten()
             {
                 out.push(*child);
-                queue.push(child.span_id.as_str());
+                queue.push(child.span_id);
             }
         }
         out
@@ -181,14 +182,15 @@ fn union_ns(intervals: &mut [(u64, u64)]) -> u64 {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::ids::test_span_id;
 
     const MS: u64 = 1_000_000;
 
     fn span(id: &str, parent: Option<&str>, name: &str, start_ms: u64, end_ms: u64) -> Span {
         Span {
-            trace_id: "0102030405060708090a0b0c0d0e0f10".into(),
-            span_id: id.into(),
-            parent_span_id: parent.map(str::to_owned),
+            trace_id: TraceId::from(0x0102_0304_0506_0708_090a_0b0c_0d0e_0f10),
+            span_id: test_span_id(id),
+            parent_span_id: parent.map(test_span_id),
             parent_is_remote: false,
             name: name.into(),
             start_unix_nano: start_ms * MS,
@@ -250,7 +252,7 @@ mod tests {
     #[test]
     fn spans_of_other_traces_and_remote_children_are_not_descendants() {
         let mut other = span("x", Some("r"), "elsewhere", 0, 50);
-        other.trace_id = "ffffffffffffffffffffffffffffffff".into();
+        other.trace_id = TraceId::from(u128::MAX);
         let mut remote = span("y", Some("r"), "another.process", 0, 50);
         remote.parent_is_remote = true;
         let spans = vec![span("r", None, "GET /x", 0, 100), other, remote];

@@ -456,11 +456,7 @@ fn side(
     let by_id = input.samples_by_span_id();
     let mut functions = FunctionTotals::default();
     let mut cpu_ns = 0u64;
-    for sample in spans
-        .iter()
-        .filter_map(|s| by_id.get(s.span_id.as_str()))
-        .flatten()
-    {
+    for sample in spans.iter().filter_map(|s| by_id.get(&s.span_id)).flatten() {
         cpu_ns += sample.cpu_ns;
         functions.add(sample);
     }
@@ -652,14 +648,15 @@ mod tests {
     use std::sync::Arc;
 
     use super::*;
+    use crate::ids::{SpanId, TraceId};
     use crate::input::Sample;
 
     const MS: u64 = 1_000_000;
 
     fn span(id: u64, version: &str, wall_ms: u64, active_ms: Option<u64>) -> Span {
         Span {
-            trace_id: format!("{id:032x}"),
-            span_id: format!("{id:016x}"),
+            trace_id: TraceId::from(u128::from(id)),
+            span_id: SpanId::from(id),
             parent_span_id: None,
             parent_is_remote: false,
             name: "GET /x".into(),
@@ -682,7 +679,7 @@ mod tests {
             frames: vec![Arc::from("work")],
             cpu_ns: samples * 10 * MS,
             count: samples,
-            span_id: Some(Arc::from(format!("{id:016x}").as_str())),
+            span_id: Some(SpanId::from(id)),
             trace_id: None,
             span_name: None,
             window: None,

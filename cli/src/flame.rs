@@ -6,6 +6,7 @@ use std::path::PathBuf;
 
 use crate::error::ReportError;
 use crate::functions::NO_STACK;
+use crate::ids::SpanId;
 use crate::input::{version_label, Input, Sample, Span};
 use crate::verdict::NoSamples;
 
@@ -176,13 +177,10 @@ fn selected_spans<'a>(
 ) -> Result<(String, Vec<&'a Span>), ReportError> {
     match selection {
         FlameSelection::SpanId(id) => {
-            if id.len() != 16 || !id.bytes().all(|b| b.is_ascii_hexdigit()) {
-                return Err(ReportError::InvalidSpanId { id: id.to_owned() });
-            }
-            let id = id.to_ascii_lowercase();
+            let id = parse_span_id(id)?;
             match input.spans.iter().find(|s| s.span_id == id) {
                 Some(span) => Ok((format!("span {id} ({})", span.report_name()), vec![span])),
-                None => Err(ReportError::UnknownSpanId { id }),
+                None => Err(ReportError::UnknownSpanId { id: id.to_string() }),
             }
         }
         FlameSelection::SpanName(name) => {
@@ -207,15 +205,18 @@ fn selected_spans<'a>(
 const CONCURRENT_HINT: &str =
     " (`flame --concurrent` draws what the service's threads did meanwhile, labelled as such)";
 
+/// A span id given on the command line.
+fn parse_span_id(id: &str) -> Result<SpanId, ReportError> {
+    id.parse()
+        .map_err(|_| ReportError::InvalidSpanId { id: id.to_owned() })
+}
+
 fn select_span_id<'a>(input: &'a Input, id: &str) -> Result<Selected<'a>, ReportError> {
-    if id.len() != 16 || !id.bytes().all(|b| b.is_ascii_hexdigit()) {
-        return Err(ReportError::InvalidSpanId { id: id.to_owned() });
-    }
-    let id = id.to_ascii_lowercase();
+    let id = parse_span_id(id)?;
     let samples: Vec<&Sample> = input
         .samples
         .iter()
-        .filter(|s| s.span_id.as_deref() == Some(id.as_str()))
+        .filter(|s| s.span_id == Some(id))
         .collect();
     let span = input.spans.iter().find(|s| s.span_id == id);
     let name = span.map(|s| s.report_name().into_owned()).or_else(|| {
@@ -235,7 +236,7 @@ fn select_span_id<'a>(input: &'a Input, id: &str) -> Result<Selected<'a>, Report
         return Ok((title, 1, samples));
     }
     let Some(span) = span else {
-        return Err(ReportError::UnknownSpanId { id });
+        return Err(ReportError::UnknownSpanId { id: id.to_string() });
     };
     let reason = match local_root_of(input, span) {
         Some(root) if root.span_id != span.span_id => format!(
@@ -257,17 +258,13 @@ fn select_span_id<'a>(input: &'a Input, id: &str) -> Result<Selected<'a>, Report
 /// The local root above `span` (itself if it is one), following parents within the spans
 /// read; `None` if the chain leaves them before reaching a local root.
 fn local_root_of<'a>(input: &'a Input, span: &'a Span) -> Option<&'a Span> {
-    let roots: HashSet<&str> = input
-        .local_roots()
-        .iter()
-        .map(|s| s.span_id.as_str())
-        .collect();
+    let roots: HashSet<SpanId> = input.local_roots().iter().map(|s| s.span_id).collect();
     let mut current = span;
     for _ in 0..input.spans.len() + 1 {
-        if roots.contains(current.span_id.as_str()) {
+        if roots.contains(&current.span_id) {
             return Some(current);
         }
-        let parent = current.parent_span_id.as_deref()?;
+        let parent = current.parent_span_id?;
         current = input
             .spans
             .iter()
@@ -282,13 +279,12 @@ fn select_span_name<'a>(input: &'a Input, name: &str) -> Result<Selected<'a>, Re
         .into_iter()
         .filter(|s| s.answers_to(name))
         .collect();
-    let ids: HashSet<&str> = roots.iter().map(|s| s.span_id.as_str()).collect();
+    let ids: HashSet<SpanId> = roots.iter().map(|s| s.span_id).collect();
     let samples: Vec<&Sample> = input
         .samples
         .iter()
         .filter(|s| {
-            s.span_name.as_deref() == Some(name)
-                || s.span_id.as_deref().is_some_and(|id| ids.contains(id))
+            s.span_name.as_deref() == Some(name) || s.span_id.is_some_and(|id| ids.contains(&id))
         })
         .collect();
     let title = format!("CPU of spans named {name}");

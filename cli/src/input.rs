@@ -10,6 +10,7 @@ pub use otlp::Span;
 pub use pprof::Sample;
 
 use crate::error::ReportError;
+use crate::ids::{SpanId, TraceId};
 
 /// File name ending of the profile files (the local sink's).
 pub use otel_profiling::local_sink::CPU_PROFILE_SUFFIX as PROFILE_SUFFIX;
@@ -98,7 +99,7 @@ impl Input {
             }
             for path in &span_files {
                 for span in otlp::read_spans(path)? {
-                    if seen_spans.insert((span.trace_id.clone(), span.span_id.clone())) {
+                    if seen_spans.insert((span.trace_id, span.span_id)) {
                         input.spans.push(span);
                     }
                 }
@@ -121,11 +122,8 @@ impl Input {
     /// `pyroscope.profile.id` and its parent is not among the spans read (with
     /// `ProfileIdScope::All`, children carry a profile id too, but their parent is here).
     pub fn local_roots(&self) -> Vec<&Span> {
-        let ids: HashSet<(&str, &str)> = self
-            .spans
-            .iter()
-            .map(|s| (s.trace_id.as_str(), s.span_id.as_str()))
-            .collect();
+        let ids: HashSet<(TraceId, SpanId)> =
+            self.spans.iter().map(|s| (s.trace_id, s.span_id)).collect();
         self.spans
             .iter()
             .filter(|s| match &s.parent_span_id {
@@ -134,20 +132,19 @@ impl Input {
                     s.parent_is_remote
                         || s.cpu_samples.is_some()
                         || s.cpu_time_ns.is_some()
-                        || (s.profile_id.is_some()
-                            && !ids.contains(&(s.trace_id.as_str(), parent.as_str())))
+                        || (s.profile_id.is_some() && !ids.contains(&(s.trace_id, *parent)))
                 }
             })
             .collect()
     }
 
     /// The samples of each span id label.
-    pub fn samples_by_span_id(&self) -> HashMap<&str, Vec<&Sample>> {
+    pub fn samples_by_span_id(&self) -> HashMap<SpanId, Vec<&Sample>> {
         by_span_id(&self.samples)
     }
 
     /// The blocked-in-poll samples labelled with a span id, by span id.
-    pub fn blocked_by_span_id(&self) -> HashMap<&str, Vec<&Sample>> {
+    pub fn blocked_by_span_id(&self) -> HashMap<SpanId, Vec<&Sample>> {
         by_span_id(&self.blocked)
     }
 
@@ -187,10 +184,10 @@ pub fn version_label(version: Option<&str>) -> &str {
 
 /// The profile files and span files of `dir`, each sorted by name (a timeline).
 /// `samples` labelled with a span id, by span id.
-fn by_span_id(samples: &[Sample]) -> HashMap<&str, Vec<&Sample>> {
-    let mut map: HashMap<&str, Vec<&Sample>> = HashMap::new();
+fn by_span_id(samples: &[Sample]) -> HashMap<SpanId, Vec<&Sample>> {
+    let mut map: HashMap<SpanId, Vec<&Sample>> = HashMap::new();
     for sample in samples {
-        if let Some(id) = &sample.span_id {
+        if let Some(id) = sample.span_id {
             map.entry(id).or_default().push(sample);
         }
     }
@@ -241,9 +238,9 @@ mod tests {
 
     fn span(id: &str, parent: Option<&str>, profile_id: bool) -> Span {
         Span {
-            trace_id: "0102030405060708090a0b0c0d0e0f10".into(),
-            span_id: id.into(),
-            parent_span_id: parent.map(str::to_owned),
+            trace_id: "0102030405060708090a0b0c0d0e0f10".parse().unwrap(),
+            span_id: id.parse().unwrap(),
+            parent_span_id: parent.map(|p| p.parse().unwrap()),
             parent_is_remote: false,
             name: id.into(),
             start_unix_nano: 0,
@@ -279,10 +276,10 @@ mod tests {
             ],
             ..Input::default()
         };
-        let roots: Vec<&str> = input
+        let roots: Vec<String> = input
             .local_roots()
             .iter()
-            .map(|s| s.span_id.as_str())
+            .map(|s| s.span_id.to_string())
             .collect();
         assert_eq!(
             roots,

@@ -37,6 +37,7 @@ pub mod flame;
 mod format;
 pub mod functions;
 pub mod html;
+pub mod ids;
 pub mod input;
 pub mod report;
 pub mod split;

@@ -12,6 +12,7 @@ use crate::dependencies::{ChildIndex, Dependencies};
 use crate::error::ReportError;
 use crate::format::{ms, percent, Table};
 use crate::functions::{FunctionCpu, FunctionTotals};
+use crate::ids::{SpanId, TraceId};
 use crate::input::Sampling;
 use crate::input::{version_label, Input, Span};
 use crate::split::TimeSplit;
@@ -56,7 +57,7 @@ pub struct SpanGroup {
     /// Number of spans.
     pub count: usize,
     /// Their span ids.
-    pub span_ids: Vec<String>,
+    pub span_ids: Vec<SpanId>,
     /// Median wall time (nearest rank), nanoseconds.
     pub wall_p50_ns: u64,
     /// 95th percentile wall time (nearest rank), nanoseconds.
@@ -113,9 +114,9 @@ pub struct SpanWithoutSamples {
     /// The resource's `service.version`.
     pub version: Option<String>,
     /// Span id.
-    pub span_id: String,
+    pub span_id: SpanId,
     /// Trace id.
-    pub trace_id: String,
+    pub trace_id: TraceId,
     /// Wall time, nanoseconds.
     pub wall_ns: u64,
     /// Why it has no sample.
@@ -162,12 +163,12 @@ impl SpanReport {
             .map(|((name, version), spans)| {
                 let name = name.as_ref();
                 for span in &spans {
-                    if !by_id.contains_key(span.span_id.as_str()) {
+                    if !by_id.contains_key(&span.span_id) {
                         without_samples.push(SpanWithoutSamples {
                             name: name.to_owned(),
                             version: version.map(str::to_owned),
-                            span_id: span.span_id.clone(),
-                            trace_id: span.trace_id.clone(),
+                            span_id: span.span_id,
+                            trace_id: span.trace_id,
                             wall_ns: span.wall_ns(),
                             reason: NoSamples::classify(&[span], sampling),
                         });
@@ -230,9 +231,9 @@ impl SpanGroup {
 /// What a group's figures are read from.
 struct GroupSources<'a> {
     /// CPU samples by span id.
-    by_id: &'a HashMap<&'a str, Vec<&'a crate::input::Sample>>,
+    by_id: &'a HashMap<SpanId, Vec<&'a crate::input::Sample>>,
     /// Blocked-in-poll samples by span id.
-    blocked_by_id: &'a HashMap<&'a str, Vec<&'a crate::input::Sample>>,
+    blocked_by_id: &'a HashMap<SpanId, Vec<&'a crate::input::Sample>>,
     sampling: Sampling,
     children: &'a ChildIndex<'a>,
     /// Every CPU sample (for the concurrent activity).
@@ -256,11 +257,7 @@ fn build_group(
     let wall_total_ns = walls.iter().sum::<u64>();
     let mut functions = FunctionTotals::default();
     let (mut profile_cpu_ns, mut profile_samples) = (0u64, 0u64);
-    for sample in spans
-        .iter()
-        .filter_map(|s| by_id.get(s.span_id.as_str()))
-        .flatten()
-    {
+    for sample in spans.iter().filter_map(|s| by_id.get(&s.span_id)).flatten() {
         profile_cpu_ns += sample.cpu_ns;
         profile_samples += sample.count;
         functions.add(sample);
@@ -342,7 +339,7 @@ fn build_group(
     let mut blocked_profile_ns = 0;
     for sample in spans
         .iter()
-        .filter_map(|s| sources.blocked_by_id.get(s.span_id.as_str()))
+        .filter_map(|s| sources.blocked_by_id.get(&s.span_id))
         .flatten()
     {
         blocked_profile_ns += sample.cpu_ns;
@@ -370,7 +367,7 @@ fn build_group(
         name: name.to_owned(),
         version: version.map(str::to_owned),
         count: spans.len(),
-        span_ids: spans.iter().map(|s| s.span_id.clone()).collect(),
+        span_ids: spans.iter().map(|s| s.span_id).collect(),
         wall_p50_ns: percentile(&walls, 50.0),
         wall_p95_ns: percentile(&walls, 95.0),
         wall_total_ns,
@@ -396,13 +393,12 @@ fn build_group(
 }
 
 fn outside_spans(input: &Input, roots: &[&Span]) -> OutsideSpans {
-    let root_ids: std::collections::HashSet<&str> =
-        roots.iter().map(|s| s.span_id.as_str()).collect();
+    let root_ids: std::collections::HashSet<SpanId> = roots.iter().map(|s| s.span_id).collect();
     let mut out = OutsideSpans::default();
     let mut name_only: BTreeMap<&str, u64> = BTreeMap::new();
     for sample in &input.samples {
         match (&sample.span_id, &sample.span_name) {
-            (Some(id), _) if root_ids.contains(id.as_ref()) => {}
+            (Some(id), _) if root_ids.contains(id) => {}
             (Some(_), _) => out.unknown_span_ns += sample.cpu_ns,
             (None, Some(name)) => *name_only.entry(name).or_default() += sample.cpu_ns,
             (None, None) => out.no_span_ns += sample.cpu_ns,

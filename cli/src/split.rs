@@ -13,6 +13,7 @@ use std::collections::HashMap;
 
 use otel_profiling::{WALL_ACTIVE_ATTRIBUTE, WALL_QUEUED_ATTRIBUTE};
 
+use crate::ids::SpanId;
 use crate::input::otlp::BUSY_NS_ATTRIBUTE;
 use crate::input::{Sample, Span};
 
@@ -129,15 +130,15 @@ pub struct TimeSplit {
 
 impl TimeSplit {
     /// The split of `spans`, with CPU from their samples in `by_id` (by span id).
-    pub fn of_spans(spans: &[&Span], by_id: &HashMap<&str, Vec<&Sample>>) -> TimeSplit {
+    pub fn of_spans(spans: &[&Span], by_id: &HashMap<SpanId, Vec<&Sample>>) -> TimeSplit {
         let profile_cpu = |span: &Span| -> (u64, u64) {
-            by_id.get(span.span_id.as_str()).map_or((0, 0), |samples| {
+            by_id.get(&span.span_id).map_or((0, 0), |samples| {
                 samples
                     .iter()
                     .fold((0, 0), |(ns, n), s| (ns + s.cpu_ns, n + s.count))
             })
         };
-        let cpu_source = if spans.iter().any(|s| by_id.contains_key(s.span_id.as_str())) {
+        let cpu_source = if spans.iter().any(|s| by_id.contains_key(&s.span_id)) {
             CpuSource::Profile
         } else if spans.iter().any(|s| s.cpu_time_ns.unwrap_or(0) > 0) {
             // Only a non-zero attribute says a profile exists that was not read.
@@ -282,14 +283,15 @@ impl TimeSplit {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::ids::{test_span_id, TraceId};
     use std::sync::Arc;
 
     const MS: u64 = 1_000_000;
 
     fn span(id: &str, wall_ms: u64, busy_ms: Option<u64>) -> Span {
         Span {
-            trace_id: "0102030405060708090a0b0c0d0e0f10".into(),
-            span_id: id.into(),
+            trace_id: TraceId::from(0x0102_0304_0506_0708_090a_0b0c_0d0e_0f10),
+            span_id: test_span_id(id),
             parent_span_id: None,
             parent_is_remote: false,
             name: "GET /x".into(),
@@ -312,7 +314,7 @@ mod tests {
             frames: vec![Arc::from("f")],
             cpu_ns: cpu_ms * MS,
             count: cpu_ms / 10,
-            span_id: Some(Arc::from(id)),
+            span_id: Some(test_span_id(id)),
             trace_id: None,
             span_name: None,
             window: None,
@@ -327,9 +329,9 @@ mod tests {
         // it would be clipped and leave 50 ms); awaiting 150 − 60 − 40 = 50 ms.
         let (a, b) = (span("a", 100, Some(70)), span("b", 50, Some(30)));
         let samples = [sample("a", 20), sample("b", 40)];
-        let mut by_id: HashMap<&str, Vec<&Sample>> = HashMap::new();
-        by_id.insert("a", vec![&samples[0]]);
-        by_id.insert("b", vec![&samples[1]]);
+        let mut by_id: HashMap<SpanId, Vec<&Sample>> = HashMap::new();
+        by_id.insert(test_span_id("a"), vec![&samples[0]]);
+        by_id.insert(test_span_id("b"), vec![&samples[1]]);
         let split = TimeSplit::of_spans(&[&a, &b], &by_id);
         assert_eq!(split.active, Some(ActiveSource::BusyNs));
         assert_eq!(split.cpu_source, CpuSource::Profile);
@@ -364,7 +366,7 @@ mod tests {
         );
         // One span without it: queued stays inside awaiting, and says nothing.
         let mut b = a.clone();
-        b.span_id = "b".into();
+        b.span_id = test_span_id("b");
         b.wall_queued_ns = None;
         let split = TimeSplit::of_spans(&[&a, &b], &HashMap::new());
         assert!(!split.queued_measured);

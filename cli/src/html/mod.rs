@@ -17,6 +17,7 @@ use std::path::{Path, PathBuf};
 use crate::diff::VersionDiff;
 use crate::error::ReportError;
 use crate::format::{ms, ms_delta, ms_f, percent};
+use crate::ids::SpanId;
 use crate::input::{version_label, Input, Span};
 use crate::report::{SpanGroup, SpanReport};
 use crate::split::{Part, TimeSplit};
@@ -63,16 +64,16 @@ impl HtmlReport {
     pub fn from_input(input: &Input) -> HtmlReport {
         let report = SpanReport::from_input(input);
         let by_id = input.samples_by_span_id();
-        let roots: HashMap<&str, &Span> = input
+        let roots: HashMap<SpanId, &Span> = input
             .local_roots()
             .into_iter()
-            .map(|s| (s.span_id.as_str(), s))
+            .map(|s| (s.span_id, s))
             .collect();
         let spans_of = |group: &SpanGroup| -> Vec<&Span> {
             group
                 .span_ids
                 .iter()
-                .filter_map(|id| roots.get(id.as_str()).copied())
+                .filter_map(|id| roots.get(id).copied())
                 .collect()
         };
         let views = report
@@ -85,7 +86,7 @@ impl HtmlReport {
                     flame: FlameTree::of_samples(
                         spans
                             .iter()
-                            .filter_map(|s| by_id.get(s.span_id.as_str()))
+                            .filter_map(|s| by_id.get(&s.span_id))
                             .flatten()
                             .copied(),
                     ),

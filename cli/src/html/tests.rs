@@ -2,6 +2,7 @@ use std::path::PathBuf;
 use std::sync::Arc;
 
 use super::*;
+use crate::ids::{SpanId, TraceId};
 use crate::input::Sample;
 
 const MS: u64 = 1_000_000;
@@ -10,8 +11,8 @@ const HOSTILE_FN: &str = "<img/src=x onerror=alert(1)>::render";
 
 fn span(id: u64, name: &str, version: &str, wall_ms: u64, busy_ms: Option<u64>) -> Span {
     Span {
-        trace_id: format!("{id:032x}"),
-        span_id: format!("{id:016x}"),
+        trace_id: TraceId::from(u128::from(id)),
+        span_id: SpanId::from(id),
         parent_span_id: None,
         parent_is_remote: false,
         name: name.to_owned(),
@@ -34,7 +35,7 @@ fn sample(id: u64, frames: &[&str], samples: u64) -> Sample {
         frames: frames.iter().rev().map(|f| Arc::from(*f)).collect(),
         cpu_ns: samples * 10 * MS,
         count: samples,
-        span_id: Some(Arc::from(format!("{id:016x}").as_str())),
+        span_id: Some(SpanId::from(id)),
         trace_id: None,
         span_name: None,
         window: None,

@@ -15,6 +15,7 @@ use serde::Deserialize;
 use serde_json::Value;
 
 use crate::error::ReportError;
+use crate::ids::{SpanId, TraceId};
 
 /// The resource attribute holding the service version.
 pub const SERVICE_VERSION_ATTRIBUTE: &str = "service.version";
@@ -35,12 +36,12 @@ const FLAG_IS_REMOTE: u64 = 0x200;
 /// A span as the report needs it.
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub struct Span {
-    /// Trace id, 32 lowercase hex digits.
-    pub trace_id: String,
-    /// Span id, 16 lowercase hex digits.
-    pub span_id: String,
-    /// Parent span id (16 lowercase hex digits), `None` for a trace root.
-    pub parent_span_id: Option<String>,
+    /// Trace id.
+    pub trace_id: TraceId,
+    /// Span id.
+    pub span_id: SpanId,
+    /// Parent span id, `None` for a trace root.
+    pub parent_span_id: Option<SpanId>,
     /// The span's flags say its parent is in another process.
     pub parent_is_remote: bool,
     /// Span name.
@@ -233,12 +234,13 @@ fn parse_line(line: &str, out: &mut Vec<Span>) -> Result<(), String> {
 }
 
 fn convert(span: JsonSpan, service_version: Option<String>) -> Result<Span, String> {
-    let span_id = hex_id(&span.span_id, 16, "spanId")?;
-    let trace_id = hex_id(&span.trace_id, 32, "traceId")?;
+    let id_error = |e: crate::ids::IdError| e.to_string();
+    let span_id = SpanId::parse(&span.span_id, "spanId").map_err(id_error)?;
+    let trace_id = TraceId::parse(&span.trace_id, "traceId").map_err(id_error)?;
     let parent_span_id = if span.parent_span_id.is_empty() {
         None
     } else {
-        Some(hex_id(&span.parent_span_id, 16, "parentSpanId")?)
+        Some(SpanId::parse(&span.parent_span_id, "parentSpanId").map_err(id_error)?)
     };
     let time = |v: &Value, field: &str| -> Result<u64, String> {
         match v {
@@ -270,7 +272,7 @@ fn convert(span: JsonSpan, service_version: Option<String>) -> Result<Span, Stri
         wall_queued_ns: None,
         busy_ns: None,
     };
-    let id = out.span_id.clone();
+    let id = out.span_id;
     let in_span = |e: String| format!("span {id}: {e}");
     for attribute in &span.attributes {
         match attribute.key.as_str() {
@@ -299,23 +301,14 @@ fn convert(span: JsonSpan, service_version: Option<String>) -> Result<Span, Stri
     Ok(out)
 }
 
-/// `text` as a lowercase id of `digits` hex digits.
-fn hex_id(text: &str, digits: usize, field: &str) -> Result<String, String> {
-    if text.len() == digits && text.bytes().all(|b| b.is_ascii_hexdigit()) {
-        Ok(text.to_ascii_lowercase())
-    } else {
-        Err(format!("{field} {text:?} is not {digits} hex digits"))
-    }
-}
-
 #[cfg(test)]
 mod tests {
 
     #[test]
     fn a_route_groups_with_its_method_or_else_by_the_span_name() {
         let mut span = Span {
-            trace_id: "0102030405060708090a0b0c0d0e0f10".into(),
-            span_id: "0102030405060708".into(),
+            trace_id: TraceId::from(0x0102_0304_0506_0708_090a_0b0c_0d0e_0f10),
+            span_id: SpanId::from(0x0102_0304_0506_0708),
             parent_span_id: None,
             parent_is_remote: false,
             name: "GET /report".into(),
@@ -364,9 +357,9 @@ mod tests {
         assert_eq!(
             spans,
             [Span {
-                trace_id: "0102030405060708090a0b0c0d0e0f10".into(),
-                span_id: "00000000000000ab".into(),
-                parent_span_id: Some("00000000000000cd".into()),
+                trace_id: TraceId::from(0x0102_0304_0506_0708_090a_0b0c_0d0e_0f10),
+                span_id: SpanId::from(0xab),
+                parent_span_id: Some(SpanId::from(0xcd)),
                 parent_is_remote: true,
                 name: "GET /x".into(),
                 start_unix_nano: 1000,

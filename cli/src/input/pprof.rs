@@ -7,6 +7,7 @@ use std::sync::Arc;
 use otel_profiling::pprof::{self, proto, SPAN_ID_KEY, SPAN_NAME_KEY, TRACE_ID_KEY};
 
 use crate::error::ReportError;
+use crate::ids::{SpanId, TraceId};
 
 /// One pprof sample, resolved: its stack as function names and its span labels.
 #[derive(Clone, Debug, PartialEq, Eq)]
@@ -17,10 +18,11 @@ pub struct Sample {
     pub cpu_ns: u64,
     /// Number of samples taken (the value divided by the profile's period).
     pub count: u64,
-    /// The `span_id` label (16 lowercase hex digits), when present.
-    pub span_id: Option<Arc<str>>,
-    /// The `trace_id` label (32 lowercase hex digits), when present.
-    pub trace_id: Option<Arc<str>>,
+    /// The `span_id` label, when present. The bridge always writes 16 hex digits; a value
+    /// that is not a span id is read as no label.
+    pub span_id: Option<SpanId>,
+    /// The `trace_id` label, when present (32 hex digits; otherwise read as no label).
+    pub trace_id: Option<TraceId>,
     /// The `span_name` label, when present.
     pub span_name: Option<Arc<str>>,
     /// The time its profile covers, `[start, end)` in ns since the Unix epoch (`None` when
@@ -156,13 +158,12 @@ pub fn resolve_value(profile: &proto::Profile, value: &str) -> ProfileFile {
                 window,
             };
             for l in &s.label {
-                let slot = match string(l.key) {
-                    SPAN_ID_KEY => &mut sample.span_id,
-                    TRACE_ID_KEY => &mut sample.trace_id,
-                    SPAN_NAME_KEY => &mut sample.span_name,
-                    _ => continue,
-                };
-                *slot = Some(label(l.str));
+                match string(l.key) {
+                    SPAN_ID_KEY => sample.span_id = string(l.str).parse().ok(),
+                    TRACE_ID_KEY => sample.trace_id = string(l.str).parse().ok(),
+                    SPAN_NAME_KEY => sample.span_name = Some(label(l.str)),
+                    _ => {}
+                }
             }
             sample
         })
@@ -224,7 +225,7 @@ mod tests {
         let frames: Vec<&str> = sample.frames.iter().map(|f| &**f).collect();
         assert_eq!(frames, ["0xabc", "f"]);
         assert_eq!((sample.cpu_ns, sample.count), (30, 3));
-        assert_eq!(sample.span_id.as_deref(), Some("00000000000000ff"));
+        assert_eq!(sample.span_id, Some(SpanId::from(0xff)));
         assert_eq!(sample.span_name, None);
     }
 }
