@@ -21,7 +21,7 @@ use std::path::{Path, PathBuf};
 
 use otel_profiling::config::{EnvConfig, OtlpProtocol};
 use otel_profiling::export::pyroscope::PROFILE_TYPE_ID;
-use otel_profiling::{series_labels, RESOURCE_SERIES_LABELS};
+use otel_profiling::{resource_series_labels, RESOURCE_SERIES_LABELS};
 use serde_yaml::Value;
 
 /// Grafana's data source type for Pyroscope.
@@ -747,7 +747,7 @@ fn check_demo(stack: &Stack) -> Vec<String> {
     // The series labels these resource attributes become are ones Grafana selects on.
     let grafana_labels: BTreeSet<String> =
         expected_tag_mapping().into_iter().map(|(_, l)| l).collect();
-    for (label, _) in series_labels(&config.resource_attributes) {
+    for (label, _) in resource_series_labels(&config.resource_attributes) {
         if !grafana_labels.contains(&label) {
             problems.push(format!(
                 "compose: demo series label `{label}` is not mapped in Grafana"
@@ -941,7 +941,7 @@ fn grafana_tag_mapping_is_the_exporters_series_labels() {
         .iter()
         .map(|(k, _)| (k.to_string(), "x".to_string()))
         .collect();
-    let pushed: BTreeSet<String> = series_labels(&attrs).into_iter().map(|(l, _)| l).collect();
+    let pushed: BTreeSet<String> = resource_series_labels(&attrs).into_iter().map(|(l, _)| l).collect();
     let selected: BTreeSet<String> = expected.into_iter().map(|(_, l)| l).collect();
     assert_eq!(pushed, selected);
     assert_clean("data sources", check_datasources(&Stack::load()));

@@ -381,7 +381,7 @@ impl Telemetry {
         }
         let mut pyroscope_stats = None;
         if let Some((target, _)) = pyroscope {
-            let mut labels = series_labels(&attributes);
+            let mut labels = resource_series_labels(&attributes);
             labels.extend(self.tags.iter().cloned());
             let (sink, stats) = backends::pyroscope_sink(target, &service_name, labels, timeout)?;
             pyroscope_stats = Some(stats);
@@ -583,8 +583,9 @@ fn interval_notice(interval: Option<Duration>, to_pyroscope: bool) -> Option<Str
     })
 }
 
-/// Series labels from resource attributes, per [`RESOURCE_SERIES_LABELS`].
-pub fn series_labels(attributes: &[(String, String)]) -> Vec<(String, String)> {
+/// Series labels from resource attributes, per [`RESOURCE_SERIES_LABELS`] (the Pyroscope
+/// exporter adds `__name__` and `service_name` and checks the whole set).
+pub fn resource_series_labels(attributes: &[(String, String)]) -> Vec<(String, String)> {
     let mut labels: Vec<(String, String)> = Vec::new();
     for (key, label) in RESOURCE_SERIES_LABELS {
         if let Some((_, value)) = attributes.iter().rev().find(|(k, _)| k == key) {
@@ -872,7 +873,7 @@ mod tests {
         .iter()
         .map(|(k, v)| (k.to_string(), v.to_string()))
         .collect();
-        let labels = series_labels(&attrs);
+        let labels = resource_series_labels(&attrs);
         assert_eq!(
             labels,
             vec![

@@ -303,7 +303,7 @@ impl PyroscopeConfig {
         if self.application_name.trim().is_empty() {
             return Err(PyroscopeError::EmptyApplicationName);
         }
-        let labels = series_labels(&self.application_name, &self.labels)?;
+        let labels = checked_series_labels(&self.application_name, &self.labels)?;
         let headers = self.request_headers()?;
         if self.request_timeout.is_zero() {
             return Err(setting(
@@ -482,7 +482,7 @@ pub(crate) fn push_endpoint(address: &str) -> Result<Url, PyroscopeError> {
 
 /// `__name__`, `service_name` and the extra labels: later names replace earlier ones,
 /// empty values are left out, sorted by name.
-pub(crate) fn series_labels(
+pub(crate) fn checked_series_labels(
     application: &str,
     extra: &[(String, String)],
 ) -> Result<Vec<(String, String)>, PyroscopeError> {
@@ -679,7 +679,7 @@ mod tests {
             ("zone".to_string(), "b".to_string()),
             ("dropped".to_string(), String::new()),
         ];
-        let labels = series_labels("app", &extra).expect("valid");
+        let labels = checked_series_labels("app", &extra).expect("valid");
         let names: Vec<&str> = labels.iter().map(|(n, _)| n.as_str()).collect();
         assert_eq!(names, ["__name__", "env", "service_name", "zone"]);
         assert_eq!(labels[3].1, "b");
@@ -698,22 +698,22 @@ mod tests {
     #[test]
     fn series_labels_over_pyroscope_limits_are_refused_naming_the_label() {
         let long = "v".repeat(MAX_LABEL_VALUE_BYTES + 1);
-        let err = series_labels("checkout", &[("region".into(), long)]).unwrap_err();
+        let err = checked_series_labels("checkout", &[("region".into(), long)]).unwrap_err();
         assert!(
             matches!(err, PyroscopeError::LabelValueTooLong { ref name, len: 2049, limit: 2048 } if name == "region"),
             "{err}"
         );
         assert!(err.to_string().contains("\"region\""), "{err}");
-        let err = series_labels(&"s".repeat(3000), &[]).unwrap_err();
+        let err = checked_series_labels(&"s".repeat(3000), &[]).unwrap_err();
         assert!(err.to_string().contains("service_name"), "{err}");
         let fits = "v".repeat(MAX_LABEL_VALUE_BYTES);
-        assert!(series_labels("checkout", &[("region".into(), fits)]).is_ok());
+        assert!(checked_series_labels("checkout", &[("region".into(), fits)]).is_ok());
         // __name__ and service_name, room for span_name: 27 more fit, 28 do not.
         let many = |n: usize| -> Vec<(String, String)> {
             (0..n).map(|i| (format!("label_{i}"), "x".into())).collect()
         };
-        assert!(series_labels("checkout", &many(27)).is_ok());
-        let err = series_labels("checkout", &many(28)).unwrap_err();
+        assert!(checked_series_labels("checkout", &many(27)).is_ok());
+        let err = checked_series_labels("checkout", &many(28)).unwrap_err();
         assert!(
             matches!(
                 err,
@@ -732,7 +732,7 @@ mod tests {
         // A configured span_name series label takes the reserved place itself.
         let mut with_span_name = many(27);
         with_span_name.push(("span_name".into(), "GET /".into()));
-        assert!(series_labels("checkout", &with_span_name).is_ok());
+        assert!(checked_series_labels("checkout", &with_span_name).is_ok());
     }
 
     #[test]
