@@ -25,9 +25,12 @@
 //! An empty variable counts as unset. A malformed one fails setup with an error naming the
 //! variable and the accepted form. Secrets never appear in `Debug` output or errors.
 
+use std::ffi::OsString;
 use std::fmt;
 use std::path::PathBuf;
 use std::time::Duration;
+
+use crate::local_sink::output_dir_variable;
 
 /// A configuration value that was malformed.
 #[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
@@ -384,7 +387,7 @@ impl EnvConfig {
                 })?)
             });
         }
-        config.output_dir = get("OTEL_PROFILING_OUTPUT_DIR").map(PathBuf::from);
+        config.output_dir = output_dir_variable(|name| lookup(name).map(OsString::from));
         config.otlp_profiles = otlp_profiles_from(&get)?;
         config.profiles_exporter = match get("OTEL_PROFILING_PROFILES_EXPORTER") {
             Some(v) => Some(ProfilesExporter::parse(

@@ -188,6 +188,8 @@ fn sample_rate_and_upload_interval() {
 fn output_dir() {
     let c = env(&[("OTEL_PROFILING_OUTPUT_DIR", "/tmp/prof")]).expect("ok");
     assert_eq!(c.output_dir, Some(PathBuf::from("/tmp/prof")));
+    let c = env(&[("OTEL_PROFILING_OUTPUT_DIR", " ")]).expect("blank");
+    assert_eq!(c.output_dir, None);
 }
 
 /// `10 s` used to be read as ten seconds without a word; it is rejected, naming the
