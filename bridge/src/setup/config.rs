@@ -523,36 +523,74 @@ pub(crate) fn otlp_url_example(protocol: OtlpProtocol) -> &'static str {
     }
 }
 
-/// `http(s)://host[:port][/path]`, without query or fragment; returned without a
-/// trailing slash. `expected` is the accepted form with an example for this variable.
+/// The crate's one URL check, for every URL setting from the environment, the `Telemetry`
+/// builder and the exporters' own settings: `http(s)://host[:port][/path]`, without
+/// credentials, query or fragment; returned without a trailing slash. `expected` is the
+/// accepted form with an example for this setting. Errors name `field`; credentials in the
+/// value are shown as `***`.
 pub(crate) fn parse_url(
     field: &'static str,
     value: &str,
     expected: &'static str,
 ) -> Result<String, ConfigError> {
     let v = value.trim();
+    let shown = without_credentials(value);
+    let error = |problem| ConfigError {
+        field,
+        problem,
+        value: shown.clone(),
+        expected,
+    };
     let rest = v
         .strip_prefix("http://")
         .or_else(|| v.strip_prefix("https://"))
-        .ok_or_else(|| ConfigError::new(field, "not an http(s) URL", value, expected))?;
-    let host = rest.split('/').next().unwrap_or("");
-    if host.is_empty() || host.contains(char::is_whitespace) || host.contains('@') {
-        return Err(ConfigError::new(field, "no valid host", value, expected));
+        .ok_or_else(|| error("not an http(s) URL"))?;
+    let host = rest.split(['/', '?', '#']).next().unwrap_or("");
+    if host.contains('@') {
+        return Err(error(
+            "credentials in the URL are not supported (set them as credentials or a header)",
+        ));
+    }
+    if host.is_empty() || host.contains(char::is_whitespace) {
+        return Err(error("no valid host"));
     }
     if let Some((_, port)) = host.rsplit_once(':').filter(|_| !host.ends_with(']')) {
         if port.parse::<u16>().is_err() {
-            return Err(ConfigError::new(field, "invalid port", value, expected));
+            return Err(error("invalid port"));
         }
     }
     if v.contains('?') || v.contains('#') {
-        return Err(ConfigError::new(
-            field,
-            "query or fragment not allowed",
-            value,
-            expected,
-        ));
+        return Err(error("query or fragment not allowed"));
     }
     Ok(v.trim_end_matches('/').to_string())
+}
+
+/// [`parse_url`], then `path` appended, as the URL the HTTP exporters send to.
+#[cfg(any(feature = "pyroscope", feature = "otlp-http"))]
+pub(crate) fn parse_http_url(
+    field: &'static str,
+    value: &str,
+    expected: &'static str,
+    path: &str,
+) -> Result<reqwest::Url, ConfigError> {
+    let base = parse_url(field, value, expected)?;
+    reqwest::Url::parse(&format!("{base}{path}")).map_err(|_| ConfigError {
+        field,
+        problem: "not a valid URL",
+        value: without_credentials(value),
+        expected,
+    })
+}
+
+/// `value` with what stands before an `@` in its authority shown as `***`.
+fn without_credentials(value: &str) -> String {
+    let scheme_end = value.find("://").map_or(0, |i| i + 3);
+    let (scheme, rest) = value.split_at(scheme_end);
+    let authority_end = rest.find(['/', '?', '#']).unwrap_or(rest.len());
+    match rest[..authority_end].rfind('@') {
+        Some(at) => format!("{scheme}***{}", &rest[at..]),
+        None => value.to_string(),
+    }
 }
 
 /// `key=value,key2=value2` with percent-encoded values (the OpenTelemetry spec form).

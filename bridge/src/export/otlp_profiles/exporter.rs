@@ -10,7 +10,7 @@ use opentelemetry_proto::tonic::collector::profiles::v1development::{
 };
 use prost::Message;
 use reqwest::header::{HeaderMap, HeaderName, HeaderValue};
-use reqwest::{StatusCode, Url};
+use reqwest::StatusCode;
 
 use super::convert;
 use crate::collector::{EncodedProfile, ProfileSink};
@@ -151,20 +151,12 @@ impl OtlpProfilesConfig {
     }
 
     fn settings(&self) -> Result<UploadSettings, PyroscopeError> {
-        let bad = |reason: String| PyroscopeError::Setting {
-            field: "otlp_profiles.endpoint",
-            reason,
-        };
-        let endpoint =
-            Url::parse(self.endpoint.trim()).map_err(|e| bad(format!("not a URL ({e})")))?;
-        if !matches!(endpoint.scheme(), "http" | "https") || endpoint.host_str().is_none() {
-            return Err(bad("must be an http:// or https:// URL with a host".into()));
-        }
-        if !endpoint.username().is_empty() || endpoint.password().is_some() {
-            return Err(bad(
-                "credentials in the URL are not supported; use a header".into(),
-            ));
-        }
+        let endpoint = crate::config::parse_http_url(
+            "otlp_profiles.endpoint",
+            &self.endpoint,
+            crate::config::otlp_profiles_url_example(self.protocol),
+            "",
+        )?;
         if self.request_timeout.is_zero() {
             return Err(PyroscopeError::Setting {
                 field: "otlp_profiles.request_timeout",

@@ -450,34 +450,15 @@ pub(crate) struct ValidConfig {
     pub(crate) limits: PyroscopeLimits,
 }
 
-/// The push URL for a server address.
+/// The push URL for a server address, checked by the crate's one URL validator
+/// ([`crate::config::parse_url`]: `http`/`https`, a host, no credentials, no query).
 pub(crate) fn push_endpoint(address: &str) -> Result<Url, PyroscopeError> {
-    let bad = |reason: String| PyroscopeError::ServerAddress { reason };
-    // The address itself is not echoed: it might hold credentials.
-    let mut url = Url::parse(address.trim()).map_err(|e| bad(format!("not a URL ({e})")))?;
-    if !matches!(url.scheme(), "http" | "https") {
-        return Err(bad(format!(
-            "the scheme must be http or https, not {:?}",
-            url.scheme()
-        )));
-    }
-    if url.host_str().is_none_or(str::is_empty) {
-        return Err(bad("no host".into()));
-    }
-    if !url.username().is_empty() || url.password().is_some() {
-        return Err(bad(
-            "credentials in the URL are not supported; use pyroscope.auth".into(),
-        ));
-    }
-    if url.query().is_some() {
-        return Err(bad("must not have a query".into()));
-    }
-    if url.fragment().is_some() {
-        return Err(bad("must not have a fragment".into()));
-    }
-    let path = format!("{}/{PUSH_PATH}", url.path().trim_end_matches('/'));
-    url.set_path(&path);
-    Ok(url)
+    Ok(crate::config::parse_http_url(
+        "pyroscope.server_address",
+        address,
+        crate::config::PYROSCOPE_URL_EXAMPLE,
+        &format!("/{PUSH_PATH}"),
+    )?)
 }
 
 /// `__name__`, `service_name` and the extra labels: later names replace earlier ones,

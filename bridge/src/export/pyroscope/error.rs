@@ -6,12 +6,12 @@
 #[derive(Debug, thiserror::Error)]
 #[non_exhaustive]
 pub enum PyroscopeError {
-    /// The server address is not an `http`/`https` URL without query and credentials.
-    #[error("pyroscope.server_address: {reason}")]
-    ServerAddress {
-        /// What is wrong.
-        reason: String,
-    },
+    /// A URL setting (`pyroscope.server_address`, `otlp_profiles.endpoint`) is not an
+    /// `http`/`https` URL with a host and without credentials, query or fragment: the
+    /// crate's one URL check, the one the environment reader uses too. Names the setting;
+    /// credentials in the URL are shown as `***`.
+    #[error(transparent)]
+    Url(#[from] crate::config::ConfigError),
     /// The application name (the `service_name` label) is empty.
     #[error("pyroscope.application_name: must not be empty")]
     EmptyApplicationName,

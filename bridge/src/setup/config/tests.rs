@@ -405,3 +405,31 @@ fn header_values_are_percent_decoded_and_malformed_escapes_fail_setup() {
         );
     }
 }
+
+/// Every URL setting goes through the one check: credentials in the URL are refused, for
+/// the environment as for the exporters' own settings, and never echoed.
+#[test]
+fn credentials_in_a_url_are_refused_without_being_shown() {
+    for (field, url) in [
+        ("PYROSCOPE_SERVER_ADDRESS", "http://user:s3cret@pyroscope:4040"),
+        ("OTEL_EXPORTER_OTLP_ENDPOINT", "https://s3cret@tempo:4318/"),
+        (
+            "OTEL_EXPORTER_OTLP_PROFILES_ENDPOINT",
+            "http://u:s3cret@c:4318/v1development/profiles",
+        ),
+    ] {
+        let e = env(&[(field, url)]).expect_err(url);
+        assert_eq!(e.field, field);
+        let msg = e.to_string();
+        assert!(msg.contains("credentials in the URL"), "{msg}");
+        assert!(!msg.contains("s3cret") && msg.contains("***@"), "{msg}");
+    }
+    assert_eq!(
+        parse_url("f", "http://h:1/p/?q", "x").expect_err("query").problem,
+        "query or fragment not allowed"
+    );
+    assert_eq!(
+        parse_url("f", " https://h:4040/prefix/ ", "x").as_deref(),
+        Ok("https://h:4040/prefix")
+    );
+}
