@@ -24,12 +24,17 @@
 //!
 //! An empty variable counts as unset. A malformed one fails setup with an error naming the
 //! variable and the accepted form. Secrets never appear in `Debug` output or errors.
+//!
+//! The reader builds the exporters' own settings where they exist: the `PYROSCOPE_*`
+//! variables become a [`PyroscopeConfig`] (one type, whether set here or in code), and every
+//! URL is checked by the one URL check the exporters use too.
 
 use std::ffi::OsString;
 use std::fmt;
 use std::path::PathBuf;
 use std::time::Duration;
 
+use crate::export::pyroscope::{PyroscopeAuth, PyroscopeConfig};
 use crate::local_sink::output_dir_variable;
 
 /// A configuration value that was malformed.
@@ -179,44 +184,6 @@ impl OtlpProfilesTarget {
     }
 }
 
-/// Credentials for Pyroscope.
-#[derive(Clone, PartialEq, Eq)]
-pub enum Credentials {
-    /// HTTP basic auth.
-    Basic {
-        /// User name.
-        user: String,
-        /// Password.
-        password: String,
-    },
-    /// `Authorization: Bearer <token>`.
-    Bearer(String),
-}
-
-impl fmt::Debug for Credentials {
-    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        match self {
-            Credentials::Basic { user, .. } => f
-                .debug_struct("Basic")
-                .field("user", user)
-                .field("password", &"***")
-                .finish(),
-            Credentials::Bearer(_) => f.debug_tuple("Bearer").field(&"***").finish(),
-        }
-    }
-}
-
-/// Where profiles go.
-#[derive(Clone, Debug, PartialEq, Eq)]
-pub struct PyroscopeTarget {
-    /// Server address, e.g. `http://localhost:4040`.
-    pub server: String,
-    /// Credentials, if any.
-    pub credentials: Option<Credentials>,
-    /// Tenant (`X-Scope-OrgID`), if any.
-    pub tenant_id: Option<String>,
-}
-
 /// Everything the environment said.
 #[derive(Clone, Debug, Default, PartialEq, Eq)]
 #[non_exhaustive]
@@ -227,8 +194,11 @@ pub struct EnvConfig {
     pub resource_attributes: Vec<(String, String)>,
     /// `OTEL_EXPORTER_OTLP_ENDPOINT` / `_PROTOCOL`.
     pub otlp: Option<OtlpTarget>,
-    /// `PYROSCOPE_*`.
-    pub pyroscope: Option<PyroscopeTarget>,
+    /// `PYROSCOPE_SERVER_ADDRESS`, `PYROSCOPE_BASIC_AUTH_*`, `PYROSCOPE_AUTH_TOKEN` and
+    /// `PYROSCOPE_TENANT_ID`, read straight into the exporter's settings (the application
+    /// name is the service name read here; [`Telemetry::build`](crate::Telemetry::build)
+    /// sets it and the series labels from the service name and resource in use).
+    pub pyroscope: Option<PyroscopeConfig>,
     /// `PYROSCOPE_SAMPLE_RATE`.
     pub sample_rate_hz: Option<u32>,
     /// `PYROSCOPE_UPLOAD_INTERVAL`.
@@ -300,10 +270,10 @@ impl EnvConfig {
         let user = get("PYROSCOPE_BASIC_AUTH_USER");
         let password = get("PYROSCOPE_BASIC_AUTH_PASSWORD");
         let token = get("PYROSCOPE_AUTH_TOKEN");
-        let credentials =
+        let auth =
             match (user, password, token) {
-                (Some(user), Some(password), None) => Some(Credentials::Basic { user, password }),
-                (None, None, Some(token)) => Some(Credentials::Bearer(token)),
+                (Some(user), Some(password), None) => Some(PyroscopeAuth::Basic { user, password }),
+                (None, None, Some(token)) => Some(PyroscopeAuth::Bearer(token)),
                 (None, None, None) => None,
                 (Some(_), None, _) => return Err(ConfigError::new(
                     "PYROSCOPE_BASIC_AUTH_PASSWORD",
@@ -329,13 +299,14 @@ impl EnvConfig {
         let tenant_id = get("PYROSCOPE_TENANT_ID");
         match get("PYROSCOPE_SERVER_ADDRESS") {
             Some(server) => {
-                config.pyroscope = Some(PyroscopeTarget {
-                    server: parse_url("PYROSCOPE_SERVER_ADDRESS", &server, PYROSCOPE_URL_EXAMPLE)?,
-                    credentials,
-                    tenant_id,
-                });
+                let server = parse_url("PYROSCOPE_SERVER_ADDRESS", &server, PYROSCOPE_URL_EXAMPLE)?;
+                let application = config.service_name.as_deref().unwrap_or("unknown_service");
+                let mut pyroscope = PyroscopeConfig::new(server, application);
+                pyroscope.auth = auth;
+                pyroscope.tenant_id = tenant_id;
+                config.pyroscope = Some(pyroscope);
             }
-            None if credentials.is_some() || tenant_id.is_some() => {
+            None if auth.is_some() || tenant_id.is_some() => {
                 return Err(ConfigError::new(
                     "PYROSCOPE_SERVER_ADDRESS",
                     "missing while Pyroscope credentials or tenant are set",

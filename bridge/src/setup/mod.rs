@@ -34,10 +34,10 @@ use tracing_subscriber::registry::LookupSpan;
 use tracing_subscriber::Layer;
 
 use crate::config::{
-    ConfigError, Credentials, EnvConfig, OtlpProfilesTarget, OtlpProtocol, OtlpTarget,
-    ProfilesExporter, PyroscopeTarget,
+    ConfigError, EnvConfig, OtlpProfilesTarget, OtlpProtocol, OtlpTarget, ProfilesExporter,
 };
-use crate::export::pyroscope::PyroscopeStats;
+use crate::export::otlp::OtlpExporterError;
+use crate::export::pyroscope::{PyroscopeAuth, PyroscopeConfig, PyroscopeError, PyroscopeStats};
 use crate::export::span_stats::{SpanExportSnapshot, SpanExportStats};
 use crate::local_sink::{output_dir, LocalSpanExporter};
 use crate::{
@@ -75,13 +75,32 @@ pub enum SetupError {
     /// The profiler could not start.
     #[error(transparent)]
     Profiler(#[from] ProfilerError),
-    /// An exporter could not be built.
-    #[error("{what}: {message}")]
-    Exporter {
-        /// Which exporter.
-        what: &'static str,
+    /// The Pyroscope exporter refused its settings or could not start (the message names
+    /// the setting, e.g. `pyroscope.labels: …`).
+    #[error(transparent)]
+    Pyroscope(#[from] PyroscopeError),
+    /// The OTLP profiles exporter refused its settings or could not start (the message
+    /// names the exporter and the setting, e.g. `otlp profiles: otlp_profiles.endpoint: …`;
+    /// the error type is the one the OTLP profiles exporter shares with Pyroscope's).
+    #[error("otlp profiles: {0}")]
+    OtlpProfiles(#[source] PyroscopeError),
+    /// The OTLP span exporter could not be built.
+    #[error("{field}: {source}")]
+    OtlpSpans {
+        /// The setting it was built from (`OTEL_EXPORTER_OTLP_ENDPOINT` or `otlp.endpoint`).
+        field: &'static str,
         /// Why.
-        message: String,
+        #[source]
+        source: OtlpExporterError,
+    },
+    /// The local span file could not be created.
+    #[error("local span file: {}: {source}", dir.display())]
+    LocalSpanFile {
+        /// The directory it was to be written in.
+        dir: PathBuf,
+        /// Why.
+        #[source]
+        source: std::io::Error,
     },
     /// A setting asks for a backend this build of the crate leaves out (a cargo feature of
     /// `otel-profiling` that is off).
@@ -127,7 +146,7 @@ pub struct Telemetry {
     resource: Vec<(String, String)>,
     tags: Vec<(String, String)>,
     otlp: Option<OtlpTarget>,
-    pyroscope: Option<PyroscopeTarget>,
+    pyroscope: Option<PyroscopeConfig>,
     otlp_profiles: Option<OtlpProfilesTarget>,
     profiles_exporter: Option<ProfilesExporter>,
     frequency_hz: Option<u32>,
@@ -193,22 +212,24 @@ impl Telemetry {
         Ok(self)
     }
 
-    /// Sends profiles to the Pyroscope server at `server` (e.g. `http://localhost:4040`).
+    /// Sends profiles to the Pyroscope server at `server` (e.g. `http://localhost:4040`),
+    /// with credentials and tenant if given. The application name and series labels come
+    /// from the service name and resource at [`build`](Self::build).
     pub fn pyroscope(
         mut self,
         server: &str,
-        credentials: Option<Credentials>,
+        auth: Option<PyroscopeAuth>,
         tenant_id: Option<String>,
     ) -> Result<Self, SetupError> {
-        self.pyroscope = Some(PyroscopeTarget {
-            server: crate::config::parse_url(
-                "pyroscope.server_address",
-                server,
-                crate::config::PYROSCOPE_URL_EXAMPLE,
-            )?,
-            credentials,
-            tenant_id,
-        });
+        let server = crate::config::parse_url(
+            "pyroscope.server_address",
+            server,
+            crate::config::PYROSCOPE_URL_EXAMPLE,
+        )?;
+        let mut config = PyroscopeConfig::new(server, String::new());
+        config.auth = auth;
+        config.tenant_id = tenant_id;
+        self.pyroscope = Some(config);
         Ok(self)
     }
 
@@ -399,14 +420,15 @@ impl Telemetry {
         let mut spans_file = None;
         let span_stats;
         match otlp {
-            Some((target, _)) => {
-                (provider, span_stats) = backends::with_otlp(provider, target, self.scope)?
+            Some((target, source)) => {
+                (provider, span_stats) = backends::with_otlp(provider, target, source, self.scope)?
             }
             None => {
-                let exporter = LocalSpanExporter::new(&dir).map_err(|e| SetupError::Exporter {
-                    what: "local span file",
-                    message: format!("{}: {e}", dir.display()),
-                })?;
+                let exporter =
+                    LocalSpanExporter::new(&dir).map_err(|source| SetupError::LocalSpanFile {
+                        dir: dir.clone(),
+                        source,
+                    })?;
                 spans_file = Some(exporter.path().to_path_buf());
                 (provider, span_stats) =
                     backends::add_span_exporter(provider, exporter, "local span file", self.scope);
@@ -455,7 +477,7 @@ impl Telemetry {
         &self,
     ) -> Result<
         (
-            Option<(&PyroscopeTarget, Source)>,
+            Option<(&PyroscopeConfig, Source)>,
             Option<(OtlpProfilesTarget, Source)>,
         ),
         SetupError,
@@ -526,7 +548,7 @@ impl Telemetry {
     }
 
     /// The Pyroscope target, code winning over the environment, and where it came from.
-    fn pyroscope_target(&self) -> Option<(&PyroscopeTarget, Source)> {
+    fn pyroscope_target(&self) -> Option<(&PyroscopeConfig, Source)> {
         match (&self.pyroscope, &self.env.pyroscope) {
             (Some(target), _) => Some((target, Source::Builder)),
             (None, Some(target)) => Some((target, Source::Env)),
@@ -739,11 +761,11 @@ mod tests {
             format!("{e:?}").starts_with("PYROSCOPE_SAMPLE_RATE: "),
             "{e:?}"
         );
-        let e = SetupError::Exporter {
-            what: "otlp",
-            message: "bad".into(),
+        let e = SetupError::LocalSpanFile {
+            dir: PathBuf::from("/x"),
+            source: std::io::Error::other("bad"),
         };
-        assert_eq!(format!("{e:?}"), "otlp: bad");
+        assert_eq!(format!("{e:?}"), "local span file: /x: bad");
     }
 
     /// One line saying where local files go (absolute), and none when nothing is local.
@@ -857,6 +879,31 @@ mod tests {
                 "PYROSCOPE_SERVER_ADDRESS=http://localhost:4040 needs the otel-profiling \
                  feature \"pyroscope\""
             ),
+            "{msg}"
+        );
+    }
+
+    /// The exporter's own refusal reaches the caller typed (`SetupError::Pyroscope`, not
+    /// a string), its message naming the setting.
+    #[cfg(feature = "pyroscope")]
+    #[test]
+    fn a_bad_series_label_fails_setup_typed_and_naming_the_setting() {
+        let err = Telemetry::builder()
+            .quiet(true)
+            .thread_context(false)
+            .profile_tag("bad-name", "x")
+            .pyroscope("http://127.0.0.1:1", None, None)
+            .expect("valid url")
+            .build()
+            .map(|_| ())
+            .expect_err("bad label name");
+        let msg = err.to_string();
+        assert!(
+            msg.starts_with("pyroscope.labels: ") && msg.contains("bad-name"),
+            "{msg}"
+        );
+        assert!(
+            matches!(err, SetupError::Pyroscope(PyroscopeError::LabelName { .. })),
             "{msg}"
         );
     }

@@ -1,13 +1,22 @@
 //! Settings of the Pyroscope exporter, and their validation.
+//!
+//! The settings are plain data in every build (the environment reader fills them, see
+//! [`crate::config`]); their validation, which builds the request headers and the push URL,
+//! comes with the HTTP exporters (the `pyroscope` or `otlp-http` feature).
 
+#[cfg(any(feature = "pyroscope", feature = "otlp-http"))]
 use std::collections::BTreeMap;
 use std::fmt;
 use std::time::Duration;
 
+#[cfg(any(feature = "pyroscope", feature = "otlp-http"))]
 use reqwest::header::{HeaderMap, HeaderName, HeaderValue};
+#[cfg(any(feature = "pyroscope", feature = "otlp-http"))]
 use reqwest::Url;
 
+#[cfg(any(feature = "pyroscope", feature = "otlp-http"))]
 use super::error::PyroscopeError;
+#[cfg(any(feature = "pyroscope", feature = "otlp-http"))]
 use super::PROFILE_NAME;
 
 /// Path of the push RPC, relative to the server address.
@@ -43,6 +52,7 @@ impl fmt::Debug for PyroscopeAuth {
     }
 }
 
+#[cfg(any(feature = "pyroscope", feature = "otlp-http"))]
 impl PyroscopeAuth {
     /// The `Authorization` header value, marked sensitive.
     fn header_value(&self) -> Result<HeaderValue, PyroscopeError> {
@@ -111,7 +121,7 @@ impl PyroscopeBackoff {
 /// the setting. `Debug` hides the password, the token and the values of headers whose names
 /// look secret (containing `auth`, `token`, `key`, `secret`, `password`, `cookie` or
 /// `credential`).
-#[derive(Clone)]
+#[derive(Clone, PartialEq, Eq)]
 #[non_exhaustive]
 pub struct PyroscopeConfig {
     /// Base URL of the server, e.g. `http://localhost:4040` (`http` or `https`, optionally
@@ -291,7 +301,10 @@ impl PyroscopeConfig {
         self.shutdown_timeout = timeout;
         self
     }
+}
 
+#[cfg(any(feature = "pyroscope", feature = "otlp-http"))]
+impl PyroscopeConfig {
     /// Checks every setting; the error names the first bad one.
     pub fn validate(&self) -> Result<(), PyroscopeError> {
         self.clone().validate_into().map(|_| ())
@@ -403,6 +416,7 @@ impl PyroscopeConfig {
     }
 }
 
+#[cfg(any(feature = "pyroscope", feature = "otlp-http"))]
 /// Headers the protocol needs as the exporter sets them.
 const RESERVED_HEADERS: [&str; 7] = [
     "content-type",
@@ -414,6 +428,7 @@ const RESERVED_HEADERS: [&str; 7] = [
     "connect-protocol-version",
 ];
 
+#[cfg(any(feature = "pyroscope", feature = "otlp-http"))]
 fn setting(field: &'static str, reason: &str) -> PyroscopeError {
     PyroscopeError::Setting {
         field,
@@ -421,6 +436,7 @@ fn setting(field: &'static str, reason: &str) -> PyroscopeError {
     }
 }
 
+#[cfg(any(feature = "pyroscope", feature = "otlp-http"))]
 impl ValidConfig {
     /// What the uploader thread needs.
     pub(crate) fn upload_settings(&self) -> super::uploader::UploadSettings {
@@ -434,6 +450,7 @@ impl ValidConfig {
     }
 }
 
+#[cfg(any(feature = "pyroscope", feature = "otlp-http"))]
 /// Settings after validation, as the exporter and its thread use them.
 #[derive(Debug)]
 pub(crate) struct ValidConfig {
@@ -450,6 +467,7 @@ pub(crate) struct ValidConfig {
     pub(crate) limits: PyroscopeLimits,
 }
 
+#[cfg(any(feature = "pyroscope", feature = "otlp-http"))]
 /// The push URL for a server address, checked by the crate's one URL validator
 /// ([`crate::config::parse_url`]: `http`/`https`, a host, no credentials, no query).
 pub(crate) fn push_endpoint(address: &str) -> Result<Url, PyroscopeError> {
@@ -461,6 +479,7 @@ pub(crate) fn push_endpoint(address: &str) -> Result<Url, PyroscopeError> {
     )?)
 }
 
+#[cfg(any(feature = "pyroscope", feature = "otlp-http"))]
 /// `__name__`, `service_name` and the extra labels: later names replace earlier ones,
 /// empty values are left out, sorted by name.
 pub(crate) fn checked_series_labels(
@@ -563,6 +582,7 @@ impl PyroscopeLimits {
         self
     }
 
+    #[cfg(any(feature = "pyroscope", feature = "otlp-http"))]
     pub(crate) fn validate(&self) -> Result<(), PyroscopeError> {
         if self.max_samples_per_profile == 0 {
             return Err(setting(
@@ -586,6 +606,7 @@ impl PyroscopeLimits {
     }
 }
 
+#[cfg(any(feature = "pyroscope", feature = "otlp-http"))]
 /// Why `name` is not a usable series label name, if it is not.
 fn label_name_problem(name: &str) -> Option<&'static str> {
     let mut chars = name.chars();
@@ -604,13 +625,14 @@ fn label_name_problem(name: &str) -> Option<&'static str> {
     }
 }
 
+#[cfg(any(feature = "pyroscope", feature = "otlp-http"))]
 /// Standard base64 with padding (RFC 4648 §4), for basic authentication.
 fn base64(input: &[u8]) -> String {
     use base64::Engine as _;
     base64::engine::general_purpose::STANDARD.encode(input)
 }
 
-#[cfg(test)]
+#[cfg(all(test, any(feature = "pyroscope", feature = "otlp-http")))]
 mod tests {
     use super::*;
 

@@ -67,6 +67,7 @@ pub enum PyroscopeError {
         reason: String,
     },
     /// The HTTP client could not be built (TLS setup).
+    #[cfg(any(feature = "pyroscope", feature = "otlp-http"))]
     #[error("pyroscope: cannot build the HTTP client: {0}")]
     HttpClient(#[source] reqwest::Error),
     /// The uploader thread could not be started.

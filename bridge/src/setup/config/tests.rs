@@ -103,7 +103,7 @@ fn pyroscope_server_auth_and_tenant() {
     ])
     .expect("ok");
     let p = c.pyroscope.expect("pyroscope");
-    assert_eq!(p.server, "https://profiles.example.com");
+    assert_eq!(p.server_address, "https://profiles.example.com");
     assert_eq!(p.tenant_id.as_deref(), Some("team-a"));
     let debug = format!("{p:?}");
     assert!(
@@ -116,8 +116,8 @@ fn pyroscope_server_auth_and_tenant() {
     ])
     .expect("ok");
     assert_eq!(
-        c.pyroscope.expect("p").credentials,
-        Some(Credentials::Bearer("tok".into()))
+        c.pyroscope.expect("p").auth,
+        Some(PyroscopeAuth::Bearer("tok".into()))
     );
 
     assert_eq!(
@@ -411,7 +411,10 @@ fn header_values_are_percent_decoded_and_malformed_escapes_fail_setup() {
 #[test]
 fn credentials_in_a_url_are_refused_without_being_shown() {
     for (field, url) in [
-        ("PYROSCOPE_SERVER_ADDRESS", "http://user:s3cret@pyroscope:4040"),
+        (
+            "PYROSCOPE_SERVER_ADDRESS",
+            "http://user:s3cret@pyroscope:4040",
+        ),
         ("OTEL_EXPORTER_OTLP_ENDPOINT", "https://s3cret@tempo:4318/"),
         (
             "OTEL_EXPORTER_OTLP_PROFILES_ENDPOINT",
@@ -425,7 +428,9 @@ fn credentials_in_a_url_are_refused_without_being_shown() {
         assert!(!msg.contains("s3cret") && msg.contains("***@"), "{msg}");
     }
     assert_eq!(
-        parse_url("f", "http://h:1/p/?q", "x").expect_err("query").problem,
+        parse_url("f", "http://h:1/p/?q", "x")
+            .expect_err("query")
+            .problem,
         "query or fragment not allowed"
     );
     assert_eq!(
