@@ -10,7 +10,8 @@ use opentelemetry_sdk::trace::{BatchSpanProcessor, SpanExporter, TracerProviderB
 
 use super::SetupError;
 use crate::collector::ProfileSink;
-use crate::config::{OtlpProfilesTarget, OtlpProtocol, OtlpTarget};
+use crate::config::{OtlpProtocol, OtlpTarget};
+use crate::export::otlp_profiles::OtlpProfilesConfig;
 use crate::export::pyroscope::{PyroscopeConfig, PyroscopeStats};
 use crate::export::span_stats::{CountingSpanExporter, SpanExportStats};
 use crate::{CpuEvidenceProcessor, ProfileIdScope};
@@ -148,7 +149,7 @@ pub(super) fn check(
 /// this crate does not have for profiles), naming the setting.
 pub(super) fn check_otlp_profiles(
     compiled: Compiled,
-    target: Option<&(OtlpProfilesTarget, Source)>,
+    target: Option<&(OtlpProfilesConfig, Source)>,
 ) -> Result<(), SetupError> {
     let Some((target, source)) = target else {
         return Ok(());
@@ -185,29 +186,25 @@ pub(super) fn check_otlp_profiles(
     }
 }
 
-/// The OTLP profiles sink for `target` (resource `attributes` with `service.name`), and
-/// its counters.
+/// The OTLP profiles sink for `config` with the setup's resource (`attributes`, with
+/// `service.name`), and its counters.
 #[cfg(any(feature = "pyroscope", feature = "otlp-http"))]
 pub(super) fn otlp_profiles_sink(
-    target: &OtlpProfilesTarget,
+    config: &OtlpProfilesConfig,
     attributes: &[(String, String)],
     timeout: Duration,
 ) -> Result<(Box<dyn ProfileSink>, Arc<PyroscopeStats>), SetupError> {
-    use crate::export::otlp_profiles::{OtlpProfilesConfig, OtlpProfilesExporter};
+    use crate::export::otlp_profiles::OtlpProfilesExporter;
     let service = attributes
         .iter()
         .rev()
         .find(|(k, _)| k == "service.name")
         .map(|(_, v)| v.clone())
         .unwrap_or_else(|| "unknown_service".into());
-    let mut config = OtlpProfilesConfig::new(&target.endpoint, service)
-        .with_protocol(target.protocol)
-        .with_shutdown_timeout(timeout);
+    let mut config = config.clone().with_shutdown_timeout(timeout);
+    config.resource = vec![("service.name".into(), service)];
     for (k, v) in attributes.iter().filter(|(k, _)| k != "service.name") {
         config = config.with_resource_attribute(k.clone(), v.clone());
-    }
-    for (name, value) in &target.headers {
-        config = config.with_header(name.clone(), value.clone());
     }
     let exporter = OtlpProfilesExporter::new(config).map_err(SetupError::OtlpProfiles)?;
     let stats = exporter.stats();
@@ -216,7 +213,7 @@ pub(super) fn otlp_profiles_sink(
 
 #[cfg(not(any(feature = "pyroscope", feature = "otlp-http")))]
 pub(super) fn otlp_profiles_sink(
-    _target: &OtlpProfilesTarget,
+    _target: &OtlpProfilesConfig,
     _: &[(String, String)],
     _: Duration,
 ) -> Result<(Box<dyn ProfileSink>, Arc<PyroscopeStats>), SetupError> {
@@ -517,20 +514,10 @@ mod tests {
     /// setting and the feature; with the feature they pass.
     #[test]
     fn otlp_profiles_compiled_out_are_refused_naming_the_setting_and_the_feature() {
-        let http = OtlpProfilesTarget {
-            endpoint: "http://pyroscope:4040/v1development/profiles".into(),
-            protocol: OtlpProtocol::HttpProtobuf,
-            headers: Vec::new(),
-        };
-        let https = OtlpProfilesTarget {
-            endpoint: "https://pyroscope:4040/v1development/profiles".into(),
-            ..http.clone()
-        };
-        let grpc = OtlpProfilesTarget {
-            endpoint: "http://collector:4317".into(),
-            protocol: OtlpProtocol::Grpc,
-            headers: Vec::new(),
-        };
+        let http = OtlpProfilesConfig::new("http://pyroscope:4040/v1development/profiles", "s");
+        let https = OtlpProfilesConfig::new("https://pyroscope:4040/v1development/profiles", "s");
+        let grpc =
+            OtlpProfilesConfig::new("http://collector:4317", "s").with_protocol(OtlpProtocol::Grpc);
         let cases = [
             (
                 Compiled { otlp_http: false, ..ALL },

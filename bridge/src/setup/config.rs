@@ -26,14 +26,15 @@
 //! variable and the accepted form. Secrets never appear in `Debug` output or errors.
 //!
 //! The reader builds the exporters' own settings where they exist: the `PYROSCOPE_*`
-//! variables become a [`PyroscopeConfig`] (one type, whether set here or in code), and every
+//! variables become a [`PyroscopeConfig`] and the `OTEL_EXPORTER_OTLP_PROFILES_*` ones an
+//! [`OtlpProfilesConfig`] (one type each, whether set here or in code), and every
 //! URL is checked by the one URL check the exporters use too.
 
 use std::ffi::OsString;
-use std::fmt;
 use std::path::PathBuf;
 use std::time::Duration;
 
+use crate::export::otlp_profiles::OtlpProfilesConfig;
 use crate::export::pyroscope::{PyroscopeAuth, PyroscopeConfig};
 use crate::local_sink::output_dir_variable;
 
@@ -140,50 +141,6 @@ impl ProfilesExporter {
     }
 }
 
-/// Where OTLP profiles go. `Debug` shows header names only.
-#[derive(Clone, PartialEq, Eq)]
-pub struct OtlpProfilesTarget {
-    /// The URL requests go to: for HTTP the full URL with the signal path
-    /// (`http://host:4040/v1development/profiles`), for gRPC the server (`http://host:4317`).
-    pub endpoint: String,
-    /// Transport.
-    pub protocol: OtlpProtocol,
-    /// Extra headers (metadata for gRPC).
-    pub headers: Vec<(String, String)>,
-}
-
-impl fmt::Debug for OtlpProfilesTarget {
-    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        let names: Vec<&str> = self.headers.iter().map(|(n, _)| n.as_str()).collect();
-        f.debug_struct("OtlpProfilesTarget")
-            .field("endpoint", &self.endpoint)
-            .field("protocol", &self.protocol)
-            .field("header_names", &names)
-            .finish()
-    }
-}
-
-impl OtlpProfilesTarget {
-    /// The target for a generic OTLP endpoint (`OTEL_EXPORTER_OTLP_ENDPOINT`): for HTTP the
-    /// signal path `/v1development/profiles` is appended, as the OTel spec says for every
-    /// signal; gRPC uses the endpoint as is.
-    pub fn from_base(base: &str, protocol: OtlpProtocol, headers: Vec<(String, String)>) -> Self {
-        let endpoint = match protocol {
-            OtlpProtocol::HttpProtobuf => format!(
-                "{}{}",
-                base.trim_end_matches('/'),
-                crate::export::otlp_profiles::PROFILES_PATH
-            ),
-            OtlpProtocol::Grpc => base.to_string(),
-        };
-        OtlpProfilesTarget {
-            endpoint,
-            protocol,
-            headers,
-        }
-    }
-}
-
 /// Everything the environment said.
 #[derive(Clone, Debug, Default, PartialEq, Eq)]
 #[non_exhaustive]
@@ -212,8 +169,10 @@ pub struct EnvConfig {
     /// `OTEL_PROFILING_THREAD_CONTEXT`: publish the OTEP 4947 thread context.
     pub thread_context: Option<bool>,
     /// `OTEL_EXPORTER_OTLP_PROFILES_ENDPOINT` / `_PROTOCOL` / `_HEADERS`, each falling back
-    /// to the generic `OTEL_EXPORTER_OTLP_*`: where OTLP profiles would go.
-    pub otlp_profiles: Option<OtlpProfilesTarget>,
+    /// to the generic `OTEL_EXPORTER_OTLP_*`: where OTLP profiles would go, read straight
+    /// into the exporter's settings ([`Telemetry::build`](crate::Telemetry::build) sets the
+    /// resource from the one in use).
+    pub otlp_profiles: Option<OtlpProfilesConfig>,
     /// `OTEL_PROFILING_PROFILES_EXPORTER`; when unset, `otlp` is implied by
     /// `OTEL_EXPORTER_OTLP_PROFILES_ENDPOINT` (with Pyroscope too when
     /// `PYROSCOPE_SERVER_ADDRESS` is set), else profiles go to Pyroscope when configured.
@@ -359,7 +318,8 @@ impl EnvConfig {
             });
         }
         config.output_dir = output_dir_variable(|name| lookup(name).map(OsString::from));
-        config.otlp_profiles = otlp_profiles_from(&get)?;
+        let service = config.service_name.as_deref().unwrap_or("unknown_service");
+        config.otlp_profiles = otlp_profiles_from(&get, service)?;
         config.profiles_exporter = match get("OTEL_PROFILING_PROFILES_EXPORTER") {
             Some(v) => Some(ProfilesExporter::parse(
                 "OTEL_PROFILING_PROFILES_EXPORTER",
@@ -409,7 +369,8 @@ impl EnvConfig {
 /// `OTEL_EXPORTER_OTLP_PROFILES_*` with the generic fallbacks.
 fn otlp_profiles_from(
     get: &dyn Fn(&str) -> Option<String>,
-) -> Result<Option<OtlpProfilesTarget>, ConfigError> {
+    service_name: &str,
+) -> Result<Option<OtlpProfilesConfig>, ConfigError> {
     let (protocol_field, protocol) = match get("OTEL_EXPORTER_OTLP_PROFILES_PROTOCOL") {
         Some(v) => ("OTEL_EXPORTER_OTLP_PROFILES_PROTOCOL", Some(v)),
         None => (
@@ -443,11 +404,9 @@ fn otlp_profiles_from(
             &endpoint,
             otlp_profiles_url_example(protocol),
         )?;
-        return Ok(Some(OtlpProfilesTarget {
-            endpoint,
-            protocol,
-            headers,
-        }));
+        let mut config = OtlpProfilesConfig::new(endpoint, service_name).with_protocol(protocol);
+        config.headers = headers;
+        return Ok(Some(config));
     }
     match get("OTEL_EXPORTER_OTLP_ENDPOINT") {
         Some(base) => {
@@ -456,9 +415,9 @@ fn otlp_profiles_from(
                 &base,
                 otlp_url_example(protocol),
             )?;
-            Ok(Some(OtlpProfilesTarget::from_base(
-                &base, protocol, headers,
-            )))
+            let mut config = OtlpProfilesConfig::from_base(&base, protocol, service_name);
+            config.headers = headers;
+            Ok(Some(config))
         }
         None => Ok(None),
     }

@@ -33,10 +33,9 @@ use tracing_core::Subscriber;
 use tracing_subscriber::registry::LookupSpan;
 use tracing_subscriber::Layer;
 
-use crate::config::{
-    ConfigError, EnvConfig, OtlpProfilesTarget, OtlpProtocol, OtlpTarget, ProfilesExporter,
-};
+use crate::config::{ConfigError, EnvConfig, OtlpProtocol, OtlpTarget, ProfilesExporter};
 use crate::export::otlp::OtlpExporterError;
+use crate::export::otlp_profiles::OtlpProfilesConfig;
 use crate::export::pyroscope::{PyroscopeAuth, PyroscopeConfig, PyroscopeError, PyroscopeStats};
 use crate::export::span_stats::{SpanExportSnapshot, SpanExportStats};
 use crate::local_sink::{output_dir, LocalSpanExporter};
@@ -147,7 +146,7 @@ pub struct Telemetry {
     tags: Vec<(String, String)>,
     otlp: Option<OtlpTarget>,
     pyroscope: Option<PyroscopeConfig>,
-    otlp_profiles: Option<OtlpProfilesTarget>,
+    otlp_profiles: Option<OtlpProfilesConfig>,
     profiles_exporter: Option<ProfilesExporter>,
     frequency_hz: Option<u32>,
     interval: Option<Duration>,
@@ -238,21 +237,21 @@ impl Telemetry {
     /// `http://localhost:4318/v1development/profiles` for a Collector), for gRPC the server.
     /// Implies [`ProfilesExporter::Otlp`] unless [`profiles_exporter`](Self::profiles_exporter)
     /// says otherwise (or [`ProfilesExporter::Both`] when a Pyroscope server is set too).
+    /// The resource comes from the service name and resource at [`build`](Self::build).
     pub fn otlp_profiles(
         mut self,
         endpoint: &str,
         protocol: OtlpProtocol,
         headers: Vec<(String, String)>,
     ) -> Result<Self, SetupError> {
-        self.otlp_profiles = Some(OtlpProfilesTarget {
-            endpoint: crate::config::parse_url(
-                "otlp_profiles.endpoint",
-                endpoint,
-                crate::config::otlp_profiles_url_example(protocol),
-            )?,
-            protocol,
-            headers,
-        });
+        let endpoint = crate::config::parse_url(
+            "otlp_profiles.endpoint",
+            endpoint,
+            crate::config::otlp_profiles_url_example(protocol),
+        )?;
+        let mut config = OtlpProfilesConfig::new(endpoint, String::new()).with_protocol(protocol);
+        config.headers = headers;
+        self.otlp_profiles = Some(config);
         Ok(self)
     }
 
@@ -478,7 +477,7 @@ impl Telemetry {
     ) -> Result<
         (
             Option<(&PyroscopeConfig, Source)>,
-            Option<(OtlpProfilesTarget, Source)>,
+            Option<(OtlpProfilesConfig, Source)>,
         ),
         SetupError,
     > {
@@ -523,7 +522,7 @@ impl Telemetry {
                 (Some(t), _, _) => (t.clone(), Source::Builder),
                 (None, Some(t), _) => (t.clone(), Source::Env),
                 (None, None, Some(traces)) => (
-                    OtlpProfilesTarget::from_base(&traces.endpoint, traces.protocol, Vec::new()),
+                    OtlpProfilesConfig::from_base(&traces.endpoint, traces.protocol, String::new()),
                     Source::Builder,
                 ),
                 (None, None, None) => {

@@ -94,7 +94,6 @@ mod stats;
 #[cfg(any(feature = "pyroscope", feature = "otlp-http"))]
 pub(crate) mod uploader;
 
-#[cfg(any(feature = "pyroscope", feature = "otlp-http"))]
 pub(crate) use config::is_secret_header;
 pub use config::{
     PyroscopeAuth, PyroscopeBackoff, PyroscopeConfig, PyroscopeLimits, MAX_LABEL_NAMES,
