@@ -72,7 +72,8 @@ pub use otel_scope::{ProfiledFuture, ProfilingContext, ProfilingFutureExt};
 pub use processor::{ProfileIdScope, ProfileIdSpanProcessor, PROFILE_ID_ATTRIBUTE};
 pub use profiler::{Profiler, ProfilerBuilder, ProfilerError, ProfilerStats};
 pub use setup::{
-    series_labels, HealthStats, SetupError, Telemetry, TelemetryGuard, RESOURCE_SERIES_LABELS,
+    resource_series_labels, HealthStats, SetupError, Telemetry, TelemetryGuard,
+    RESOURCE_SERIES_LABELS,
 };
 pub use span_context::{current_local_root, LocalRoot, SpanContextGuard};
 pub use span_name::{span_names_overflowed, SpanName, MAX_SPAN_NAMES};

@@ -10,7 +10,8 @@ use std::collections::HashSet;
 use std::time::{Duration, Instant};
 
 use opentelemetry_proto::tonic::collector::trace::v1::ExportTraceServiceRequest;
-use otel_profiling::config::{Credentials, OtlpProtocol};
+use otel_profiling::config::OtlpProtocol;
+use otel_profiling::export::pyroscope::PyroscopeAuth;
 use otel_profiling::test_support::push_v1::PushRequest;
 use otel_profiling::{pprof, Telemetry};
 use prost::Message;
@@ -52,7 +53,7 @@ fn traces_and_profiles_reach_their_receivers_with_the_same_span_id() {
         .expect("otlp url")
         .pyroscope(
             &pyro_url,
-            Some(Credentials::Basic {
+            Some(PyroscopeAuth::Basic {
                 user: "u".into(),
                 password: "p".into(),
             }),

@@ -21,7 +21,7 @@ use std::path::{Path, PathBuf};
 
 use otel_profiling::config::{EnvConfig, OtlpProtocol};
 use otel_profiling::export::pyroscope::PROFILE_TYPE_ID;
-use otel_profiling::{series_labels, RESOURCE_SERIES_LABELS};
+use otel_profiling::{resource_series_labels, RESOURCE_SERIES_LABELS};
 use serde_yaml::Value;
 
 /// Grafana's data source type for Pyroscope.
@@ -736,10 +736,12 @@ fn check_demo(stack: &Stack) -> Vec<String> {
     }
     match &config.pyroscope {
         None => problems.push("compose: demo pushes no profiles (no Pyroscope)".to_string()),
-        Some(p) if host_port(&p.server) != Some(("pyroscope".to_string(), PYROSCOPE_PORT)) => {
+        Some(p)
+            if host_port(&p.server_address) != Some(("pyroscope".to_string(), PYROSCOPE_PORT)) =>
+        {
             problems.push(format!(
                 "compose: demo Pyroscope address {} is not pyroscope:{PYROSCOPE_PORT}",
-                p.server
+                p.server_address
             ))
         }
         Some(_) => {}
@@ -747,7 +749,7 @@ fn check_demo(stack: &Stack) -> Vec<String> {
     // The series labels these resource attributes become are ones Grafana selects on.
     let grafana_labels: BTreeSet<String> =
         expected_tag_mapping().into_iter().map(|(_, l)| l).collect();
-    for (label, _) in series_labels(&config.resource_attributes) {
+    for (label, _) in resource_series_labels(&config.resource_attributes) {
         if !grafana_labels.contains(&label) {
             problems.push(format!(
                 "compose: demo series label `{label}` is not mapped in Grafana"
@@ -941,7 +943,10 @@ fn grafana_tag_mapping_is_the_exporters_series_labels() {
         .iter()
         .map(|(k, _)| (k.to_string(), "x".to_string()))
         .collect();
-    let pushed: BTreeSet<String> = series_labels(&attrs).into_iter().map(|(l, _)| l).collect();
+    let pushed: BTreeSet<String> = resource_series_labels(&attrs)
+        .into_iter()
+        .map(|(l, _)| l)
+        .collect();
     let selected: BTreeSet<String> = expected.into_iter().map(|(_, l)| l).collect();
     assert_eq!(pushed, selected);
     assert_clean("data sources", check_datasources(&Stack::load()));
@@ -964,7 +969,7 @@ fn demo_environment_is_accepted_by_the_bridge() {
     assert_eq!(otlp.protocol, OtlpProtocol::HttpProtobuf);
     assert_eq!(otlp.traces_url(), "http://tempo:4318/v1/traces");
     let pyroscope = config.pyroscope.expect("profiles are pushed");
-    assert_eq!(pyroscope.server, "http://pyroscope:4040");
+    assert_eq!(pyroscope.server_address, "http://pyroscope:4040");
     assert!(config.service_name.is_some());
 }
 

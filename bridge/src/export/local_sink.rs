@@ -48,25 +48,36 @@ pub const CARGO_TARGET_DIR_ENV: &str = "CARGO_TARGET_DIR";
 pub fn output_dir(explicit: Option<&Path>) -> PathBuf {
     choose_output_dir(
         explicit,
-        std::env::var_os(OUTPUT_DIR_ENV),
+        output_dir_variable(std::env::var_os),
         std::env::var_os(CARGO_TARGET_DIR_ENV),
         std::env::current_exe().ok().as_deref(),
     )
 }
 
+/// `OTEL_PROFILING_OUTPUT_DIR` as `lookup` reports it; empty or blank counts as unset. The
+/// one reader of the variable: [`output_dir`] passes the process environment,
+/// [`EnvConfig`](crate::config::EnvConfig) its own lookup.
+pub(crate) fn output_dir_variable(
+    lookup: impl FnOnce(&'static str) -> Option<OsString>,
+) -> Option<PathBuf> {
+    lookup(OUTPUT_DIR_ENV)
+        .filter(|d| !d.to_str().is_some_and(|d| d.trim().is_empty()))
+        .map(PathBuf::from)
+}
+
 /// [`output_dir`] with the environment and the binary's path passed in (so tests need not
-/// change the process environment). Empty variables count as unset.
+/// change the process environment). An empty `CARGO_TARGET_DIR` counts as unset.
 fn choose_output_dir(
     explicit: Option<&Path>,
-    output_dir_env: Option<OsString>,
+    output_dir_env: Option<PathBuf>,
     cargo_target_dir_env: Option<OsString>,
     exe: Option<&Path>,
 ) -> PathBuf {
     if let Some(dir) = explicit {
         return dir.to_path_buf();
     }
-    if let Some(dir) = output_dir_env.filter(|d| !d.is_empty()) {
-        return PathBuf::from(dir);
+    if let Some(dir) = output_dir_env {
+        return dir;
     }
     if let Some(dir) = cargo_target_dir_env.filter(|d| !d.is_empty()) {
         return PathBuf::from(dir).join("otel-profiling");
@@ -275,7 +286,9 @@ mod tests {
         let exe_in_target = Path::new("/src/app/target/debug/app");
         let exe_elsewhere = Path::new("/build/debug/app");
         let builder = Some(Path::new("/x/y"));
-        let dir = |explicit, out, cargo, exe| choose_output_dir(explicit, out, cargo, exe);
+        let dir = |explicit, out: Option<OsString>, cargo, exe| {
+            choose_output_dir(explicit, output_dir_variable(|_| out), cargo, exe)
+        };
         assert_eq!(
             dir(builder, os("/from/env"), os("/build"), Some(exe_elsewhere)),
             PathBuf::from("/x/y")
@@ -313,6 +326,11 @@ mod tests {
         assert_eq!(
             dir(None, os(""), os("rel/tgt"), None),
             PathBuf::from("rel/tgt/otel-profiling")
+        );
+        // A blank OTEL_PROFILING_OUTPUT_DIR too, as `EnvConfig` reads it (the same reader).
+        assert_eq!(
+            dir(None, os("  "), None, None),
+            PathBuf::from("target/otel-profiling")
         );
     }
 

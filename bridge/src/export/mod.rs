@@ -2,7 +2,6 @@
 
 pub mod local_sink;
 mod log_limiter;
-#[cfg(feature = "otlp-grpc")]
 pub mod otlp;
 pub mod otlp_profiles;
 pub mod pyroscope;

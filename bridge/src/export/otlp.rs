@@ -1,4 +1,5 @@
-//! OTLP span export for the one-call setup (this module: the `otlp-grpc` feature).
+//! OTLP span export for the one-call setup: [`OtlpExporterError`] in every build, the gRPC
+//! exporter with the `otlp-grpc` feature.
 //!
 //! HTTP/protobuf (the `otlp-http` feature) uses `opentelemetry-otlp`'s blocking reqwest client and runs on the batch
 //! span processor's own thread. gRPC (tonic) needs a Tokio reactor for its connection, and
@@ -6,29 +7,52 @@
 //! runtime: the channel is created inside it and every export is driven on it. The host
 //! application's own runtime is never used (nor required).
 
+#[cfg(feature = "otlp-grpc")]
 use std::fmt;
+#[cfg(feature = "otlp-grpc")]
 use std::sync::{Mutex, PoisonError};
+#[cfg(feature = "otlp-grpc")]
 use std::time::Duration;
 
+#[cfg(feature = "otlp-grpc")]
 use opentelemetry_sdk::error::{OTelSdkError, OTelSdkResult};
+#[cfg(feature = "otlp-grpc")]
 use opentelemetry_sdk::trace::{SpanData, SpanExporter};
+#[cfg(feature = "otlp-grpc")]
 use opentelemetry_sdk::Resource;
 
+/// Why an OTLP span exporter could not be built.
+/// [`SetupError::OtlpSpans`](crate::SetupError::OtlpSpans) adds the setting it was built
+/// from.
+#[derive(Debug, thiserror::Error)]
+#[non_exhaustive]
+pub enum OtlpExporterError {
+    /// `opentelemetry-otlp` refused the settings.
+    #[error("cannot build the OTLP span exporter: {0}")]
+    Build(#[source] Box<dyn std::error::Error + Send + Sync + 'static>),
+    /// The gRPC exporter's runtime could not start.
+    #[error("cannot start the OTLP/gRPC exporter's runtime: {0}")]
+    Runtime(#[source] std::io::Error),
+}
+
 /// The tonic OTLP exporter, driven on a runtime of its own.
+#[cfg(feature = "otlp-grpc")]
 pub struct GrpcSpanExporter {
     inner: opentelemetry_otlp::SpanExporter,
     runtime: Mutex<Option<tokio::runtime::Runtime>>,
 }
 
+#[cfg(feature = "otlp-grpc")]
 impl fmt::Debug for GrpcSpanExporter {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         f.debug_struct("GrpcSpanExporter").finish_non_exhaustive()
     }
 }
 
+#[cfg(feature = "otlp-grpc")]
 impl GrpcSpanExporter {
     /// Connects (lazily) to `endpoint`, e.g. `http://localhost:4317`.
-    pub fn new(endpoint: &str) -> Result<GrpcSpanExporter, String> {
+    pub fn new(endpoint: &str) -> Result<GrpcSpanExporter, OtlpExporterError> {
         use opentelemetry_otlp::WithExportConfig;
         let runtime = tokio::runtime::Builder::new_multi_thread()
             .worker_threads(1)
@@ -42,14 +66,14 @@ impl GrpcSpanExporter {
             })
             .enable_all()
             .build()
-            .map_err(|e| format!("starting the gRPC runtime: {e}"))?;
+            .map_err(OtlpExporterError::Runtime)?;
         let inner = {
             let _entered = runtime.enter();
             opentelemetry_otlp::SpanExporter::builder()
                 .with_tonic()
                 .with_endpoint(endpoint)
                 .build()
-                .map_err(|e| e.to_string())?
+                .map_err(|e| OtlpExporterError::Build(Box::new(e)))?
         };
         Ok(GrpcSpanExporter {
             inner,
@@ -78,6 +102,7 @@ impl GrpcSpanExporter {
     }
 }
 
+#[cfg(feature = "otlp-grpc")]
 impl SpanExporter for GrpcSpanExporter {
     async fn export(&self, batch: Vec<SpanData>) -> OTelSdkResult {
         match self.handle() {
@@ -103,6 +128,7 @@ impl SpanExporter for GrpcSpanExporter {
     }
 }
 
+#[cfg(feature = "otlp-grpc")]
 impl Drop for GrpcSpanExporter {
     fn drop(&mut self) {
         self.stop_runtime();

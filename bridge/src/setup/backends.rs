@@ -10,8 +10,9 @@ use opentelemetry_sdk::trace::{BatchSpanProcessor, SpanExporter, TracerProviderB
 
 use super::SetupError;
 use crate::collector::ProfileSink;
-use crate::config::{OtlpProfilesTarget, OtlpProtocol, OtlpTarget, PyroscopeTarget};
-use crate::export::pyroscope::PyroscopeStats;
+use crate::config::{OtlpProtocol, OtlpTarget};
+use crate::export::otlp_profiles::OtlpProfilesConfig;
+use crate::export::pyroscope::{PyroscopeConfig, PyroscopeStats};
 use crate::export::span_stats::{CountingSpanExporter, SpanExportStats};
 use crate::{CpuEvidenceProcessor, ProfileIdScope};
 
@@ -93,19 +94,19 @@ fn check_tls(compiled: Compiled, field: &'static str, url: &str) -> Result<(), S
 pub(super) fn check(
     compiled: Compiled,
     otlp: Option<(&OtlpTarget, Source)>,
-    pyroscope: Option<(&PyroscopeTarget, Source)>,
+    pyroscope: Option<(&PyroscopeConfig, Source)>,
 ) -> Result<(), SetupError> {
-    if let Some((target, source)) = pyroscope {
+    if let Some((config, source)) = pyroscope {
         let field = source.pyroscope_server();
         if !compiled.pyroscope {
             return Err(disabled(
                 field,
-                &target.server,
+                &config.server_address,
                 "pyroscope",
                 "pushing profiles to Pyroscope",
             ));
         }
-        check_tls(compiled, field, &target.server)?;
+        check_tls(compiled, field, &config.server_address)?;
     }
     if let Some((target, source)) = otlp {
         match target.protocol {
@@ -148,7 +149,7 @@ pub(super) fn check(
 /// this crate does not have for profiles), naming the setting.
 pub(super) fn check_otlp_profiles(
     compiled: Compiled,
-    target: Option<&(OtlpProfilesTarget, Source)>,
+    target: Option<&(OtlpProfilesConfig, Source)>,
 ) -> Result<(), SetupError> {
     let Some((target, source)) = target else {
         return Ok(());
@@ -185,43 +186,43 @@ pub(super) fn check_otlp_profiles(
     }
 }
 
-/// The OTLP profiles sink for `target` (resource `attributes` with `service.name`), and
-/// its counters.
+/// The OTLP profiles sink for `config` with the setup's resource (`attributes`, with
+/// `service.name`), and its counters.
 #[cfg(any(feature = "pyroscope", feature = "otlp-http"))]
 pub(super) fn otlp_profiles_sink(
-    target: &OtlpProfilesTarget,
+    config: &OtlpProfilesConfig,
     attributes: &[(String, String)],
     timeout: Duration,
 ) -> Result<(Box<dyn ProfileSink>, Arc<PyroscopeStats>), SetupError> {
-    use crate::export::otlp_profiles::{OtlpProfilesConfig, OtlpProfilesExporter};
+    use crate::export::otlp_profiles::OtlpProfilesExporter;
     let service = attributes
         .iter()
         .rev()
         .find(|(k, _)| k == "service.name")
         .map(|(_, v)| v.clone())
         .unwrap_or_else(|| "unknown_service".into());
-    let mut config = OtlpProfilesConfig::new(&target.endpoint, service)
-        .with_protocol(target.protocol)
-        .with_shutdown_timeout(timeout);
+    let mut config = config.clone().with_shutdown_timeout(timeout);
+    config.resource = vec![("service.name".into(), service)];
     for (k, v) in attributes.iter().filter(|(k, _)| k != "service.name") {
         config = config.with_resource_attribute(k.clone(), v.clone());
     }
-    for (name, value) in &target.headers {
-        config = config.with_header(name.clone(), value.clone());
-    }
-    let exporter =
-        OtlpProfilesExporter::new(config).map_err(|e| exporter_error("otlp profiles", e))?;
+    let exporter = OtlpProfilesExporter::new(config).map_err(SetupError::OtlpProfiles)?;
     let stats = exporter.stats();
     Ok((Box::new(exporter), stats))
 }
 
 #[cfg(not(any(feature = "pyroscope", feature = "otlp-http")))]
 pub(super) fn otlp_profiles_sink(
-    _: &OtlpProfilesTarget,
+    _target: &OtlpProfilesConfig,
     _: &[(String, String)],
     _: Duration,
 ) -> Result<(Box<dyn ProfileSink>, Arc<PyroscopeStats>), SetupError> {
-    Err(not_compiled("otlp profiles", "otlp-http"))
+    Err(not_compiled(
+        "otlp_profiles.endpoint",
+        &_target.endpoint,
+        "otlp-http",
+        "OTLP profiles over HTTP",
+    ))
 }
 
 /// Counts and batches `exporter`'s spans, with CPU evidence and the profile id on the
@@ -242,39 +243,35 @@ pub(super) fn add_span_exporter(
     (provider, stats)
 }
 
-/// Adds the OTLP exporter for `target` to `provider`.
+/// Adds the OTLP exporter for `target` (set through `source`) to `provider`.
 pub(super) fn with_otlp(
     provider: TracerProviderBuilder,
     target: &OtlpTarget,
+    source: Source,
     scope: ProfileIdScope,
 ) -> Result<(TracerProviderBuilder, Arc<SpanExportStats>), SetupError> {
     match target.protocol {
-        OtlpProtocol::HttpProtobuf => with_otlp_http(provider, target, scope),
-        OtlpProtocol::Grpc => with_otlp_grpc(provider, target, scope),
-    }
-}
-
-#[cfg(any(feature = "pyroscope", feature = "otlp-http", feature = "otlp-grpc"))]
-fn exporter_error(what: &'static str, e: impl std::fmt::Display) -> SetupError {
-    SetupError::Exporter {
-        what,
-        message: e.to_string(),
+        OtlpProtocol::HttpProtobuf => with_otlp_http(provider, target, source, scope),
+        OtlpProtocol::Grpc => with_otlp_grpc(provider, target, source, scope),
     }
 }
 
 /// Only reached when [`check`] was skipped: still an error, never a silent drop.
 #[allow(dead_code)] // unused when every backend is compiled in
-fn not_compiled(what: &'static str, feature: &'static str) -> SetupError {
-    SetupError::Exporter {
-        what,
-        message: format!("not compiled in (the otel-profiling feature \"{feature}\")"),
-    }
+fn not_compiled(
+    field: &'static str,
+    value: &str,
+    feature: &'static str,
+    purpose: &'static str,
+) -> SetupError {
+    disabled(field, value, feature, purpose)
 }
 
 #[cfg(feature = "otlp-http")]
 fn with_otlp_http(
     provider: TracerProviderBuilder,
     target: &OtlpTarget,
+    source: Source,
     scope: ProfileIdScope,
 ) -> Result<(TracerProviderBuilder, Arc<SpanExportStats>), SetupError> {
     use opentelemetry_otlp::WithExportConfig;
@@ -283,7 +280,10 @@ fn with_otlp_http(
         .with_protocol(opentelemetry_otlp::Protocol::HttpBinary)
         .with_endpoint(target.traces_url())
         .build()
-        .map_err(|e| exporter_error("otlp", e))?;
+        .map_err(|e| SetupError::OtlpSpans {
+            field: source.otlp_endpoint(),
+            source: crate::export::otlp::OtlpExporterError::Build(Box::new(e)),
+        })?;
     Ok(add_span_exporter(
         provider,
         exporter,
@@ -296,19 +296,31 @@ fn with_otlp_http(
 fn with_otlp_http(
     _: TracerProviderBuilder,
     _: &OtlpTarget,
+    source: Source,
     _: ProfileIdScope,
 ) -> Result<(TracerProviderBuilder, Arc<SpanExportStats>), SetupError> {
-    Err(not_compiled("otlp", "otlp-http"))
+    Err(not_compiled(
+        source.otlp_protocol(),
+        "http/protobuf",
+        "otlp-http",
+        "OTLP span export over HTTP",
+    ))
 }
 
 #[cfg(feature = "otlp-grpc")]
 fn with_otlp_grpc(
     provider: TracerProviderBuilder,
     target: &OtlpTarget,
+    source: Source,
     scope: ProfileIdScope,
 ) -> Result<(TracerProviderBuilder, Arc<SpanExportStats>), SetupError> {
-    let exporter = crate::export::otlp::GrpcSpanExporter::new(&target.traces_url())
-        .map_err(|e| exporter_error("otlp", e))?;
+    let exporter =
+        crate::export::otlp::GrpcSpanExporter::new(&target.traces_url()).map_err(|error| {
+            SetupError::OtlpSpans {
+                field: source.otlp_endpoint(),
+                source: error,
+            }
+        })?;
     Ok(add_span_exporter(provider, exporter, "otlp (grpc)", scope))
 }
 
@@ -316,48 +328,50 @@ fn with_otlp_grpc(
 fn with_otlp_grpc(
     _: TracerProviderBuilder,
     _: &OtlpTarget,
+    source: Source,
     _: ProfileIdScope,
 ) -> Result<(TracerProviderBuilder, Arc<SpanExportStats>), SetupError> {
-    Err(not_compiled("otlp", "otlp-grpc"))
+    Err(not_compiled(
+        source.otlp_protocol(),
+        "grpc",
+        "otlp-grpc",
+        "OTLP span export over gRPC",
+    ))
 }
 
-/// The Pyroscope push sink for `target`, and its counters.
+/// The Pyroscope push sink for `config` with the application name and series labels of
+/// the setup, and its counters.
 #[cfg(feature = "pyroscope")]
 pub(super) fn pyroscope_sink(
-    target: &PyroscopeTarget,
+    config: &PyroscopeConfig,
     service_name: &str,
     labels: Vec<(String, String)>,
     timeout: Duration,
 ) -> Result<(Box<dyn ProfileSink>, Arc<PyroscopeStats>), SetupError> {
-    use crate::config::Credentials;
-    use crate::export::pyroscope::{PyroscopeAuth, PyroscopeConfig, PyroscopeExporter};
-    let mut config = PyroscopeConfig::new(&target.server, service_name)
+    use crate::export::pyroscope::PyroscopeExporter;
+    let mut config = config
+        .clone()
         .with_labels(labels.into_iter().filter(|(k, _)| k != "service_name"))
         .with_shutdown_timeout(timeout);
-    config = match &target.credentials {
-        Some(Credentials::Basic { user, password }) => config.with_auth(PyroscopeAuth::Basic {
-            user: user.clone(),
-            password: password.clone(),
-        }),
-        Some(Credentials::Bearer(token)) => config.with_auth(PyroscopeAuth::Bearer(token.clone())),
-        None => config,
-    };
-    if let Some(tenant) = &target.tenant_id {
-        config = config.with_tenant_id(tenant.clone());
-    }
-    let exporter = PyroscopeExporter::new(config).map_err(|e| exporter_error("pyroscope", e))?;
+    config.application_name = service_name.to_string();
+    let exporter = PyroscopeExporter::new(config)?;
     let stats = exporter.stats();
     Ok((Box::new(exporter), stats))
 }
 
 #[cfg(not(feature = "pyroscope"))]
 pub(super) fn pyroscope_sink(
-    _: &PyroscopeTarget,
+    config: &PyroscopeConfig,
     _: &str,
     _: Vec<(String, String)>,
     _: Duration,
 ) -> Result<(Box<dyn ProfileSink>, Arc<PyroscopeStats>), SetupError> {
-    Err(not_compiled("pyroscope", "pyroscope"))
+    Err(not_compiled(
+        "pyroscope.server_address",
+        &config.server_address,
+        "pyroscope",
+        "pushing profiles to Pyroscope",
+    ))
 }
 
 #[cfg(test)]
@@ -378,19 +392,15 @@ mod tests {
         }
     }
 
-    fn pyroscope(server: &str) -> PyroscopeTarget {
-        PyroscopeTarget {
-            server: server.into(),
-            credentials: None,
-            tenant_id: None,
-        }
+    fn pyroscope(server: &str) -> PyroscopeConfig {
+        PyroscopeConfig::new(server, "checkout")
     }
 
     /// Compiled features, the OTLP and Pyroscope settings, the message's start.
     type Case<'a> = (
         Compiled,
         Option<(&'a OtlpTarget, Source)>,
-        Option<(&'a PyroscopeTarget, Source)>,
+        Option<(&'a PyroscopeConfig, Source)>,
         &'static str,
     );
 
@@ -504,20 +514,10 @@ mod tests {
     /// setting and the feature; with the feature they pass.
     #[test]
     fn otlp_profiles_compiled_out_are_refused_naming_the_setting_and_the_feature() {
-        let http = OtlpProfilesTarget {
-            endpoint: "http://pyroscope:4040/v1development/profiles".into(),
-            protocol: OtlpProtocol::HttpProtobuf,
-            headers: Vec::new(),
-        };
-        let https = OtlpProfilesTarget {
-            endpoint: "https://pyroscope:4040/v1development/profiles".into(),
-            ..http.clone()
-        };
-        let grpc = OtlpProfilesTarget {
-            endpoint: "http://collector:4317".into(),
-            protocol: OtlpProtocol::Grpc,
-            headers: Vec::new(),
-        };
+        let http = OtlpProfilesConfig::new("http://pyroscope:4040/v1development/profiles", "s");
+        let https = OtlpProfilesConfig::new("https://pyroscope:4040/v1development/profiles", "s");
+        let grpc =
+            OtlpProfilesConfig::new("http://collector:4317", "s").with_protocol(OtlpProtocol::Grpc);
         let cases = [
             (
                 Compiled { otlp_http: false, ..ALL },

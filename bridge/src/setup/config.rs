@@ -24,10 +24,19 @@
 //!
 //! An empty variable counts as unset. A malformed one fails setup with an error naming the
 //! variable and the accepted form. Secrets never appear in `Debug` output or errors.
+//!
+//! The reader builds the exporters' own settings where they exist: the `PYROSCOPE_*`
+//! variables become a [`PyroscopeConfig`] and the `OTEL_EXPORTER_OTLP_PROFILES_*` ones an
+//! [`OtlpProfilesConfig`] (one type each, whether set here or in code), and every
+//! URL is checked by the one URL check the exporters use too.
 
-use std::fmt;
+use std::ffi::OsString;
 use std::path::PathBuf;
 use std::time::Duration;
+
+use crate::export::otlp_profiles::OtlpProfilesConfig;
+use crate::export::pyroscope::{PyroscopeAuth, PyroscopeConfig};
+use crate::local_sink::output_dir_variable;
 
 /// A configuration value that was malformed.
 #[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
@@ -132,88 +141,6 @@ impl ProfilesExporter {
     }
 }
 
-/// Where OTLP profiles go. `Debug` shows header names only.
-#[derive(Clone, PartialEq, Eq)]
-pub struct OtlpProfilesTarget {
-    /// The URL requests go to: for HTTP the full URL with the signal path
-    /// (`http://host:4040/v1development/profiles`), for gRPC the server (`http://host:4317`).
-    pub endpoint: String,
-    /// Transport.
-    pub protocol: OtlpProtocol,
-    /// Extra headers (metadata for gRPC).
-    pub headers: Vec<(String, String)>,
-}
-
-impl fmt::Debug for OtlpProfilesTarget {
-    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        let names: Vec<&str> = self.headers.iter().map(|(n, _)| n.as_str()).collect();
-        f.debug_struct("OtlpProfilesTarget")
-            .field("endpoint", &self.endpoint)
-            .field("protocol", &self.protocol)
-            .field("header_names", &names)
-            .finish()
-    }
-}
-
-impl OtlpProfilesTarget {
-    /// The target for a generic OTLP endpoint (`OTEL_EXPORTER_OTLP_ENDPOINT`): for HTTP the
-    /// signal path `/v1development/profiles` is appended, as the OTel spec says for every
-    /// signal; gRPC uses the endpoint as is.
-    pub fn from_base(base: &str, protocol: OtlpProtocol, headers: Vec<(String, String)>) -> Self {
-        let endpoint = match protocol {
-            OtlpProtocol::HttpProtobuf => format!(
-                "{}{}",
-                base.trim_end_matches('/'),
-                crate::export::otlp_profiles::PROFILES_PATH
-            ),
-            OtlpProtocol::Grpc => base.to_string(),
-        };
-        OtlpProfilesTarget {
-            endpoint,
-            protocol,
-            headers,
-        }
-    }
-}
-
-/// Credentials for Pyroscope.
-#[derive(Clone, PartialEq, Eq)]
-pub enum Credentials {
-    /// HTTP basic auth.
-    Basic {
-        /// User name.
-        user: String,
-        /// Password.
-        password: String,
-    },
-    /// `Authorization: Bearer <token>`.
-    Bearer(String),
-}
-
-impl fmt::Debug for Credentials {
-    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        match self {
-            Credentials::Basic { user, .. } => f
-                .debug_struct("Basic")
-                .field("user", user)
-                .field("password", &"***")
-                .finish(),
-            Credentials::Bearer(_) => f.debug_tuple("Bearer").field(&"***").finish(),
-        }
-    }
-}
-
-/// Where profiles go.
-#[derive(Clone, Debug, PartialEq, Eq)]
-pub struct PyroscopeTarget {
-    /// Server address, e.g. `http://localhost:4040`.
-    pub server: String,
-    /// Credentials, if any.
-    pub credentials: Option<Credentials>,
-    /// Tenant (`X-Scope-OrgID`), if any.
-    pub tenant_id: Option<String>,
-}
-
 /// Everything the environment said.
 #[derive(Clone, Debug, Default, PartialEq, Eq)]
 #[non_exhaustive]
@@ -224,8 +151,11 @@ pub struct EnvConfig {
     pub resource_attributes: Vec<(String, String)>,
     /// `OTEL_EXPORTER_OTLP_ENDPOINT` / `_PROTOCOL`.
     pub otlp: Option<OtlpTarget>,
-    /// `PYROSCOPE_*`.
-    pub pyroscope: Option<PyroscopeTarget>,
+    /// `PYROSCOPE_SERVER_ADDRESS`, `PYROSCOPE_BASIC_AUTH_*`, `PYROSCOPE_AUTH_TOKEN` and
+    /// `PYROSCOPE_TENANT_ID`, read straight into the exporter's settings (the application
+    /// name is the service name read here; [`Telemetry::build`](crate::Telemetry::build)
+    /// sets it and the series labels from the service name and resource in use).
+    pub pyroscope: Option<PyroscopeConfig>,
     /// `PYROSCOPE_SAMPLE_RATE`.
     pub sample_rate_hz: Option<u32>,
     /// `PYROSCOPE_UPLOAD_INTERVAL`.
@@ -239,8 +169,10 @@ pub struct EnvConfig {
     /// `OTEL_PROFILING_THREAD_CONTEXT`: publish the OTEP 4947 thread context.
     pub thread_context: Option<bool>,
     /// `OTEL_EXPORTER_OTLP_PROFILES_ENDPOINT` / `_PROTOCOL` / `_HEADERS`, each falling back
-    /// to the generic `OTEL_EXPORTER_OTLP_*`: where OTLP profiles would go.
-    pub otlp_profiles: Option<OtlpProfilesTarget>,
+    /// to the generic `OTEL_EXPORTER_OTLP_*`: where OTLP profiles would go, read straight
+    /// into the exporter's settings ([`Telemetry::build`](crate::Telemetry::build) sets the
+    /// resource from the one in use).
+    pub otlp_profiles: Option<OtlpProfilesConfig>,
     /// `OTEL_PROFILING_PROFILES_EXPORTER`; when unset, `otlp` is implied by
     /// `OTEL_EXPORTER_OTLP_PROFILES_ENDPOINT` (with Pyroscope too when
     /// `PYROSCOPE_SERVER_ADDRESS` is set), else profiles go to Pyroscope when configured.
@@ -297,10 +229,10 @@ impl EnvConfig {
         let user = get("PYROSCOPE_BASIC_AUTH_USER");
         let password = get("PYROSCOPE_BASIC_AUTH_PASSWORD");
         let token = get("PYROSCOPE_AUTH_TOKEN");
-        let credentials =
+        let auth =
             match (user, password, token) {
-                (Some(user), Some(password), None) => Some(Credentials::Basic { user, password }),
-                (None, None, Some(token)) => Some(Credentials::Bearer(token)),
+                (Some(user), Some(password), None) => Some(PyroscopeAuth::Basic { user, password }),
+                (None, None, Some(token)) => Some(PyroscopeAuth::Bearer(token)),
                 (None, None, None) => None,
                 (Some(_), None, _) => return Err(ConfigError::new(
                     "PYROSCOPE_BASIC_AUTH_PASSWORD",
@@ -326,13 +258,14 @@ impl EnvConfig {
         let tenant_id = get("PYROSCOPE_TENANT_ID");
         match get("PYROSCOPE_SERVER_ADDRESS") {
             Some(server) => {
-                config.pyroscope = Some(PyroscopeTarget {
-                    server: parse_url("PYROSCOPE_SERVER_ADDRESS", &server, PYROSCOPE_URL_EXAMPLE)?,
-                    credentials,
-                    tenant_id,
-                });
+                let server = parse_url("PYROSCOPE_SERVER_ADDRESS", &server, PYROSCOPE_URL_EXAMPLE)?;
+                let application = config.service_name.as_deref().unwrap_or("unknown_service");
+                let mut pyroscope = PyroscopeConfig::new(server, application);
+                pyroscope.auth = auth;
+                pyroscope.tenant_id = tenant_id;
+                config.pyroscope = Some(pyroscope);
             }
-            None if credentials.is_some() || tenant_id.is_some() => {
+            None if auth.is_some() || tenant_id.is_some() => {
                 return Err(ConfigError::new(
                     "PYROSCOPE_SERVER_ADDRESS",
                     "missing while Pyroscope credentials or tenant are set",
@@ -384,8 +317,9 @@ impl EnvConfig {
                 })?)
             });
         }
-        config.output_dir = get("OTEL_PROFILING_OUTPUT_DIR").map(PathBuf::from);
-        config.otlp_profiles = otlp_profiles_from(&get)?;
+        config.output_dir = output_dir_variable(|name| lookup(name).map(OsString::from));
+        let service = config.service_name.as_deref().unwrap_or("unknown_service");
+        config.otlp_profiles = otlp_profiles_from(&get, service)?;
         config.profiles_exporter = match get("OTEL_PROFILING_PROFILES_EXPORTER") {
             Some(v) => Some(ProfilesExporter::parse(
                 "OTEL_PROFILING_PROFILES_EXPORTER",
@@ -435,7 +369,8 @@ impl EnvConfig {
 /// `OTEL_EXPORTER_OTLP_PROFILES_*` with the generic fallbacks.
 fn otlp_profiles_from(
     get: &dyn Fn(&str) -> Option<String>,
-) -> Result<Option<OtlpProfilesTarget>, ConfigError> {
+    service_name: &str,
+) -> Result<Option<OtlpProfilesConfig>, ConfigError> {
     let (protocol_field, protocol) = match get("OTEL_EXPORTER_OTLP_PROFILES_PROTOCOL") {
         Some(v) => ("OTEL_EXPORTER_OTLP_PROFILES_PROTOCOL", Some(v)),
         None => (
@@ -469,11 +404,9 @@ fn otlp_profiles_from(
             &endpoint,
             otlp_profiles_url_example(protocol),
         )?;
-        return Ok(Some(OtlpProfilesTarget {
-            endpoint,
-            protocol,
-            headers,
-        }));
+        let mut config = OtlpProfilesConfig::new(endpoint, service_name).with_protocol(protocol);
+        config.headers = headers;
+        return Ok(Some(config));
     }
     match get("OTEL_EXPORTER_OTLP_ENDPOINT") {
         Some(base) => {
@@ -482,9 +415,9 @@ fn otlp_profiles_from(
                 &base,
                 otlp_url_example(protocol),
             )?;
-            Ok(Some(OtlpProfilesTarget::from_base(
-                &base, protocol, headers,
-            )))
+            let mut config = OtlpProfilesConfig::from_base(&base, protocol, service_name);
+            config.headers = headers;
+            Ok(Some(config))
         }
         None => Ok(None),
     }
@@ -520,36 +453,74 @@ pub(crate) fn otlp_url_example(protocol: OtlpProtocol) -> &'static str {
     }
 }
 
-/// `http(s)://host[:port][/path]`, without query or fragment; returned without a
-/// trailing slash. `expected` is the accepted form with an example for this variable.
+/// The crate's one URL check, for every URL setting from the environment, the `Telemetry`
+/// builder and the exporters' own settings: `http(s)://host[:port][/path]`, without
+/// credentials, query or fragment; returned without a trailing slash. `expected` is the
+/// accepted form with an example for this setting. Errors name `field`; credentials in the
+/// value are shown as `***`.
 pub(crate) fn parse_url(
     field: &'static str,
     value: &str,
     expected: &'static str,
 ) -> Result<String, ConfigError> {
     let v = value.trim();
+    let shown = without_credentials(value);
+    let error = |problem| ConfigError {
+        field,
+        problem,
+        value: shown.clone(),
+        expected,
+    };
     let rest = v
         .strip_prefix("http://")
         .or_else(|| v.strip_prefix("https://"))
-        .ok_or_else(|| ConfigError::new(field, "not an http(s) URL", value, expected))?;
-    let host = rest.split('/').next().unwrap_or("");
-    if host.is_empty() || host.contains(char::is_whitespace) || host.contains('@') {
-        return Err(ConfigError::new(field, "no valid host", value, expected));
+        .ok_or_else(|| error("not an http(s) URL"))?;
+    let host = rest.split(['/', '?', '#']).next().unwrap_or("");
+    if host.contains('@') {
+        return Err(error(
+            "credentials in the URL are not supported (set them as credentials or a header)",
+        ));
+    }
+    if host.is_empty() || host.contains(char::is_whitespace) {
+        return Err(error("no valid host"));
     }
     if let Some((_, port)) = host.rsplit_once(':').filter(|_| !host.ends_with(']')) {
         if port.parse::<u16>().is_err() {
-            return Err(ConfigError::new(field, "invalid port", value, expected));
+            return Err(error("invalid port"));
         }
     }
     if v.contains('?') || v.contains('#') {
-        return Err(ConfigError::new(
-            field,
-            "query or fragment not allowed",
-            value,
-            expected,
-        ));
+        return Err(error("query or fragment not allowed"));
     }
     Ok(v.trim_end_matches('/').to_string())
+}
+
+/// [`parse_url`], then `path` appended, as the URL the HTTP exporters send to.
+#[cfg(any(feature = "pyroscope", feature = "otlp-http"))]
+pub(crate) fn parse_http_url(
+    field: &'static str,
+    value: &str,
+    expected: &'static str,
+    path: &str,
+) -> Result<reqwest::Url, ConfigError> {
+    let base = parse_url(field, value, expected)?;
+    reqwest::Url::parse(&format!("{base}{path}")).map_err(|_| ConfigError {
+        field,
+        problem: "not a valid URL",
+        value: without_credentials(value),
+        expected,
+    })
+}
+
+/// `value` with what stands before an `@` in its authority shown as `***`.
+fn without_credentials(value: &str) -> String {
+    let scheme_end = value.find("://").map_or(0, |i| i + 3);
+    let (scheme, rest) = value.split_at(scheme_end);
+    let authority_end = rest.find(['/', '?', '#']).unwrap_or(rest.len());
+    match rest[..authority_end].rfind('@') {
+        Some(at) => format!("{scheme}***{}", &rest[at..]),
+        None => value.to_string(),
+    }
 }
 
 /// `key=value,key2=value2` with percent-encoded values (the OpenTelemetry spec form).

@@ -33,11 +33,10 @@ use tracing_core::Subscriber;
 use tracing_subscriber::registry::LookupSpan;
 use tracing_subscriber::Layer;
 
-use crate::config::{
-    ConfigError, Credentials, EnvConfig, OtlpProfilesTarget, OtlpProtocol, OtlpTarget,
-    ProfilesExporter, PyroscopeTarget,
-};
-use crate::export::pyroscope::PyroscopeStats;
+use crate::config::{ConfigError, EnvConfig, OtlpProtocol, OtlpTarget, ProfilesExporter};
+use crate::export::otlp::OtlpExporterError;
+use crate::export::otlp_profiles::OtlpProfilesConfig;
+use crate::export::pyroscope::{PyroscopeAuth, PyroscopeConfig, PyroscopeError, PyroscopeStats};
 use crate::export::span_stats::{SpanExportSnapshot, SpanExportStats};
 use crate::local_sink::{output_dir, LocalSpanExporter};
 use crate::{
@@ -75,13 +74,32 @@ pub enum SetupError {
     /// The profiler could not start.
     #[error(transparent)]
     Profiler(#[from] ProfilerError),
-    /// An exporter could not be built.
-    #[error("{what}: {message}")]
-    Exporter {
-        /// Which exporter.
-        what: &'static str,
+    /// The Pyroscope exporter refused its settings or could not start (the message names
+    /// the setting, e.g. `pyroscope.labels: …`).
+    #[error(transparent)]
+    Pyroscope(#[from] PyroscopeError),
+    /// The OTLP profiles exporter refused its settings or could not start (the message
+    /// names the exporter and the setting, e.g. `otlp profiles: otlp_profiles.endpoint: …`;
+    /// the error type is the one the OTLP profiles exporter shares with Pyroscope's).
+    #[error("otlp profiles: {0}")]
+    OtlpProfiles(#[source] PyroscopeError),
+    /// The OTLP span exporter could not be built.
+    #[error("{field}: {source}")]
+    OtlpSpans {
+        /// The setting it was built from (`OTEL_EXPORTER_OTLP_ENDPOINT` or `otlp.endpoint`).
+        field: &'static str,
         /// Why.
-        message: String,
+        #[source]
+        source: OtlpExporterError,
+    },
+    /// The local span file could not be created.
+    #[error("local span file: {}: {source}", dir.display())]
+    LocalSpanFile {
+        /// The directory it was to be written in.
+        dir: PathBuf,
+        /// Why.
+        #[source]
+        source: std::io::Error,
     },
     /// A setting asks for a backend this build of the crate leaves out (a cargo feature of
     /// `otel-profiling` that is off).
@@ -127,8 +145,8 @@ pub struct Telemetry {
     resource: Vec<(String, String)>,
     tags: Vec<(String, String)>,
     otlp: Option<OtlpTarget>,
-    pyroscope: Option<PyroscopeTarget>,
-    otlp_profiles: Option<OtlpProfilesTarget>,
+    pyroscope: Option<PyroscopeConfig>,
+    otlp_profiles: Option<OtlpProfilesConfig>,
     profiles_exporter: Option<ProfilesExporter>,
     frequency_hz: Option<u32>,
     interval: Option<Duration>,
@@ -193,22 +211,24 @@ impl Telemetry {
         Ok(self)
     }
 
-    /// Sends profiles to the Pyroscope server at `server` (e.g. `http://localhost:4040`).
+    /// Sends profiles to the Pyroscope server at `server` (e.g. `http://localhost:4040`),
+    /// with credentials and tenant if given. The application name and series labels come
+    /// from the service name and resource at [`build`](Self::build).
     pub fn pyroscope(
         mut self,
         server: &str,
-        credentials: Option<Credentials>,
+        auth: Option<PyroscopeAuth>,
         tenant_id: Option<String>,
     ) -> Result<Self, SetupError> {
-        self.pyroscope = Some(PyroscopeTarget {
-            server: crate::config::parse_url(
-                "pyroscope.server_address",
-                server,
-                crate::config::PYROSCOPE_URL_EXAMPLE,
-            )?,
-            credentials,
-            tenant_id,
-        });
+        let server = crate::config::parse_url(
+            "pyroscope.server_address",
+            server,
+            crate::config::PYROSCOPE_URL_EXAMPLE,
+        )?;
+        let mut config = PyroscopeConfig::new(server, String::new());
+        config.auth = auth;
+        config.tenant_id = tenant_id;
+        self.pyroscope = Some(config);
         Ok(self)
     }
 
@@ -217,21 +237,21 @@ impl Telemetry {
     /// `http://localhost:4318/v1development/profiles` for a Collector), for gRPC the server.
     /// Implies [`ProfilesExporter::Otlp`] unless [`profiles_exporter`](Self::profiles_exporter)
     /// says otherwise (or [`ProfilesExporter::Both`] when a Pyroscope server is set too).
+    /// The resource comes from the service name and resource at [`build`](Self::build).
     pub fn otlp_profiles(
         mut self,
         endpoint: &str,
         protocol: OtlpProtocol,
         headers: Vec<(String, String)>,
     ) -> Result<Self, SetupError> {
-        self.otlp_profiles = Some(OtlpProfilesTarget {
-            endpoint: crate::config::parse_url(
-                "otlp_profiles.endpoint",
-                endpoint,
-                crate::config::otlp_profiles_url_example(protocol),
-            )?,
-            protocol,
-            headers,
-        });
+        let endpoint = crate::config::parse_url(
+            "otlp_profiles.endpoint",
+            endpoint,
+            crate::config::otlp_profiles_url_example(protocol),
+        )?;
+        let mut config = OtlpProfilesConfig::new(endpoint, String::new()).with_protocol(protocol);
+        config.headers = headers;
+        self.otlp_profiles = Some(config);
         Ok(self)
     }
 
@@ -381,7 +401,7 @@ impl Telemetry {
         }
         let mut pyroscope_stats = None;
         if let Some((target, _)) = pyroscope {
-            let mut labels = series_labels(&attributes);
+            let mut labels = resource_series_labels(&attributes);
             labels.extend(self.tags.iter().cloned());
             let (sink, stats) = backends::pyroscope_sink(target, &service_name, labels, timeout)?;
             pyroscope_stats = Some(stats);
@@ -399,14 +419,15 @@ impl Telemetry {
         let mut spans_file = None;
         let span_stats;
         match otlp {
-            Some((target, _)) => {
-                (provider, span_stats) = backends::with_otlp(provider, target, self.scope)?
+            Some((target, source)) => {
+                (provider, span_stats) = backends::with_otlp(provider, target, source, self.scope)?
             }
             None => {
-                let exporter = LocalSpanExporter::new(&dir).map_err(|e| SetupError::Exporter {
-                    what: "local span file",
-                    message: format!("{}: {e}", dir.display()),
-                })?;
+                let exporter =
+                    LocalSpanExporter::new(&dir).map_err(|source| SetupError::LocalSpanFile {
+                        dir: dir.clone(),
+                        source,
+                    })?;
                 spans_file = Some(exporter.path().to_path_buf());
                 (provider, span_stats) =
                     backends::add_span_exporter(provider, exporter, "local span file", self.scope);
@@ -455,8 +476,8 @@ impl Telemetry {
         &self,
     ) -> Result<
         (
-            Option<(&PyroscopeTarget, Source)>,
-            Option<(OtlpProfilesTarget, Source)>,
+            Option<(&PyroscopeConfig, Source)>,
+            Option<(OtlpProfilesConfig, Source)>,
         ),
         SetupError,
     > {
@@ -501,7 +522,7 @@ impl Telemetry {
                 (Some(t), _, _) => (t.clone(), Source::Builder),
                 (None, Some(t), _) => (t.clone(), Source::Env),
                 (None, None, Some(traces)) => (
-                    OtlpProfilesTarget::from_base(&traces.endpoint, traces.protocol, Vec::new()),
+                    OtlpProfilesConfig::from_base(&traces.endpoint, traces.protocol, String::new()),
                     Source::Builder,
                 ),
                 (None, None, None) => {
@@ -526,7 +547,7 @@ impl Telemetry {
     }
 
     /// The Pyroscope target, code winning over the environment, and where it came from.
-    fn pyroscope_target(&self) -> Option<(&PyroscopeTarget, Source)> {
+    fn pyroscope_target(&self) -> Option<(&PyroscopeConfig, Source)> {
         match (&self.pyroscope, &self.env.pyroscope) {
             (Some(target), _) => Some((target, Source::Builder)),
             (None, Some(target)) => Some((target, Source::Env)),
@@ -583,8 +604,9 @@ fn interval_notice(interval: Option<Duration>, to_pyroscope: bool) -> Option<Str
     })
 }
 
-/// Series labels from resource attributes, per [`RESOURCE_SERIES_LABELS`].
-pub fn series_labels(attributes: &[(String, String)]) -> Vec<(String, String)> {
+/// Series labels from resource attributes, per [`RESOURCE_SERIES_LABELS`] (the Pyroscope
+/// exporter adds `__name__` and `service_name` and checks the whole set).
+pub fn resource_series_labels(attributes: &[(String, String)]) -> Vec<(String, String)> {
     let mut labels: Vec<(String, String)> = Vec::new();
     for (key, label) in RESOURCE_SERIES_LABELS {
         if let Some((_, value)) = attributes.iter().rev().find(|(k, _)| k == key) {
@@ -738,11 +760,11 @@ mod tests {
             format!("{e:?}").starts_with("PYROSCOPE_SAMPLE_RATE: "),
             "{e:?}"
         );
-        let e = SetupError::Exporter {
-            what: "otlp",
-            message: "bad".into(),
+        let e = SetupError::LocalSpanFile {
+            dir: PathBuf::from("/x"),
+            source: std::io::Error::other("bad"),
         };
-        assert_eq!(format!("{e:?}"), "otlp: bad");
+        assert_eq!(format!("{e:?}"), "local span file: /x: bad");
     }
 
     /// One line saying where local files go (absolute), and none when nothing is local.
@@ -860,6 +882,31 @@ mod tests {
         );
     }
 
+    /// The exporter's own refusal reaches the caller typed (`SetupError::Pyroscope`, not
+    /// a string), its message naming the setting.
+    #[cfg(feature = "pyroscope")]
+    #[test]
+    fn a_bad_series_label_fails_setup_typed_and_naming_the_setting() {
+        let err = Telemetry::builder()
+            .quiet(true)
+            .thread_context(false)
+            .profile_tag("bad-name", "x")
+            .pyroscope("http://127.0.0.1:1", None, None)
+            .expect("valid url")
+            .build()
+            .map(|_| ())
+            .expect_err("bad label name");
+        let msg = err.to_string();
+        assert!(
+            msg.starts_with("pyroscope.labels: ") && msg.contains("bad-name"),
+            "{msg}"
+        );
+        assert!(
+            matches!(err, SetupError::Pyroscope(PyroscopeError::LabelName { .. })),
+            "{msg}"
+        );
+    }
+
     #[test]
     fn resource_attributes_become_series_labels() {
         let attrs: Vec<(String, String)> = [
@@ -872,7 +919,7 @@ mod tests {
         .iter()
         .map(|(k, v)| (k.to_string(), v.to_string()))
         .collect();
-        let labels = series_labels(&attrs);
+        let labels = resource_series_labels(&attrs);
         assert_eq!(
             labels,
             vec![

@@ -3,168 +3,35 @@
 
 use std::fmt;
 use std::sync::Arc;
-use std::time::Duration;
 
 use opentelemetry_proto::tonic::collector::profiles::v1development::{
     ExportProfilesServiceRequest, ExportProfilesServiceResponse,
 };
 use prost::Message;
 use reqwest::header::{HeaderMap, HeaderName, HeaderValue};
-use reqwest::{StatusCode, Url};
+use reqwest::StatusCode;
 
-use super::convert;
+use super::{convert, OtlpProfilesConfig};
 use crate::collector::{EncodedProfile, ProfileSink};
 use crate::config::OtlpProtocol;
 use crate::export::pyroscope::pipeline::{Pipeline, StartError};
 use crate::export::pyroscope::uploader::{
     ClientError, Protocol, StatusClass, Transport, UploadSettings,
 };
-use crate::export::pyroscope::{
-    is_secret_header, PyroscopeBackoff, PyroscopeError, PyroscopeLimits, PyroscopeStats,
-};
+use crate::export::pyroscope::{is_secret_header, PyroscopeError, PyroscopeLimits, PyroscopeStats};
 use crate::pprof::{self, split::SplitLimits};
 
 /// Name of the OTLP profiles uploader thread.
 pub const OTLP_UPLOADER_THREAD_NAME: &str = "otel-profiling-otlp-profiles";
 
-/// Settings of [`OtlpProfilesExporter`]. `Debug` hides the values of headers whose names
-/// look secret.
-#[derive(Clone)]
-#[non_exhaustive]
-pub struct OtlpProfilesConfig {
-    /// For HTTP the full URL requests are posted to, e.g.
-    /// `http://localhost:4040/v1development/profiles` (used verbatim, as OTel exporters use a
-    /// signal-specific endpoint); for gRPC the server, e.g. `http://localhost:4317`.
-    pub endpoint: String,
-    /// Transport (default `http/protobuf`; gRPC needs the `otlp-grpc` feature).
-    pub protocol: OtlpProtocol,
-    /// Resource attributes (`service.name` first), string-valued.
-    pub resource: Vec<(String, String)>,
-    /// Extra HTTP headers (`OTEL_EXPORTER_OTLP_PROFILES_HEADERS`), e.g. `Authorization`,
-    /// `X-Scope-OrgID`.
-    pub headers: Vec<(String, String)>,
-    /// Timeout of one request, connecting included (default 10 s, OTLP's default).
-    pub request_timeout: Duration,
-    /// Bound of the queue, in bytes of encoded requests (default 16 MiB).
-    pub max_queue_bytes: usize,
-    /// Retry policy (the Pyroscope exporter's).
-    pub backoff: PyroscopeBackoff,
-    /// How long dropping the exporter may spend sending what is queued (default 5 s).
-    pub shutdown_timeout: Duration,
-    /// What one profile may hold (the Pyroscope exporter's limits, Pyroscope's with a margin).
-    pub limits: PyroscopeLimits,
-}
-
-impl fmt::Debug for OtlpProfilesConfig {
-    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        let headers: Vec<(&str, &str)> = self
-            .headers
-            .iter()
-            .map(|(name, value)| {
-                let shown = if is_secret_header(name) {
-                    "***"
-                } else {
-                    value.as_str()
-                };
-                (name.as_str(), shown)
-            })
-            .collect();
-        f.debug_struct("OtlpProfilesConfig")
-            .field("endpoint", &self.endpoint)
-            .field("protocol", &self.protocol)
-            .field("resource", &self.resource)
-            .field("headers", &headers)
-            .field("request_timeout", &self.request_timeout)
-            .field("max_queue_bytes", &self.max_queue_bytes)
-            .field("backoff", &self.backoff)
-            .field("shutdown_timeout", &self.shutdown_timeout)
-            .field("limits", &self.limits)
-            .finish()
-    }
-}
-
 impl OtlpProfilesConfig {
-    /// Settings for `endpoint` (the full URL) and `service_name`, everything else default.
-    pub fn new(endpoint: impl Into<String>, service_name: impl Into<String>) -> Self {
-        OtlpProfilesConfig {
-            endpoint: endpoint.into(),
-            protocol: OtlpProtocol::HttpProtobuf,
-            resource: vec![("service.name".into(), service_name.into())],
-            headers: Vec::new(),
-            request_timeout: Duration::from_secs(10),
-            max_queue_bytes: 16 << 20,
-            backoff: PyroscopeBackoff::default(),
-            shutdown_timeout: Duration::from_secs(5),
-            limits: PyroscopeLimits::default(),
-        }
-    }
-
-    /// Adds a resource attribute (a later `service.name` replaces the first).
-    pub fn with_resource_attribute(
-        mut self,
-        key: impl Into<String>,
-        value: impl Into<String>,
-    ) -> Self {
-        let key = key.into();
-        let value = value.into();
-        match self.resource.iter_mut().find(|(k, _)| *k == key) {
-            Some(slot) => slot.1 = value,
-            None => self.resource.push((key, value)),
-        }
-        self
-    }
-
-    /// Sets the transport.
-    pub fn with_protocol(mut self, protocol: OtlpProtocol) -> Self {
-        self.protocol = protocol;
-        self
-    }
-
-    /// Adds an HTTP header (gRPC metadata) to every request.
-    pub fn with_header(mut self, name: impl Into<String>, value: impl Into<String>) -> Self {
-        self.headers.push((name.into(), value.into()));
-        self
-    }
-
-    /// How long dropping the exporter may spend sending what is queued.
-    pub fn with_shutdown_timeout(mut self, timeout: Duration) -> Self {
-        self.shutdown_timeout = timeout;
-        self
-    }
-
-    /// Sets the retry policy.
-    pub fn with_backoff(mut self, backoff: PyroscopeBackoff) -> Self {
-        self.backoff = backoff;
-        self
-    }
-
-    /// Sets what one profile may hold.
-    pub fn with_limits(mut self, limits: PyroscopeLimits) -> Self {
-        self.limits = limits;
-        self
-    }
-
-    /// Sets the timeout of one request.
-    pub fn with_request_timeout(mut self, timeout: Duration) -> Self {
-        self.request_timeout = timeout;
-        self
-    }
-
     fn settings(&self) -> Result<UploadSettings, PyroscopeError> {
-        let bad = |reason: String| PyroscopeError::Setting {
-            field: "otlp_profiles.endpoint",
-            reason,
-        };
-        let endpoint =
-            Url::parse(self.endpoint.trim()).map_err(|e| bad(format!("not a URL ({e})")))?;
-        if !matches!(endpoint.scheme(), "http" | "https") || endpoint.host_str().is_none() {
-            return Err(bad("must be an http:// or https:// URL with a host".into()));
-        }
-        if !endpoint.username().is_empty() || endpoint.password().is_some() {
-            return Err(bad(
-                "credentials in the URL are not supported; use a header".into(),
-            ));
-        }
+        let endpoint = crate::config::parse_http_url(
+            "otlp_profiles.endpoint",
+            &self.endpoint,
+            crate::config::otlp_profiles_url_example(self.protocol),
+            "",
+        )?;
         if self.request_timeout.is_zero() {
             return Err(PyroscopeError::Setting {
                 field: "otlp_profiles.request_timeout",
@@ -466,6 +333,7 @@ impl Protocol for Otlp {
 mod tests {
     use super::*;
     use opentelemetry_proto::tonic::collector::profiles::v1development::ExportProfilesPartialSuccess;
+    use std::time::Duration;
 
     #[test]
     fn retry_classes_follow_the_otlp_spec() {

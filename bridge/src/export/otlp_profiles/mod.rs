@@ -80,6 +80,7 @@
 //! ingestion limit, its HTTP 429 (`toGRPCStatus` in `ingest_handler.go`) — is split like a
 //! 429. HTTP needs the `otlp-http` cargo feature, gRPC `otlp-grpc`.
 
+mod config;
 pub mod convert;
 #[cfg(any(feature = "pyroscope", feature = "otlp-http"))]
 mod exporter;
@@ -89,8 +90,9 @@ mod exporter;
 ))]
 pub(crate) mod grpc;
 
+pub use config::OtlpProfilesConfig;
 #[cfg(any(feature = "pyroscope", feature = "otlp-http"))]
-pub use exporter::{OtlpProfilesConfig, OtlpProfilesExporter, OTLP_UPLOADER_THREAD_NAME};
+pub use exporter::{OtlpProfilesExporter, OTLP_UPLOADER_THREAD_NAME};
 
 /// The signal path of OTLP/HTTP profiles, appended to a generic OTLP endpoint
 /// (`OTEL_EXPORTER_OTLP_ENDPOINT`); Grafana Pyroscope serves it on its HTTP port.

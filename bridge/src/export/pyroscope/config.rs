@@ -1,13 +1,22 @@
 //! Settings of the Pyroscope exporter, and their validation.
+//!
+//! The settings are plain data in every build (the environment reader fills them, see
+//! [`crate::config`]); their validation, which builds the request headers and the push URL,
+//! comes with the HTTP exporters (the `pyroscope` or `otlp-http` feature).
 
+#[cfg(any(feature = "pyroscope", feature = "otlp-http"))]
 use std::collections::BTreeMap;
 use std::fmt;
 use std::time::Duration;
 
+#[cfg(any(feature = "pyroscope", feature = "otlp-http"))]
 use reqwest::header::{HeaderMap, HeaderName, HeaderValue};
+#[cfg(any(feature = "pyroscope", feature = "otlp-http"))]
 use reqwest::Url;
 
+#[cfg(any(feature = "pyroscope", feature = "otlp-http"))]
 use super::error::PyroscopeError;
+#[cfg(any(feature = "pyroscope", feature = "otlp-http"))]
 use super::PROFILE_NAME;
 
 /// Path of the push RPC, relative to the server address.
@@ -43,6 +52,7 @@ impl fmt::Debug for PyroscopeAuth {
     }
 }
 
+#[cfg(any(feature = "pyroscope", feature = "otlp-http"))]
 impl PyroscopeAuth {
     /// The `Authorization` header value, marked sensitive.
     fn header_value(&self) -> Result<HeaderValue, PyroscopeError> {
@@ -111,7 +121,7 @@ impl PyroscopeBackoff {
 /// the setting. `Debug` hides the password, the token and the values of headers whose names
 /// look secret (containing `auth`, `token`, `key`, `secret`, `password`, `cookie` or
 /// `credential`).
-#[derive(Clone)]
+#[derive(Clone, PartialEq, Eq)]
 #[non_exhaustive]
 pub struct PyroscopeConfig {
     /// Base URL of the server, e.g. `http://localhost:4040` (`http` or `https`, optionally
@@ -291,7 +301,10 @@ impl PyroscopeConfig {
         self.shutdown_timeout = timeout;
         self
     }
+}
 
+#[cfg(any(feature = "pyroscope", feature = "otlp-http"))]
+impl PyroscopeConfig {
     /// Checks every setting; the error names the first bad one.
     pub fn validate(&self) -> Result<(), PyroscopeError> {
         self.clone().validate_into().map(|_| ())
@@ -303,7 +316,7 @@ impl PyroscopeConfig {
         if self.application_name.trim().is_empty() {
             return Err(PyroscopeError::EmptyApplicationName);
         }
-        let labels = series_labels(&self.application_name, &self.labels)?;
+        let labels = checked_series_labels(&self.application_name, &self.labels)?;
         let headers = self.request_headers()?;
         if self.request_timeout.is_zero() {
             return Err(setting(
@@ -403,6 +416,7 @@ impl PyroscopeConfig {
     }
 }
 
+#[cfg(any(feature = "pyroscope", feature = "otlp-http"))]
 /// Headers the protocol needs as the exporter sets them.
 const RESERVED_HEADERS: [&str; 7] = [
     "content-type",
@@ -414,6 +428,7 @@ const RESERVED_HEADERS: [&str; 7] = [
     "connect-protocol-version",
 ];
 
+#[cfg(any(feature = "pyroscope", feature = "otlp-http"))]
 fn setting(field: &'static str, reason: &str) -> PyroscopeError {
     PyroscopeError::Setting {
         field,
@@ -421,6 +436,7 @@ fn setting(field: &'static str, reason: &str) -> PyroscopeError {
     }
 }
 
+#[cfg(any(feature = "pyroscope", feature = "otlp-http"))]
 impl ValidConfig {
     /// What the uploader thread needs.
     pub(crate) fn upload_settings(&self) -> super::uploader::UploadSettings {
@@ -434,6 +450,7 @@ impl ValidConfig {
     }
 }
 
+#[cfg(any(feature = "pyroscope", feature = "otlp-http"))]
 /// Settings after validation, as the exporter and its thread use them.
 #[derive(Debug)]
 pub(crate) struct ValidConfig {
@@ -450,39 +467,22 @@ pub(crate) struct ValidConfig {
     pub(crate) limits: PyroscopeLimits,
 }
 
-/// The push URL for a server address.
+#[cfg(any(feature = "pyroscope", feature = "otlp-http"))]
+/// The push URL for a server address, checked by the crate's one URL validator
+/// ([`crate::config::parse_url`]: `http`/`https`, a host, no credentials, no query).
 pub(crate) fn push_endpoint(address: &str) -> Result<Url, PyroscopeError> {
-    let bad = |reason: String| PyroscopeError::ServerAddress { reason };
-    // The address itself is not echoed: it might hold credentials.
-    let mut url = Url::parse(address.trim()).map_err(|e| bad(format!("not a URL ({e})")))?;
-    if !matches!(url.scheme(), "http" | "https") {
-        return Err(bad(format!(
-            "the scheme must be http or https, not {:?}",
-            url.scheme()
-        )));
-    }
-    if url.host_str().is_none_or(str::is_empty) {
-        return Err(bad("no host".into()));
-    }
-    if !url.username().is_empty() || url.password().is_some() {
-        return Err(bad(
-            "credentials in the URL are not supported; use pyroscope.auth".into(),
-        ));
-    }
-    if url.query().is_some() {
-        return Err(bad("must not have a query".into()));
-    }
-    if url.fragment().is_some() {
-        return Err(bad("must not have a fragment".into()));
-    }
-    let path = format!("{}/{PUSH_PATH}", url.path().trim_end_matches('/'));
-    url.set_path(&path);
-    Ok(url)
+    Ok(crate::config::parse_http_url(
+        "pyroscope.server_address",
+        address,
+        crate::config::PYROSCOPE_URL_EXAMPLE,
+        &format!("/{PUSH_PATH}"),
+    )?)
 }
 
+#[cfg(any(feature = "pyroscope", feature = "otlp-http"))]
 /// `__name__`, `service_name` and the extra labels: later names replace earlier ones,
 /// empty values are left out, sorted by name.
-pub(crate) fn series_labels(
+pub(crate) fn checked_series_labels(
     application: &str,
     extra: &[(String, String)],
 ) -> Result<Vec<(String, String)>, PyroscopeError> {
@@ -582,6 +582,7 @@ impl PyroscopeLimits {
         self
     }
 
+    #[cfg(any(feature = "pyroscope", feature = "otlp-http"))]
     pub(crate) fn validate(&self) -> Result<(), PyroscopeError> {
         if self.max_samples_per_profile == 0 {
             return Err(setting(
@@ -605,6 +606,7 @@ impl PyroscopeLimits {
     }
 }
 
+#[cfg(any(feature = "pyroscope", feature = "otlp-http"))]
 /// Why `name` is not a usable series label name, if it is not.
 fn label_name_problem(name: &str) -> Option<&'static str> {
     let mut chars = name.chars();
@@ -623,13 +625,14 @@ fn label_name_problem(name: &str) -> Option<&'static str> {
     }
 }
 
+#[cfg(any(feature = "pyroscope", feature = "otlp-http"))]
 /// Standard base64 with padding (RFC 4648 §4), for basic authentication.
 fn base64(input: &[u8]) -> String {
     use base64::Engine as _;
     base64::engine::general_purpose::STANDARD.encode(input)
 }
 
-#[cfg(test)]
+#[cfg(all(test, any(feature = "pyroscope", feature = "otlp-http")))]
 mod tests {
     use super::*;
 
@@ -679,7 +682,7 @@ mod tests {
             ("zone".to_string(), "b".to_string()),
             ("dropped".to_string(), String::new()),
         ];
-        let labels = series_labels("app", &extra).expect("valid");
+        let labels = checked_series_labels("app", &extra).expect("valid");
         let names: Vec<&str> = labels.iter().map(|(n, _)| n.as_str()).collect();
         assert_eq!(names, ["__name__", "env", "service_name", "zone"]);
         assert_eq!(labels[3].1, "b");
@@ -698,22 +701,22 @@ mod tests {
     #[test]
     fn series_labels_over_pyroscope_limits_are_refused_naming_the_label() {
         let long = "v".repeat(MAX_LABEL_VALUE_BYTES + 1);
-        let err = series_labels("checkout", &[("region".into(), long)]).unwrap_err();
+        let err = checked_series_labels("checkout", &[("region".into(), long)]).unwrap_err();
         assert!(
             matches!(err, PyroscopeError::LabelValueTooLong { ref name, len: 2049, limit: 2048 } if name == "region"),
             "{err}"
         );
         assert!(err.to_string().contains("\"region\""), "{err}");
-        let err = series_labels(&"s".repeat(3000), &[]).unwrap_err();
+        let err = checked_series_labels(&"s".repeat(3000), &[]).unwrap_err();
         assert!(err.to_string().contains("service_name"), "{err}");
         let fits = "v".repeat(MAX_LABEL_VALUE_BYTES);
-        assert!(series_labels("checkout", &[("region".into(), fits)]).is_ok());
+        assert!(checked_series_labels("checkout", &[("region".into(), fits)]).is_ok());
         // __name__ and service_name, room for span_name: 27 more fit, 28 do not.
         let many = |n: usize| -> Vec<(String, String)> {
             (0..n).map(|i| (format!("label_{i}"), "x".into())).collect()
         };
-        assert!(series_labels("checkout", &many(27)).is_ok());
-        let err = series_labels("checkout", &many(28)).unwrap_err();
+        assert!(checked_series_labels("checkout", &many(27)).is_ok());
+        let err = checked_series_labels("checkout", &many(28)).unwrap_err();
         assert!(
             matches!(
                 err,
@@ -732,7 +735,7 @@ mod tests {
         // A configured span_name series label takes the reserved place itself.
         let mut with_span_name = many(27);
         with_span_name.push(("span_name".into(), "GET /".into()));
-        assert!(series_labels("checkout", &with_span_name).is_ok());
+        assert!(checked_series_labels("checkout", &with_span_name).is_ok());
     }
 
     #[test]

@@ -6,12 +6,12 @@
 #[derive(Debug, thiserror::Error)]
 #[non_exhaustive]
 pub enum PyroscopeError {
-    /// The server address is not an `http`/`https` URL without query and credentials.
-    #[error("pyroscope.server_address: {reason}")]
-    ServerAddress {
-        /// What is wrong.
-        reason: String,
-    },
+    /// A URL setting (`pyroscope.server_address`, `otlp_profiles.endpoint`) is not an
+    /// `http`/`https` URL with a host and without credentials, query or fragment: the
+    /// crate's one URL check, the one the environment reader uses too. Names the setting;
+    /// credentials in the URL are shown as `***`.
+    #[error(transparent)]
+    Url(#[from] crate::config::ConfigError),
     /// The application name (the `service_name` label) is empty.
     #[error("pyroscope.application_name: must not be empty")]
     EmptyApplicationName,
@@ -67,6 +67,7 @@ pub enum PyroscopeError {
         reason: String,
     },
     /// The HTTP client could not be built (TLS setup).
+    #[cfg(any(feature = "pyroscope", feature = "otlp-http"))]
     #[error("pyroscope: cannot build the HTTP client: {0}")]
     HttpClient(#[source] reqwest::Error),
     /// The uploader thread could not be started.

@@ -64,23 +64,23 @@
 //!
 //! # HTTP client
 //!
-//! Everything but the counters and the profile type needs the `pyroscope` cargo feature
-//! (default-on); without it, setup refuses a Pyroscope server naming that feature.
+//! Everything but the counters, the profile type and the settings
+//! ([`PyroscopeConfig`], which the environment reader builds in every build) needs the
+//! `pyroscope` cargo feature (default-on); without it, setup refuses a Pyroscope server
+//! naming that feature.
 //!
 //! [`reqwest`]'s blocking client, created, used and dropped on the uploader thread only, so
 //! the exporter works the same inside or outside an async runtime. TLS is rustls with the
 //! aws-lc-rs provider (reqwest's `rustls` feature); certificates are checked with the
 //! platform's verifier.
 
-// The push client is the only part behind the feature: the counters stay, so
-// `HealthStats` is the same type in every build. The queue, the uploader thread and the
-// settings they use are shared with the OTLP profiles exporter
+// The push client is the only part behind the feature: the counters and the settings stay,
+// so `HealthStats` and `EnvConfig` are the same types in every build. The queue, the
+// uploader thread and the settings they use are shared with the OTLP profiles exporter
 // ([`crate::export::otlp_profiles`]), so they build with either feature.
 // Without `pyroscope`, only the parts the OTLP profiles exporter shares are used.
-#[cfg(any(feature = "pyroscope", feature = "otlp-http"))]
 #[cfg_attr(not(feature = "pyroscope"), allow(dead_code))]
 mod config;
-#[cfg(any(feature = "pyroscope", feature = "otlp-http"))]
 mod error;
 #[cfg(feature = "pyroscope")]
 mod exporter;
@@ -96,14 +96,11 @@ mod stats;
 #[cfg(any(feature = "pyroscope", feature = "otlp-http"))]
 pub(crate) mod uploader;
 
-#[cfg(any(feature = "pyroscope", feature = "otlp-http"))]
 pub(crate) use config::is_secret_header;
-#[cfg(any(feature = "pyroscope", feature = "otlp-http"))]
 pub use config::{
     PyroscopeAuth, PyroscopeBackoff, PyroscopeConfig, PyroscopeLimits, MAX_LABEL_NAMES,
     MAX_LABEL_VALUE_BYTES,
 };
-#[cfg(any(feature = "pyroscope", feature = "otlp-http"))]
 pub use error::PyroscopeError;
 #[cfg(feature = "pyroscope")]
 pub use exporter::{PyroscopeExporter, UPLOADER_THREAD_NAME};

@@ -103,7 +103,7 @@ fn pyroscope_server_auth_and_tenant() {
     ])
     .expect("ok");
     let p = c.pyroscope.expect("pyroscope");
-    assert_eq!(p.server, "https://profiles.example.com");
+    assert_eq!(p.server_address, "https://profiles.example.com");
     assert_eq!(p.tenant_id.as_deref(), Some("team-a"));
     let debug = format!("{p:?}");
     assert!(
@@ -116,8 +116,8 @@ fn pyroscope_server_auth_and_tenant() {
     ])
     .expect("ok");
     assert_eq!(
-        c.pyroscope.expect("p").credentials,
-        Some(Credentials::Bearer("tok".into()))
+        c.pyroscope.expect("p").auth,
+        Some(PyroscopeAuth::Bearer("tok".into()))
     );
 
     assert_eq!(
@@ -188,6 +188,8 @@ fn sample_rate_and_upload_interval() {
 fn output_dir() {
     let c = env(&[("OTEL_PROFILING_OUTPUT_DIR", "/tmp/prof")]).expect("ok");
     assert_eq!(c.output_dir, Some(PathBuf::from("/tmp/prof")));
+    let c = env(&[("OTEL_PROFILING_OUTPUT_DIR", " ")]).expect("blank");
+    assert_eq!(c.output_dir, None);
 }
 
 /// `10 s` used to be read as ten seconds without a word; it is rejected, naming the
@@ -402,4 +404,37 @@ fn header_values_are_percent_decoded_and_malformed_escapes_fail_setup() {
             "{bad}"
         );
     }
+}
+
+/// Every URL setting goes through the one check: credentials in the URL are refused, for
+/// the environment as for the exporters' own settings, and never echoed.
+#[test]
+fn credentials_in_a_url_are_refused_without_being_shown() {
+    for (field, url) in [
+        (
+            "PYROSCOPE_SERVER_ADDRESS",
+            "http://user:s3cret@pyroscope:4040",
+        ),
+        ("OTEL_EXPORTER_OTLP_ENDPOINT", "https://s3cret@tempo:4318/"),
+        (
+            "OTEL_EXPORTER_OTLP_PROFILES_ENDPOINT",
+            "http://u:s3cret@c:4318/v1development/profiles",
+        ),
+    ] {
+        let e = env(&[(field, url)]).expect_err(url);
+        assert_eq!(e.field, field);
+        let msg = e.to_string();
+        assert!(msg.contains("credentials in the URL"), "{msg}");
+        assert!(!msg.contains("s3cret") && msg.contains("***@"), "{msg}");
+    }
+    assert_eq!(
+        parse_url("f", "http://h:1/p/?q", "x")
+            .expect_err("query")
+            .problem,
+        "query or fragment not allowed"
+    );
+    assert_eq!(
+        parse_url("f", " https://h:4040/prefix/ ", "x").as_deref(),
+        Ok("https://h:4040/prefix")
+    );
 }
