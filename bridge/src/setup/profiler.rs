@@ -100,8 +100,10 @@ impl ProfilerBuilder {
         self
     }
 
-    /// Whether samples carry the `trace_id` label (default true; off saves about a
-    /// quarter of each sample's bytes, see [`CollectorConfig::trace_id_label`]).
+    /// Whether samples carry the `trace_id` label (default true). Pyroscope needs only
+    /// `span_id` for the span link; `trace_id` is a 32-character string per trace, about a
+    /// quarter of a sample's uncompressed bytes (see `docs/benchmarks.md`), which counts
+    /// against Pyroscope's per-profile size and per-tenant ingestion limits.
     pub fn trace_id_label(mut self, on: bool) -> Self {
         self.collector.trace_id_label = on;
         self
