@@ -20,7 +20,8 @@ use crate::export::pyroscope::uploader::{
     ClientError, Protocol, StatusClass, Transport, UploadSettings,
 };
 use crate::export::pyroscope::{
-    is_secret_header, PyroscopeBackoff, PyroscopeError, PyroscopeLimits, PyroscopeStats,
+    is_secret_header, HttpClientError, PyroscopeBackoff, PyroscopeError, PyroscopeLimits,
+    PyroscopeStats,
 };
 use crate::pprof::{self, split::SplitLimits};
 
@@ -282,7 +283,9 @@ impl OtlpProfilesExporter {
             OTLP_UPLOADER_THREAD_NAME,
         )
         .map_err(|e| match e {
-            StartError::Client(ClientError::Http(e)) => PyroscopeError::HttpClient(e),
+            StartError::Client(ClientError::Http(e)) => {
+                PyroscopeError::HttpClient(HttpClientError::new(e))
+            }
             StartError::Client(ClientError::Grpc(reason)) => PyroscopeError::Setting {
                 field: "otlp_profiles.endpoint",
                 reason,

@@ -68,8 +68,33 @@ pub enum PyroscopeError {
     },
     /// The HTTP client could not be built (TLS setup).
     #[error("pyroscope: cannot build the HTTP client: {0}")]
-    HttpClient(#[source] reqwest::Error),
+    HttpClient(#[source] HttpClientError),
     /// The uploader thread could not be started.
     #[error("pyroscope: cannot start the uploader thread: {0}")]
     Thread(#[source] std::io::Error),
+}
+
+/// Why the HTTP client could not be built ([`PyroscopeError::HttpClient`]): the HTTP
+/// library's error, kept opaque so that library is not part of this crate's API. Its
+/// message is the library's, and [`source`](std::error::Error::source) continues with the
+/// library's cause (e.g. the TLS backend's error).
+#[derive(Debug)]
+pub struct HttpClientError(reqwest::Error);
+
+impl HttpClientError {
+    pub(crate) fn new(error: reqwest::Error) -> HttpClientError {
+        HttpClientError(error)
+    }
+}
+
+impl std::fmt::Display for HttpClientError {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        std::fmt::Display::fmt(&self.0, f)
+    }
+}
+
+impl std::error::Error for HttpClientError {
+    fn source(&self) -> Option<&(dyn std::error::Error + 'static)> {
+        self.0.source()
+    }
 }

@@ -102,7 +102,7 @@ pub use config::{
     MAX_LABEL_VALUE_BYTES,
 };
 #[cfg(any(feature = "pyroscope", feature = "otlp-http"))]
-pub use error::PyroscopeError;
+pub use error::{HttpClientError, PyroscopeError};
 #[cfg(feature = "pyroscope")]
 pub use exporter::{PyroscopeExporter, UPLOADER_THREAD_NAME};
 pub use stats::{PyroscopeSnapshot, PyroscopeStats};
