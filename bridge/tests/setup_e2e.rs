@@ -12,7 +12,7 @@ use std::time::{Duration, Instant};
 
 use opentelemetry_proto::tonic::collector::trace::v1::ExportTraceServiceRequest;
 use otel_profiling::config::{Credentials, OtlpProtocol};
-use otel_profiling::{pprof, Telemetry};
+use otel_profiling::Telemetry;
 use prost::Message;
 use tracing_subscriber::layer::SubscriberExt;
 
@@ -241,7 +241,7 @@ fn traces_and_profiles_reach_their_receivers_with_the_same_span_id() {
             assert_eq!(label("service_version"), Some("2.0.1"));
             assert_eq!(label("deployment_environment"), Some("test"));
             for sample in &series.samples {
-                let profile = pprof::decode(&sample.raw_profile).expect("pprof");
+                let profile = otel_profiling_pprof::decode(&sample.raw_profile).expect("pprof");
                 let s = |i: i64| profile.string_table[i as usize].clone();
                 for smp in &profile.sample {
                     for l in &smp.label {

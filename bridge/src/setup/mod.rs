@@ -706,7 +706,7 @@ mod tests {
             std::time::SystemTime::now(),
             Duration::from_secs(1),
         )
-        .build();
+        .build_proto();
         let s = |i: i64| profile.string_table[i as usize].clone();
         let sample = &profile.sample_type[0];
         let period = profile.period_type.as_ref().expect("period type");

@@ -38,7 +38,7 @@ use std::time::Instant;
 
 use axum::http::StatusCode;
 use axum::response::{IntoResponse, Response};
-use otel_profiling::pprof::proto::{Profile, Sample};
+use otel_profiling_pprof::{Profile, Sample};
 use prost::Message;
 use serde_json::{json, Value};
 
@@ -643,7 +643,7 @@ impl Tree {
 mod tests {
     use std::time::Duration;
 
-    use otel_profiling::pprof::proto::{Function, Label, Line, Location, ValueType};
+    use otel_profiling_pprof::{Function, Label, Line, Location, ValueType};
 
     use super::super::limits::Reason;
     use super::*;
@@ -732,7 +732,7 @@ mod tests {
                     samples: profiles
                         .iter()
                         .map(|p| RawSample {
-                            raw_profile: otel_profiling::pprof::encode_gzip(p).unwrap(),
+                            raw_profile: otel_profiling_pprof::encode_gzip(p).unwrap(),
                             id: String::new(),
                         })
                         .collect(),

@@ -3,7 +3,7 @@
 //! grafana/pyroscope v2.2.1 `pkg/validation/validate.go`. Error texts follow the `...ErrorMsg`
 //! constants there, so a client sees the same message shape.
 
-use otel_profiling::pprof::proto::Profile;
+use otel_profiling_pprof::Profile;
 
 use super::limits::{Limits, Reason};
 
@@ -261,7 +261,7 @@ pub(crate) fn validate_profile(
     {
         return malformed("sample value length mismatch");
     }
-    if let Err(e) = otel_profiling::pprof::decode(plain) {
+    if let Err(e) = otel_profiling_pprof::decode(plain) {
         return malformed(&e.to_string());
     }
     Ok(())

@@ -335,7 +335,7 @@ pub(crate) fn requests(
     parts
         .iter()
         .map(|part| {
-            convert::convert(part, resource)
+            convert::convert_profile(part, resource)
                 .map(|request| request.encode_to_vec())
                 .map_err(std::io::Error::other)
         })

@@ -120,7 +120,7 @@ impl PyroscopeExporter {
                 parts
                     .iter()
                     .filter_map(|p| {
-                        pprof::encode_gzip(p)
+                        pprof::proto::encode_gzip(p)
                             .ok()
                             .map(|gz| (gz, prost::Message::encoded_len(p)))
                     })
