@@ -610,8 +610,9 @@ pub struct TelemetryGuard {
     service_name: String,
 }
 
-/// Health counters of the whole pipeline.
-#[derive(Clone, Debug, Default)]
+/// Health counters of the whole pipeline: a snapshot ([`TelemetryGuard::stats`]).
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+#[non_exhaustive]
 pub struct HealthStats {
     /// Sampler and collector counters.
     pub profiler: ProfilerStats,

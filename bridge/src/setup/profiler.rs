@@ -32,8 +32,9 @@ pub enum ProfilerError {
     },
 }
 
-/// Counters of the whole profiler.
+/// Counters of the whole profiler: a snapshot ([`Profiler::stats`]).
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+#[non_exhaustive]
 pub struct ProfilerStats {
     /// The sampler's counters.
     pub sampler: SamplerStats,
