@@ -24,7 +24,6 @@ use opentelemetry_sdk::trace::SdkTracerProvider;
 use otel_profiling::collector::{EncodedProfile, ProfileKind, ProfileSink};
 use otel_profiling::export::otlp_profiles::convert::convert;
 use otel_profiling::{sampler, ProfileIdSpanProcessor, Profiler, ProfilingLayer};
-use prost::Message;
 use tracing::Instrument;
 use tracing_opentelemetry::OpenTelemetrySpanExt;
 use tracing_subscriber::layer::SubscriberExt;
@@ -212,7 +211,7 @@ fn python_opentelemetry_proto_reads_links_functions_and_values_of_a_sampled_inte
     for (n, encoded) in cpu.iter().enumerate() {
         let decoded = otel_profiling_pprof::decode(&encoded.gzip_pprof).expect("pprof");
         let request = convert(&encoded.gzip_pprof, &resource).expect("converts");
-        let Some(json) = decode_with_python(&request.encode_to_vec(), n) else {
+        let Some(json) = decode_with_python(&request, n) else {
             return;
         };
         assert_eq!(json["version"], "1.45.2", "the pinned package");

@@ -321,6 +321,8 @@ mod tests {
             ],
         )
         .expect("converts");
+        let request = <ExportProfilesServiceRequest as prost::Message>::decode(request.as_slice())
+            .expect("an ExportProfilesServiceRequest");
         let converted = convert_request(&request).expect("accepted");
         let [(labels, profile)] = converted.as_slice() else {
             panic!("one profile: {converted:?}");

@@ -51,16 +51,15 @@ pub enum ConvertError {
 }
 
 /// Converts one pprof profile, as bytes (gzipped, as [`EncodedProfile::gzip_pprof`]
-/// holds it, or plain), into one `ExportProfilesServiceRequest`.
+/// holds it, or plain), into one OTLP `ExportProfilesServiceRequest`, returned as its
+/// protobuf encoding: the body the exporter posts (the message type belongs to the
+/// development revision of OTLP profiles, so it is not part of this crate's API).
 ///
 /// [`EncodedProfile::gzip_pprof`]: crate::collector::EncodedProfile::gzip_pprof
-pub fn convert(
-    pprof_bytes: &[u8],
-    resource: &[(String, String)],
-) -> Result<ExportProfilesServiceRequest, ConvertError> {
+pub fn convert(pprof_bytes: &[u8], resource: &[(String, String)]) -> Result<Vec<u8>, ConvertError> {
     let profile =
         crate::pprof::decode(pprof_bytes).map_err(|e| ConvertError::Decode(e.to_string()))?;
-    convert_profile(&profile, resource)
+    convert_profile(&profile, resource).map(|request| prost::Message::encode_to_vec(&request))
 }
 
 /// Converts one decoded pprof into one `ExportProfilesServiceRequest`.
