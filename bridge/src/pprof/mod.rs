@@ -27,7 +27,13 @@ mod tests;
 // `otel-profiling-pprof` crate; inside this crate they are `pprof::proto`, `pprof::decode`
 // and `pprof::split`.
 pub(crate) use otel_profiling_pprof as proto;
-pub(crate) use otel_profiling_pprof::{decode, split};
+pub(crate) use otel_profiling_pprof::decode;
+// The push and OTLP profile exporters split (features `pyroscope`, `otlp-http`).
+#[cfg_attr(
+    not(any(test, feature = "pyroscope", feature = "otlp-http")),
+    allow(unused_imports)
+)]
+pub(crate) use otel_profiling_pprof::split;
 
 use std::collections::hash_map::Entry;
 use std::collections::HashMap;
