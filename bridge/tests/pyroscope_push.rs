@@ -3,7 +3,7 @@
 //! What arrives is decoded independently of the exporter: gunzipped with flate2, the
 //! `PushRequest` read with the small protobuf wire reader below (field numbers of
 //! grafana/pyroscope `api/push/v1/push.proto` and `api/types/v1/types.proto`), the inner
-//! pprof with `otel_profiling::pprof::decode`.
+//! pprof with `otel_profiling_pprof::decode`.
 
 use std::collections::HashSet;
 use std::io::{BufRead, BufReader, Read, Write};

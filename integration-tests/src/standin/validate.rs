@@ -196,7 +196,7 @@ pub(crate) fn validate_labels(
 
 /// `ValidateProfile` (without the ingestion window, which the stand-in does not apply):
 /// emptiness, decompressed size, sample count, labels per sample, value lengths; then the
-/// string-table and id checks of `otel_profiling::pprof::decode` stand for Pyroscope's
+/// string-table and id checks of `otel_profiling_pprof::decode` stand for Pyroscope's
 /// `validateStringTableAccess` and id checks. `series` is the sorted series labels (for the
 /// message), `size` the decompressed pprof size, `plain` those bytes.
 pub(crate) fn validate_profile(
