@@ -98,3 +98,33 @@ impl std::error::Error for HttpClientError {
         self.0.source()
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use std::error::Error as _;
+
+    use super::*;
+
+    /// Wrapping the HTTP library's error changes neither the message nor the cause chain.
+    #[test]
+    fn http_client_error_keeps_the_message_and_the_cause() {
+        let inner = reqwest::blocking::Client::new()
+            .get("not a url")
+            .build()
+            .expect_err("not a URL");
+        let message = inner.to_string();
+        let cause = inner.source().map(ToString::to_string);
+        assert!(
+            cause.is_some(),
+            "the library's error has a cause: {inner:?}"
+        );
+        let error = PyroscopeError::HttpClient(HttpClientError::new(inner));
+        assert_eq!(
+            error.to_string(),
+            format!("pyroscope: cannot build the HTTP client: {message}")
+        );
+        let wrapped = error.source().expect("the opaque error");
+        assert_eq!(wrapped.to_string(), message);
+        assert_eq!(wrapped.source().map(ToString::to_string), cause);
+    }
+}
