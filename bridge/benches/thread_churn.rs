@@ -12,7 +12,7 @@ use std::process::Command;
 use std::sync::mpsc;
 use std::time::{Duration, Instant};
 
-use otel_profiling::sampler::{self, Sampler, SamplerConfig};
+use otel_profiling::sampler::{Sampler, SamplerConfig};
 use otel_profiling::ProfilingLayer;
 use tracing_subscriber::layer::SubscriberExt;
 
@@ -41,16 +41,21 @@ fn percentile(sorted: &[Duration], p: f64) -> Duration {
 /// Runs the churn in this process: returns (first-enter times, peak RSS growth KiB,
 /// resident KiB per live thread).
 fn churn(with_sampler: bool) -> (Vec<Duration>, u64, u64) {
-    let sampler = with_sampler.then(|| {
+    let sampler = std::sync::Arc::new(with_sampler.then(|| {
         Sampler::start(SamplerConfig::default()).unwrap_or_else(|e| panic!("sampler: {e}"))
-    });
+    }));
     // The collector's part: drain every 100 ms, which also recycles exited threads' slots.
     let (stop, stopped) = mpsc::channel::<()>();
-    let drainer = std::thread::spawn(move || {
-        while stopped.recv_timeout(Duration::from_millis(100)).is_err() {
-            sampler::drain_into(|_| {});
-        }
-    });
+    let drainer = {
+        let sampler = sampler.clone();
+        std::thread::spawn(move || {
+            while stopped.recv_timeout(Duration::from_millis(100)).is_err() {
+                if let Some(sampler) = sampler.as_ref() {
+                    sampler.drain(|_| {});
+                }
+            }
+        })
+    };
     let dispatch =
         tracing::Dispatch::new(tracing_subscriber::registry().with(ProfilingLayer::new()));
     let hwm_before = status_kib("VmHWM:");

@@ -11,13 +11,15 @@
 
 use std::time::{Duration, Instant, SystemTime};
 
-use otel_profiling::pprof::split::{split, SplitLimits};
-use otel_profiling::pprof::{self, FrameLine, ProfileBuilder, SampleLabels, SymbolizedFrame};
+use otel_profiling::pprof::{FrameLine, ProfileBuilder, SampleLabels, SymbolizedFrame};
+use otel_profiling_pprof::split::{split, SplitLimits};
+use otel_profiling_pprof::{self as pprof, encode_gzip};
 use prost::Message;
 
 const SAMPLES: u64 = 20_000;
 
-fn interval(with_trace_id: bool) -> pprof::proto::Profile {
+/// One interval's profile, read back from its bytes as a server would (to split it).
+fn interval(with_trace_id: bool) -> pprof::Profile {
     let mut builder = ProfileBuilder::new(10_000_000, SystemTime::now(), Duration::from_secs(10));
     let mut request = 0u64;
     let mut left_in_request = 0;
@@ -58,7 +60,7 @@ fn interval(with_trace_id: bool) -> pprof::proto::Profile {
         };
         builder.add_sample(&stack, &labels, 1);
     }
-    builder.build()
+    pprof::decode(&builder.build().encode()).unwrap_or_else(|e| panic!("our own bytes: {e}"))
 }
 
 fn main() {
@@ -66,7 +68,7 @@ fn main() {
     for with_trace_id in [true, false] {
         let profile = interval(with_trace_id);
         let raw = profile.encoded_len();
-        let gz = pprof::encode_gzip(&profile).map(|g| g.len()).unwrap_or(0);
+        let gz = encode_gzip(&profile).map(|g| g.len()).unwrap_or(0);
         println!(
             "  trace_id label {:>3}: {} entries, {:>8} B uncompressed ({:>5.1} B/sample), {:>7} B gzipped ({:>5.1} B/sample)",
             if with_trace_id { "on" } else { "off" },
@@ -85,7 +87,7 @@ fn main() {
     let rounds = 5;
     let start = Instant::now();
     for _ in 0..rounds {
-        std::hint::black_box(pprof::encode_gzip(&profile).map(|g| g.len()).unwrap_or(0));
+        std::hint::black_box(encode_gzip(&profile).map(|g| g.len()).unwrap_or(0));
     }
     let whole = start.elapsed() / rounds;
     let start = Instant::now();
@@ -94,7 +96,7 @@ fn main() {
         parts = split(&profile, limits);
         let bytes: usize = parts
             .iter()
-            .map(|p| pprof::encode_gzip(p).map(|g| g.len()).unwrap_or(0))
+            .map(|p| encode_gzip(p).map(|g| g.len()).unwrap_or(0))
             .sum();
         std::hint::black_box(bytes);
     }
@@ -102,7 +104,7 @@ fn main() {
     let raw_parts: usize = parts.iter().map(Message::encoded_len).sum();
     let gz_parts: usize = parts
         .iter()
-        .map(|p| pprof::encode_gzip(p).map(|g| g.len()).unwrap_or(0))
+        .map(|p| encode_gzip(p).map(|g| g.len()).unwrap_or(0))
         .sum();
     println!(
         "  split to Pyroscope's limits (15,000 samples, 1.5 MiB): {} parts, {} B uncompressed, {} B gzipped in all ({:+.1} % / {:+.1} % vs unsplit)",
@@ -110,7 +112,7 @@ fn main() {
         raw_parts,
         gz_parts,
         (raw_parts as f64 / profile.encoded_len() as f64 - 1.0) * 100.0,
-        (gz_parts as f64 / pprof::encode_gzip(&profile).map(|g| g.len()).unwrap_or(1) as f64 - 1.0) * 100.0,
+        (gz_parts as f64 / encode_gzip(&profile).map(|g| g.len()).unwrap_or(1) as f64 - 1.0) * 100.0,
     );
     println!(
         "  preparing the interval's pushes: unsplit (gzip) {:.1} ms, split + gzip of the parts {:.1} ms ({:.2}x)",

@@ -11,7 +11,7 @@ use std::time::Duration;
 
 use opentelemetry::trace::{TraceContextExt, TracerProvider as _};
 use opentelemetry_sdk::trace::SdkTracerProvider;
-use otel_profiling::{pprof, sampler, Profiler, ProfilingLayer};
+use otel_profiling::{sampler, Profiler, ProfilingLayer};
 use tracing::Instrument;
 use tracing_opentelemetry::OpenTelemetrySpanExt;
 use tracing_subscriber::layer::SubscriberExt;
@@ -120,7 +120,7 @@ fn the_watchdogs_blocked_stacks_name_the_blocking_function() {
     let mut contentions = 0i64;
     for path in &profiles {
         let bytes = std::fs::read(path).expect("read");
-        let profile = pprof::decode(&bytes).expect("valid pprof");
+        let profile = otel_profiling_pprof::decode(&bytes).expect("valid pprof");
         let s = |i: i64| profile.string_table[i as usize].clone();
         let types: Vec<(String, String)> = profile
             .sample_type

@@ -23,8 +23,7 @@ use opentelemetry::trace::TracerProvider as _;
 use opentelemetry_sdk::trace::SdkTracerProvider;
 use otel_profiling::collector::{EncodedProfile, ProfileKind, ProfileSink};
 use otel_profiling::export::otlp_profiles::convert::convert;
-use otel_profiling::{pprof, sampler, ProfileIdSpanProcessor, Profiler, ProfilingLayer};
-use prost::Message;
+use otel_profiling::{sampler, ProfileIdSpanProcessor, Profiler, ProfilingLayer};
 use tracing::Instrument;
 use tracing_opentelemetry::OpenTelemetrySpanExt;
 use tracing_subscriber::layer::SubscriberExt;
@@ -117,7 +116,7 @@ fn decode_with_python(request: &[u8], n: usize) -> Option<serde_json::Value> {
 }
 
 /// Per span id (hex; "" for none) sum of the pprof's first value.
-fn pprof_sums(profile: &pprof::proto::Profile) -> HashMap<String, i64> {
+fn pprof_sums(profile: &otel_profiling_pprof::Profile) -> HashMap<String, i64> {
     let s = |i: i64| profile.string_table[i as usize].clone();
     let mut sums = HashMap::new();
     for sample in &profile.sample {
@@ -210,9 +209,9 @@ fn python_opentelemetry_proto_reads_links_functions_and_values_of_a_sampled_inte
     let mut hot_function_seen = false;
     let mut labelled_ns = 0i64;
     for (n, encoded) in cpu.iter().enumerate() {
-        let decoded = pprof::decode(&encoded.gzip_pprof).expect("pprof");
-        let request = convert(&decoded, &resource).expect("converts");
-        let Some(json) = decode_with_python(&request.encode_to_vec(), n) else {
+        let decoded = otel_profiling_pprof::decode(&encoded.gzip_pprof).expect("pprof");
+        let request = convert(&encoded.gzip_pprof, &resource).expect("converts");
+        let Some(json) = decode_with_python(&request, n) else {
             return;
         };
         assert_eq!(json["version"], "1.45.2", "the pinned package");

@@ -13,7 +13,7 @@ use opentelemetry::trace::{TraceContextExt, TracerProvider as _};
 use opentelemetry_sdk::trace::{SdkTracerProvider, SimpleSpanProcessor};
 use otel_profiling::local_sink::LocalSpanExporter;
 use otel_profiling::{
-    pprof, sampler, CpuEvidenceProcessor, ProfileIdSpanProcessor, Profiler, ProfilingLayer,
+    sampler, CpuEvidenceProcessor, ProfileIdSpanProcessor, Profiler, ProfilingLayer,
 };
 use tracing::Instrument;
 use tracing_opentelemetry::OpenTelemetrySpanExt;
@@ -128,7 +128,7 @@ fn profiles_and_spans_land_in_the_directory_and_agree() {
     let mut span_ids_seen = HashSet::new();
     for path in &profiles {
         let bytes = std::fs::read(path).expect("read profile");
-        let profile = pprof::decode(&bytes).expect("valid pprof");
+        let profile = otel_profiling_pprof::decode(&bytes).expect("valid pprof");
         let s = |i: i64| {
             profile
                 .string_table

@@ -5,7 +5,7 @@
 //! push.v1 codec (the exporter's message types, `otel_profiling::test_support`, whose field
 //! numbers the bridge's `field_numbers_match_push_proto` checks byte by byte against
 //! grafana/pyroscope `api/push/v1/push.proto`), the inner pprof with
-//! `otel_profiling::pprof::decode`.
+//! `otel_profiling_pprof::decode`.
 
 #[path = "support/receiver.rs"]
 mod receiver;
@@ -151,7 +151,7 @@ fn wait_stats(
 }
 
 fn sample_labels(raw: &[u8]) -> Vec<(String, String)> {
-    let p = pprof::decode(raw).expect("pprof");
+    let p = otel_profiling_pprof::decode(raw).expect("pprof");
     let s = |i: i64| p.string_table[i as usize].clone();
     p.sample
         .iter()
@@ -291,7 +291,7 @@ fn blocked_profiles_are_pushed_as_the_block_type_beside_cpu() {
     }
     let (raw, _) = only_sample(&requests[1]);
     assert_eq!(raw, blocked.gzip_pprof);
-    let decoded = pprof::decode(&raw).expect("pprof");
+    let decoded = otel_profiling_pprof::decode(&raw).expect("pprof");
     let s = |i: i64| decoded.string_table[i as usize].clone();
     let types: Vec<String> = decoded
         .sample_type
@@ -722,7 +722,7 @@ fn received_samples(requests: &[Request]) -> Vec<(String, i64)> {
     for request in requests {
         for series in request.push() {
             for (raw, _) in &series.samples {
-                let p = pprof::decode(raw).expect("pprof");
+                let p = otel_profiling_pprof::decode(raw).expect("pprof");
                 for sample in &p.sample {
                     let span = sample
                         .label
@@ -747,7 +747,7 @@ fn large_profiles_are_split_to_fit_the_limits() {
     use otel_profiling::export::pyroscope::PyroscopeLimits;
     use prost::Message as _;
     let whole = big_profile(40_000);
-    let decoded = pprof::decode(&whole.gzip_pprof).expect("pprof");
+    let decoded = otel_profiling_pprof::decode(&whole.gzip_pprof).expect("pprof");
     let expected = received_samples(&[Request {
         method: "POST".into(),
         path: String::new(),
@@ -783,7 +783,7 @@ fn large_profiles_are_split_to_fit_the_limits() {
             let mut push_bytes = 0;
             for series in request.push() {
                 for (raw, _) in &series.samples {
-                    let p = pprof::decode(raw).expect("pprof part");
+                    let p = otel_profiling_pprof::decode(raw).expect("pprof part");
                     assert!(
                         p.sample.len() <= limits.max_samples_per_profile,
                         "{limits:?}"

@@ -131,21 +131,20 @@ fn samples_carry_the_span_that_was_running() {
             .with(tracing_opentelemetry::layer().with_tracer(provider.tracer("attribution")))
             .with(ProfilingLayer::default()),
     );
-    let sampler = Sampler::start(SamplerConfig::default().with_frequency_hz(250)).expect("start");
+    let sampler =
+        Arc::new(Sampler::start(SamplerConfig::default().with_frequency_hz(250)).expect("start"));
     // Records left by earlier tests (other spans, other work) are not this test's.
     sampler.drain(|_| {});
     let records: Arc<Mutex<Vec<Sample>>> = Arc::default();
     let stop = Arc::new(std::sync::atomic::AtomicBool::new(false));
     let collector = {
-        let (records, stop) = (records.clone(), stop.clone());
+        let (records, stop, sampler) = (records.clone(), stop.clone(), sampler.clone());
         std::thread::spawn(move || {
-            // `Sampler` is a handle to process-wide state; draining needs no reference.
+            // The collector's part, through the public handle (shared with this thread).
             while !stop.load(std::sync::atomic::Ordering::Relaxed) {
                 std::thread::sleep(Duration::from_millis(20));
                 let mut out = records.lock().expect("records");
-                otel_profiling::sampler::drain_into(|r: &SampleRecord| {
-                    out.push((r.root, r.frames().to_vec(), r.weight))
-                });
+                sampler.drain(|r: &SampleRecord| out.push((r.root, r.frames().to_vec(), r.weight)));
             }
         })
     };
@@ -208,13 +207,15 @@ fn samples_carry_the_span_that_was_running() {
     stop.store(true, std::sync::atomic::Ordering::Relaxed);
     collector.join().expect("collector");
     let stats_before_stop = sampler.stats();
-    drop(sampler);
-    otel_profiling::sampler::drain_into(|r| {
+    // Every span has ended and the runtime's threads have exited: the last records are
+    // all buffered, so draining them before the stop misses none.
+    sampler.drain(|r| {
         records
             .lock()
             .expect("records")
             .push((r.root, r.frames().to_vec(), r.weight))
     });
+    drop(sampler);
     let records = records.lock().expect("records");
 
     let mut cache = HashMap::new();
@@ -305,14 +306,15 @@ fn stress_thread_churn_at_the_highest_rate() {
             .with_ring_capacity(1),
     )
     .expect("start");
+    let sampler = Arc::new(sampler);
     let drained = Arc::new(std::sync::atomic::AtomicU64::new(0));
     let stop = Arc::new(std::sync::atomic::AtomicBool::new(false));
     let collector = {
-        let (drained, stop) = (drained.clone(), stop.clone());
+        let (drained, stop, sampler) = (drained.clone(), stop.clone(), sampler.clone());
         std::thread::spawn(move || {
             while !stop.load(std::sync::atomic::Ordering::Relaxed) {
                 std::thread::sleep(Duration::from_millis(50));
-                let n = otel_profiling::sampler::drain_into(|_| {});
+                let n = sampler.drain(|_| {});
                 drained.fetch_add(n as u64, std::sync::atomic::Ordering::Relaxed);
             }
         })
@@ -344,8 +346,11 @@ fn stress_thread_churn_at_the_highest_rate() {
     }
     stop.store(true, std::sync::atomic::Ordering::Relaxed);
     collector.join().expect("collector");
+    // No thread is registered any more (the workers exited, this one never registered):
+    // nothing is sampled between this last drain and the stop.
+    sampler::unregister_current_thread();
+    let last = sampler.drain(|_| {}) as u64;
     drop(sampler);
-    let last = otel_profiling::sampler::drain_into(|_| {}) as u64;
     let drained = drained.load(std::sync::atomic::Ordering::Relaxed) + last;
     let stats = otel_profiling::sampler::stats();
     eprintln!("stress: {generations} generations, {stats:?}, drained here {drained}");

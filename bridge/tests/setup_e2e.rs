@@ -13,7 +13,7 @@ use opentelemetry_proto::tonic::collector::trace::v1::ExportTraceServiceRequest;
 use otel_profiling::config::OtlpProtocol;
 use otel_profiling::export::pyroscope::PyroscopeAuth;
 use otel_profiling::test_support::push_v1::PushRequest;
-use otel_profiling::{pprof, Telemetry};
+use otel_profiling::Telemetry;
 use prost::Message;
 use receiver::{fresh_listener, Receiver};
 use tracing_subscriber::layer::SubscriberExt;
@@ -131,7 +131,7 @@ fn traces_and_profiles_reach_their_receivers_with_the_same_span_id() {
             assert_eq!(label("service_version"), Some("2.0.1"));
             assert_eq!(label("deployment_environment"), Some("test"));
             for sample in &series.samples {
-                let profile = pprof::decode(&sample.raw_profile).expect("pprof");
+                let profile = otel_profiling_pprof::decode(&sample.raw_profile).expect("pprof");
                 let s = |i: i64| profile.string_table[i as usize].clone();
                 for smp in &profile.sample {
                     for l in &smp.label {

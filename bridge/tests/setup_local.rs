@@ -7,7 +7,7 @@ mod common;
 
 use std::time::Duration;
 
-use otel_profiling::{pprof, Telemetry};
+use otel_profiling::Telemetry;
 use tracing_subscriber::layer::SubscriberExt;
 
 /// Stays in its own loop so samples land in it.
@@ -71,7 +71,8 @@ fn one_call_setup_writes_profiles_and_spans_locally() {
         if !path.to_string_lossy().ends_with("_cpu.pb.gz") {
             continue;
         }
-        let profile = pprof::decode(&std::fs::read(&path).expect("read")).expect("pprof");
+        let profile =
+            otel_profiling_pprof::decode(&std::fs::read(&path).expect("read")).expect("pprof");
         let s = |i: i64| profile.string_table[i as usize].as_str();
         labelled += profile
             .sample

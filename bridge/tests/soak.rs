@@ -115,13 +115,14 @@ fn soak_everything_at_once_at_the_highest_rate() {
         kept,
     ];
 
+    let sampler = Arc::new(sampler);
     let drained = Arc::new(AtomicU64::new(0));
     let collector = {
-        let (drained, done) = (drained.clone(), done.clone());
+        let (drained, done, sampler) = (drained.clone(), done.clone(), sampler.clone());
         std::thread::spawn(move || {
             while !done.load(Ordering::Relaxed) {
                 std::thread::sleep(Duration::from_millis(20));
-                let n = sampler::drain_into(|_| {}) as u64;
+                let n = sampler.drain(|_| {}) as u64;
                 drained.fetch_add(n, Ordering::Relaxed);
             }
         })
@@ -154,7 +155,7 @@ fn soak_everything_at_once_at_the_highest_rate() {
                         let _ = s.register_current_thread();
                         let start = common::thread_cpu_time();
                         while common::thread_cpu_time() - start < Duration::from_millis(20) {}
-                        sampler::drain_into(|_| {});
+                        s.drain(|_| {});
                         0
                     }
                     Err(_) => 3,
@@ -178,11 +179,14 @@ fn soak_everything_at_once_at_the_highest_rate() {
     }
     // SAFETY: the timer created above.
     unsafe { libc::timer_delete(foreign) };
-    drop(sampler);
     done.store(true, Ordering::Relaxed);
     collector.join().expect("collector");
+    // Every worker has exited and this thread is not sampled: nothing is taken between
+    // this last drain and the stop.
+    sampler::unregister_current_thread();
     std::thread::sleep(Duration::from_millis(20));
-    let last = sampler::drain_into(|_| {}) as u64;
+    let last = sampler.drain(|_| {}) as u64;
+    drop(sampler);
     let drained = drained.load(Ordering::Relaxed) + last;
     let after = sampler::stats();
     live_a.context().span().end();

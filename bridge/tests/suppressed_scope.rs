@@ -58,7 +58,7 @@ impl ProfileSink for SpanningSink {
 fn span_name_labels(profiles: &[Vec<u8>]) -> Vec<String> {
     let mut names = Vec::new();
     for bytes in profiles {
-        let p = pprof::decode(bytes).expect("the sink's profile decodes");
+        let p = otel_profiling_pprof::decode(bytes).expect("the sink's profile decodes");
         let s = |i: i64| p.string_table[usize::try_from(i).expect("index")].clone();
         for sample in &p.sample {
             for label in &sample.label {

@@ -16,7 +16,7 @@ use opentelemetry_proto::tonic::trace::v1::{ResourceSpans, ScopeSpans, Span};
 use otel_profiling::export::pyroscope::{
     BLOCK_CONTENTIONS_PROFILE_TYPE_ID, BLOCK_DELAY_PROFILE_TYPE_ID, PROFILE_NAME, PROFILE_TYPE_ID,
 };
-use otel_profiling::pprof::{self, FrameLine, ProfileBuilder, SampleLabels, SymbolizedFrame};
+use otel_profiling::pprof::{FrameLine, ProfileBuilder, SampleLabels, SymbolizedFrame};
 use otel_profiling::PROFILE_ID_ATTRIBUTE;
 use otel_profiling_integration_tests::checklist::{
     check_blocked_in_poll, check_control, check_cpu_vs_io, check_profile_link, check_recorded,
@@ -266,7 +266,7 @@ fn unix_nanos(t: SystemTime) -> u64 {
 
 /// A CPU profile by hand: `count` samples of `main → checklist_cpu_work` labelled with
 /// `span_id`/`trace_id`.
-fn hand_profile(span_id: u64, trace_id: u128, count: u64) -> otel_profiling::pprof::proto::Profile {
+fn hand_profile(span_id: u64, trace_id: u128, count: u64) -> otel_profiling_pprof::Profile {
     let frame = |address, name: &str| SymbolizedFrame {
         address,
         lines: vec![FrameLine {
@@ -290,7 +290,8 @@ fn hand_profile(span_id: u64, trace_id: u128, count: u64) -> otel_profiling::ppr
         },
         count,
     );
-    builder.build()
+    // As the wire message, which the tests below alter as a misbehaving client would.
+    otel_profiling_pprof::decode(&builder.build().encode()).expect("our own bytes decode")
 }
 
 /// Sends a root span with `pyroscope.profile.id` by OTLP and pushes a profile whose samples
@@ -352,7 +353,7 @@ fn handmade_operation(label_other_span: bool) -> (RecordedOp, u64) {
                 ("service_name", &service),
                 ("service_version", "3.0.0"),
             ],
-            &pprof::encode_gzip(&profile).unwrap(),
+            &otel_profiling_pprof::encode_gzip(&profile).unwrap(),
         )
         .expect("push accepted");
     let op = RecordedOp {
@@ -419,7 +420,7 @@ fn a_15_hex_span_id_is_stored_as_span_0_like_pyroscope_does() {
     b.pyroscope
         .push(
             &[("__name__", PROFILE_NAME), ("service_name", &service)],
-            &pprof::encode_gzip(&profile).unwrap(),
+            &otel_profiling_pprof::encode_gzip(&profile).unwrap(),
         )
         .expect("a 15-hex span id is accepted, not rejected");
     let now_ms = unix_nanos(SystemTime::now()) as i64 / 1_000_000;

@@ -56,7 +56,7 @@ fn profile(spans: u64, per_span: u64) -> EncodedProfile {
         kind: ProfileKind::Cpu,
         start,
         duration: Duration::from_secs(10),
-        samples: pprof.sample.len() as u64,
+        samples: pprof.sample_count() as u64,
         gzip_pprof: encode_gzip(&pprof).expect("encodes"),
     }
 }

@@ -84,22 +84,21 @@ pub trait ProfileSink: Send + 'static {
     fn export(&mut self, profile: &EncodedProfile) -> std::io::Result<()>;
 }
 
-/// Collector settings.
+/// Collector settings (set through [`ProfilerBuilder`](crate::ProfilerBuilder)).
 #[derive(Clone, Debug)]
-#[non_exhaustive]
-pub struct CollectorConfig {
+pub(crate) struct CollectorConfig {
     /// Length of one profile (default 10 s).
-    pub interval: Duration,
+    pub(crate) interval: Duration,
     /// How often the per-thread buffers are drained (default 100 ms).
-    pub drain_every: Duration,
+    pub(crate) drain_every: Duration,
     /// Whether samples carry the `span_name` label (default true). Pyroscope turns it into
     /// a series label, so switch it off if root span names are unbounded.
-    pub span_name_label: bool,
+    pub(crate) span_name_label: bool,
     /// Whether samples carry the `trace_id` label (default true). Pyroscope needs only
     /// `span_id` for the span link; `trace_id` is a 32-character string per trace, about
     /// 25 % of a sample's uncompressed bytes (see `docs/benchmarks.md`), which counts
     /// against Pyroscope's per-profile size and per-tenant ingestion limits.
-    pub trace_id_label: bool,
+    pub(crate) trace_id_label: bool,
 }
 
 impl Default for CollectorConfig {
@@ -131,22 +130,22 @@ pub(crate) struct CollectorStats {
     pub(crate) blocked_in_profiles: AtomicU64,
 }
 
-/// A snapshot of the collector's counters ([`Collector::stats`]).
+/// A snapshot of the collector's counters ([`Collector::stats`]); users read them in
+/// [`ProfilerStats`](crate::ProfilerStats).
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
-#[non_exhaustive]
-pub struct CollectorSnapshot {
+pub(crate) struct CollectorSnapshot {
     /// Profiles handed to the sinks successfully.
-    pub profiles_exported: u64,
+    pub(crate) profiles_exported: u64,
     /// Profiles a sink failed to take.
-    pub profiles_failed: u64,
+    pub(crate) profiles_failed: u64,
     /// Samples put into profiles.
-    pub samples_in_profiles: u64,
+    pub(crate) samples_in_profiles: u64,
     /// Nanoseconds spent naming the stacks of all intervals so far.
-    pub symbolize_nanos: u64,
+    pub(crate) symbolize_nanos: u64,
     /// The longest any one interval's naming took, in nanoseconds.
-    pub symbolize_nanos_max: u64,
+    pub(crate) symbolize_nanos_max: u64,
     /// Blocked-in-poll looks put into blocked profiles.
-    pub blocked_in_profiles: u64,
+    pub(crate) blocked_in_profiles: u64,
 }
 
 impl CollectorStats {
@@ -169,8 +168,9 @@ enum Command {
 }
 
 /// A running collector thread. Dropping it (or [`Collector::shutdown`]) writes the last
-/// profile and stops the thread.
-pub struct Collector {
+/// profile and stops the thread. Started and owned by [`Profiler`](crate::Profiler):
+/// the collector is the one reader of the sampler's buffers.
+pub(crate) struct Collector {
     commands: Sender<Command>,
     thread: Option<JoinHandle<()>>,
     stats: Arc<CollectorStats>,
@@ -186,7 +186,7 @@ impl std::fmt::Debug for Collector {
 
 impl Collector {
     /// Starts the collector thread (`otel-profiling-collector`).
-    pub fn start(
+    pub(crate) fn start(
         config: CollectorConfig,
         period_ns: i64,
         sinks: Vec<Box<dyn ProfileSink>>,
@@ -222,7 +222,7 @@ impl Collector {
 
     /// Ends the current interval now and waits (up to `timeout`) until its profile has
     /// been handed to the sinks.
-    pub fn flush(&self, timeout: Duration) -> bool {
+    pub(crate) fn flush(&self, timeout: Duration) -> bool {
         let (done, wait) = mpsc::channel();
         if self.commands.send(Command::Flush(done)).is_err() {
             return false;
@@ -231,12 +231,12 @@ impl Collector {
     }
 
     /// The counters, as they are now.
-    pub fn stats(&self) -> CollectorSnapshot {
+    pub(crate) fn stats(&self) -> CollectorSnapshot {
         self.stats.snapshot()
     }
 
     /// Writes the last profile and stops the thread, waiting at most `timeout`.
-    pub fn shutdown(mut self, timeout: Duration) -> bool {
+    pub(crate) fn shutdown(mut self, timeout: Duration) -> bool {
         self.stop(timeout)
     }
 

@@ -16,22 +16,30 @@
 //! `delay`/`nanoseconds`, period type `contentions`/`count`, period 1 (see
 //! `docs/blocked-in-poll.md`).
 //!
-//! [`encode_gzip`] gives the bytes Pyroscope's ingest endpoint and `go tool pprof` read;
-//! [`decode`] reads them back.
-
-pub mod proto;
-pub mod split;
+//! [`Profile::encode_gzip`] gives the bytes Pyroscope's ingest endpoint and `go tool pprof`
+//! read. The protobuf messages themselves are not part of this API: programs that read the
+//! bytes back decode them with the `otel-profiling-pprof` crate (or any pprof reader).
 
 #[cfg(test)]
 mod tests;
 
+// The wire types, their decoding and the splitting within a server's limits live in the
+// `otel-profiling-pprof` crate; inside this crate they are `pprof::proto`, `pprof::decode`
+// and `pprof::split`.
+pub(crate) use otel_profiling_pprof as proto;
+pub(crate) use otel_profiling_pprof::decode;
+// The push and OTLP profile exporters split (features `pyroscope`, `otlp-http`).
+#[cfg_attr(
+    not(any(test, feature = "pyroscope", feature = "otlp-http")),
+    allow(unused_imports)
+)]
+pub(crate) use otel_profiling_pprof::split;
+
 use std::collections::hash_map::Entry;
 use std::collections::HashMap;
-use std::io::{self, Read, Write};
+use std::io;
 use std::sync::Arc;
 use std::time::{Duration, SystemTime};
-
-use prost::Message;
 
 /// One source-level frame of a symbolized address (an address can expand to several when
 /// functions were inlined; innermost first).
@@ -202,7 +210,12 @@ impl ProfileBuilder {
     /// stack addresses); locations are numbered in the order the sorted samples first
     /// use them, functions in the order those locations first use them, and strings in
     /// the order the fields below are written. The same samples give the same bytes.
-    pub fn build(mut self) -> proto::Profile {
+    pub fn build(self) -> Profile {
+        Profile(self.build_proto())
+    }
+
+    /// [`build`](Self::build), as the wire message (for the collector and the exporters).
+    pub(crate) fn build_proto(mut self) -> proto::Profile {
         let mut strings = StringTable::new();
         let mut value_type = |kind: &str, unit: &str| proto::ValueType {
             r#type: strings.intern(kind),
@@ -414,128 +427,34 @@ fn string_label(strings: &mut StringTable, key: &str, value: &str) -> proto::Lab
 /// The single mapping every location points at.
 const MAPPING_ID: u64 = 1;
 
-/// Serialized, gzip-compressed profile bytes (what Pyroscope and `go tool pprof` read).
-pub fn encode_gzip(profile: &proto::Profile) -> io::Result<Vec<u8>> {
-    let raw = profile.encode_to_vec();
-    let mut gz = flate2::write::GzEncoder::new(
-        Vec::with_capacity(raw.len() / 4 + 64),
-        flate2::Compression::default(),
-    );
-    gz.write_all(&raw)?;
-    gz.finish()
-}
-
-/// Decodes plain or gzipped pprof bytes (for tests and the report tool); errors are
-/// `io::ErrorKind::InvalidData` with a message.
+/// A finished pprof profile ([`ProfileBuilder::build`]), ready to encode.
 ///
-/// Besides the protobuf decoding, checks what readers would otherwise index blindly:
-/// `string_table[0] == ""`, every string index in range, and every location, function
-/// and mapping id referenced is defined.
-pub fn decode(bytes: &[u8]) -> io::Result<proto::Profile> {
-    let inflated;
-    let raw = if bytes.starts_with(&GZIP_MAGIC) {
-        let mut out = Vec::new();
-        // Multi-member, as Go's gzip reader (and so `go tool pprof`) accepts.
-        flate2::read::MultiGzDecoder::new(bytes)
-            .read_to_end(&mut out)
-            .map_err(|e| invalid(format!("pprof: bad gzip stream: {e}")))?;
-        inflated = out;
-        &inflated[..]
-    } else {
-        bytes
-    };
-    let profile = proto::Profile::decode(raw)
-        .map_err(|e| invalid(format!("pprof: not a profile.proto message: {e}")))?;
-    validate(&profile).map_err(|e| invalid(format!("pprof: malformed profile: {e}")))?;
-    Ok(profile)
+/// Its content is read back from the encoded bytes (e.g. with the `otel-profiling-pprof`
+/// crate, or `go tool pprof`); this type does not expose the protobuf messages.
+#[derive(Clone, Debug, PartialEq)]
+pub struct Profile(proto::Profile);
+
+impl Profile {
+    /// Serialized, gzip-compressed profile bytes (what Pyroscope and `go tool pprof` read).
+    pub fn encode_gzip(&self) -> io::Result<Vec<u8>> {
+        proto::encode_gzip(&self.0)
+    }
+
+    /// Serialized profile bytes, not compressed (a `profile.proto` message).
+    pub fn encode(&self) -> Vec<u8> {
+        prost::Message::encode_to_vec(&self.0)
+    }
+
+    /// Samples in the profile (distinct stack and labels; each carries its count).
+    pub fn sample_count(&self) -> usize {
+        self.0.sample.len()
+    }
 }
 
-const GZIP_MAGIC: [u8; 2] = [0x1f, 0x8b];
-
-fn invalid(message: String) -> io::Error {
-    io::Error::new(io::ErrorKind::InvalidData, message)
-}
-
-/// Structural checks of a decoded profile; the message names the first problem found.
-fn validate(p: &proto::Profile) -> Result<(), String> {
-    if let Some(first) = p.string_table.first() {
-        if !first.is_empty() {
-            return Err(format!("string_table[0] is {first:?}, must be \"\""));
-        }
-    }
-    let strings = p.string_table.len();
-    let check = |what: &str, index: i64| -> Result<(), String> {
-        // Index 0 is "" and allowed even in an empty table (all fields default to 0).
-        match usize::try_from(index) {
-            Ok(i) if i == 0 || i < strings => Ok(()),
-            _ => Err(format!(
-                "{what} string index {index} outside table of {strings}"
-            )),
-        }
-    };
-    for v in p.sample_type.iter().chain(&p.period_type) {
-        check("value type", v.r#type)?;
-        check("value type unit", v.unit)?;
-    }
-    for &i in [
-        p.drop_frames,
-        p.keep_frames,
-        p.default_sample_type,
-        p.doc_url,
-    ]
-    .iter()
-    .chain(&p.comment)
-    {
-        check("profile", i)?;
-    }
-    for m in &p.mapping {
-        check("mapping filename", m.filename)?;
-        check("mapping build id", m.build_id)?;
-    }
-    for f in &p.function {
-        check("function name", f.name)?;
-        check("function system name", f.system_name)?;
-        check("function filename", f.filename)?;
-    }
-    let mappings: std::collections::HashSet<u64> = p.mapping.iter().map(|m| m.id).collect();
-    let functions: std::collections::HashSet<u64> = p.function.iter().map(|f| f.id).collect();
-    let locations: std::collections::HashSet<u64> = p.location.iter().map(|l| l.id).collect();
-    for l in &p.location {
-        if l.mapping_id != 0 && !mappings.contains(&l.mapping_id) {
-            return Err(format!(
-                "location {} has unknown mapping {}",
-                l.id, l.mapping_id
-            ));
-        }
-        if let Some(line) = l
-            .line
-            .iter()
-            .find(|ln| !functions.contains(&ln.function_id))
-        {
-            return Err(format!(
-                "location {} has unknown function {}",
-                l.id, line.function_id
-            ));
-        }
-    }
-    for s in &p.sample {
-        if let Some(id) = s.location_id.iter().find(|id| !locations.contains(id)) {
-            return Err(format!("sample refers to unknown location {id}"));
-        }
-        if s.value.len() != p.sample_type.len() {
-            return Err(format!(
-                "sample has {} values for {} sample types",
-                s.value.len(),
-                p.sample_type.len()
-            ));
-        }
-        for label in &s.label {
-            check("label key", label.key)?;
-            check("label value", label.str)?;
-            check("label unit", label.num_unit)?;
-        }
-    }
-    Ok(())
+/// Serialized, gzip-compressed profile bytes (what Pyroscope and `go tool pprof` read);
+/// the same as [`Profile::encode_gzip`].
+pub fn encode_gzip(profile: &Profile) -> io::Result<Vec<u8>> {
+    profile.encode_gzip()
 }
 
 /// The string table under construction: entry 0 is always "".

@@ -1,4 +1,5 @@
 use super::*;
+use prost::Message;
 use std::collections::HashMap;
 use std::time::UNIX_EPOCH;
 
@@ -78,7 +79,7 @@ fn stack_names(p: &proto::Profile, sample: &proto::Sample) -> Vec<String> {
 
 #[test]
 fn header_follows_pyroscope_cpu_contract() {
-    let p = builder().build();
+    let p = builder().build_proto();
     assert_eq!(p.string_table[0], "");
     assert_eq!(p.sample_type.len(), 1);
     assert_eq!(s(&p, p.sample_type[0].r#type), "cpu");
@@ -105,10 +106,10 @@ fn round_trip_through_gzip_keeps_samples_and_labels() {
     let mut b = builder();
     b.add_sample(&stack(), &labels(0xab, 0x1234, "GET /report"), 3);
     b.add_sample(&stack()[1..], &SampleLabels::default(), 1);
-    let built = b.build();
+    let built = b.build_proto();
 
-    let bytes = encode_gzip(&built).expect("encode");
-    assert_eq!(&bytes[..2], &GZIP_MAGIC, "gzip output");
+    let bytes = proto::encode_gzip(&built).expect("encode");
+    assert_eq!(&bytes[..2], &[0x1f, 0x8b], "gzip output");
     let decoded = decode(&bytes).expect("decode gzip");
     assert_eq!(decoded, built);
     // Plain (not gzipped) bytes decode too.
@@ -155,7 +156,7 @@ fn identical_samples_merge_and_different_labels_do_not() {
     b.add_sample(&stack(), &labels(1, 2, "b"), 1);
     b.add_sample(&stack()[1..], &a, 1);
     b.add_sample(&stack(), &a, 0); // adds nothing
-    let p = b.build();
+    let p = b.build_proto();
     let values: Vec<i64> = p.sample.iter().map(|s| s.value[0]).collect();
     // Ordered by (labels, stack addresses): `a` at [0x1000], `a` at [0x2000, 0x1000], `b`.
     assert_eq!(values, [PERIOD, 7 * PERIOD, PERIOD]);
@@ -189,7 +190,7 @@ fn label_formats_are_fixed_width_lowercase_hex() {
         },
         1,
     );
-    let p = b.build();
+    let p = b.build_proto();
     let got: Vec<_> = p.sample.iter().map(|x| label_strings(&p, x)).collect();
     let pair = |k: &str, v: &str| (k.to_owned(), v.to_owned());
     // Ordered by labels, absent ones first.
@@ -215,7 +216,7 @@ fn functions_and_locations_are_deduplicated() {
     b.add_sample(&stack(), &SampleLabels::default(), 1);
     b.add_sample(&other, &SampleLabels::default(), 1);
     b.add_sample(&stack(), &labels(9, 9, "x"), 1);
-    let p = b.build();
+    let p = b.build_proto();
 
     let addresses: Vec<u64> = p.location.iter().map(|l| l.address).collect();
     assert_eq!(addresses, [0x2000, 0x1000, 0x3000, 0x4000]);
@@ -269,7 +270,7 @@ fn missing_file_becomes_empty_filename() {
         &SampleLabels::default(),
         1,
     );
-    let p = b.build();
+    let p = b.build_proto();
     assert_eq!(s(&p, p.function[0].filename), "");
     assert!(!p.mapping[0].has_filenames && !p.mapping[0].has_line_numbers);
     assert!(!p.mapping[0].has_inline_frames);
@@ -280,15 +281,15 @@ fn values_saturate_instead_of_wrapping() {
     let mut b = builder();
     b.add_sample(&stack(), &SampleLabels::default(), u64::MAX);
     b.add_sample(&stack(), &SampleLabels::default(), u64::MAX);
-    assert_eq!(b.build().sample[0].value, [i64::MAX]);
+    assert_eq!(b.build_proto().sample[0].value, [i64::MAX]);
 }
 
 #[test]
 fn decode_rejects_garbage_with_invalid_data() {
-    let mut truncated = encode_gzip(&{
+    let mut truncated = proto::encode_gzip(&{
         let mut b = builder();
         b.add_sample(&stack(), &labels(1, 2, "x"), 1);
-        b.build()
+        b.build_proto()
     })
     .expect("encode");
     truncated.truncate(truncated.len() / 2);
@@ -367,7 +368,7 @@ fn many_spans(n: u64) -> proto::Profile {
             1 + i % 3,
         );
     }
-    b.build()
+    b.build_proto()
 }
 
 /// A sample as a reader sees it: stack names and label (key, value) pairs.
@@ -422,7 +423,7 @@ fn split_parts_respect_the_limits_and_keep_every_sample() {
                 part.encoded_len()
             );
             // Every part is a valid profile on its own, with the whole one's header.
-            let decoded = decode(&encode_gzip(part).expect("encode")).expect("valid part");
+            let decoded = decode(&proto::encode_gzip(part).expect("encode")).expect("valid part");
             assert_eq!(decoded.time_nanos, whole.time_nanos);
             assert_eq!(decoded.duration_nanos, whole.duration_nanos);
             assert_eq!(decoded.period, whole.period);
@@ -460,7 +461,7 @@ fn blocked_profiles_have_the_block_shape() {
     b.add_blocked(&stack(), &a, 1, 5_000_000);
     b.add_blocked(&stack(), &a, 0, 7_000_000);
     b.add_blocked(&stack(), &a, 0, 0);
-    let p = decode(&encode_gzip(&b.build()).expect("encode")).expect("decode");
+    let p = decode(&proto::encode_gzip(&b.build_proto()).expect("encode")).expect("decode");
     let s = |i: i64| p.string_table[i as usize].clone();
     let types: Vec<(String, String)> = p
         .sample_type
@@ -534,7 +535,7 @@ fn golden_profile(
             b.add_sample(&stack, &labels, count);
         }
     }
-    let mut p = b.build();
+    let mut p = b.build_proto();
     // The mapping names the test binary, whose path differs between builds.
     let exe = usize::try_from(p.mapping[0].filename).expect("string index");
     p.string_table[exe] = "<current exe>".to_owned();
@@ -676,8 +677,8 @@ fn the_same_samples_in_any_order_give_the_same_bytes() {
             let map: HashMap<usize, _> = golden_samples().into_iter().enumerate().collect();
             let hashed = golden_profile(blocked, map.into_values());
             assert_eq!(
-                encode_gzip(&forward).expect("encode"),
-                encode_gzip(&hashed).expect("encode"),
+                proto::encode_gzip(&forward).expect("encode"),
+                proto::encode_gzip(&hashed).expect("encode"),
                 "blocked: {blocked}\n{}",
                 golden::line_diff(&dump(&forward), &dump(&hashed))
             );

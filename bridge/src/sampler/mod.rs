@@ -689,7 +689,7 @@ fn new_registration(run: u64, epoch: u64) -> Result<Registration, SamplerError> 
 /// Hands every buffered record of every thread to `f` and frees the buffers; the
 /// collector's entry point. Records outlive a stopped sampler until drained. One drain
 /// runs at a time; registration never waits for it.
-pub fn drain_into(mut f: impl FnMut(&SampleRecord)) -> usize {
+pub(crate) fn drain_into(mut f: impl FnMut(&SampleRecord)) -> usize {
     let guard = DrainGuard::acquire();
     let total = guard.drain(&mut f);
     drop(guard);

@@ -632,8 +632,9 @@ pub struct TelemetryGuard {
     service_name: String,
 }
 
-/// Health counters of the whole pipeline.
-#[derive(Clone, Debug, Default)]
+/// Health counters of the whole pipeline: a snapshot ([`TelemetryGuard::stats`]).
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+#[non_exhaustive]
 pub struct HealthStats {
     /// Sampler and collector counters.
     pub profiler: ProfilerStats,
@@ -728,7 +729,7 @@ mod tests {
             std::time::SystemTime::now(),
             Duration::from_secs(1),
         )
-        .build();
+        .build_proto();
         let s = |i: i64| profile.string_table[i as usize].clone();
         let sample = &profile.sample_type[0];
         let period = profile.period_type.as_ref().expect("period type");

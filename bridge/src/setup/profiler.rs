@@ -32,8 +32,9 @@ pub enum ProfilerError {
     },
 }
 
-/// Counters of the whole profiler.
+/// Counters of the whole profiler: a snapshot ([`Profiler::stats`]).
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+#[non_exhaustive]
 pub struct ProfilerStats {
     /// The sampler's counters.
     pub sampler: SamplerStats,
@@ -100,8 +101,10 @@ impl ProfilerBuilder {
         self
     }
 
-    /// Whether samples carry the `trace_id` label (default true; off saves about a
-    /// quarter of each sample's bytes, see [`CollectorConfig::trace_id_label`]).
+    /// Whether samples carry the `trace_id` label (default true). Pyroscope needs only
+    /// `span_id` for the span link; `trace_id` is a 32-character string per trace, about a
+    /// quarter of a sample's uncompressed bytes (see `docs/benchmarks.md`), which counts
+    /// against Pyroscope's per-profile size and per-tenant ingestion limits.
     pub fn trace_id_label(mut self, on: bool) -> Self {
         self.collector.trace_id_label = on;
         self

@@ -4,7 +4,8 @@ use std::collections::HashMap;
 use std::path::Path;
 use std::sync::Arc;
 
-use otel_profiling::pprof::{self, proto, SPAN_ID_KEY, SPAN_NAME_KEY, TRACE_ID_KEY};
+use otel_profiling::pprof::{SPAN_ID_KEY, SPAN_NAME_KEY, TRACE_ID_KEY};
+use otel_profiling_pprof as proto;
 
 use crate::error::ReportError;
 use crate::ids::{SpanId, TraceId};
@@ -51,7 +52,7 @@ pub fn read_profile_value(path: &Path, value: &str) -> Result<ProfileFile, Repor
         path: path.to_path_buf(),
         source,
     })?;
-    let profile = pprof::decode(&bytes).map_err(|e| ReportError::CorruptProfile {
+    let profile = proto::decode(&bytes).map_err(|e| ReportError::CorruptProfile {
         path: path.to_path_buf(),
         message: e.to_string(),
     })?;

@@ -441,7 +441,7 @@ mod tests {
         // Room in the bucket for one 5-sample profile (labels + inflated pprof), then none:
         // the 6-sample one is charged too, since the limiter runs before validation.
         let cost = |n| {
-            let p = pprof::decode(&gz_profile(n)).expect("decode");
+            let p = otel_profiling_pprof::decode(&gz_profile(n)).expect("decode");
             ("__name__process_cpuservice_namesvc".len() + prost::Message::encoded_len(&p)) as u64
         };
         let limits = Limits::default()

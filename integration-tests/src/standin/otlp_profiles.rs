@@ -29,9 +29,7 @@ use opentelemetry_proto::tonic::common::v1::{any_value, AnyValue, KeyValue};
 use opentelemetry_proto::tonic::profiles::v1development::{
     Profile as OtlpProfile, ProfilesDictionary,
 };
-use otel_profiling::pprof::proto::{
-    Function, Label, Line, Location, Mapping, Profile, Sample, ValueType,
-};
+use otel_profiling_pprof::{Function, Label, Line, Location, Mapping, Profile, Sample, ValueType};
 
 /// A converted profile and its series labels.
 pub(crate) type Converted = (Vec<(String, String)>, Profile);
@@ -316,13 +314,15 @@ mod tests {
         };
         b.add_sample(&[frame], &labels, 3);
         let request = convert(
-            &b.build(),
+            &b.build().encode_gzip().expect("encodes"),
             &[
                 ("service.name".into(), "svc".into()),
                 ("service.version".into(), "1.0".into()),
             ],
         )
         .expect("converts");
+        let request = <ExportProfilesServiceRequest as prost::Message>::decode(request.as_slice())
+            .expect("an ExportProfilesServiceRequest");
         let converted = convert_request(&request).expect("accepted");
         let [(labels, profile)] = converted.as_slice() else {
             panic!("one profile: {converted:?}");

@@ -38,7 +38,7 @@ use std::time::Instant;
 
 use axum::http::StatusCode;
 use axum::response::{IntoResponse, Response};
-use otel_profiling::pprof::proto::{Profile, Sample};
+use otel_profiling_pprof::{Profile, Sample};
 // push.v1: the bridge's own message types, the workspace's one codec of them.
 use otel_profiling::test_support::push_v1::PushRequest;
 use prost::Message;
@@ -604,8 +604,8 @@ impl Tree {
 mod tests {
     use std::time::Duration;
 
-    use otel_profiling::pprof::proto::{Function, Label, Line, Location, ValueType};
     use otel_profiling::test_support::push_v1::{LabelPair, RawProfileSeries, RawSample};
+    use otel_profiling_pprof::{Function, Label, Line, Location, ValueType};
 
     use super::super::limits::Reason;
     use super::*;
@@ -694,7 +694,7 @@ mod tests {
                     samples: profiles
                         .iter()
                         .map(|p| RawSample {
-                            raw_profile: otel_profiling::pprof::encode_gzip(p).unwrap(),
+                            raw_profile: otel_profiling_pprof::encode_gzip(p).unwrap(),
                             id: String::new(),
                         })
                         .collect(),

@@ -3,7 +3,7 @@
 //! grafana/pyroscope v2.2.1 `pkg/validation/validate.go`. Error texts follow the `...ErrorMsg`
 //! constants there, so a client sees the same message shape.
 
-use otel_profiling::pprof::proto::Profile;
+use otel_profiling_pprof::Profile;
 
 use super::limits::{Limits, Reason};
 
@@ -196,7 +196,7 @@ pub(crate) fn validate_labels(
 
 /// `ValidateProfile` (without the ingestion window, which the stand-in does not apply):
 /// emptiness, decompressed size, sample count, labels per sample, value lengths; then the
-/// string-table and id checks of `otel_profiling::pprof::decode` stand for Pyroscope's
+/// string-table and id checks of `otel_profiling_pprof::decode` stand for Pyroscope's
 /// `validateStringTableAccess` and id checks. `series` is the sorted series labels (for the
 /// message), `size` the decompressed pprof size, `plain` those bytes.
 pub(crate) fn validate_profile(
@@ -261,7 +261,7 @@ pub(crate) fn validate_profile(
     {
         return malformed("sample value length mismatch");
     }
-    if let Err(e) = otel_profiling::pprof::decode(plain) {
+    if let Err(e) = otel_profiling_pprof::decode(plain) {
         return malformed(&e.to_string());
     }
     Ok(())

@@ -44,6 +44,22 @@ pub enum ConvertError {
     /// A table grew past what an OTLP `int32` index can address.
     #[error("OTLP {0} table has more than i32::MAX entries")]
     TooLarge(&'static str),
+    /// The bytes are not a pprof profile (bad gzip stream, not a `profile.proto` message,
+    /// or a table reference out of range); the message says which.
+    #[error("{0}")]
+    Decode(String),
+}
+
+/// Converts one pprof profile, as bytes (gzipped, as [`EncodedProfile::gzip_pprof`]
+/// holds it, or plain), into one OTLP `ExportProfilesServiceRequest`, returned as its
+/// protobuf encoding: the body the exporter posts (the message type belongs to the
+/// development revision of OTLP profiles, so it is not part of this crate's API).
+///
+/// [`EncodedProfile::gzip_pprof`]: crate::collector::EncodedProfile::gzip_pprof
+pub fn convert(pprof_bytes: &[u8], resource: &[(String, String)]) -> Result<Vec<u8>, ConvertError> {
+    let profile =
+        crate::pprof::decode(pprof_bytes).map_err(|e| ConvertError::Decode(e.to_string()))?;
+    convert_profile(&profile, resource).map(|request| prost::Message::encode_to_vec(&request))
 }
 
 /// Converts one decoded pprof into one `ExportProfilesServiceRequest`.
@@ -69,7 +85,7 @@ pub enum ConvertError {
 ///   whose value for a sample type is 0 is left out of that type's profile.
 /// * Every dictionary table starts with its zero value (index 0 = "none"), as the proto
 ///   requires; functions, locations and mappings keep the pprof's (deduplicated) content.
-pub fn convert(
+pub(crate) fn convert_profile(
     profile: &pprof::Profile,
     resource: &[(String, String)],
 ) -> Result<ExportProfilesServiceRequest, ConvertError> {
@@ -540,8 +556,8 @@ mod tests {
         b.add_sample(&stack_b, &labels(0xaa, 0x1111, "GET /a"), 2);
         b.add_sample(&stack_a, &labels(0xbb, 0x2222, "GET /b"), 5);
         b.add_sample(&stack_b, &SampleLabels::default(), 1);
-        let pprof = b.build();
-        let request = convert(&pprof, &resource()).expect("converts");
+        let pprof = b.build_proto();
+        let request = convert_profile(&pprof, &resource()).expect("converts");
 
         // The bytes decode as the proto's message again (field numbers are prost's own).
         let bytes = request.encode_to_vec();
@@ -630,7 +646,7 @@ mod tests {
         let stack = [frame(0x10, "app::wait")];
         b.add_blocked(&stack, &labels(0xaa, 0x1111, "GET /sleep"), 1, 50_000_000);
         b.add_blocked(&stack, &labels(0xbb, 0x2222, "GET /sleep"), 0, 7_000_000);
-        let request = convert(&b.build(), &resource()).expect("converts");
+        let request = convert_profile(&b.build_proto(), &resource()).expect("converts");
         let profiles = &request.resource_profiles[0].scope_profiles[0].profiles;
         assert_eq!(profiles.len(), 2);
         let (kind, contentions) = sums(&request, 0);
@@ -644,14 +660,14 @@ mod tests {
 
     #[test]
     fn bad_indices_are_errors_not_panics() {
-        let mut pprof = ProfileBuilder::new(1, UNIX_EPOCH, Duration::from_secs(1)).build();
+        let mut pprof = ProfileBuilder::new(1, UNIX_EPOCH, Duration::from_secs(1)).build_proto();
         pprof.sample.push(pprof::Sample {
             location_id: vec![99],
             value: vec![1],
             label: Vec::new(),
         });
         assert_eq!(
-            convert(&pprof, &[]),
+            convert_profile(&pprof, &[]),
             Err(ConvertError::Index {
                 table: "location",
                 index: 99

@@ -18,7 +18,9 @@ use crate::export::pyroscope::pipeline::{Pipeline, StartError};
 use crate::export::pyroscope::uploader::{
     ClientError, Protocol, StatusClass, Transport, UploadSettings,
 };
-use crate::export::pyroscope::{is_secret_header, PyroscopeError, PyroscopeLimits, PyroscopeStats};
+use crate::export::pyroscope::{
+    is_secret_header, HttpClientError, PyroscopeError, PyroscopeLimits, PyroscopeStats,
+};
 use crate::pprof::{self, split::SplitLimits};
 
 /// Name of the OTLP profiles uploader thread.
@@ -149,7 +151,9 @@ impl OtlpProfilesExporter {
             OTLP_UPLOADER_THREAD_NAME,
         )
         .map_err(|e| match e {
-            StartError::Client(ClientError::Http(e)) => PyroscopeError::HttpClient(e),
+            StartError::Client(ClientError::Http(e)) => {
+                PyroscopeError::HttpClient(HttpClientError::new(e))
+            }
             StartError::Client(ClientError::Grpc(reason)) => PyroscopeError::Setting {
                 field: "otlp_profiles.endpoint",
                 reason,
@@ -199,7 +203,7 @@ pub(crate) fn requests(
     parts
         .iter()
         .map(|part| {
-            convert::convert(part, resource)
+            convert::convert_profile(part, resource)
                 .map(|request| request.encode_to_vec())
                 .map_err(std::io::Error::other)
         })

@@ -63,7 +63,7 @@
 //! the values an OTLP reader sums per link are the pprof's per span by construction (CPU
 //! counts × period). Profiles over
 //! [`PyroscopeLimits`](crate::export::pyroscope::PyroscopeLimits) are split with
-//! [`crate::pprof::split`] first, exactly as for the push API; each part is its own request.
+//! `otel_profiling_pprof::split` first, exactly as for the push API; each part is its own request.
 //!
 //! # Delivery
 //!

@@ -69,8 +69,67 @@ pub enum PyroscopeError {
     /// The HTTP client could not be built (TLS setup).
     #[cfg(any(feature = "pyroscope", feature = "otlp-http"))]
     #[error("pyroscope: cannot build the HTTP client: {0}")]
-    HttpClient(#[source] reqwest::Error),
+    HttpClient(#[source] HttpClientError),
     /// The uploader thread could not be started.
     #[error("pyroscope: cannot start the uploader thread: {0}")]
     Thread(#[source] std::io::Error),
+}
+
+#[cfg(any(feature = "pyroscope", feature = "otlp-http"))]
+/// Why the HTTP client could not be built ([`PyroscopeError::HttpClient`]): the HTTP
+/// library's error, kept opaque so that library is not part of this crate's API. Its
+/// message is the library's, and [`source`](std::error::Error::source) continues with the
+/// library's cause (e.g. the TLS backend's error).
+#[derive(Debug)]
+pub struct HttpClientError(reqwest::Error);
+
+#[cfg(any(feature = "pyroscope", feature = "otlp-http"))]
+impl HttpClientError {
+    pub(crate) fn new(error: reqwest::Error) -> HttpClientError {
+        HttpClientError(error)
+    }
+}
+
+#[cfg(any(feature = "pyroscope", feature = "otlp-http"))]
+impl std::fmt::Display for HttpClientError {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        std::fmt::Display::fmt(&self.0, f)
+    }
+}
+
+#[cfg(any(feature = "pyroscope", feature = "otlp-http"))]
+impl std::error::Error for HttpClientError {
+    fn source(&self) -> Option<&(dyn std::error::Error + 'static)> {
+        self.0.source()
+    }
+}
+
+#[cfg(all(test, any(feature = "pyroscope", feature = "otlp-http")))]
+mod tests {
+    use std::error::Error as _;
+
+    use super::*;
+
+    /// Wrapping the HTTP library's error changes neither the message nor the cause chain.
+    #[test]
+    fn http_client_error_keeps_the_message_and_the_cause() {
+        let inner = reqwest::blocking::Client::new()
+            .get("not a url")
+            .build()
+            .expect_err("not a URL");
+        let message = inner.to_string();
+        let cause = inner.source().map(ToString::to_string);
+        assert!(
+            cause.is_some(),
+            "the library's error has a cause: {inner:?}"
+        );
+        let error = PyroscopeError::HttpClient(HttpClientError::new(inner));
+        assert_eq!(
+            error.to_string(),
+            format!("pyroscope: cannot build the HTTP client: {message}")
+        );
+        let wrapped = error.source().expect("the opaque error");
+        assert_eq!(wrapped.to_string(), message);
+        assert_eq!(wrapped.source().map(ToString::to_string), cause);
+    }
 }

@@ -8,7 +8,8 @@ use crate::pprof::{self, split::SplitLimits};
 use super::pipeline::{Pipeline, StartError};
 use super::uploader::{ClientError, Protocol, StatusClass};
 use super::{
-    proto, PyroscopeConfig, PyroscopeError, PyroscopeLimits, PyroscopeStats, BLOCK_PROFILE_NAME,
+    proto, HttpClientError, PyroscopeConfig, PyroscopeError, PyroscopeLimits, PyroscopeStats,
+    BLOCK_PROFILE_NAME,
 };
 
 /// Name of the uploader thread.
@@ -77,7 +78,9 @@ impl PyroscopeExporter {
             UPLOADER_THREAD_NAME,
         )
         .map_err(|e| match e {
-            StartError::Client(ClientError::Http(e)) => PyroscopeError::HttpClient(e),
+            StartError::Client(ClientError::Http(e)) => {
+                PyroscopeError::HttpClient(HttpClientError::new(e))
+            }
             StartError::Client(ClientError::Grpc(reason)) => PyroscopeError::Setting {
                 field: "pyroscope.server_address",
                 reason,
@@ -117,7 +120,7 @@ impl PyroscopeExporter {
                 parts
                     .iter()
                     .filter_map(|p| {
-                        pprof::encode_gzip(p)
+                        pprof::proto::encode_gzip(p)
                             .ok()
                             .map(|gz| (gz, prost::Message::encoded_len(p)))
                     })

@@ -101,6 +101,8 @@ pub use config::{
     PyroscopeAuth, PyroscopeBackoff, PyroscopeConfig, PyroscopeLimits, MAX_LABEL_NAMES,
     MAX_LABEL_VALUE_BYTES,
 };
+#[cfg(any(feature = "pyroscope", feature = "otlp-http"))]
+pub use error::HttpClientError;
 pub use error::PyroscopeError;
 #[cfg(feature = "pyroscope")]
 pub use exporter::{PyroscopeExporter, UPLOADER_THREAD_NAME};

@@ -93,7 +93,7 @@ pub(crate) fn split_push(body: &[u8]) -> Option<[Vec<u8>; 2]> {
             max_bytes: usize::MAX,
         };
         let parts = crate::pprof::split::split(&profile, limits);
-        let mut encoded = parts.iter().map(crate::pprof::encode_gzip);
+        let mut encoded = parts.iter().map(crate::pprof::proto::encode_gzip);
         let (Some(Ok(a)), Some(Ok(b)), None) = (encoded.next(), encoded.next(), encoded.next())
         else {
             return None;

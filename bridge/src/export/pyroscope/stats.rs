@@ -3,48 +3,50 @@
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Mutex, PoisonError};
 
-/// Counters of one exporter, updated by `export` and the uploader thread.
+/// Counters of one exporter, updated by `export` and the uploader thread; read them with
+/// [`snapshot`](Self::snapshot) (the fields of [`PyroscopeSnapshot`] say what each counts).
 ///
 /// Every push ends up in exactly one of `profiles_sent`, `profiles_failed` and
 /// `profiles_dropped`, or is still counted in `profiles_queued`; once the exporter is
 /// dropped the queue is empty, so those three add up to the pushes made plus
 /// `pushes_split` (each split replaces one push by two). A profile within the limits is
-/// one push; a split one is as many pushes as its parts needed (see `profiles_split`). Fields are read one by one: a snapshot taken while uploads happen may be off
-/// by the profile in transit.
+/// one push; a split one is as many pushes as its parts needed (see `profiles_split`).
+/// Fields are read one by one: a snapshot taken while uploads happen may be off by the
+/// profile in transit.
 #[derive(Debug, Default)]
 pub struct PyroscopeStats {
     /// Profiles in the queue now, the one being sent included.
-    pub profiles_queued: AtomicU64,
+    pub(crate) profiles_queued: AtomicU64,
     /// Profiles the server accepted (2xx).
-    pub profiles_sent: AtomicU64,
+    pub(crate) profiles_sent: AtomicU64,
     /// Profiles the server refused permanently (4xx other than 429, 3xx): not retried.
-    pub profiles_failed: AtomicU64,
+    pub(crate) profiles_failed: AtomicU64,
     /// Profiles lost otherwise: pushed out of a full queue, larger than the whole queue,
     /// given up after the last attempt, or still queued when the shutdown timeout ran out.
-    pub profiles_dropped: AtomicU64,
+    pub(crate) profiles_dropped: AtomicU64,
     /// Attempts after the first (resends of a profile).
-    pub retries: AtomicU64,
+    pub(crate) retries: AtomicU64,
     /// Bytes of encoded requests in the queue now (at most `max_queue_bytes`).
-    pub bytes_queued: AtomicU64,
+    pub(crate) bytes_queued: AtomicU64,
     /// Interval profiles larger than [`PyroscopeLimits`](super::PyroscopeLimits) allow,
     /// split into parts before sending.
-    pub profiles_split: AtomicU64,
+    pub(crate) profiles_split: AtomicU64,
     /// Parts those profiles were split into.
-    pub split_parts: AtomicU64,
+    pub(crate) split_parts: AtomicU64,
     /// Pushes answered 429 that were replaced by two smaller ones (a push larger than the
     /// server's ingestion burst is refused every time: it is never resent as is).
-    pub pushes_split: AtomicU64,
+    pub(crate) pushes_split: AtomicU64,
     /// Answers 429 (rate limited), all attempts counted.
-    pub rate_limited: AtomicU64,
+    pub(crate) rate_limited: AtomicU64,
     /// Answers 4xx other than 429 (refused for good; a limit, when named, is logged).
-    pub rejected: AtomicU64,
+    pub(crate) rejected: AtomicU64,
     /// Answers 5xx.
-    pub server_errors: AtomicU64,
+    pub(crate) server_errors: AtomicU64,
     /// Attempts with no answer (connection refused or reset, timeout).
-    pub network_errors: AtomicU64,
+    pub(crate) network_errors: AtomicU64,
     /// Requests accepted with an OTLP partial success (some profiles or samples rejected;
     /// counted in `profiles_sent` too, not retried, the message logged).
-    pub partial_successes: AtomicU64,
+    pub(crate) partial_successes: AtomicU64,
     last_error: Mutex<Option<String>>,
 }
 
@@ -52,33 +54,37 @@ pub struct PyroscopeStats {
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
 #[non_exhaustive]
 pub struct PyroscopeSnapshot {
-    /// See [`PyroscopeStats::profiles_queued`].
+    /// Profiles in the queue now, the one being sent included.
     pub profiles_queued: u64,
-    /// See [`PyroscopeStats::profiles_sent`].
+    /// Profiles the server accepted (2xx).
     pub profiles_sent: u64,
-    /// See [`PyroscopeStats::profiles_failed`].
+    /// Profiles the server refused permanently (4xx other than 429, 3xx): not retried.
     pub profiles_failed: u64,
-    /// See [`PyroscopeStats::profiles_dropped`].
+    /// Profiles lost otherwise: pushed out of a full queue, larger than the whole queue,
+    /// given up after the last attempt, or still queued when the shutdown timeout ran out.
     pub profiles_dropped: u64,
-    /// See [`PyroscopeStats::retries`].
+    /// Attempts after the first (resends of a profile).
     pub retries: u64,
-    /// See [`PyroscopeStats::bytes_queued`].
+    /// Bytes of encoded requests in the queue now (at most `max_queue_bytes`).
     pub bytes_queued: u64,
-    /// See [`PyroscopeStats::profiles_split`].
+    /// Interval profiles larger than [`PyroscopeLimits`](super::PyroscopeLimits) allow,
+    /// split into parts before sending.
     pub profiles_split: u64,
-    /// See [`PyroscopeStats::split_parts`].
+    /// Parts those profiles were split into.
     pub split_parts: u64,
-    /// See [`PyroscopeStats::pushes_split`].
+    /// Pushes answered 429 that were replaced by two smaller ones (a push larger than the
+    /// server's ingestion burst is refused every time: it is never resent as is).
     pub pushes_split: u64,
-    /// See [`PyroscopeStats::rate_limited`].
+    /// Answers 429 (rate limited), all attempts counted.
     pub rate_limited: u64,
-    /// See [`PyroscopeStats::rejected`].
+    /// Answers 4xx other than 429 (refused for good; a limit, when named, is logged).
     pub rejected: u64,
-    /// See [`PyroscopeStats::server_errors`].
+    /// Answers 5xx.
     pub server_errors: u64,
-    /// See [`PyroscopeStats::network_errors`].
+    /// Attempts with no answer (connection refused or reset, timeout).
     pub network_errors: u64,
-    /// See [`PyroscopeStats::partial_successes`].
+    /// Requests accepted with an OTLP partial success (some profiles or samples rejected;
+    /// counted in `profiles_sent` too, not retried, the message logged).
     pub partial_successes: u64,
 }
 

@@ -14,7 +14,7 @@ use std::collections::HashMap;
 
 use prost::Message;
 
-use super::proto::{Function, Label, Location, Mapping, Profile, Sample, ValueType};
+use crate::proto::{Function, Label, Location, Mapping, Profile, Sample, ValueType};
 
 /// Limits each part must respect.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
