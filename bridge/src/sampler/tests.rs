@@ -266,7 +266,8 @@ fn a_registration_racing_stop_leaves_no_timer() {
     let sampler = start(250);
     let timers_before = sigprof_timers();
     let (resume, pause) = std::sync::mpsc::channel();
-    *REGISTRATION_PAUSE
+    *SamplerState::global()
+        .registration_pause
         .lock()
         .unwrap_or_else(std::sync::PoisonError::into_inner) = Some(pause);
     let (armed_tx, armed_rx) = std::sync::mpsc::channel();
@@ -348,7 +349,7 @@ fn a_replaced_handler_is_noticed_and_a_foreign_one_is_never_overwritten() {
     assert_eq!(stats().handler_replaced, before + 1, "counted once");
     // Installing now refuses and leaves the other handler in place.
     assert!(matches!(
-        handler::install(),
+        handler::install(SamplerState::global()),
         Err(SamplerError::SigprofTaken)
     ));
     assert!(!handler::is_installed());
@@ -476,7 +477,7 @@ fn short_lived_threads_reuse_slots() {
     let _turn = test_turn();
     let sampler = start(100);
     drain_into(|_| {});
-    let allocated_before = slots::all().count();
+    let allocated_before = SamplerState::global().slots().iter().count();
     for round in 0..50 {
         let threads: Vec<_> = (0..20)
             .map(|_| {
@@ -490,7 +491,7 @@ fn short_lived_threads_reuse_slots() {
             t.join().expect("thread");
         }
         drain_into(|_| {});
-        let grown = slots::all().count() - allocated_before;
+        let grown = SamplerState::global().slots().iter().count() - allocated_before;
         assert!(
             grown <= 64,
             "round {round}: {grown} new slots for 20 live threads"
@@ -499,7 +500,7 @@ fn short_lived_threads_reuse_slots() {
     assert_eq!(stats().threads, 0, "{:?}", stats());
     // Threads that leave nothing to drain give their slot back at once, without waiting
     // for a drain: one after another, they keep reusing a handful of slots.
-    let allocated = slots::all().count();
+    let allocated = SamplerState::global().slots().iter().count();
     for _ in 0..200 {
         std::thread::spawn(|| {
             on_span_enter();
@@ -508,7 +509,7 @@ fn short_lived_threads_reuse_slots() {
         .join()
         .expect("thread");
     }
-    let grown = slots::all().count() - allocated;
+    let grown = SamplerState::global().slots().iter().count() - allocated;
     assert!(
         grown <= 4,
         "{grown} new slots for one thread at a time, no drain"
@@ -617,7 +618,9 @@ fn a_panic_in_the_handler_aborts_without_the_panic_hook() {
     if std::env::var_os(CHILD).is_some() {
         let sampler = start(1000);
         sampler.register_current_thread().expect("register");
-        handler::INJECT_PANIC.store(true, Ordering::SeqCst);
+        SamplerState::global()
+            .inject_panic
+            .store(true, Ordering::SeqCst);
         // Allocation-heavy work, as a real interrupted thread would be doing.
         let mut keep = Vec::new();
         let start = Instant::now();
