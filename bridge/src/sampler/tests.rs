@@ -1,7 +1,8 @@
 //! The signal path against hostile and unlucky conditions: foreign and forged `SIGPROF`
 //! signals, stale slots, stop racing registration, blocked signals, small stacks, fork,
-//! a replaced handler, a panic in the handler, and thread churn. Each test takes the
-//! process-wide sampler in turn.
+//! a replaced handler, a panic in the handler, and thread churn. Each of those takes the
+//! process-wide sampler in turn ([`test_turn`]): they need its `SIGPROF` handler, its
+//! timers or its registrations. What involves no signal runs on a state of its own.
 
 use std::sync::atomic::AtomicBool;
 use std::sync::Arc;
@@ -73,6 +74,54 @@ fn sigprof_timers() -> usize {
 
 fn start(hz: u32) -> Sampler {
     Sampler::start(SamplerConfig::default().with_frequency_hz(hz)).expect("sampler")
+}
+
+/// The counters of a state of the test's own (slots claimed on its table, records pushed
+/// and drained, no signal): its stats add them up, and they are a `Copy` snapshot. No turn
+/// on the process's sampler.
+#[test]
+fn stats_add_up_the_counters_of_their_own_state() {
+    fn snapshot_is_copy<T: Copy>(t: T) -> (T, T) {
+        (t, t)
+    }
+    let state = SamplerState::new();
+    let owner = || Owner {
+        // SAFETY: gettid has no preconditions.
+        tid: unsafe { libc::gettid() },
+        cell: std::ptr::null(),
+        stack: StackBounds { lo: 0, hi: 0 },
+        ring_capacity: 4,
+    };
+    let slots = [
+        state.slots.claim(owner()).expect("slot"),
+        state.slots.claim(owner()).expect("slot"),
+    ];
+    for (slot, (taken, periods, dropped)) in slots.iter().zip([(3, 5, 1), (2, 2, 0)]) {
+        let c = &slot.counters;
+        c.taken.fetch_add(taken, Ordering::Relaxed);
+        c.periods.fetch_add(periods, Ordering::Relaxed);
+        c.dropped.fetch_add(dropped, Ordering::Relaxed);
+        c.truncated.fetch_add(1, Ordering::Relaxed);
+        let mut producer = slot.ring().and_then(|r| r.producer()).expect("producer");
+        for _ in 0..taken - dropped {
+            assert!(producer.push_with(|r| r.depth = 1));
+        }
+    }
+    state.foreign.fetch_add(7, Ordering::Relaxed);
+    assert_eq!(state.drain_into(|r| assert_eq!(r.depth, 1)), 4);
+    let (stats, copy) = snapshot_is_copy(state.stats());
+    assert_eq!(stats, copy);
+    assert_eq!(
+        (stats.taken, stats.periods, stats.dropped, stats.drained),
+        (5, 7, 1, 4)
+    );
+    assert_eq!(stats.taken, stats.drained + stats.dropped);
+    assert_eq!((stats.truncated, stats.foreign_signals), (2, 7));
+    assert_eq!(stats.threads, 0, "no timer armed: none sampled");
+    assert!(!state.is_running());
+    for slot in slots {
+        state.slots.release(slot);
+    }
 }
 
 /// Issue 9 item 1: another library's SIGPROF timer (any `si_value`) and forged timer
