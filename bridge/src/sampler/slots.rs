@@ -28,7 +28,14 @@
 //! the peak number of threads alive at once, not the number ever created.
 //!
 //! **Fork.** The child has one thread and none of the parent's timers: `reset_in_child`
-//! forgets every timer id, empties every ring, zeroes the counters and frees every slot.
+//! forgets every timer id, empties every ring, zeroes the counters and frees every slot. A
+//! ring whose producer or consumer role a parent thread held at the fork stays held (that
+//! thread does not exist in the child): it holds none of the child's records, and the
+//! next claim of its slot gives the slot a new ring (the old one is leaked, not freed).
+//!
+//! **Where the table lives.** The process's table is part of the sampler's state
+//! (`SamplerState`), the one static the signal handler reads; a [`SlotTable`] is a plain
+//! value, so tests of the free list, the drain and the read handshake build their own.
 
 use std::sync::atomic::{
     AtomicBool, AtomicI32, AtomicPtr, AtomicU32, AtomicU64, AtomicU8, Ordering,
@@ -183,11 +190,15 @@ impl Slot {
         }
     }
 
-    /// The ring, for the owner's handler (producer) or the drainer (consumer).
+    /// The ring, for the owner's handler (which takes its producer role), the drainer
+    /// (its consumer role, under the drain lock) or the owner letting go of the slot.
     #[inline]
     pub(crate) fn ring(&self) -> Option<&Ring> {
-        // SAFETY: rings are replaced and freed only while the slot is FREE (see module
-        // docs); callers are the owner's handler (slot LIVE, checked) or the drainer.
+        // SAFETY: rings are replaced and freed only while the slot is FREE, by the thread
+        // claiming it (see module docs); callers are the owner's handler (slot LIVE,
+        // checked), the owner in `release` (LIVE until it stores the phase), the drainer
+        // (which skips FREE slots and alone frees RETIRING ones) and a forked child's one
+        // thread.
         unsafe { self.ring.load(Ordering::Acquire).as_ref() }
     }
 
