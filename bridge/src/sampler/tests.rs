@@ -124,6 +124,14 @@ fn stats_add_up_the_counters_of_their_own_state() {
     }
 }
 
+/// A `Sampler` holds `&'static SamplerState` now: it keeps the auto traits it had as two
+/// integers (it can be sent, shared, and held across a `catch_unwind`).
+#[test]
+fn the_handle_keeps_its_auto_traits() {
+    fn check<T: Send + Sync + Unpin + std::panic::UnwindSafe + std::panic::RefUnwindSafe>() {}
+    check::<Sampler>();
+}
+
 /// Issue 9 item 1: another library's SIGPROF timer (any `si_value`) and forged timer
 /// signals naming a stale slot, another thread's slot or garbage are ignored and counted;
 /// the thread's own samples go on. (The old handler read `magic` through any SI_TIMER
