@@ -449,7 +449,7 @@ impl State {
         // nothing changed: two counters compared).
         sampler::refresh_modules();
         let counts = &mut self.counts;
-        sampler::drain_into(|record: &SampleRecord| {
+        sampler::SamplerState::global().drain_into(|record: &SampleRecord| {
             let labels = label_key(record.root);
             // Weighted: a signal standing for several periods (rates above the kernel
             // tick) counts for all of them.

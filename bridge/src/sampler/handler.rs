@@ -26,13 +26,12 @@
 //! the handler is still ours ([`is_installed`]); another component replacing it is
 //! counted and reported once.
 
-use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
-use std::sync::Once;
+use std::sync::atomic::Ordering;
 
-use super::slots::{self, Slot, TimerValue};
+use super::slots::{Slot, TimerValue};
 use super::stack::Registers;
 use super::unwind::{self, WalkEnd};
-use super::SamplerError;
+use super::{SamplerError, SamplerState};
 use crate::root_cpu;
 
 /// Bytes of stack the interrupted thread must have left for the walk to run. Measured
@@ -45,24 +44,14 @@ pub(crate) const WALK_STACK_BUDGET: u64 = if cfg!(debug_assertions) {
     16 * 1024
 };
 
-/// Whether the handler records anything (false after stop and in a forked child).
-pub(super) static ENABLED: AtomicBool = AtomicBool::new(false);
-/// Sampling period in nanoseconds (what one sample stands for).
-pub(super) static PERIOD_NS: AtomicU64 = AtomicU64::new(0);
-/// `SIGPROF` signals that were not ours.
-pub(super) static FOREIGN: AtomicU64 = AtomicU64::new(0);
-/// Times the collector found another handler installed for `SIGPROF`.
-pub(super) static REPLACED: AtomicU64 = AtomicU64::new(0);
-
-#[cfg(test)]
-pub(super) static INJECT_PANIC: AtomicBool = AtomicBool::new(false);
-
 fn ours() -> usize {
     on_sigprof as extern "C" fn(libc::c_int, *mut libc::siginfo_t, *mut libc::c_void) as usize
 }
 
-/// Installs the handler unless another one is there (then nothing changes).
-pub(super) fn install() -> Result<(), SamplerError> {
+/// Installs the handler unless another one is there (then nothing changes). The handler
+/// reads `state`, which must be [`SamplerState::global`] (it can reach no other).
+pub(super) fn install(state: &'static SamplerState) -> Result<(), SamplerError> {
+    debug_assert!(std::ptr::eq(state, SamplerState::global()));
     // SAFETY: installing a disposition with a fully initialised sigaction; the handler is
     // async-signal-safe.
     unsafe {
@@ -83,7 +72,7 @@ pub(super) fn install() -> Result<(), SamplerError> {
             return Err(SamplerError::SigprofTaken);
         }
     }
-    install_panic_guard();
+    install_panic_guard(state);
     Ok(())
 }
 
@@ -112,11 +101,9 @@ pub(super) fn blocked_here() -> bool {
     }
 }
 
-static PANIC_GUARD: Once = Once::new();
-
 /// Puts the in-handler panic check in front of the current panic hook (once).
-fn install_panic_guard() {
-    PANIC_GUARD.call_once(|| {
+fn install_panic_guard(state: &SamplerState) {
+    state.panic_guard.call_once(|| {
         let previous = std::panic::take_hook();
         std::panic::set_hook(Box::new(move |info| {
             abort_if_in_handler();
@@ -130,7 +117,12 @@ fn install_panic_guard() {
 fn abort_if_in_handler() {
     // SAFETY: gettid has no preconditions.
     let tid = unsafe { libc::gettid() };
-    if !slots::all().any(|s| s.in_handler.load(Ordering::Relaxed) && s.owner_tid() == tid) {
+    let state = SamplerState::global();
+    if !state
+        .slots
+        .iter()
+        .any(|s| s.in_handler.load(Ordering::Relaxed) && s.owner_tid() == tid)
+    {
         return;
     }
     const MESSAGE: &[u8] =
@@ -142,8 +134,10 @@ fn abort_if_in_handler() {
     }
 }
 
-/// The `SIGPROF` handler.
+/// The `SIGPROF` handler. It reaches the sampler's state through the one static,
+/// [`SamplerState::global`] (a handler gets no `&self`).
 extern "C" fn on_sigprof(_: libc::c_int, info: *mut libc::siginfo_t, ucontext: *mut libc::c_void) {
+    let state = SamplerState::global();
     // SAFETY: __errno_location is async-signal-safe and returns this thread's errno.
     let errno_slot = unsafe { libc::__errno_location() };
     // SAFETY: valid pointer to this thread's errno.
@@ -153,21 +147,21 @@ extern "C" fn on_sigprof(_: libc::c_int, info: *mut libc::siginfo_t, ucontext: *
         Some(info) if info.si_code == libc::SI_TIMER => {
             // SAFETY: SI_TIMER signals carry the timer fields.
             let (sival, overrun) = unsafe { (info.si_value().sival_ptr, info.si_overrun()) };
-            match slots::for_signal(TimerValue::from_sival(sival)) {
+            match state.slots.for_signal(TimerValue::from_sival(sival)) {
                 Some(slot) => {
-                    if ENABLED.load(Ordering::Relaxed) {
+                    if state.enabled.load(Ordering::Relaxed) {
                         slot.in_handler.store(true, Ordering::Relaxed);
-                        sample(slot, overrun, ucontext);
+                        sample(state, slot, overrun, ucontext);
                         slot.in_handler.store(false, Ordering::Relaxed);
                     }
                 }
                 None => {
-                    FOREIGN.fetch_add(1, Ordering::Relaxed);
+                    state.foreign.fetch_add(1, Ordering::Relaxed);
                 }
             }
         }
         _ => {
-            FOREIGN.fetch_add(1, Ordering::Relaxed);
+            state.foreign.fetch_add(1, Ordering::Relaxed);
         }
     }
     // SAFETY: as above.
@@ -176,9 +170,9 @@ extern "C" fn on_sigprof(_: libc::c_int, info: *mut libc::siginfo_t, ucontext: *
 
 /// Takes one sample on the slot's owner thread.
 #[inline]
-fn sample(slot: &Slot, overrun: libc::c_int, ucontext: *mut libc::c_void) {
+fn sample(state: &SamplerState, slot: &Slot, overrun: libc::c_int, ucontext: *mut libc::c_void) {
     #[cfg(test)]
-    if INJECT_PANIC.load(Ordering::Relaxed) {
+    if state.inject_panic.load(Ordering::Relaxed) {
         panic!("injected panic in the SIGPROF handler");
     }
     let counters = &slot.counters;
@@ -193,10 +187,17 @@ fn sample(slot: &Slot, overrun: libc::c_int, ucontext: *mut libc::c_void) {
     // owner (the slot accepted the signal only after comparing tids).
     let root = unsafe { cell.as_ref() }.and_then(|c| c.read());
     if let Some(root) = &root {
-        let time = PERIOD_NS.load(Ordering::Relaxed) * u64::from(weight);
+        let time = state.period_ns.load(Ordering::Relaxed) * u64::from(weight);
         root_cpu::record(root.cpu_raw(), time);
     }
     let (Some(ring), Some(cache)) = (slot.ring(), slot.cache()) else {
+        return;
+    };
+    // The ring's one producer: the slot accepted this signal only on its owner thread,
+    // and SIGPROF is blocked while the handler runs, so it is always free here; were it
+    // not, the sample is lost like one that finds the ring full.
+    let Some(mut producer) = ring.producer() else {
+        counters.dropped.fetch_add(1, Ordering::Relaxed);
         return;
     };
     // SAFETY: `ucontext` is the kernel's handler argument.
@@ -204,36 +205,35 @@ fn sample(slot: &Slot, overrun: libc::c_int, ucontext: *mut libc::c_void) {
     let stack = slot.stack();
     let mut end = WalkEnd::Truncated;
     let mut low_stack = false;
-    // SAFETY: only the owner's handler produces into its ring (the slot check), and
-    // SIGPROF is blocked while the handler runs, so it never nests.
-    let stored = unsafe {
-        ring.push_with(|record| {
-            record.root = root;
-            record.weight = weight;
-            match regs {
-                None => {
-                    record.depth = 0;
+    let stored = producer.push_with(|record| {
+        record.root = root;
+        record.weight = weight;
+        match regs {
+            None => {
+                record.depth = 0;
+                record.truncated = true;
+            }
+            Some(regs) => match stack.headroom(regs.sp) {
+                Some(left) if left >= WALK_STACK_BUDGET => {
+                    // SAFETY: this is the SIGPROF handler on the thread that owns the
+                    // slot (the slot accepted the signal only after comparing tids), so
+                    // `cache` is that thread's and `stack` its stack; SIGPROF is blocked
+                    // while the handler runs, so it does not nest.
+                    end = unsafe { unwind::walk(&regs, stack, cache, record) };
+                }
+                left => {
+                    // Too close to the end of the stack for the walk's frames (or off
+                    // the thread's stack): keep the interrupted pc, which alone names
+                    // the function.
+                    low_stack = left.is_some();
+                    record.frames[0] = regs.pc;
+                    record.depth = 1;
                     record.truncated = true;
                 }
-                Some(regs) => match stack.headroom(regs.sp) {
-                    Some(left) if left >= WALK_STACK_BUDGET => {
-                        // (Inside the unsafe block above.) The owner's handler is the
-                        // sole user of `cache` and does not nest.
-                        end = unwind::walk(&regs, stack, cache, record);
-                    }
-                    left => {
-                        // Too close to the end of the stack for the walk's frames (or off
-                        // the thread's stack): keep the interrupted pc, which alone names
-                        // the function.
-                        low_stack = left.is_some();
-                        record.frames[0] = regs.pc;
-                        record.depth = 1;
-                        record.truncated = true;
-                    }
-                },
-            }
-        })
-    };
+            },
+        }
+    });
+    drop(producer);
     if !stored {
         counters.dropped.fetch_add(1, Ordering::Relaxed);
         return;

@@ -29,7 +29,7 @@
 //! Stacks are unwound with the `.eh_frame` call-frame information of every loaded object
 //! (framehop), so they are complete in ordinary release builds, which keep no frame
 //! pointers. The unwind tables are copied from memory at [`Sampler::start`] and again by
-//! [`refresh_modules`] after a `dlopen`/`dlclose`; see `unwind.rs` for how a new unwinder
+//! [`refresh_modules`] after a `dlopen`/`dlclose`; see `unwind/mod.rs` for how a new unwinder
 //! is published to running handlers. On architectures other than x86_64 and aarch64 no
 //! stack is recorded.
 
@@ -52,7 +52,7 @@ mod stack;
 #[cfg(any(target_arch = "x86_64", target_arch = "aarch64"))]
 mod unwind;
 #[cfg(not(any(target_arch = "x86_64", target_arch = "aarch64")))]
-#[path = "unwind_unsupported.rs"]
+#[path = "unwind/unsupported.rs"]
 mod unwind;
 pub mod watchdog;
 
@@ -64,8 +64,7 @@ use std::time::Duration;
 pub use ring::{SampleRecord, MAX_FRAMES};
 
 use crate::span_context::thread_cell;
-use handler::{ENABLED, FOREIGN, PERIOD_NS, REPLACED};
-use slots::{DrainGuard, ForkSafeLock, Owner, Slot};
+use slots::{ForkSafeLock, Owner, Slot, SlotTable};
 use stack::StackBounds;
 use unwind::Wait;
 
@@ -278,22 +277,404 @@ pub struct ModuleStats {
     pub published: u64,
 }
 
-/// The running sampler: `run << 1 | running`. Registration and stop read it `SeqCst`
-/// against the timer publication (see [`new_registration`]).
-static RUN_STATE: AtomicU64 = AtomicU64::new(0);
-/// Bumped in every forked child: registrations and samplers of the parent do nothing there.
-static PROCESS_EPOCH: AtomicU64 = AtomicU64::new(0);
-static FREQUENCY_HZ: AtomicU32 = AtomicU32::new(0);
-static RING_CAPACITY: AtomicUsize = AtomicUsize::new(0);
-static DRAINED: AtomicU64 = AtomicU64::new(0);
-static BLOCKED: AtomicU64 = AtomicU64::new(0);
-/// Whether a handler replacement was already reported.
-static REPLACED_SEEN: AtomicBool = AtomicBool::new(false);
-static AT_FORK: Once = Once::new();
+/// Everything the sampler keeps, in one value: what the signal handler reads (on/off,
+/// the period, the thread slots, the foreign-signal count) and the state of start, stop
+/// and registration.
+///
+/// The process has exactly one, [`SamplerState::global`], and it is the one `static` of
+/// the sampler: a signal handler gets no `&self`, so the `SIGPROF` handler (and the
+/// `pthread_atfork` handlers) reach it through the static, and the kernel names a
+/// handler's slot by its index in this state's table. Everything else reaches it through
+/// a [`Sampler`] handle (which holds `&'static SamplerState`) or through the public free
+/// functions below that serve callers without a handle (tokio's thread hooks, the span
+/// hooks, the collector). Tests of what involves no signal build their own.
+pub(crate) struct SamplerState {
+    // Read by the signal handler.
+    /// Whether the handler records anything (false after stop and in a forked child).
+    enabled: AtomicBool,
+    /// Sampling period in nanoseconds (what one sample stands for).
+    period_ns: AtomicU64,
+    /// `SIGPROF` signals that were not ours.
+    foreign: AtomicU64,
+    /// Per-thread state: rings, unwind caches, counters, timers.
+    slots: SlotTable,
+    // Start, stop, registration.
+    /// The running sampler: `run << 1 | running`. Registration and stop read it `SeqCst`
+    /// against the timer publication (see [`SamplerState::new_registration`]).
+    run_state: AtomicU64,
+    /// Bumped in every forked child: registrations and samplers of the parent do nothing
+    /// there.
+    epoch: AtomicU64,
+    frequency_hz: AtomicU32,
+    ring_capacity: AtomicUsize,
+    drained: AtomicU64,
+    blocked: AtomicU64,
+    /// Times the collector found another handler installed for `SIGPROF`.
+    replaced: AtomicU64,
+    /// Whether a handler replacement was already reported.
+    replaced_seen: AtomicBool,
+    /// Serialises start and stop (never taken by registration or the handler); fork-safe.
+    start_stop: ForkSafeLock,
+    /// The `pthread_atfork` handlers are registered once.
+    at_fork: Once,
+    /// The panic hook that aborts a panic inside the handler is installed once.
+    panic_guard: Once,
+    /// Makes the handler panic (tests of the panic guard).
+    #[cfg(test)]
+    inject_panic: AtomicBool,
+    /// Holds a registration between arming and publishing its timer (tests of stop racing
+    /// registration).
+    #[cfg(test)]
+    registration_pause: std::sync::Mutex<Option<std::sync::mpsc::Receiver<()>>>,
+}
 
-fn running_run() -> Option<u64> {
-    let state = RUN_STATE.load(Ordering::SeqCst);
-    (state & 1 == 1).then_some(state >> 1)
+/// The process's sampler state (see [`SamplerState`]).
+static SAMPLER: SamplerState = SamplerState::new();
+
+impl SamplerState {
+    pub(crate) const fn new() -> SamplerState {
+        SamplerState {
+            enabled: AtomicBool::new(false),
+            period_ns: AtomicU64::new(0),
+            foreign: AtomicU64::new(0),
+            slots: SlotTable::new(),
+            run_state: AtomicU64::new(0),
+            epoch: AtomicU64::new(0),
+            frequency_hz: AtomicU32::new(0),
+            ring_capacity: AtomicUsize::new(0),
+            drained: AtomicU64::new(0),
+            blocked: AtomicU64::new(0),
+            replaced: AtomicU64::new(0),
+            replaced_seen: AtomicBool::new(false),
+            start_stop: ForkSafeLock::new(),
+            at_fork: Once::new(),
+            panic_guard: Once::new(),
+            #[cfg(test)]
+            inject_panic: AtomicBool::new(false),
+            #[cfg(test)]
+            registration_pause: std::sync::Mutex::new(None),
+        }
+    }
+
+    /// The process's state: the one the `SIGPROF` handler uses. Async-signal-safe.
+    #[inline]
+    pub(crate) fn global() -> &'static SamplerState {
+        &SAMPLER
+    }
+
+    fn is_global(&self) -> bool {
+        std::ptr::eq(self, Self::global())
+    }
+
+    /// The thread slots (the blocked-thread watchdog reads their span records).
+    pub(crate) fn slots(&self) -> &SlotTable {
+        &self.slots
+    }
+
+    fn running_run(&self) -> Option<u64> {
+        let state = self.run_state.load(Ordering::SeqCst);
+        (state & 1 == 1).then_some(state >> 1)
+    }
+
+    /// Whether a sampler is running on this state.
+    pub(crate) fn is_running(&self) -> bool {
+        self.running_run().is_some()
+    }
+
+    /// Installs the handler and starts a run. Only the process's state can run: the
+    /// handler and the timers name slots of its table.
+    fn start(&'static self, config: SamplerConfig) -> Result<Sampler, SamplerError> {
+        assert!(self.is_global(), "only the process's sampler state runs");
+        config.validate()?;
+        // Before any root can claim counters: active time is then measured on one clock.
+        crate::clock::init_ticks();
+        let _serial = self.start_stop.lock();
+        if self.is_running() {
+            return Err(SamplerError::AlreadyRunning);
+        }
+        handler::install(self)?;
+        self.at_fork.call_once(|| {
+            // SAFETY: registering fork handlers: prepare/parent take and release the
+            // unwinder's publisher lock; the child handler only stores to atomics and
+            // releases that lock.
+            unsafe {
+                libc::pthread_atfork(
+                    Some(before_fork),
+                    Some(after_fork_in_parent),
+                    Some(after_fork_in_child),
+                )
+            };
+        });
+        self.frequency_hz
+            .store(config.frequency_hz, Ordering::Relaxed);
+        self.period_ns.store(
+            1_000_000_000 / u64::from(config.frequency_hz),
+            Ordering::Relaxed,
+        );
+        self.ring_capacity
+            .store(config.effective_ring_capacity(), Ordering::Relaxed);
+        // Before any thread registers, so its first samples are unwound.
+        unwind::refresh(Wait::Upto(Duration::from_millis(100)));
+        self.replaced_seen.store(false, Ordering::Relaxed);
+        let run = (self.run_state.load(Ordering::SeqCst) >> 1) + 1;
+        self.enabled.store(true, Ordering::Release);
+        self.run_state.store(run << 1 | 1, Ordering::SeqCst);
+        Ok(Sampler {
+            state: self,
+            run,
+            epoch: self.epoch.load(Ordering::Acquire),
+        })
+    }
+
+    /// Stops `run` if it is still the running one, and not inherited through a fork.
+    fn stop(&self, run: u64, epoch: u64) {
+        if epoch != self.epoch.load(Ordering::Acquire) {
+            // Inherited through fork: the parent's timers are not this process's.
+            return;
+        }
+        let _serial = self.start_stop.lock();
+        if self.running_run() != Some(run) {
+            return;
+        }
+        self.enabled.store(false, Ordering::Release);
+        // SeqCst, then every slot's timer SeqCst: a registration that published its timer
+        // before this store has it deleted here; one after sees the stop and deletes it
+        // itself (see `new_registration`).
+        self.run_state.store(run << 1, Ordering::SeqCst);
+        for slot in self.slots.iter() {
+            slot.delete_timer();
+        }
+        // The handler stays installed (a pending SIGPROF with the default disposition
+        // would kill the process); it records nothing while disabled.
+    }
+
+    /// The sampling period of the current (or last) run.
+    fn period(&self) -> Duration {
+        Duration::from_nanos(
+            1_000_000_000 / u64::from(self.frequency_hz.load(Ordering::Relaxed).max(1)),
+        )
+    }
+
+    /// Sample counters, since the process started (across sampler restarts).
+    pub(crate) fn stats(&self) -> SamplerStats {
+        let mut stats = SamplerStats {
+            drained: self.drained.load(Ordering::Relaxed),
+            foreign_signals: self.foreign.load(Ordering::Relaxed),
+            blocked_threads: self.blocked.load(Ordering::Relaxed),
+            handler_replaced: self.replaced.load(Ordering::Relaxed),
+            stale_roots: crate::root_cpu::stale_handles(),
+            stale_active: crate::root_cpu::stale_active(),
+            ..SamplerStats::default()
+        };
+        for slot in self.slots.iter() {
+            let c = &slot.counters;
+            stats.taken += c.taken.load(Ordering::Relaxed);
+            stats.periods += c.periods.load(Ordering::Relaxed);
+            stats.dropped += c.dropped.load(Ordering::Relaxed);
+            stats.truncated += c.truncated.load(Ordering::Relaxed);
+            stats.unknown_pc += c.unknown_pc.load(Ordering::Relaxed);
+            stats.low_stack += c.low_stack.load(Ordering::Relaxed);
+            if slot.is_sampling() {
+                stats.threads += 1;
+            }
+        }
+        stats
+    }
+
+    /// See [`check_handler`].
+    pub(crate) fn check_handler(&self) -> bool {
+        if !self.is_running() || handler::is_installed() {
+            return true;
+        }
+        if !self.replaced_seen.swap(true, Ordering::Relaxed) {
+            self.replaced.fetch_add(1, Ordering::Relaxed);
+            eprintln!(
+                "otel-profiling: another component replaced the SIGPROF handler; CPU \
+                 sampling has stopped (only one SIGPROF owner per process)"
+            );
+        }
+        false
+    }
+
+    /// Hands every buffered record of every thread to `f` and frees the buffers; the
+    /// collector's entry point. Records outlive a stopped sampler until drained. One drain
+    /// runs at a time (the slot table's drain lock makes it every ring's one consumer);
+    /// registration never waits for it.
+    pub(crate) fn drain_into(&self, mut f: impl FnMut(&SampleRecord)) -> usize {
+        let total = self.slots.drain(&mut f);
+        self.drained.fetch_add(total as u64, Ordering::Relaxed);
+        total
+    }
+
+    /// Starts sampling the calling thread, if a sampler runs (idempotent).
+    fn register_current_thread(&'static self) -> Result<(), SamplerError> {
+        let run = self.running_run().ok_or(SamplerError::NotRunning)?;
+        self.register(run, true)
+    }
+
+    fn register(&'static self, run: u64, explicit: bool) -> Result<(), SamplerError> {
+        let epoch = self.epoch.load(Ordering::Acquire);
+        // A thread whose thread-locals are being destroyed is not registered any more.
+        let current = REGISTRATION
+            .try_with(|r| {
+                r.borrow()
+                    .as_ref()
+                    .filter(|r| r.is_of(self, run, epoch))
+                    .map(|r| r.slot.is_some())
+            })
+            .map_err(|_| SamplerError::NotRunning)?;
+        match current {
+            Some(true) => return Ok(()),
+            Some(false) if !explicit => return Err(SamplerError::SigprofBlocked),
+            _ => {}
+        }
+        // Let go of an earlier run's slot (or a blocked note) first.
+        let _ = REGISTRATION.try_with(|r| drop(r.borrow_mut().take()));
+        let registration = if handler::blocked_here() {
+            self.blocked.fetch_add(1, Ordering::Relaxed);
+            Registration {
+                state: self,
+                slot: None,
+                run,
+                epoch,
+            }
+        } else {
+            self.new_registration(run, epoch)?
+        };
+        let blocked = registration.slot.is_none();
+        // If the thread-local is gone meanwhile, the registration drops here (released).
+        let _ = REGISTRATION.try_with(|r| *r.borrow_mut() = Some(registration));
+        if blocked {
+            return Err(SamplerError::SigprofBlocked);
+        }
+        Ok(())
+    }
+
+    /// See [`on_span_enter`].
+    #[inline]
+    fn on_span_enter(&'static self) {
+        // Relaxed: a stale answer only delays registration to the next enter; `register`
+        // reads the run again with SeqCst.
+        let state = self.run_state.load(Ordering::Relaxed);
+        if state & 1 == 0 {
+            return;
+        }
+        let run = state >> 1;
+        let epoch = self.epoch.load(Ordering::Relaxed);
+        let settled = REGISTRATION
+            .try_with(|r| {
+                r.try_borrow()
+                    .map(|r| r.as_ref().is_some_and(|r| r.is_of(self, run, epoch)))
+                    .unwrap_or(true)
+            })
+            .unwrap_or(true);
+        // Threads in OpenTelemetry's suppressed scope (the bridge's own, the SDK's batch
+        // processor) are never sampled: their work is the telemetry's, not the
+        // application's. Checked only while unregistered, so a registered thread's enter
+        // costs nothing more.
+        if !settled && !opentelemetry::Context::is_current_telemetry_suppressed() {
+            let _ = self.register(run, false);
+        }
+    }
+
+    fn new_registration(&'static self, run: u64, epoch: u64) -> Result<Registration, SamplerError> {
+        // The timer's value names a slot of the table the handler reads.
+        assert!(
+            self.is_global(),
+            "only the process's sampler state arms timers"
+        );
+        let hz = u64::from(self.frequency_hz.load(Ordering::Relaxed).max(1));
+        let stack = StackBounds::current().map_err(|source| SamplerError::Os {
+            call: "pthread_getattr_np",
+            source,
+        })?;
+        // SAFETY: gettid has no preconditions.
+        let tid = unsafe { libc::gettid() };
+        let slot = self
+            .slots
+            .claim(Owner {
+                tid,
+                cell: thread_cell(),
+                stack,
+                ring_capacity: self.ring_capacity.load(Ordering::Relaxed).max(1),
+            })
+            .ok_or(SamplerError::TooManyThreads)?;
+        // From here on the registration owns the slot: an error path drops it (releasing).
+        let registration = Registration {
+            state: self,
+            slot: Some(slot),
+            run,
+            epoch,
+        };
+        // SAFETY: plain FFI; `sev` is fully initialised and `timer` is an out-parameter.
+        let timer = unsafe {
+            let mut sev: libc::sigevent = std::mem::zeroed();
+            sev.sigev_notify = libc::SIGEV_THREAD_ID;
+            sev.sigev_signo = libc::SIGPROF;
+            sev.sigev_value = libc::sigval {
+                sival_ptr: slot.timer_value().to_sival(),
+            };
+            sev.sigev_notify_thread_id = tid;
+            let mut timer: libc::timer_t = std::mem::zeroed();
+            if libc::timer_create(libc::CLOCK_THREAD_CPUTIME_ID, &mut sev, &mut timer) != 0 {
+                return Err(SamplerError::last_os("timer_create"));
+            }
+            timer
+        };
+        let period_ns = 1_000_000_000 / hz;
+        // tv_nsec must stay below one second (1 Hz is a whole second).
+        let period = libc::timespec {
+            tv_sec: (period_ns / 1_000_000_000) as libc::time_t,
+            tv_nsec: (period_ns % 1_000_000_000) as libc::c_long,
+        };
+        let spec = libc::itimerspec {
+            it_interval: period,
+            it_value: period,
+        };
+        // Armed before it is published: nothing but this thread can reach the id yet, and
+        // an early signal is checked against the slot, not the timer.
+        // SAFETY: `timer` is a live timer id owned by this registration.
+        if unsafe { libc::timer_settime(timer, 0, &spec, std::ptr::null_mut()) } != 0 {
+            let err = SamplerError::last_os("timer_settime");
+            // SAFETY: created above, not published, deleted once.
+            unsafe { libc::timer_delete(timer) };
+            return Err(err);
+        }
+        #[cfg(test)]
+        if let Some(pause) = self
+            .registration_pause
+            .lock()
+            .unwrap_or_else(std::sync::PoisonError::into_inner)
+            .take()
+        {
+            let _ = pause.recv();
+        }
+        slot.set_timer(timer);
+        // Publish, then look (both SeqCst); stop stores, then looks at every slot. One of
+        // the two sees the other: a timer armed across a stop is always deleted.
+        if self.running_run() != Some(run) {
+            slot.delete_timer();
+            return Err(SamplerError::NotRunning);
+        }
+        Ok(registration)
+    }
+
+    /// In a forked child: the child has no timers and only the forking thread; nothing
+    /// from the parent's threads may be used. A new sampler can be started in the child.
+    /// Only atomics: runs in the `pthread_atfork` child handler.
+    fn after_fork_in_child(&self) {
+        self.epoch.fetch_add(1, Ordering::AcqRel);
+        self.enabled.store(false, Ordering::Relaxed);
+        self.run_state.store(
+            self.run_state.load(Ordering::Relaxed) & !1,
+            Ordering::Relaxed,
+        );
+        self.drained.store(0, Ordering::Relaxed);
+        self.foreign.store(0, Ordering::Relaxed);
+        self.blocked.store(0, Ordering::Relaxed);
+        self.start_stop.reset_in_child();
+        self.slots.reset_in_child();
+    }
 }
 
 thread_local! {
@@ -302,20 +683,27 @@ thread_local! {
 
 /// The calling thread's claim on a slot (or the note that it cannot be sampled).
 struct Registration {
+    state: &'static SamplerState,
     /// `None`: the thread blocks SIGPROF (not retried on every span enter of this run).
     slot: Option<&'static Slot>,
     run: u64,
     epoch: u64,
 }
 
+impl Registration {
+    fn is_of(&self, state: &SamplerState, run: u64, epoch: u64) -> bool {
+        std::ptr::eq(self.state, state) && self.run == run && self.epoch == epoch
+    }
+}
+
 impl Drop for Registration {
     fn drop(&mut self) {
         // In a forked child the slot was already reset (and may belong to someone else).
-        if self.epoch != PROCESS_EPOCH.load(Ordering::Acquire) {
+        if self.epoch != self.state.epoch.load(Ordering::Acquire) {
             return;
         }
         if let Some(slot) = self.slot {
-            slot.release();
+            self.state.slots.release(slot);
         }
     }
 }
@@ -330,15 +718,22 @@ impl Drop for Registration {
 /// sampler.drain(|record| println!("{} frames, span {:?}", record.frames().len(), record.root));
 /// # Ok::<(), otel_profiling::sampler::SamplerError>(())
 /// ```
-#[derive(Debug)]
 pub struct Sampler {
+    /// The process's state (the one the signal handler reads).
+    state: &'static SamplerState,
     run: u64,
     /// The process that started it: in a forked child the handle does nothing.
     epoch: u64,
 }
 
-/// Serialises start and stop (never taken by registration or the handler); fork-safe.
-static START_STOP: ForkSafeLock = ForkSafeLock::new();
+impl std::fmt::Debug for Sampler {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Sampler")
+            .field("run", &self.run)
+            .field("epoch", &self.epoch)
+            .finish()
+    }
+}
 
 impl Sampler {
     /// Installs the `SIGPROF` handler and starts sampling threads as they register.
@@ -350,63 +745,28 @@ impl Sampler {
     /// Fails if a sampler already runs, if another profiler owns `SIGPROF`, or if the
     /// config is invalid (the error names the field).
     pub fn start(config: SamplerConfig) -> Result<Sampler, SamplerError> {
-        config.validate()?;
-        // Before any root can claim counters: active time is then measured on one clock.
-        crate::clock::init_ticks();
-        let _serial = START_STOP.lock();
-        if running_run().is_some() {
-            return Err(SamplerError::AlreadyRunning);
-        }
-        handler::install()?;
-        AT_FORK.call_once(|| {
-            // SAFETY: registering fork handlers: prepare/parent take and release the
-            // unwinder's publisher lock; the child handler only stores to atomics and
-            // releases that lock.
-            unsafe {
-                libc::pthread_atfork(
-                    Some(before_fork),
-                    Some(after_fork_in_parent),
-                    Some(after_fork_in_child),
-                )
-            };
-        });
-        FREQUENCY_HZ.store(config.frequency_hz, Ordering::Relaxed);
-        PERIOD_NS.store(
-            1_000_000_000 / u64::from(config.frequency_hz),
-            Ordering::Relaxed,
-        );
-        RING_CAPACITY.store(config.effective_ring_capacity(), Ordering::Relaxed);
-        // Before any thread registers, so its first samples are unwound.
-        unwind::refresh(Wait::Upto(Duration::from_millis(100)));
-        REPLACED_SEEN.store(false, Ordering::Relaxed);
-        let run = (RUN_STATE.load(Ordering::SeqCst) >> 1) + 1;
-        ENABLED.store(true, Ordering::Release);
-        RUN_STATE.store(run << 1 | 1, Ordering::SeqCst);
-        Ok(Sampler {
-            run,
-            epoch: PROCESS_EPOCH.load(Ordering::Acquire),
-        })
+        SamplerState::global().start(config)
     }
 
     /// Starts sampling the calling thread (idempotent).
     pub fn register_current_thread(&self) -> Result<(), SamplerError> {
-        register_current_thread()
+        self.state.register_current_thread()
     }
 
     /// The sampling period.
     pub fn period(&self) -> Duration {
-        Duration::from_nanos(1_000_000_000 / u64::from(FREQUENCY_HZ.load(Ordering::Relaxed).max(1)))
+        self.state.period()
     }
 
     /// Hands every buffered record to `f`, thread by thread, and frees the buffers.
     /// Threads that exited are recycled after their last records are drained.
     pub fn drain(&self, f: impl FnMut(&SampleRecord)) -> usize {
-        drain_into(f)
+        self.state.drain_into(f)
     }
 
     /// Sample counters.
     pub fn stats(&self) -> SamplerStats {
-        stats()
+        self.state.stats()
     }
 
     /// Stops sampling (same as dropping the handle).
@@ -415,56 +775,22 @@ impl Sampler {
 
 impl Drop for Sampler {
     fn drop(&mut self) {
-        if self.epoch != PROCESS_EPOCH.load(Ordering::Acquire) {
-            // Inherited through fork: the parent's timers are not this process's.
-            return;
-        }
-        let _serial = START_STOP.lock();
-        if running_run() != Some(self.run) {
-            return;
-        }
-        ENABLED.store(false, Ordering::Release);
-        // SeqCst, then every slot's timer SeqCst: a registration that published its timer
-        // before this store has it deleted here; one after sees the stop and deletes it
-        // itself (see `new_registration`).
-        RUN_STATE.store(self.run << 1, Ordering::SeqCst);
-        for slot in slots::all() {
-            slot.delete_timer();
-        }
-        // The handler stays installed (a pending SIGPROF with the default disposition
-        // would kill the process); it records nothing while disabled.
+        self.state.stop(self.run, self.epoch);
     }
 }
 
+// The functions below serve callers that hold no `Sampler`: threads registering from a
+// runtime's hooks, the span hooks, the collector, the fork handlers. Each reads the
+// process's state.
+
 /// Process-wide sample counters, since the process started (across sampler restarts).
 pub fn stats() -> SamplerStats {
-    let mut stats = SamplerStats {
-        drained: DRAINED.load(Ordering::Relaxed),
-        foreign_signals: FOREIGN.load(Ordering::Relaxed),
-        blocked_threads: BLOCKED.load(Ordering::Relaxed),
-        handler_replaced: REPLACED.load(Ordering::Relaxed),
-        stale_roots: crate::root_cpu::stale_handles(),
-        stale_active: crate::root_cpu::stale_active(),
-        ..SamplerStats::default()
-    };
-    for slot in slots::all() {
-        let c = &slot.counters;
-        stats.taken += c.taken.load(Ordering::Relaxed);
-        stats.periods += c.periods.load(Ordering::Relaxed);
-        stats.dropped += c.dropped.load(Ordering::Relaxed);
-        stats.truncated += c.truncated.load(Ordering::Relaxed);
-        stats.unknown_pc += c.unknown_pc.load(Ordering::Relaxed);
-        stats.low_stack += c.low_stack.load(Ordering::Relaxed);
-        if slot.is_sampling() {
-            stats.threads += 1;
-        }
-    }
-    stats
+    SamplerState::global().stats()
 }
 
 /// Whether a sampler is running in this process.
 pub fn is_running() -> bool {
-    running_run().is_some()
+    SamplerState::global().is_running()
 }
 
 /// Checks that `SIGPROF` still reaches this sampler's handler. Another component that
@@ -472,17 +798,7 @@ pub fn is_running() -> bool {
 /// ([`SamplerStats::handler_replaced`]) and says so on stderr, once per discovery. The
 /// collector calls it every drain; returns whether the handler is ours.
 pub fn check_handler() -> bool {
-    if running_run().is_none() || handler::is_installed() {
-        return true;
-    }
-    if !REPLACED_SEEN.swap(true, Ordering::Relaxed) {
-        REPLACED.fetch_add(1, Ordering::Relaxed);
-        eprintln!(
-            "otel-profiling: another component replaced the SIGPROF handler; CPU sampling \
-             has stopped (only one SIGPROF owner per process)"
-        );
-    }
-    false
+    SamplerState::global().check_handler()
 }
 
 /// Updates the unwinder after shared objects were loaded or unloaded (`dlopen`,
@@ -515,45 +831,7 @@ pub fn module_stats() -> ModuleStats {
 /// Fails with [`SamplerError::SigprofBlocked`] (and counts it) when the thread blocks
 /// `SIGPROF`: its timer would only queue signals it never takes.
 pub fn register_current_thread() -> Result<(), SamplerError> {
-    let run = running_run().ok_or(SamplerError::NotRunning)?;
-    register(run, true)
-}
-
-fn register(run: u64, explicit: bool) -> Result<(), SamplerError> {
-    let epoch = PROCESS_EPOCH.load(Ordering::Acquire);
-    // A thread whose thread-locals are being destroyed is not registered any more.
-    let current = REGISTRATION
-        .try_with(|r| {
-            r.borrow()
-                .as_ref()
-                .filter(|r| r.run == run && r.epoch == epoch)
-                .map(|r| r.slot.is_some())
-        })
-        .map_err(|_| SamplerError::NotRunning)?;
-    match current {
-        Some(true) => return Ok(()),
-        Some(false) if !explicit => return Err(SamplerError::SigprofBlocked),
-        _ => {}
-    }
-    // Let go of an earlier run's slot (or a blocked note) first.
-    let _ = REGISTRATION.try_with(|r| drop(r.borrow_mut().take()));
-    let registration = if handler::blocked_here() {
-        BLOCKED.fetch_add(1, Ordering::Relaxed);
-        Registration {
-            slot: None,
-            run,
-            epoch,
-        }
-    } else {
-        new_registration(run, epoch)?
-    };
-    let blocked = registration.slot.is_none();
-    // If the thread-local is gone meanwhile, the registration drops here (released).
-    let _ = REGISTRATION.try_with(|r| *r.borrow_mut() = Some(registration));
-    if blocked {
-        return Err(SamplerError::SigprofBlocked);
-    }
-    Ok(())
+    SamplerState::global().register_current_thread()
 }
 
 /// Stops sampling the calling thread (also done automatically when it exits).
@@ -586,115 +864,7 @@ pub fn tokio_on_thread_stop() -> impl Fn() + Send + Sync + 'static {
 /// already registered (or known blocked).
 #[inline]
 pub(crate) fn on_span_enter() {
-    // Relaxed: a stale answer only delays registration to the next enter; `register`
-    // reads the run again with SeqCst.
-    let state = RUN_STATE.load(Ordering::Relaxed);
-    if state & 1 == 0 {
-        return;
-    }
-    let run = state >> 1;
-    let epoch = PROCESS_EPOCH.load(Ordering::Relaxed);
-    let settled = REGISTRATION
-        .try_with(|r| {
-            r.try_borrow()
-                .map(|r| r.as_ref().is_some_and(|r| r.run == run && r.epoch == epoch))
-                .unwrap_or(true)
-        })
-        .unwrap_or(true);
-    // Threads in OpenTelemetry's suppressed scope (the bridge's own, the SDK's batch
-    // processor) are never sampled: their work is the telemetry's, not the application's.
-    // Checked only while unregistered, so a registered thread's enter costs nothing more.
-    if !settled && !opentelemetry::Context::is_current_telemetry_suppressed() {
-        let _ = register(run, false);
-    }
-}
-
-#[cfg(test)]
-static REGISTRATION_PAUSE: std::sync::Mutex<Option<std::sync::mpsc::Receiver<()>>> =
-    std::sync::Mutex::new(None);
-
-fn new_registration(run: u64, epoch: u64) -> Result<Registration, SamplerError> {
-    let hz = u64::from(FREQUENCY_HZ.load(Ordering::Relaxed).max(1));
-    let stack = StackBounds::current().map_err(|source| SamplerError::Os {
-        call: "pthread_getattr_np",
-        source,
-    })?;
-    // SAFETY: gettid has no preconditions.
-    let tid = unsafe { libc::gettid() };
-    let slot = slots::claim(Owner {
-        tid,
-        cell: thread_cell(),
-        stack,
-        ring_capacity: RING_CAPACITY.load(Ordering::Relaxed).max(1),
-    })
-    .ok_or(SamplerError::TooManyThreads)?;
-    // From here on the registration owns the slot: an error path drops it (releasing).
-    let registration = Registration {
-        slot: Some(slot),
-        run,
-        epoch,
-    };
-    // SAFETY: plain FFI; `sev` is fully initialised and `timer` is an out-parameter.
-    let timer = unsafe {
-        let mut sev: libc::sigevent = std::mem::zeroed();
-        sev.sigev_notify = libc::SIGEV_THREAD_ID;
-        sev.sigev_signo = libc::SIGPROF;
-        sev.sigev_value = libc::sigval {
-            sival_ptr: slot.timer_value().to_sival(),
-        };
-        sev.sigev_notify_thread_id = tid;
-        let mut timer: libc::timer_t = std::mem::zeroed();
-        if libc::timer_create(libc::CLOCK_THREAD_CPUTIME_ID, &mut sev, &mut timer) != 0 {
-            return Err(SamplerError::last_os("timer_create"));
-        }
-        timer
-    };
-    let period_ns = 1_000_000_000 / hz;
-    // tv_nsec must stay below one second (1 Hz is a whole second).
-    let period = libc::timespec {
-        tv_sec: (period_ns / 1_000_000_000) as libc::time_t,
-        tv_nsec: (period_ns % 1_000_000_000) as libc::c_long,
-    };
-    let spec = libc::itimerspec {
-        it_interval: period,
-        it_value: period,
-    };
-    // Armed before it is published: nothing but this thread can reach the id yet, and an
-    // early signal is checked against the slot, not the timer.
-    // SAFETY: `timer` is a live timer id owned by this registration.
-    if unsafe { libc::timer_settime(timer, 0, &spec, std::ptr::null_mut()) } != 0 {
-        let err = SamplerError::last_os("timer_settime");
-        // SAFETY: created above, not published, deleted once.
-        unsafe { libc::timer_delete(timer) };
-        return Err(err);
-    }
-    #[cfg(test)]
-    if let Some(pause) = REGISTRATION_PAUSE
-        .lock()
-        .unwrap_or_else(std::sync::PoisonError::into_inner)
-        .take()
-    {
-        let _ = pause.recv();
-    }
-    slot.set_timer(timer);
-    // Publish, then look (both SeqCst); stop stores, then looks at every slot. One of the
-    // two sees the other: a timer armed across a stop is always deleted.
-    if running_run() != Some(run) {
-        slot.delete_timer();
-        return Err(SamplerError::NotRunning);
-    }
-    Ok(registration)
-}
-
-/// Hands every buffered record of every thread to `f` and frees the buffers; the
-/// collector's entry point. Records outlive a stopped sampler until drained. One drain
-/// runs at a time; registration never waits for it.
-pub(crate) fn drain_into(mut f: impl FnMut(&SampleRecord)) -> usize {
-    let guard = DrainGuard::acquire();
-    let total = guard.drain(&mut f);
-    drop(guard);
-    DRAINED.fetch_add(total as u64, Ordering::Relaxed);
-    total
+    SamplerState::global().on_span_enter();
 }
 
 extern "C" fn before_fork() {
@@ -706,23 +876,16 @@ extern "C" fn after_fork_in_parent() {
 }
 
 extern "C" fn after_fork_in_child() {
-    // The child has no timers and only the forking thread; nothing from the parent's
-    // threads may be used. A new sampler can be started in the child. Only atomics here.
-    PROCESS_EPOCH.fetch_add(1, Ordering::AcqRel);
-    ENABLED.store(false, Ordering::Relaxed);
-    RUN_STATE.store(RUN_STATE.load(Ordering::Relaxed) & !1, Ordering::Relaxed);
-    DRAINED.store(0, Ordering::Relaxed);
-    FOREIGN.store(0, Ordering::Relaxed);
-    BLOCKED.store(0, Ordering::Relaxed);
-    START_STOP.reset_in_child();
-    slots::reset_in_child();
+    // Only atomics here.
+    SamplerState::global().after_fork_in_child();
     crate::root_cpu::after_fork_in_child();
     unwind::after_fork_in_child();
     watchdog::after_fork_in_child();
 }
 
-/// The sampler is process-wide: unit tests that start it, or that use the slot table's
-/// free list, take turns.
+/// The sampler is process-wide: unit tests that start it (its timers, its `SIGPROF`
+/// handler, its registrations) take turns. Tests of rings, slot tables or counters build
+/// their own and need no turn.
 #[cfg(test)]
 pub(crate) fn test_turn() -> std::sync::MutexGuard<'static, ()> {
     static TURN: std::sync::Mutex<()> = std::sync::Mutex::new(());

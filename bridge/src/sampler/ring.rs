@@ -1,11 +1,13 @@
 //! A single-producer single-consumer ring of sample records, allocated once per thread.
 //!
 //! The producer is the thread's own signal handler; the consumer is the collector thread.
-//! Pushing is a bounds check, a copy into a preallocated slot and one release store: no
-//! allocation, no lock. A full ring refuses the record and the caller counts the drop.
+//! Each role is a type ([`Producer`], [`Consumer`]) that only one holder can have at a
+//! time, so neither side calls an `unsafe fn`. Pushing is a bounds check, a copy into a
+//! preallocated slot and one release store: no allocation, no lock. A full ring refuses
+//! the record and the caller counts the drop.
 
 use std::cell::UnsafeCell;
-use std::sync::atomic::{AtomicUsize, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
 
 use crate::span_context::LocalRoot;
 
@@ -54,16 +56,27 @@ impl SampleRecord {
     }
 }
 
+/// The ring: records, the producer's `head`, the consumer's `tail`, and one flag per
+/// role. A role is taken by constructing its handle ([`Ring::producer`],
+/// [`Ring::consumer`]), which fails while another handle of that role lives, so at most one
+/// producer and one consumer use the ring at any time whatever the callers do: the ring's
+/// `unsafe` relies on its own flags, not on its callers' discipline.
 pub(crate) struct Ring {
     slots: Box<[UnsafeCell<SampleRecord>]>,
     /// Next slot the producer writes (only the producer stores it).
     head: AtomicUsize,
     /// Next slot the consumer reads (only the consumer stores it).
     tail: AtomicUsize,
+    /// Set while a [`Producer`] exists.
+    producing: AtomicBool,
+    /// Set while a [`Consumer`] exists.
+    consuming: AtomicBool,
 }
 
-// SAFETY: a slot is written only by the producer while it is outside [tail, head) and read
-// only by the consumer while it is inside; the head/tail release-acquire pairs order them.
+// SAFETY: a slot is written only through the one `Producer` (the `producing` flag) while it
+// is outside [tail, head), and read only through the one `Consumer` (the `consuming` flag)
+// while it is inside; the head/tail release-acquire pairs order the two, and the flags'
+// acquire/release order one holder of a role before the next.
 unsafe impl Sync for Ring {}
 
 impl Ring {
@@ -75,6 +88,8 @@ impl Ring {
                 .collect(),
             head: AtomicUsize::new(0),
             tail: AtomicUsize::new(0),
+            producing: AtomicBool::new(false),
+            consuming: AtomicBool::new(false),
         }
     }
 
@@ -88,54 +103,114 @@ impl Ring {
         self.head.load(Ordering::Acquire) == self.tail.load(Ordering::Acquire)
     }
 
-    /// Empties the ring.
+    /// Takes the producer role, or `None` while a [`Producer`] of this ring exists.
+    /// Async-signal-safe: one atomic swap, no lock (it never waits), no allocation.
     ///
-    /// # Safety
-    /// Neither a producer nor a consumer may use the ring meanwhile (a slot being
-    /// recycled, or a forked child's copy).
-    pub(crate) unsafe fn reset(&self) {
-        self.tail.store(0, Ordering::Relaxed);
-        self.head.store(0, Ordering::Release);
+    /// The sampler's owner discipline (only the owner thread's `SIGPROF` handler, which
+    /// does not nest, produces into its slot's ring) means it never fails there; the
+    /// flag makes that discipline checked rather than assumed.
+    #[inline]
+    pub(crate) fn producer(&self) -> Option<Producer<'_>> {
+        // Acquire: a previous producer's writes (released by its drop) happen before ours.
+        // (A handle is built only on success: dropping one clears the flag.)
+        if self.producing.swap(true, Ordering::Acquire) {
+            return None;
+        }
+        Some(Producer { ring: self })
     }
 
-    /// Producer side: fills the next free slot with `fill`, or returns `false` when full.
-    /// Async-signal-safe.
-    ///
-    /// # Safety
-    /// Only one producer may call this at a time (the owning thread's signal handler).
-    #[inline]
-    pub(crate) unsafe fn push_with(&self, fill: impl FnOnce(&mut SampleRecord)) -> bool {
-        let head = self.head.load(Ordering::Relaxed);
-        let tail = self.tail.load(Ordering::Acquire);
-        if head.wrapping_sub(tail) >= self.slots.len() {
-            return false;
+    /// Takes the consumer role, or `None` while a [`Consumer`] of this ring exists.
+    pub(crate) fn consumer(&self) -> Option<Consumer<'_>> {
+        if self.consuming.swap(true, Ordering::Acquire) {
+            return None;
         }
-        let slot = &self.slots[head % self.slots.len()];
-        // SAFETY: the slot is outside [tail, head): the consumer does not read it, and the
-        // caller guarantees a single producer.
-        fill(unsafe { &mut *slot.get() });
-        self.head.store(head.wrapping_add(1), Ordering::Release);
+        Some(Consumer { ring: self })
+    }
+
+    /// Empties the ring, holding both roles for it; `false` (and nothing changes) while
+    /// either is held elsewhere (a forked child's copy of a ring that a parent thread was
+    /// using at the fork stays held forever: the caller replaces such a ring). Only
+    /// atomics: usable in a `pthread_atfork` child handler.
+    pub(crate) fn reset(&self) -> bool {
+        let Some(_producer) = self.producer() else {
+            return false;
+        };
+        let Some(_consumer) = self.consumer() else {
+            return false;
+        };
+        // Both roles are ours: nobody reads or writes either index meanwhile.
+        self.tail.store(0, Ordering::Relaxed);
+        self.head.store(0, Ordering::Relaxed);
         true
     }
+}
 
-    /// Consumer side: passes every ready record to `f`, oldest first, and frees its slot.
-    ///
-    /// # Safety
-    /// Only one consumer may call this at a time (the collector holds the registry lock).
-    pub(crate) unsafe fn drain(&self, mut f: impl FnMut(&SampleRecord)) -> usize {
-        let head = self.head.load(Ordering::Acquire);
-        let mut tail = self.tail.load(Ordering::Relaxed);
+/// The producer role of a [`Ring`]: only one exists per ring at a time. The sampler's
+/// signal handler holds it while it takes a sample on the ring's owner thread.
+pub(crate) struct Producer<'a> {
+    ring: &'a Ring,
+}
+
+impl Producer<'_> {
+    /// Fills the next free slot with `fill`, or returns `false` when full.
+    /// Async-signal-safe: a bounds check, `fill`, one release store; no allocation, no lock.
+    #[inline]
+    pub(crate) fn push_with(&mut self, fill: impl FnOnce(&mut SampleRecord)) -> bool {
+        let ring = self.ring;
+        let head = ring.head.load(Ordering::Relaxed);
+        let tail = ring.tail.load(Ordering::Acquire);
+        if head.wrapping_sub(tail) >= ring.slots.len() {
+            return false;
+        }
+        let slot = &ring.slots[head % ring.slots.len()];
+        // SAFETY: the slot is outside [tail, head), so the consumer does not read it
+        // (acquire on tail: it finished reading it before it moved tail past it); `self` is
+        // the ring's only producer (the `producing` flag) and `&mut self` keeps this
+        // reference unique while `fill` runs.
+        fill(unsafe { &mut *slot.get() });
+        ring.head.store(head.wrapping_add(1), Ordering::Release);
+        true
+    }
+}
+
+impl Drop for Producer<'_> {
+    #[inline]
+    fn drop(&mut self) {
+        // Release: this producer's writes happen before the next producer's.
+        self.ring.producing.store(false, Ordering::Release);
+    }
+}
+
+/// The consumer role of a [`Ring`]: only one exists per ring at a time (the collector's
+/// drain, under the slot table's drain lock).
+pub(crate) struct Consumer<'a> {
+    ring: &'a Ring,
+}
+
+impl Consumer<'_> {
+    /// Passes every ready record to `f`, oldest first, and frees its slot.
+    pub(crate) fn drain(&mut self, mut f: impl FnMut(&SampleRecord)) -> usize {
+        let ring = self.ring;
+        let head = ring.head.load(Ordering::Acquire);
+        let mut tail = ring.tail.load(Ordering::Relaxed);
         let mut n = 0;
         while tail != head {
-            let slot = &self.slots[tail % self.slots.len()];
+            let slot = &ring.slots[tail % ring.slots.len()];
             // SAFETY: the slot is inside [tail, head): the producer finished it (acquire on
-            // head) and will not touch it until tail moves past it.
+            // head) and will not touch it until tail moves past it; `self` is the ring's
+            // only consumer (the `consuming` flag), so nobody moves tail meanwhile.
             f(unsafe { &*slot.get() });
             tail = tail.wrapping_add(1);
-            self.tail.store(tail, Ordering::Release);
+            ring.tail.store(tail, Ordering::Release);
             n += 1;
         }
         n
+    }
+}
+
+impl Drop for Consumer<'_> {
+    fn drop(&mut self) {
+        self.ring.consuming.store(false, Ordering::Release);
     }
 }
 
@@ -146,22 +221,39 @@ mod tests {
     #[test]
     fn full_ring_refuses_and_drain_frees() {
         let ring = Ring::new(3);
+        let mut producer = ring.producer().expect("producer");
+        let mut consumer = ring.consumer().expect("consumer");
         for i in 0..3u16 {
-            // SAFETY: single producer in this test.
-            assert!(unsafe { ring.push_with(|r| r.depth = i) });
+            assert!(producer.push_with(|r| r.depth = i));
         }
-        // SAFETY: single producer in this test.
-        assert!(!unsafe { ring.push_with(|r| r.depth = 9) });
+        assert!(!producer.push_with(|r| r.depth = 9));
         let mut seen = Vec::new();
-        // SAFETY: single consumer in this test.
-        assert_eq!(unsafe { ring.drain(|r| seen.push(r.depth)) }, 3);
+        assert_eq!(consumer.drain(|r| seen.push(r.depth)), 3);
         assert_eq!(seen, [0, 1, 2]);
-        // SAFETY: as above.
-        assert!(unsafe { ring.push_with(|r| r.depth = 7) });
+        assert!(producer.push_with(|r| r.depth = 7));
         seen.clear();
-        // SAFETY: as above.
-        unsafe { ring.drain(|r| seen.push(r.depth)) };
+        consumer.drain(|r| seen.push(r.depth));
         assert_eq!(seen, [7]);
+    }
+
+    #[test]
+    fn each_role_has_one_holder_at_a_time() {
+        let ring = Ring::new(2);
+        let producer = ring.producer().expect("producer");
+        assert!(ring.producer().is_none(), "a second producer");
+        let consumer = ring.consumer().expect("consumer");
+        assert!(ring.consumer().is_none(), "a second consumer");
+        assert!(!ring.reset(), "reset needs both roles");
+        drop(producer);
+        assert!(!ring.reset(), "reset needs both roles");
+        drop(consumer);
+        let mut producer = ring.producer().expect("producer again");
+        assert!(producer.push_with(|r| r.depth = 1));
+        drop(producer);
+        assert!(!ring.is_empty());
+        assert!(ring.reset());
+        assert!(ring.is_empty());
+        assert!(ring.producer().is_some() && ring.consumer().is_some());
     }
 
     #[test]
@@ -170,30 +262,27 @@ mod tests {
         let producer = {
             let ring = ring.clone();
             std::thread::spawn(move || {
+                let mut producer = ring.producer().expect("the only producer");
                 let mut dropped = 0u64;
                 for i in 0..100_000u64 {
-                    // SAFETY: this thread is the only producer.
-                    if !unsafe { ring.push_with(|r| r.frames[0] = i) } {
+                    if !producer.push_with(|r| r.frames[0] = i) {
                         dropped += 1;
                     }
                 }
                 dropped
             })
         };
+        let mut consumer = ring.consumer().expect("the only consumer");
         let mut got = 0u64;
         let mut last = None;
         while !producer.is_finished() || got == 0 {
-            // SAFETY: this thread is the only consumer.
-            got += unsafe {
-                ring.drain(|r| {
-                    assert!(last.is_none_or(|l| r.frames[0] > l), "out of order");
-                    last = Some(r.frames[0]);
-                })
-            } as u64;
+            got += consumer.drain(|r| {
+                assert!(last.is_none_or(|l| r.frames[0] > l), "out of order");
+                last = Some(r.frames[0]);
+            }) as u64;
         }
         let dropped = producer.join().expect("producer");
-        // SAFETY: as above.
-        got += unsafe { ring.drain(|_| {}) } as u64;
+        got += consumer.drain(|_| {}) as u64;
         assert_eq!(got + dropped, 100_000);
     }
 }

@@ -28,7 +28,14 @@
 //! the peak number of threads alive at once, not the number ever created.
 //!
 //! **Fork.** The child has one thread and none of the parent's timers: `reset_in_child`
-//! forgets every timer id, empties every ring, zeroes the counters and frees every slot.
+//! forgets every timer id, empties every ring, zeroes the counters and frees every slot. A
+//! ring whose producer or consumer role a parent thread held at the fork stays held (that
+//! thread does not exist in the child): it holds none of the child's records, and the
+//! next claim of its slot gives the slot a new ring (the old one is leaked, not freed).
+//!
+//! **Where the table lives.** The process's table is part of the sampler's state
+//! (`SamplerState`), the one static the signal handler reads; a [`SlotTable`] is a plain
+//! value, so tests of the free list, the drain and the read handshake build their own.
 
 use std::sync::atomic::{
     AtomicBool, AtomicI32, AtomicPtr, AtomicU32, AtomicU64, AtomicU8, Ordering,
@@ -183,11 +190,15 @@ impl Slot {
         }
     }
 
-    /// The ring, for the owner's handler (producer) or the drainer (consumer).
+    /// The ring, for the owner's handler (which takes its producer role), the drainer
+    /// (its consumer role, under the drain lock) or the owner letting go of the slot.
     #[inline]
     pub(crate) fn ring(&self) -> Option<&Ring> {
-        // SAFETY: rings are replaced and freed only while the slot is FREE (see module
-        // docs); callers are the owner's handler (slot LIVE, checked) or the drainer.
+        // SAFETY: rings are replaced and freed only while the slot is FREE, by the thread
+        // claiming it (see module docs); callers are the owner's handler (slot LIVE,
+        // checked), the owner in `release` (LIVE until it stores the phase), the drainer
+        // (which skips FREE slots and alone frees RETIRING ones) and a forked child's one
+        // thread.
         unsafe { self.ring.load(Ordering::Acquire).as_ref() }
     }
 
@@ -224,38 +235,6 @@ impl Slot {
         let cache = Box::into_raw(Box::new(UnwindCache::new()));
         self.cache.store(cache, Ordering::Release);
     }
-
-    /// Ends the calling owner's use of the slot. Only the owner thread may call this.
-    ///
-    /// A slot with nothing left to drain goes straight back to the free list when no drain
-    /// is running (so threads that come and go faster than the drain period reuse slots
-    /// instead of piling up); otherwise the next drain takes its records and frees it.
-    pub(crate) fn release(&self) {
-        self.delete_timer();
-        // Odd → even: a signal still queued for this thread finds a generation mismatch.
-        self.generation.fetch_add(1, Ordering::SeqCst);
-        // A watchdog read of this thread's record that began before the bump ends first
-        // (see `read_cell_if_owned`): it holds no lock and makes no syscall.
-        let mut spins = 0u32;
-        while self.watching.load(Ordering::SeqCst) != 0 {
-            // A reader preempted inside its read would otherwise be spun against.
-            spins += 1;
-            if spins < 64 {
-                std::hint::spin_loop();
-            } else {
-                std::thread::yield_now();
-            }
-        }
-        if let Some(_drain) = DRAINING.try_lock() {
-            // No drainer can be reading this ring now, and no handler will write it.
-            if self.ring().is_none_or(Ring::is_empty) {
-                self.phase.store(FREE, Ordering::Release);
-                push_free(self);
-                return;
-            }
-        }
-        self.phase.store(RETIRING, Ordering::Release);
-    }
 }
 
 /// A timer's `si_value`: tag (16 bits) | index (16 bits) | generation (32 bits).
@@ -285,12 +264,6 @@ impl TimerValue {
         self.0 as u32
     }
 }
-
-static TABLE: NeverFreed<Slot, CHUNK, MAX_CHUNKS> = NeverFreed::new();
-/// Free list head: (ABA tag << 32) | (index + 1); 0 in the low half: empty.
-static FREE_HEAD: AtomicU64 = AtomicU64::new(0);
-/// Held by the one drainer; fork-safe (see [`ForkSafeLock`]).
-static DRAINING: ForkSafeLock = ForkSafeLock::new();
 
 /// A lock that a forked child can reset: the thread that held it in the parent does not
 /// exist in the child, so a `std::sync::Mutex` held at `fork` would stay locked forever.
@@ -335,53 +308,221 @@ impl Drop for ForkSafeGuard<'_> {
     }
 }
 
-/// The slot at `index`, if allocated. Async-signal-safe.
-#[inline]
-fn slot(index: u32) -> Option<&'static Slot> {
-    TABLE.get(index)
+/// The table of thread slots with its free list and drain lock. The process has one, in
+/// the sampler's state (the signal handler reaches it there); tests build their own.
+pub(crate) struct SlotTable {
+    slots: NeverFreed<Slot, CHUNK, MAX_CHUNKS>,
+    /// Free list head: (ABA tag << 32) | (index + 1); 0 in the low half: empty.
+    free_head: AtomicU64,
+    /// Held by the one drainer; fork-safe (see [`ForkSafeLock`]).
+    draining: ForkSafeLock,
 }
 
-/// The slot a signal carrying `value` belongs to, if it is one of ours for this thread.
-/// Async-signal-safe.
-#[inline]
-pub(crate) fn for_signal(value: TimerValue) -> Option<&'static Slot> {
-    let slot = slot(value.index()?)?;
-    slot.accepts(value).then_some(slot)
-}
-
-/// Every slot allocated so far (including free ones).
-pub(crate) fn all() -> impl Iterator<Item = &'static Slot> {
-    TABLE.iter()
-}
-
-fn pop_free() -> Option<&'static Slot> {
-    let mut head = FREE_HEAD.load(Ordering::Acquire);
-    loop {
-        let top = head as u32;
-        let slot = slot(top.checked_sub(1)?)?;
-        let next = slot.next_free.load(Ordering::Acquire);
-        let new = ((head >> 32).wrapping_add(1)) << 32 | u64::from(next);
-        match FREE_HEAD.compare_exchange_weak(head, new, Ordering::AcqRel, Ordering::Acquire) {
-            Ok(_) => return Some(slot),
-            Err(actual) => head = actual,
+impl SlotTable {
+    pub(crate) const fn new() -> SlotTable {
+        SlotTable {
+            slots: NeverFreed::new(),
+            free_head: AtomicU64::new(0),
+            draining: ForkSafeLock::new(),
         }
     }
-}
 
-fn push_free(slot: &Slot) {
-    let mut head = FREE_HEAD.load(Ordering::Acquire);
-    loop {
-        slot.next_free.store(head as u32, Ordering::Release);
-        let new = ((head >> 32).wrapping_add(1)) << 32 | u64::from(slot.index + 1);
-        match FREE_HEAD.compare_exchange_weak(head, new, Ordering::AcqRel, Ordering::Acquire) {
-            Ok(_) => return,
-            Err(actual) => head = actual,
+    /// The slot at `index`, if allocated. Async-signal-safe.
+    #[inline]
+    fn slot(&self, index: u32) -> Option<&'static Slot> {
+        self.slots.get(index)
+    }
+
+    /// The slot a signal carrying `value` belongs to, if it is one of ours for this
+    /// thread. Async-signal-safe.
+    #[inline]
+    pub(crate) fn for_signal(&self, value: TimerValue) -> Option<&'static Slot> {
+        let slot = self.slot(value.index()?)?;
+        slot.accepts(value).then_some(slot)
+    }
+
+    /// Every slot allocated so far (including free ones).
+    pub(crate) fn iter(&self) -> impl Iterator<Item = &'static Slot> + '_ {
+        self.slots.iter()
+    }
+
+    fn pop_free(&self) -> Option<&'static Slot> {
+        let mut head = self.free_head.load(Ordering::Acquire);
+        loop {
+            let top = head as u32;
+            let slot = self.slot(top.checked_sub(1)?)?;
+            let next = slot.next_free.load(Ordering::Acquire);
+            let new = ((head >> 32).wrapping_add(1)) << 32 | u64::from(next);
+            match self.free_head.compare_exchange_weak(
+                head,
+                new,
+                Ordering::AcqRel,
+                Ordering::Acquire,
+            ) {
+                Ok(_) => return Some(slot),
+                Err(actual) => head = actual,
+            }
         }
     }
-}
 
-fn fresh() -> Option<&'static Slot> {
-    TABLE.fresh(Slot::new).map(|(_, slot)| slot)
+    fn push_free(&self, slot: &Slot) {
+        let mut head = self.free_head.load(Ordering::Acquire);
+        loop {
+            slot.next_free.store(head as u32, Ordering::Release);
+            let new = ((head >> 32).wrapping_add(1)) << 32 | u64::from(slot.index + 1);
+            match self.free_head.compare_exchange_weak(
+                head,
+                new,
+                Ordering::AcqRel,
+                Ordering::Acquire,
+            ) {
+                Ok(_) => return,
+                Err(actual) => head = actual,
+            }
+        }
+    }
+
+    fn fresh(&self) -> Option<&'static Slot> {
+        self.slots.fresh(Slot::new).map(|(_, slot)| slot)
+    }
+
+    /// Claims a slot for the calling thread: a recycled one when there is one (its ring
+    /// and cache are reused), a new one otherwise. `None` when [`MAX_THREADS`] are
+    /// registered.
+    pub(crate) fn claim(&self, owner: Owner) -> Option<&'static Slot> {
+        let slot = self.pop_free().or_else(|| self.fresh())?;
+        slot.tid.store(owner.tid, Ordering::Relaxed);
+        slot.cell.store(owner.cell as *mut _, Ordering::Relaxed);
+        slot.stack_lo.store(owner.stack.lo, Ordering::Relaxed);
+        slot.stack_hi.store(owner.stack.hi, Ordering::Relaxed);
+        if slot.cache.load(Ordering::Relaxed).is_null() {
+            let cache = Box::into_raw(Box::new(UnwindCache::new()));
+            slot.cache.store(cache, Ordering::Release);
+        }
+        let ring = slot.ring.load(Ordering::Relaxed);
+        // SAFETY: the slot is FREE and ours: no handler accepts it (even generation) and no
+        // drainer reads it (drains skip FREE slots), so its ring is not replaced or freed
+        // by anyone else.
+        let old = unsafe { ring.as_ref() };
+        // The last drain emptied it; the reset clears a forked child's copy. A ring whose
+        // role a parent thread held at a fork stays held in the child: replaced below.
+        let reusable = old.is_some_and(|r| r.capacity() == owner.ring_capacity && r.reset());
+        if !reusable {
+            let new = Box::into_raw(Box::new(Ring::new(owner.ring_capacity)));
+            slot.ring.store(new, Ordering::Release);
+            // Free the old ring unless a role on it is still held (only in a forked
+            // child, by a thread that does not exist there: then it is leaked).
+            if old.is_some_and(Ring::reset) {
+                // SAFETY: came from Box::into_raw; nothing else can reach it (see above),
+                // and no role on it is held.
+                drop(unsafe { Box::from_raw(ring) });
+            }
+        }
+        // Even → odd, publishing the fields above to any handler that sees the generation.
+        slot.generation.fetch_add(1, Ordering::AcqRel);
+        slot.phase.store(LIVE, Ordering::Release);
+        Some(slot)
+    }
+
+    /// Ends the owner's use of `slot`. Only the owner thread may call this, with a slot
+    /// it claimed from this table.
+    ///
+    /// A slot with nothing left to drain goes straight back to the free list when no drain
+    /// is running (so threads that come and go faster than the drain period reuse slots
+    /// instead of piling up); otherwise the next drain takes its records and frees it.
+    pub(crate) fn release(&self, slot: &Slot) {
+        slot.delete_timer();
+        // Odd → even: a signal still queued for this thread finds a generation mismatch.
+        slot.generation.fetch_add(1, Ordering::SeqCst);
+        // A watchdog read of this thread's record that began before the bump ends first
+        // (see `read_cell_if_owned`): it holds no lock and makes no syscall.
+        let mut spins = 0u32;
+        while slot.watching.load(Ordering::SeqCst) != 0 {
+            // A reader preempted inside its read would otherwise be spun against.
+            spins += 1;
+            if spins < 64 {
+                std::hint::spin_loop();
+            } else {
+                std::thread::yield_now();
+            }
+        }
+        if let Some(_drain) = self.draining.try_lock() {
+            // No drainer can be reading this ring now, and no handler will write it.
+            if slot.ring().is_none_or(Ring::is_empty) {
+                slot.phase.store(FREE, Ordering::Release);
+                self.push_free(slot);
+                return;
+            }
+        }
+        slot.phase.store(RETIRING, Ordering::Release);
+    }
+
+    /// Drains every LIVE and RETIRING slot into `f` and frees the RETIRING ones: the one
+    /// consumer of every ring (the drain lock), and the only mover of RETIRING to FREE.
+    /// Waits for a drain in progress.
+    pub(crate) fn drain(&self, f: &mut dyn FnMut(&super::SampleRecord)) -> usize {
+        let _drain = self.draining.lock();
+        let mut total = 0;
+        for slot in self.iter() {
+            // Read before draining: every record of a RETIRING slot was pushed before its
+            // phase was stored, so this drain is its last.
+            let phase = slot.phase.load(Ordering::Acquire);
+            if phase == FREE {
+                continue;
+            }
+            // Under the drain lock nobody else consumes: the role is free (a forked
+            // child's copy of a ring its parent was draining stays held: it holds none of
+            // the child's records, see `claim`).
+            if let Some(mut consumer) = slot.ring().and_then(Ring::consumer) {
+                total += consumer.drain(&mut *f);
+            }
+            if phase == RETIRING {
+                slot.phase.store(FREE, Ordering::Release);
+                self.push_free(slot);
+            }
+        }
+        total
+    }
+
+    /// Holds the drain lock (tests: a drain in progress).
+    #[cfg(test)]
+    pub(crate) fn hold_drain(&self) -> ForkSafeGuard<'_> {
+        self.draining.lock()
+    }
+
+    /// In a forked child: forget the parent's timers and threads, empty the rings, zero
+    /// the counters, free every slot. Only atomics: runs in the `pthread_atfork` child
+    /// handler.
+    pub(crate) fn reset_in_child(&self) {
+        self.draining.reset_in_child();
+        self.free_head.store(0, Ordering::Relaxed);
+        for slot in self.iter() {
+            slot.timer.store(0, Ordering::Relaxed);
+            if slot.generation.load(Ordering::Relaxed) & 1 == 1 {
+                slot.generation.fetch_add(1, Ordering::Relaxed);
+            }
+            slot.in_handler.store(false, Ordering::Relaxed);
+            slot.watching.store(0, Ordering::Relaxed);
+            if let Some(ring) = slot.ring() {
+                // Fails only for a ring a parent thread was using at the fork; the next
+                // claim of the slot replaces it.
+                ring.reset();
+            }
+            let c = &slot.counters;
+            for counter in [
+                &c.taken,
+                &c.periods,
+                &c.dropped,
+                &c.truncated,
+                &c.unknown_pc,
+                &c.low_stack,
+            ] {
+                counter.store(0, Ordering::Relaxed);
+            }
+            slot.phase.store(FREE, Ordering::Relaxed);
+            self.push_free(slot);
+        }
+    }
 }
 
 /// What a new owner installs in its slot.
@@ -390,101 +531,6 @@ pub(crate) struct Owner {
     pub(crate) cell: *const SpanContextCell,
     pub(crate) stack: StackBounds,
     pub(crate) ring_capacity: usize,
-}
-
-/// Claims a slot for the calling thread: a recycled one when there is one (its ring and
-/// cache are reused), a new one otherwise. `None` when [`MAX_THREADS`] are registered.
-pub(crate) fn claim(owner: Owner) -> Option<&'static Slot> {
-    let slot = pop_free().or_else(fresh)?;
-    slot.tid.store(owner.tid, Ordering::Relaxed);
-    slot.cell.store(owner.cell as *mut _, Ordering::Relaxed);
-    slot.stack_lo.store(owner.stack.lo, Ordering::Relaxed);
-    slot.stack_hi.store(owner.stack.hi, Ordering::Relaxed);
-    if slot.cache.load(Ordering::Relaxed).is_null() {
-        let cache = Box::into_raw(Box::new(UnwindCache::new()));
-        slot.cache.store(cache, Ordering::Release);
-    }
-    let ring = slot.ring.load(Ordering::Relaxed);
-    // SAFETY: the slot is FREE and ours: no handler or drainer uses its ring.
-    let fits = unsafe { ring.as_ref() }.is_some_and(|r| r.capacity() == owner.ring_capacity);
-    if fits {
-        // SAFETY: as above; the last drain emptied it, this clears a forked child's copy.
-        unsafe { (*ring).reset() };
-    } else {
-        let new = Box::into_raw(Box::new(Ring::new(owner.ring_capacity)));
-        slot.ring.store(new, Ordering::Release);
-        if !ring.is_null() {
-            // SAFETY: came from Box::into_raw; nothing else can reach it (see above).
-            drop(unsafe { Box::from_raw(ring) });
-        }
-    }
-    // Even → odd, publishing the fields above to any handler that sees the generation.
-    slot.generation.fetch_add(1, Ordering::AcqRel);
-    slot.phase.store(LIVE, Ordering::Release);
-    Some(slot)
-}
-
-/// Exclusive right to consume rings and to move RETIRING slots to FREE.
-pub(crate) struct DrainGuard(#[allow(dead_code)] ForkSafeGuard<'static>);
-
-impl DrainGuard {
-    pub(crate) fn acquire() -> DrainGuard {
-        DrainGuard(DRAINING.lock())
-    }
-
-    /// Drains every LIVE and RETIRING slot into `f`; frees the RETIRING ones.
-    pub(crate) fn drain(&self, f: &mut dyn FnMut(&super::SampleRecord)) -> usize {
-        let mut total = 0;
-        for slot in all() {
-            // Read before draining: every record of a RETIRING slot was pushed before its
-            // phase was stored, so this drain is its last.
-            let phase = slot.phase.load(Ordering::Acquire);
-            if phase == FREE {
-                continue;
-            }
-            if let Some(ring) = slot.ring() {
-                // SAFETY: the drain guard makes this the only consumer.
-                total += unsafe { ring.drain(&mut *f) };
-            }
-            if phase == RETIRING {
-                slot.phase.store(FREE, Ordering::Release);
-                push_free(slot);
-            }
-        }
-        total
-    }
-}
-
-/// In a forked child: forget the parent's timers and threads, empty the rings, zero the
-/// counters, free every slot. Only atomics: runs in the `pthread_atfork` child handler.
-pub(crate) fn reset_in_child() {
-    DRAINING.reset_in_child();
-    FREE_HEAD.store(0, Ordering::Relaxed);
-    for slot in all() {
-        slot.timer.store(0, Ordering::Relaxed);
-        if slot.generation.load(Ordering::Relaxed) & 1 == 1 {
-            slot.generation.fetch_add(1, Ordering::Relaxed);
-        }
-        slot.in_handler.store(false, Ordering::Relaxed);
-        slot.watching.store(0, Ordering::Relaxed);
-        if let Some(ring) = slot.ring() {
-            // SAFETY: the child has one thread, which is in neither a handler nor a drain.
-            unsafe { ring.reset() };
-        }
-        let c = &slot.counters;
-        for counter in [
-            &c.taken,
-            &c.periods,
-            &c.dropped,
-            &c.truncated,
-            &c.unknown_pc,
-            &c.low_stack,
-        ] {
-            counter.store(0, Ordering::Relaxed);
-        }
-        slot.phase.store(FREE, Ordering::Relaxed);
-        push_free(slot);
-    }
 }
 
 #[cfg(test)]
@@ -497,29 +543,34 @@ mod tests {
         assert_eq!(v.index(), Some(513));
         assert_eq!(v.generation(), 7);
         assert_eq!(TimerValue::from_sival(v.to_sival()), v);
+        // The process's table (only read) and a table of this test's own.
+        let own = SlotTable::new();
         for foreign in [0x1234usize, 0, usize::MAX, 0x7fff_dead_beef] {
             let v = TimerValue::from_sival(foreign as *mut libc::c_void);
             assert_eq!(v.index(), None, "{foreign:#x}");
-            assert!(for_signal(v).is_none());
+            assert!(super::super::SamplerState::global()
+                .slots()
+                .for_signal(v)
+                .is_none());
+            assert!(own.for_signal(v).is_none());
         }
     }
 
+    /// On a table of its own: no other test's slots, no turn on the process's sampler.
     #[test]
     fn the_free_list_hands_each_slot_to_one_claimer() {
-        let _turn = super::super::test_turn();
-        // Build a private set of slots on the real table, then race pops.
-        let guard = DrainGuard::acquire();
-        let slots: Vec<&'static Slot> = (0..64).filter_map(|_| fresh()).collect();
+        let table = SlotTable::new();
+        let slots: Vec<&'static Slot> = (0..64).filter_map(|_| table.fresh()).collect();
+        assert_eq!(slots.len(), 64);
         for s in &slots {
-            push_free(s);
+            table.push_free(s);
         }
-        drop(guard);
         let popped: Vec<Vec<u32>> = std::thread::scope(|scope| {
             let handles: Vec<_> = (0..4)
                 .map(|_| {
                     scope.spawn(|| {
                         let mut mine = Vec::new();
-                        while let Some(s) = pop_free() {
+                        while let Some(s) = table.pop_free() {
                             mine.push(s.index);
                         }
                         mine
@@ -539,51 +590,100 @@ mod tests {
         for s in &slots {
             assert!(all.contains(&s.index));
         }
-        // Give every popped slot back for other tests.
-        for index in all {
-            push_free(slot(index).expect("allocated"));
-        }
     }
 
     /// The watchdog's handshake: a thread letting go of its slot waits while a reader of
     /// its span record is in progress, and a reader that starts after the generation
-    /// moved reads nothing.
+    /// moved reads nothing. On a table of its own (no timer: the handshake involves no
+    /// signal), so it needs no turn on the process's sampler.
     #[test]
     fn letting_go_of_a_slot_waits_for_a_reader_of_its_record() {
-        let _turn = super::super::test_turn();
-        let sampler =
-            super::super::Sampler::start(super::super::SamplerConfig::default()).expect("start");
-        let (owned, slot_of) = std::sync::mpsc::channel();
-        let (go, release) = std::sync::mpsc::channel::<()>();
-        let owner = std::thread::spawn(move || {
-            super::super::register_current_thread().expect("register");
-            let slot = super::super::current_slot().expect("slot");
-            owned.send((slot.index, slot.generation())).expect("send");
-            release.recv().expect("go");
-            super::super::unregister_current_thread();
+        let table = SlotTable::new();
+        std::thread::scope(|scope| {
+            let (owned, slot_of) = std::sync::mpsc::channel();
+            let (go, release) = std::sync::mpsc::channel::<()>();
+            let table = &table;
+            let owner = scope.spawn(move || {
+                let slot = table
+                    .claim(Owner {
+                        // SAFETY: gettid has no preconditions.
+                        tid: unsafe { libc::gettid() },
+                        cell: crate::span_context::thread_cell(),
+                        stack: StackBounds::current().expect("stack"),
+                        ring_capacity: 4,
+                    })
+                    .expect("slot");
+                owned.send((slot.index, slot.generation())).expect("send");
+                release.recv().expect("go");
+                table.release(slot);
+            });
+            let (index, generation) = slot_of.recv().expect("slot");
+            let slot = table.slot(index).expect("allocated");
+            assert!(
+                slot.read_cell_if_owned(generation).is_some(),
+                "owned: readable"
+            );
+            // A reader in progress.
+            slot.watching.fetch_add(1, Ordering::SeqCst);
+            go.send(()).expect("go");
+            let moved = std::time::Instant::now();
+            while slot.generation() == generation {
+                assert!(moved.elapsed() < std::time::Duration::from_secs(5));
+                std::thread::yield_now();
+            }
+            std::thread::sleep(std::time::Duration::from_millis(50));
+            assert!(!owner.is_finished(), "release waits for the reader");
+            assert!(
+                slot.read_cell_if_owned(generation).is_none(),
+                "a reader after the generation moved reads nothing"
+            );
+            slot.watching.fetch_sub(1, Ordering::SeqCst);
+            owner.join().expect("owner");
         });
-        let (index, generation) = slot_of.recv().expect("slot");
-        let slot = slot(index).expect("allocated");
-        assert!(
-            slot.read_cell_if_owned(generation).is_some(),
-            "owned: readable"
-        );
-        // A reader in progress.
-        slot.watching.fetch_add(1, Ordering::SeqCst);
-        go.send(()).expect("go");
-        let moved = std::time::Instant::now();
-        while slot.generation() == generation {
-            assert!(moved.elapsed() < std::time::Duration::from_secs(5));
-            std::thread::yield_now();
+    }
+
+    /// A slot released while a drain runs is left RETIRING for that drain's successor,
+    /// which takes its records and frees it; one released with nothing to drain and no
+    /// drain running is free at once. On a table of its own.
+    #[test]
+    fn a_released_slot_is_freed_by_the_next_drain_or_at_once() {
+        let table = SlotTable::new();
+        let owner = || Owner {
+            // SAFETY: gettid has no preconditions.
+            tid: unsafe { libc::gettid() },
+            cell: std::ptr::null(),
+            stack: StackBounds { lo: 0, hi: 0 },
+            ring_capacity: 2,
+        };
+        let slot = table.claim(owner()).expect("slot");
+        assert!(slot
+            .ring()
+            .and_then(Ring::producer)
+            .expect("producer")
+            .push_with(|r| r.depth = 3));
+        table.release(slot);
+        assert!(table.pop_free().is_none(), "records left: retiring");
+        let mut depths = Vec::new();
+        assert_eq!(table.drain(&mut |r| depths.push(r.depth)), 1);
+        assert_eq!(depths, [3]);
+        let again = table.claim(owner()).expect("slot");
+        assert_eq!(again.index, slot.index, "freed by the drain, reused");
+        {
+            let _drain = table.hold_drain();
+            table.release(again);
         }
-        std::thread::sleep(std::time::Duration::from_millis(50));
-        assert!(!owner.is_finished(), "release waits for the reader");
         assert!(
-            slot.read_cell_if_owned(generation).is_none(),
-            "a reader after the generation moved reads nothing"
+            table.pop_free().is_none(),
+            "released during a drain: retiring"
         );
-        slot.watching.fetch_sub(1, Ordering::SeqCst);
-        owner.join().expect("owner");
-        drop(sampler);
+        assert_eq!(table.drain(&mut |_| {}), 0);
+        let third = table.claim(owner()).expect("slot");
+        assert_eq!(third.index, slot.index);
+        table.release(third);
+        assert_eq!(
+            table.pop_free().map(|s| s.index),
+            Some(slot.index),
+            "nothing to drain, no drain: free at once"
+        );
     }
 }

@@ -36,7 +36,7 @@ impl Registers {
         // SAFETY: the caller passes the kernel-provided, valid `ucontext_t`.
         let uc = unsafe { &*(ucontext as *const libc::ucontext_t) };
         // Where the registers lie is the architecture's: `unwind/x86_64.rs`,
-        // `unwind/aarch64.rs` (none elsewhere: see `unwind_unsupported.rs`).
+        // `unwind/aarch64.rs` (none elsewhere: see `unwind/unsupported.rs`).
         super::unwind::registers(uc)
     }
 }

@@ -1,7 +1,8 @@
 //! The signal path against hostile and unlucky conditions: foreign and forged `SIGPROF`
 //! signals, stale slots, stop racing registration, blocked signals, small stacks, fork,
-//! a replaced handler, a panic in the handler, and thread churn. Each test takes the
-//! process-wide sampler in turn.
+//! a replaced handler, a panic in the handler, and thread churn. Each of those takes the
+//! process-wide sampler in turn ([`test_turn`]): they need its `SIGPROF` handler, its
+//! timers or its registrations. What involves no signal runs on a state of its own.
 
 use std::sync::atomic::AtomicBool;
 use std::sync::Arc;
@@ -73,6 +74,62 @@ fn sigprof_timers() -> usize {
 
 fn start(hz: u32) -> Sampler {
     Sampler::start(SamplerConfig::default().with_frequency_hz(hz)).expect("sampler")
+}
+
+/// The counters of a state of the test's own (slots claimed on its table, records pushed
+/// and drained, no signal): its stats add them up, and they are a `Copy` snapshot. No turn
+/// on the process's sampler.
+#[test]
+fn stats_add_up_the_counters_of_their_own_state() {
+    fn snapshot_is_copy<T: Copy>(t: T) -> (T, T) {
+        (t, t)
+    }
+    let state = SamplerState::new();
+    let owner = || Owner {
+        // SAFETY: gettid has no preconditions.
+        tid: unsafe { libc::gettid() },
+        cell: std::ptr::null(),
+        stack: StackBounds { lo: 0, hi: 0 },
+        ring_capacity: 4,
+    };
+    let slots = [
+        state.slots.claim(owner()).expect("slot"),
+        state.slots.claim(owner()).expect("slot"),
+    ];
+    for (slot, (taken, periods, dropped)) in slots.iter().zip([(3, 5, 1), (2, 2, 0)]) {
+        let c = &slot.counters;
+        c.taken.fetch_add(taken, Ordering::Relaxed);
+        c.periods.fetch_add(periods, Ordering::Relaxed);
+        c.dropped.fetch_add(dropped, Ordering::Relaxed);
+        c.truncated.fetch_add(1, Ordering::Relaxed);
+        let mut producer = slot.ring().and_then(|r| r.producer()).expect("producer");
+        for _ in 0..taken - dropped {
+            assert!(producer.push_with(|r| r.depth = 1));
+        }
+    }
+    state.foreign.fetch_add(7, Ordering::Relaxed);
+    assert_eq!(state.drain_into(|r| assert_eq!(r.depth, 1)), 4);
+    let (stats, copy) = snapshot_is_copy(state.stats());
+    assert_eq!(stats, copy);
+    assert_eq!(
+        (stats.taken, stats.periods, stats.dropped, stats.drained),
+        (5, 7, 1, 4)
+    );
+    assert_eq!(stats.taken, stats.drained + stats.dropped);
+    assert_eq!((stats.truncated, stats.foreign_signals), (2, 7));
+    assert_eq!(stats.threads, 0, "no timer armed: none sampled");
+    assert!(!state.is_running());
+    for slot in slots {
+        state.slots.release(slot);
+    }
+}
+
+/// A `Sampler` holds `&'static SamplerState` now: it keeps the auto traits it had as two
+/// integers (it can be sent, shared, and held across a `catch_unwind`).
+#[test]
+fn the_handle_keeps_its_auto_traits() {
+    fn check<T: Send + Sync + Unpin + std::panic::UnwindSafe + std::panic::RefUnwindSafe>() {}
+    check::<Sampler>();
 }
 
 /// Issue 9 item 1: another library's SIGPROF timer (any `si_value`) and forged timer
@@ -203,7 +260,7 @@ fn overrun_weights_the_sample_and_the_span_time() {
     let _turn = test_turn();
     let sampler = start(100);
     sampler.register_current_thread().expect("register");
-    drain_into(|_| {});
+    SamplerState::global().drain_into(|_| {});
     let own = current_slot().expect("slot").timer_value();
     let mut lists = crate::root_cpu::SlotLists::default();
     let handle = lists.claim().expect("counters");
@@ -218,7 +275,7 @@ fn overrun_weights_the_sample_and_the_span_time() {
     assert_eq!(after.taken - before.taken, 1);
     assert_eq!(after.periods - before.periods, 4);
     let mut weights = Vec::new();
-    drain_into(|r| {
+    SamplerState::global().drain_into(|r| {
         if r.root == Some(root) {
             weights.push(r.weight)
         }
@@ -266,7 +323,8 @@ fn a_registration_racing_stop_leaves_no_timer() {
     let sampler = start(250);
     let timers_before = sigprof_timers();
     let (resume, pause) = std::sync::mpsc::channel();
-    *REGISTRATION_PAUSE
+    *SamplerState::global()
+        .registration_pause
         .lock()
         .unwrap_or_else(std::sync::PoisonError::into_inner) = Some(pause);
     let (armed_tx, armed_rx) = std::sync::mpsc::channel();
@@ -348,7 +406,7 @@ fn a_replaced_handler_is_noticed_and_a_foreign_one_is_never_overwritten() {
     assert_eq!(stats().handler_replaced, before + 1, "counted once");
     // Installing now refuses and leaves the other handler in place.
     assert!(matches!(
-        handler::install(),
+        handler::install(SamplerState::global()),
         Err(SamplerError::SigprofTaken)
     ));
     assert!(!handler::is_installed());
@@ -475,8 +533,8 @@ fn recurse_until(limit: u64, d: Duration) -> u64 {
 fn short_lived_threads_reuse_slots() {
     let _turn = test_turn();
     let sampler = start(100);
-    drain_into(|_| {});
-    let allocated_before = slots::all().count();
+    SamplerState::global().drain_into(|_| {});
+    let allocated_before = SamplerState::global().slots().iter().count();
     for round in 0..50 {
         let threads: Vec<_> = (0..20)
             .map(|_| {
@@ -489,8 +547,8 @@ fn short_lived_threads_reuse_slots() {
         for t in threads {
             t.join().expect("thread");
         }
-        drain_into(|_| {});
-        let grown = slots::all().count() - allocated_before;
+        SamplerState::global().drain_into(|_| {});
+        let grown = SamplerState::global().slots().iter().count() - allocated_before;
         assert!(
             grown <= 64,
             "round {round}: {grown} new slots for 20 live threads"
@@ -499,7 +557,7 @@ fn short_lived_threads_reuse_slots() {
     assert_eq!(stats().threads, 0, "{:?}", stats());
     // Threads that leave nothing to drain give their slot back at once, without waiting
     // for a drain: one after another, they keep reusing a handful of slots.
-    let allocated = slots::all().count();
+    let allocated = SamplerState::global().slots().iter().count();
     for _ in 0..200 {
         std::thread::spawn(|| {
             on_span_enter();
@@ -508,7 +566,7 @@ fn short_lived_threads_reuse_slots() {
         .join()
         .expect("thread");
     }
-    let grown = slots::all().count() - allocated;
+    let grown = SamplerState::global().slots().iter().count() - allocated;
     assert!(
         grown <= 4,
         "{grown} new slots for one thread at a time, no drain"
@@ -537,7 +595,7 @@ fn a_forked_child_starts_clean() {
             // Until a record comes (the closure runs only for records): then hold the
             // drain for 300 ms, across the fork.
             while !draining.load(Ordering::SeqCst) {
-                drain_into(|_| {
+                SamplerState::global().drain_into(|_| {
                     if !draining.swap(true, Ordering::SeqCst) {
                         std::thread::sleep(Duration::from_millis(300));
                     }
@@ -600,7 +658,7 @@ fn child_after_fork(inherited: Sampler) -> i32 {
         return 15;
     }
     let mut drained = 0;
-    drain_into(|_| drained += 1);
+    SamplerState::global().drain_into(|_| drained += 1);
     let s = stats();
     if s.taken < 5 || drained as u64 != s.taken {
         return 14;
@@ -617,7 +675,9 @@ fn a_panic_in_the_handler_aborts_without_the_panic_hook() {
     if std::env::var_os(CHILD).is_some() {
         let sampler = start(1000);
         sampler.register_current_thread().expect("register");
-        handler::INJECT_PANIC.store(true, Ordering::SeqCst);
+        SamplerState::global()
+            .inject_panic
+            .store(true, Ordering::SeqCst);
         // Allocation-heavy work, as a real interrupted thread would be doing.
         let mut keep = Vec::new();
         let start = Instant::now();

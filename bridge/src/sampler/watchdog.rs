@@ -67,7 +67,7 @@ use std::thread::JoinHandle;
 use std::time::{Duration, Instant};
 
 use super::ring::SampleRecord;
-use super::slots::{self, ForkSafeLock, Slot};
+use super::slots::{ForkSafeLock, Slot};
 use super::stack::Registers;
 use super::unwind::{self, OwnedCache, WalkEnd};
 use crate::span_context::LocalRoot;
@@ -643,7 +643,8 @@ impl Scanner {
         bump(&COUNTERS.ticks);
         let mut examined = 0;
         self.slots.clear();
-        self.slots.extend(slots::all());
+        self.slots
+            .extend(super::SamplerState::global().slots().iter());
         let count = self.slots.len();
         let start = self.cursor.min(count);
         let mut capped_at = None;

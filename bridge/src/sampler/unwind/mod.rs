@@ -63,7 +63,7 @@
 //! its bounds checks, the thread caches. What differs per architecture (framehop's
 //! unwinder, cache and register types, and where the signal context keeps the
 //! registers) is in `x86_64.rs` and `aarch64.rs`, as framehop arranges its own; elsewhere
-//! `unwind_unsupported.rs` stands in for this module.
+//! `unwind/unsupported.rs` stands in for this module.
 
 use std::cell::UnsafeCell;
 use std::ops::Range;
