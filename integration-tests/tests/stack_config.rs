@@ -787,6 +787,22 @@ fn example_binary_exists(name: &str) -> bool {
         || manifest.contains(&format!("name = \"{name}\""))
 }
 
+/// The workspace's members, from the root `Cargo.toml`'s `members = [...]`.
+fn workspace_members() -> Vec<String> {
+    let root = Path::new(env!("CARGO_MANIFEST_DIR")).join("..");
+    let manifest = std::fs::read_to_string(root.join("Cargo.toml")).expect("root Cargo.toml");
+    // `members = ["a", "b", ...]` on one line, as the root manifest writes it.
+    let list = manifest
+        .lines()
+        .find_map(|l| l.trim().strip_prefix("members = ["))
+        .and_then(|rest| rest.split(']').next())
+        .expect("[workspace] members = [...] on one line");
+    list.split(',')
+        .map(|m| m.trim().trim_matches('"').to_string())
+        .filter(|m| !m.is_empty())
+        .collect()
+}
+
 /// The Dockerfile: pinned Rust on bookworm, the examples package built in release, a slim
 /// bookworm runtime running `service`; and the load generator aimed at the demo service.
 fn check_dockerfile(stack: &Stack) -> Vec<String> {
@@ -822,6 +838,20 @@ fn check_dockerfile(stack: &Stack) -> Vec<String> {
         .contains("cargo build --release --locked -p otel-profiling-examples")
     {
         problems.push("Dockerfile: does not build otel-profiling-examples in release".to_string());
+    }
+    // Cargo loads the whole workspace: a member missing from the image fails the build.
+    let copied: Vec<&str> = stack
+        .dockerfile
+        .lines()
+        .filter_map(|l| l.trim().strip_prefix("COPY "))
+        .filter_map(|l| l.split_whitespace().next())
+        .collect();
+    for member in workspace_members() {
+        if !copied.contains(&member.as_str()) {
+            problems.push(format!(
+                "Dockerfile: workspace member `{member}` is not copied into the builder"
+            ));
+        }
     }
     let cmd = stack
         .dockerfile
