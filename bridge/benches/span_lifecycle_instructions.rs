@@ -30,6 +30,10 @@ const SETUP_VAR: &str = "SPAN_LIFECYCLE_SETUP";
 /// (name, what it is) of each set-up, the baseline first.
 const SETUPS: &[(&str, &str)] = &[
     ("otel", "tracing-opentelemetry alone (no-op processor)"),
+    (
+        "floor",
+        "+ the least any span-labelling bridge pays (see `FloorLayer`)",
+    ),
     ("layer", "+ ProfilingLayer"),
     ("processor", "+ CpuEvidenceProcessor with the profile id"),
     ("bridge", "+ sampler running (counters, active time)"),
@@ -50,6 +54,65 @@ struct Discard;
 
 impl SpanProcessor for Discard {
     fn on_start(&self, _: &mut opentelemetry_sdk::trace::Span, _: &opentelemetry::Context) {}
+    fn on_end(&self, span: SpanData) {
+        black_box(span);
+    }
+    fn force_flush(&self) -> OTelSdkResult {
+        Ok(())
+    }
+    fn shutdown_with_timeout(&self, _: Duration) -> OTelSdkResult {
+        Ok(())
+    }
+}
+
+/// The floor: what any bridge that labels samples by span must at least do beside
+/// `tracing-opentelemetry`, and nothing of what this crate does — on each enter, find the
+/// span in the registry and read one value of its own from the span's extensions (the
+/// label; here a marker put there when the span was made); and on each local root, one
+/// attribute (`pyroscope.profile.id`, here a constant of the same length, not even the
+/// id's hex). No record write, no scope stack, no clock, no counters, no evidence.
+#[derive(Default)]
+struct FloorLayer;
+
+struct FloorMarker(u64);
+
+impl<S> tracing_subscriber::Layer<S> for FloorLayer
+where
+    S: tracing::Subscriber + for<'a> tracing_subscriber::registry::LookupSpan<'a>,
+{
+    fn on_new_span(
+        &self,
+        _: &tracing::span::Attributes<'_>,
+        id: &tracing::span::Id,
+        ctx: tracing_subscriber::layer::Context<'_, S>,
+    ) {
+        if let Some(span) = ctx.span(id) {
+            span.extensions_mut().insert(FloorMarker(id.into_u64()));
+        }
+    }
+
+    fn on_enter(&self, id: &tracing::span::Id, ctx: tracing_subscriber::layer::Context<'_, S>) {
+        if let Some(span) = ctx.span(id) {
+            black_box(span.extensions().get::<FloorMarker>().map(|m| m.0));
+        }
+    }
+}
+
+/// The floor's processor: the one attribute on local roots, then the exporting end.
+#[derive(Debug)]
+struct FloorProcessor;
+
+impl SpanProcessor for FloorProcessor {
+    fn on_start(&self, span: &mut opentelemetry_sdk::trace::Span, cx: &opentelemetry::Context) {
+        use opentelemetry::trace::{Span as _, TraceContextExt as _};
+        let parent = cx.span().span_context().clone();
+        if !parent.is_valid() || parent.is_remote() {
+            span.set_attribute(opentelemetry::KeyValue::new(
+                "pyroscope.profile.id",
+                "0123456789abcdef",
+            ));
+        }
+    }
     fn on_end(&self, span: SpanData) {
         black_box(span);
     }
@@ -94,11 +157,19 @@ fn run(setup: &str) {
         }
         .build()
     };
-    let bridged = !matches!(setup, "otel" | "layer" | "otel-batch");
-    let provider = end(SdkTracerProvider::builder(), bridged);
+    let bridged = !matches!(setup, "otel" | "layer" | "otel-batch" | "floor");
+    let provider = if setup == "floor" {
+        SdkTracerProvider::builder()
+            .with_span_processor(FloorProcessor)
+            .build()
+    } else {
+        end(SdkTracerProvider::builder(), bridged)
+    };
     let otel = tracing_opentelemetry::layer().with_tracer(provider.tracer("bench"));
-    let layer = setup != "otel" && setup != "otel-batch";
-    let dispatch = if layer {
+    let layer = !matches!(setup, "otel" | "otel-batch" | "floor");
+    let dispatch = if setup == "floor" {
+        tracing::Dispatch::new(tracing_subscriber::registry().with(otel).with(FloorLayer))
+    } else if layer {
         tracing::Dispatch::new(
             tracing_subscriber::registry()
                 .with(otel)

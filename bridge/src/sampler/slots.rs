@@ -410,8 +410,9 @@ impl SlotTable {
         if !reusable {
             let new = Box::into_raw(Box::new(Ring::new(owner.ring_capacity)));
             slot.ring.store(new, Ordering::Release);
-            // Free the old ring unless a role on it is still held (only in a forked
-            // child, by a thread that does not exist there: then it is leaked).
+            // Free the old ring unless a role on it is still held (in a forked child, by
+            // a thread that does not exist there, or by a handler that never returned:
+            // then it is leaked, once per such ring).
             if old.is_some_and(Ring::reset) {
                 // SAFETY: came from Box::into_raw; nothing else can reach it (see above),
                 // and no role on it is held.
@@ -476,8 +477,15 @@ impl SlotTable {
             if let Some(mut consumer) = slot.ring().and_then(Ring::consumer) {
                 total += consumer.drain(&mut *f);
             }
-            if phase == RETIRING {
-                slot.phase.store(FREE, Ordering::Release);
+            // A compare-exchange, not a store: if `f` forked and this is the child
+            // carrying on, `reset_in_child` already freed (and listed) every slot, and a
+            // second push would put this one on the free list twice.
+            if phase == RETIRING
+                && slot
+                    .phase
+                    .compare_exchange(RETIRING, FREE, Ordering::AcqRel, Ordering::Relaxed)
+                    .is_ok()
+            {
                 self.push_free(slot);
             }
         }
@@ -505,8 +513,12 @@ impl SlotTable {
             slot.watching.store(0, Ordering::Relaxed);
             if let Some(ring) = slot.ring() {
                 // Fails only for a ring a parent thread was using at the fork; the next
-                // claim of the slot replaces it.
-                ring.reset();
+                // claim of the slot replaces it. That thread may also have been inside the
+                // unwinder, leaving the slot's cache half-written: forget the cache too
+                // (leaked, like the ring: only atomics here), so the claim builds a new one.
+                if !ring.reset() {
+                    slot.cache.store(std::ptr::null_mut(), Ordering::Relaxed);
+                }
             }
             let c = &slot.counters;
             for counter in [

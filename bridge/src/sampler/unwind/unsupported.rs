@@ -43,6 +43,10 @@ pub(crate) fn published_stats() -> (usize, usize, u64) {
     (0, 0, 0)
 }
 
+pub(crate) fn before_fork() {}
+
+pub(crate) fn after_fork_in_parent() {}
+
 pub(crate) fn after_fork_in_child() {}
 
 /// Records only the interrupted pc.
