@@ -48,12 +48,26 @@ const SETUPS: &[(&str, &str)] = &[
     ("bridge-batch", "everything, SDK batch processor"),
 ];
 
-/// The exporting end of the pipeline: takes each span and drops it.
+/// The exporting end of the pipeline: takes each span and drops it. `Discard(true)` is
+/// also the floor's processor (see `FloorLayer`): one constant attribute on local roots.
 #[derive(Debug)]
-struct Discard;
+struct Discard(bool);
 
 impl SpanProcessor for Discard {
-    fn on_start(&self, _: &mut opentelemetry_sdk::trace::Span, _: &opentelemetry::Context) {}
+    fn on_start(&self, span: &mut opentelemetry_sdk::trace::Span, cx: &opentelemetry::Context) {
+        use opentelemetry::trace::{Span as _, TraceContextExt as _};
+        // Nothing at all when not the floor: the baseline must stay the baseline.
+        if !self.0 {
+            return;
+        }
+        let parent = cx.span().span_context().clone();
+        if !parent.is_valid() || parent.is_remote() {
+            span.set_attribute(opentelemetry::KeyValue::new(
+                "pyroscope.profile.id",
+                "0123456789abcdef",
+            ));
+        }
+    }
     fn on_end(&self, span: SpanData) {
         black_box(span);
     }
@@ -98,32 +112,6 @@ where
     }
 }
 
-/// The floor's processor: the one attribute on local roots, then the exporting end.
-#[derive(Debug)]
-struct FloorProcessor;
-
-impl SpanProcessor for FloorProcessor {
-    fn on_start(&self, span: &mut opentelemetry_sdk::trace::Span, cx: &opentelemetry::Context) {
-        use opentelemetry::trace::{Span as _, TraceContextExt as _};
-        let parent = cx.span().span_context().clone();
-        if !parent.is_valid() || parent.is_remote() {
-            span.set_attribute(opentelemetry::KeyValue::new(
-                "pyroscope.profile.id",
-                "0123456789abcdef",
-            ));
-        }
-    }
-    fn on_end(&self, span: SpanData) {
-        black_box(span);
-    }
-    fn force_flush(&self) -> OTelSdkResult {
-        Ok(())
-    }
-    fn shutdown_with_timeout(&self, _: Duration) -> OTelSdkResult {
-        Ok(())
-    }
-}
-
 /// What callgrind counts: `n` lifecycles of a root span, as a tokio task's span lives.
 #[inline(never)]
 fn lifecycles(n: u32) {
@@ -141,9 +129,10 @@ fn run(setup: &str) {
     let batch = setup.ends_with("-batch");
     let end = |provider: opentelemetry_sdk::trace::TracerProviderBuilder, bridged: bool| {
         match (batch, bridged) {
-            (false, false) => provider.with_span_processor(Discard),
+            (false, false) => provider.with_span_processor(Discard(false)),
             (false, true) => provider.with_span_processor(
-                CpuEvidenceProcessor::new(Discard).with_profile_id(ProfileIdScope::LocalRoots),
+                CpuEvidenceProcessor::new(Discard(false))
+                    .with_profile_id(ProfileIdScope::LocalRoots),
             ),
             (true, false) => provider.with_span_processor(
                 BatchSpanProcessor::builder(InMemorySpanExporter::default()).build(),
@@ -160,7 +149,7 @@ fn run(setup: &str) {
     let bridged = !matches!(setup, "otel" | "layer" | "otel-batch" | "floor");
     let provider = if setup == "floor" {
         SdkTracerProvider::builder()
-            .with_span_processor(FloorProcessor)
+            .with_span_processor(Discard(true))
             .build()
     } else {
         end(SdkTracerProvider::builder(), bridged)
