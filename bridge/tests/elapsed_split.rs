@@ -277,3 +277,69 @@ fn time_woken_but_not_polled_is_queued_not_awaiting() {
     assert!(queued >= Duration::from_millis(200), "queued {queued:?}");
     assert!(active <= Duration::from_millis(60), "active {active:?}");
 }
+
+/// Queued time of a `tracing`-instrumented tokio task, from tokio's own instrumentation
+/// (what it emits under `--cfg tokio_unstable`, replayed here event for event): the task's
+/// `runtime.spawn` span, entered around each poll, and its waker events. The root entered
+/// inside the task's polls gets spawn → first poll and wake → next poll, never the time
+/// the task waited without being woken. (`tests/tokio_unstable_queued.rs` runs the real
+/// runtime when built with the flag.)
+#[test]
+fn tokio_task_instrumentation_measures_a_tracing_roots_queued_time() {
+    use otel_profiling::ProfilingLayer;
+    use tracing_subscriber::layer::SubscriberExt;
+
+    let _turn = common::turn();
+    let Setup {
+        exporter,
+        provider,
+        sampler,
+        runtime,
+    } = Setup::new(1);
+    drop(runtime);
+    let subscriber = tracing_subscriber::registry()
+        .with(tracing_opentelemetry::layer().with_tracer(provider.tracer("tokio")))
+        .with(ProfilingLayer::default());
+    let ms = Duration::from_millis;
+    tracing::subscriber::with_default(subscriber, || {
+        // Any waker event says wakes are reported (tokio emits `waker.clone` constantly).
+        tracing::trace!(target: "tokio::task::waker", op = "waker.clone", task.id = 1u64);
+        let task = tracing::trace_span!(
+            target: "tokio::task",
+            parent: None,
+            "runtime.spawn",
+            kind = %"task",
+            task.id = 7u64,
+        );
+        let task_id = task.id().expect("enabled").into_u64();
+        let root = tracing::info_span!(parent: None, "handler");
+        // Spawned, then 40 ms before a worker polls it.
+        std::thread::sleep(ms(40));
+        task.in_scope(|| root.in_scope(|| ()));
+        // Awaiting for 150 ms (nobody woke it): not queued.
+        std::thread::sleep(ms(150));
+        tracing::trace!(target: "tokio::task::waker", op = "waker.wake_by_ref", task.id = task_id);
+        // A second wake before the poll does not restart the stretch.
+        std::thread::sleep(ms(20));
+        tracing::trace!(target: "tokio::task::waker", op = "waker.wake", task.id = task_id);
+        std::thread::sleep(ms(20));
+        task.in_scope(|| root.in_scope(|| ()));
+        // Woken, polled without entering the root: handed to nobody, then dropped.
+        tracing::trace!(target: "tokio::task::waker", op = "waker.wake", task.id = task_id);
+        std::thread::sleep(ms(100));
+        task.in_scope(|| ());
+        root.in_scope(|| ());
+    });
+    drop(sampler);
+    let spans = exporter.get_finished_spans().expect("spans");
+    let span = spans
+        .iter()
+        .find(|s| s.name == "handler")
+        .expect("exported");
+    let queued = ns(span, WALL_QUEUED_ATTRIBUTE);
+    eprintln!("tracing root in a tokio task: queued {queued:?}");
+    // 40 + 40 ms queued; the 150 ms awaited and the 100 ms of the poll without the root
+    // are not (a loaded machine only stretches the sleeps, never shortens them).
+    assert!(queued >= ms(80), "queued {queued:?}");
+    assert!(queued < ms(80 + 100), "queued {queued:?}");
+}

@@ -9,14 +9,16 @@
 //! ids are only unique within one subscriber.
 //!
 //! The local root of a span is worked out once, on its first enter, and kept in the span's
-//! extensions: switches afterwards cost a registry lookup and five stores.
+//! extensions; its label is also cached on the entering thread (`label_cache`), so the
+//! next enter of the span there (the next poll) skips the registry lookup.
 
 use std::sync::OnceLock;
 
 use opentelemetry::trace::TraceContextExt;
 use tracing_core::field::{Field, Visit};
 use tracing_core::span::{Attributes, Id, Record};
-use tracing_core::{Dispatch, Subscriber};
+use tracing_core::subscriber::Interest;
+use tracing_core::{Dispatch, Event, Metadata, Subscriber};
 use tracing_subscriber::layer::Context;
 use tracing_subscriber::registry::{LookupSpan, SpanRef};
 use tracing_subscriber::Layer;
@@ -25,6 +27,7 @@ use crate::local_root::{ResolvedRoot, UnsampledTraces};
 use crate::span_context::scopes::{self, Owner};
 use crate::span_context::LocalRoot;
 use crate::span_name::SpanName;
+use tokio_tasks::{TaskWake, TokioTasks};
 
 /// A [`tracing_subscriber::Layer`] that labels the running thread with the local root span
 /// of the entered span, for the CPU sampler.
@@ -66,6 +69,8 @@ pub struct ProfilingLayer {
     /// Names this layer's spans on the thread's scope stack: span ids are only unique
     /// within one subscriber.
     owner: Owner,
+    /// Queued time of tokio tasks, when tokio's own instrumentation is compiled in.
+    tokio: TokioTasks,
 }
 
 impl Default for ProfilingLayer {
@@ -74,6 +79,7 @@ impl Default for ProfilingLayer {
             unsampled: UnsampledTraces::default(),
             dispatch: OnceLock::new(),
             owner: Owner::unique(),
+            tokio: TokioTasks::default(),
         }
     }
 }
@@ -188,7 +194,18 @@ where
         let _ = self.dispatch.set(subscriber.downgrade());
     }
 
+    fn register_callsite(&self, metadata: &'static Metadata<'static>) -> Interest {
+        self.tokio.register(metadata);
+        Interest::always()
+    }
+
     fn on_new_span(&self, attrs: &Attributes<'_>, id: &Id, ctx: Context<'_, S>) {
+        if self.tokio.active() && tokio_tasks::is_task_span(attrs.metadata()) {
+            if let Some(span) = ctx.span(id) {
+                span.extensions_mut().insert(self.tokio.spawned());
+            }
+            return;
+        }
         if attrs.metadata().fields().field(OTEL_NAME_FIELD).is_none() {
             return;
         }
@@ -217,17 +234,70 @@ where
         }
     }
 
+    fn on_event(&self, event: &Event<'_>, ctx: Context<'_, S>) {
+        if !self.tokio.events() {
+            return;
+        }
+        let Some(task) = self.tokio.woken_task(event) else {
+            return;
+        };
+        if let Some(span) = ctx.span(&task) {
+            if let Some(wake) = span.extensions().get::<TaskWake>() {
+                self.tokio.woken(wake);
+            }
+        }
+    }
+
     fn on_enter(&self, id: &Id, ctx: Context<'_, S>) {
-        let Some(span) = ctx.span(id) else { return };
         crate::sampler::on_span_enter();
+        let key = self.owner.key(id.into_u64());
+        let cached = label_cache::Slot::of(self.owner.raw(), id.into_u64());
+        let tokio = self.tokio.active();
+        if let Some(root) = cached.get() {
+            if tokio {
+                if let Some(root) = &root {
+                    self.tokio.root_entered(root.cpu_raw());
+                }
+            }
+            scopes::enter(key, root);
+            return;
+        }
+        let generation = cached.generation();
+        let Some(span) = ctx.span(id) else { return };
         let root = self.label_of(&span);
-        scopes::enter(self.owner.key(id.into_u64()), root);
+        let task = tokio && {
+            let extensions = span.extensions();
+            match extensions.get::<TaskWake>() {
+                Some(wake) => {
+                    self.tokio.poll_begins(id, wake);
+                    true
+                }
+                None => false,
+            }
+        };
+        if !task {
+            if let (true, Some(root)) = (tokio, &root) {
+                self.tokio.root_entered(root.cpu_raw());
+            }
+            // A task span's enters read its wake stamp: never served from the cache.
+            cached.fill(generation, root);
+        }
+        scopes::enter(key, root);
+    }
+
+    fn on_close(&self, id: Id, _ctx: Context<'_, S>) {
+        label_cache::Slot::of(self.owner.raw(), id.into_u64()).closed();
     }
 
     fn on_exit(&self, id: &Id, _ctx: Context<'_, S>) {
+        if self.tokio.active() {
+            self.tokio.exited(id);
+        }
         scopes::exit(self.owner.key(id.into_u64()));
     }
 }
 
+mod label_cache;
 #[cfg(test)]
 mod tests;
+mod tokio_tasks;

@@ -415,6 +415,10 @@ struct Tracked {
     blocked: bool,
     /// The block whose stack was taken, while the CPU clock has stood still since.
     block: Option<Block>,
+    /// Blocked time of this run of blocked looks whose stack could not be taken (the
+    /// thread woke during the copy, as it does when it blocks in many short calls): added
+    /// to the next stack taken in the run, dropped when the run ends.
+    unattributed: u64,
     /// The tick that last saw the slot (others are forgotten).
     seen: u64,
 }
@@ -675,6 +679,7 @@ impl Scanner {
                 last_look: pass_start,
                 blocked: false,
                 block: None,
+                unattributed: 0,
                 seen: self.tick,
             };
             let Some(tracked) = &mut self.tracked[index] else {
@@ -773,17 +778,19 @@ impl Look<'_> {
         // synchronous reads, 1 ms naps) leave the clock nearly still and count.
         if ran.saturating_mul(OFF_CPU_RATIO) > wall {
             tracked.blocked = false;
+            tracked.unattributed = 0;
             return;
         }
         if self.now.saturating_sub(tracked.first_seen) < self.threshold {
             return;
         }
         let Some(block) = self.capture(tid, cpu, stack, cache, record) else {
+            tracked.unattributed = tracked.unattributed.saturating_add(wall - ran);
             return;
         };
         push(BlockedRecord {
             root: Some(self.root),
-            delay_ns: wall - ran,
+            delay_ns: (wall - ran).saturating_add(std::mem::take(&mut tracked.unattributed)),
             first_look: !tracked.blocked,
             syscall: block.syscall,
             frames: block.frames.clone(),

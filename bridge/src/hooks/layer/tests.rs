@@ -403,3 +403,32 @@ fn guards_and_layer_exits_mixed_in_any_order() {
         assert_eq!(label_name(), None);
     });
 }
+
+/// The registry hands a span id out again once its slot's generation wraps (8,192 reuses
+/// with `tracing-subscriber`'s slab), which a busy thread reaches in milliseconds. The
+/// label cached on the thread for the old span must not label the new one.
+#[test]
+fn a_recycled_span_id_gets_its_own_label_not_the_cached_one() {
+    let dispatch =
+        tracing::Dispatch::new(tracing_subscriber::registry().with(ProfilingLayer::default()));
+    tracing::dispatcher::with_default(&dispatch, || {
+        let old = tracing::info_span!("old-root");
+        let old_id = old.id().expect("enabled");
+        // Entered twice: the second enter is served from the thread's cache.
+        for _ in 0..2 {
+            old.in_scope(|| assert_eq!(label_name().as_deref(), Some("old-root")));
+        }
+        drop(old);
+        let mut reuses = 0;
+        let recycled = loop {
+            let span = tracing::info_span!("new-root");
+            if span.id().as_ref() == Some(&old_id) {
+                break span;
+            }
+            reuses += 1;
+            assert!(reuses < 1_000_000, "the id never came back");
+        };
+        recycled.in_scope(|| assert_eq!(label_name().as_deref(), Some("new-root")));
+        recycled.in_scope(|| assert_eq!(label_name().as_deref(), Some("new-root")));
+    });
+}

@@ -60,6 +60,12 @@ impl Owner {
         Owner(NEXT.fetch_add(1, Ordering::Relaxed))
     }
 
+    /// The owner as a number (layers start at 1).
+    #[inline]
+    pub(crate) fn raw(self) -> u64 {
+        self.0
+    }
+
     /// The key of this owner's scope `id`.
     #[inline]
     pub(crate) fn key(self, id: u64) -> Key {

@@ -1,0 +1,182 @@
+//! The label of each recently entered span, kept on the thread, so that entering a span
+//! again (the next poll of its future) costs no registry lookup.
+//!
+//! Without it every enter finds the span in the `tracing` registry (a slab lookup and a
+//! reference count taken and dropped) and reads its extensions (a lock taken and dropped),
+//! about 200 instructions, to learn a value that never changes once the span's local root
+//! is resolved.
+//!
+//! **Why ids alone cannot be the key.** A `tracing` span id names a registry slot, and a
+//! slot's id comes back once its generation counter wraps, which a busy service reaches
+//! within seconds for its hottest slots. A cached label must therefore be dropped when its
+//! span closes, and spans close on any thread.
+//!
+//! **Close generations.** A process-wide table of [`BUCKETS`] counters, indexed by a hash
+//! of (layer, span id). Closing a span increments its bucket (`on_close`, before the
+//! registry can hand the id out again). An entry records the bucket's value from before
+//! the lookup that filled it, and is used only while the bucket still holds that value:
+//!
+//! * the span it was filled for has not closed, since closing it would have moved the
+//!   bucket, so the id still names that span (live spans have distinct ids);
+//! * a close of another span in the same bucket only costs a miss.
+//!
+//! Ordering: the increment (release) happens before the registry frees the slot, which
+//! happens before any new span with the id exists and before any thread can enter one;
+//! the check loads with acquire. Entries are plain per-thread values (no `unsafe`, no
+//! address kept), so a stale entry can at worst be refused, never followed.
+//!
+//! The thread's cache is a `const` thread-local array with no destructor, direct-mapped
+//! by the same hash: a hit is a few loads and compares.
+
+use std::cell::Cell;
+use std::sync::atomic::{AtomicU64, Ordering};
+
+use crate::span_context::LocalRoot;
+
+/// Close-generation counters (128 KiB): with 100,000 spans closing per second, an entry
+/// is refused by a neighbour's close with probability ~0.6 % per millisecond between two
+/// enters of its span.
+const BUCKETS: usize = 1 << 14;
+/// Entries per thread (~4.5 KiB): direct-mapped, a thread polling more spans than this
+/// in turn misses more.
+const ENTRIES: usize = 64;
+
+static CLOSED: [AtomicU64; BUCKETS] = [const { AtomicU64::new(0) }; BUCKETS];
+
+#[derive(Clone, Copy)]
+struct Entry {
+    /// The layer (`Owner`) the span id belongs to; 0 (the guards' owner) marks an empty
+    /// entry, since no layer uses it.
+    owner: u64,
+    span: u64,
+    generation: u64,
+    label: Option<LocalRoot>,
+}
+
+const EMPTY: Entry = Entry {
+    owner: 0,
+    span: 0,
+    generation: 0,
+    label: None,
+};
+
+thread_local! {
+    static CACHE: [Cell<Entry>; ENTRIES] = const { [const { Cell::new(EMPTY) }; ENTRIES] };
+}
+
+/// Where (layer `owner`, `span`) lives: its bucket and its entry on every thread.
+#[derive(Clone, Copy)]
+pub(super) struct Slot {
+    bucket: usize,
+    entry: usize,
+    owner: u64,
+    span: u64,
+}
+
+impl Slot {
+    #[inline]
+    pub(super) fn of(owner: u64, span: u64) -> Slot {
+        let hash = (span ^ owner.rotate_left(40)).wrapping_mul(0x9e37_79b9_7f4a_7c15);
+        Slot {
+            bucket: (hash >> (64 - BUCKETS.trailing_zeros())) as usize,
+            entry: (hash >> 20) as usize % ENTRIES,
+            owner,
+            span,
+        }
+    }
+
+    /// The label cached on this thread, if the span has not closed since it was cached.
+    #[inline]
+    pub(super) fn get(self) -> Option<Option<LocalRoot>> {
+        let entry = CACHE.try_with(|c| c[self.entry].get()).ok()?;
+        (entry.owner == self.owner
+            && entry.span == self.span
+            && entry.generation == self.generation())
+        .then_some(entry.label)
+    }
+
+    /// The bucket's close generation, read before looking the span up to [`fill`](Self::fill).
+    #[inline]
+    pub(super) fn generation(self) -> u64 {
+        CLOSED[self.bucket].load(Ordering::Acquire)
+    }
+
+    /// Caches `label`, looked up after the bucket read `generation`.
+    #[inline]
+    pub(super) fn fill(self, generation: u64, label: Option<LocalRoot>) {
+        let _ = CACHE.try_with(|c| {
+            c[self.entry].set(Entry {
+                owner: self.owner,
+                span: self.span,
+                generation,
+                label,
+            })
+        });
+    }
+
+    /// The span closed: every thread's entry for it stops being used.
+    #[inline]
+    pub(super) fn closed(self) {
+        CLOSED[self.bucket].fetch_add(1, Ordering::Release);
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::span_name::SpanName;
+    use opentelemetry::trace::{SpanId, TraceId};
+
+    fn label(n: u64) -> Option<LocalRoot> {
+        Some(LocalRoot::new(
+            SpanId::from(n),
+            TraceId::from(u128::from(n)),
+            Some(SpanName::intern("label-cache-test")),
+        ))
+    }
+
+    #[test]
+    fn a_filled_entry_is_used_until_its_span_closes() {
+        let slot = Slot::of(1_000_001, 42);
+        assert_eq!(slot.get(), None);
+        slot.fill(slot.generation(), label(42));
+        assert_eq!(slot.get(), Some(label(42)));
+        // The same id in another layer is another span.
+        assert_eq!(Slot::of(1_000_002, 42).get(), None);
+        slot.closed();
+        assert_eq!(slot.get(), None, "a closed span's label is never reused");
+    }
+
+    #[test]
+    fn a_fill_racing_a_close_is_refused() {
+        let slot = Slot::of(1_000_003, 7);
+        let before = slot.generation();
+        // The span closed between the generation read and the fill (and its id went to a
+        // new span): what was looked up belongs to the old one.
+        slot.closed();
+        slot.fill(before, label(7));
+        assert_eq!(slot.get(), None);
+    }
+
+    #[test]
+    fn entries_are_per_thread() {
+        let slot = Slot::of(1_000_004, 9);
+        slot.fill(slot.generation(), label(9));
+        std::thread::spawn(move || assert_eq!(slot.get(), None))
+            .join()
+            .expect("thread");
+        assert_eq!(slot.get(), Some(label(9)));
+    }
+
+    #[test]
+    fn a_recycled_id_misses_after_a_close_seen_on_another_thread() {
+        let slot = Slot::of(1_000_005, 11);
+        slot.fill(slot.generation(), label(11));
+        std::thread::spawn(move || slot.closed())
+            .join()
+            .expect("thread");
+        assert_eq!(slot.get(), None);
+        slot.fill(slot.generation(), label(12));
+        assert_eq!(slot.get(), Some(label(12)));
+    }
+}
