@@ -34,6 +34,10 @@ const SETUPS: &[(&str, &str)] = &[
         "floor",
         "+ the least any span-labelling bridge pays (see `FloorLayer`)",
     ),
+    (
+        "api-floor",
+        "+ only the public calls any bridge needs (see `ApiFloorLayer`)",
+    ),
     ("layer", "+ ProfilingLayer"),
     ("processor", "+ CpuEvidenceProcessor with the profile id"),
     ("bridge", "+ sampler running (counters, active time)"),
@@ -112,6 +116,54 @@ where
     }
 }
 
+/// The other floor: the calls to the public APIs of `tracing-subscriber`,
+/// `tracing-opentelemetry` and the SDK that a bridge meeting issue 11 and 12 cannot avoid,
+/// and no per-poll work at all: being a layer (every callback of the span's lifecycle
+/// dispatched to it, each doing nothing), learning each span's OpenTelemetry ids once
+/// (`get_otel_context`, the only public way; here on creation), and one constant
+/// attribute on local roots (`Discard(true)`). No label lookup, record write, clock,
+/// counters, evidence or thread context: what is left of the budget above this is what
+/// all of those may cost together.
+#[derive(Default)]
+struct ApiFloorLayer {
+    dispatch: std::sync::OnceLock<tracing::dispatcher::WeakDispatch>,
+}
+
+impl<S> tracing_subscriber::Layer<S> for ApiFloorLayer
+where
+    S: tracing::Subscriber + for<'a> tracing_subscriber::registry::LookupSpan<'a>,
+{
+    fn on_register_dispatch(&self, subscriber: &tracing::Dispatch) {
+        let _ = self.dispatch.set(subscriber.downgrade());
+    }
+
+    fn on_new_span(
+        &self,
+        _: &tracing::span::Attributes<'_>,
+        id: &tracing::span::Id,
+        _: tracing_subscriber::layer::Context<'_, S>,
+    ) {
+        use opentelemetry::trace::TraceContextExt as _;
+        if let Some(dispatch) = self.dispatch.get().and_then(|d| d.upgrade()) {
+            if let Some(cx) = tracing_opentelemetry::get_otel_context(id, &dispatch) {
+                black_box(cx.span().span_context().span_id());
+            }
+        }
+    }
+
+    fn on_enter(&self, id: &tracing::span::Id, _: tracing_subscriber::layer::Context<'_, S>) {
+        black_box(id);
+    }
+
+    fn on_exit(&self, id: &tracing::span::Id, _: tracing_subscriber::layer::Context<'_, S>) {
+        black_box(id);
+    }
+
+    fn on_close(&self, id: tracing::span::Id, _: tracing_subscriber::layer::Context<'_, S>) {
+        black_box(id);
+    }
+}
+
 /// What callgrind counts: `n` lifecycles of a root span, as a tokio task's span lives.
 #[inline(never)]
 fn lifecycles(n: u32) {
@@ -146,8 +198,11 @@ fn run(setup: &str) {
         }
         .build()
     };
-    let bridged = !matches!(setup, "otel" | "layer" | "otel-batch" | "floor");
-    let provider = if setup == "floor" {
+    let bridged = !matches!(
+        setup,
+        "otel" | "layer" | "otel-batch" | "floor" | "api-floor"
+    );
+    let provider = if setup == "floor" || setup == "api-floor" {
         SdkTracerProvider::builder()
             .with_span_processor(Discard(true))
             .build()
@@ -155,9 +210,15 @@ fn run(setup: &str) {
         end(SdkTracerProvider::builder(), bridged)
     };
     let otel = tracing_opentelemetry::layer().with_tracer(provider.tracer("bench"));
-    let layer = !matches!(setup, "otel" | "otel-batch" | "floor");
+    let layer = !matches!(setup, "otel" | "otel-batch" | "floor" | "api-floor");
     let dispatch = if setup == "floor" {
         tracing::Dispatch::new(tracing_subscriber::registry().with(otel).with(FloorLayer))
+    } else if setup == "api-floor" {
+        tracing::Dispatch::new(
+            tracing_subscriber::registry()
+                .with(otel)
+                .with(ApiFloorLayer::default()),
+        )
     } else if layer {
         tracing::Dispatch::new(
             tracing_subscriber::registry()
