@@ -8,7 +8,7 @@ mod common;
 use std::time::Duration;
 
 use opentelemetry::trace::{TraceContextExt, Tracer, TracerProvider as _};
-use opentelemetry::{Context, Value};
+use opentelemetry::Context;
 use opentelemetry_sdk::trace::{InMemorySpanExporter, SdkTracerProvider, SimpleSpanProcessor};
 use otel_profiling::sampler::{Sampler, SamplerConfig};
 use otel_profiling::{
@@ -18,37 +18,13 @@ use otel_profiling::{
 
 const STRETCH: Duration = Duration::from_millis(300);
 
-#[inline(never)]
-fn burn(d: Duration) {
-    let start = common::thread_cpu_time();
-    let mut x = 0x9e37_79b9_7f4a_7c15_u64;
-    while common::thread_cpu_time() - start < d {
-        for _ in 0..2_000 {
-            x ^= x << 13;
-            x ^= x >> 7;
-            x ^= x << 17;
-        }
-    }
-    std::hint::black_box(x);
-}
-
 struct Split {
     duration: Duration,
     cpu: Duration,
     active: Duration,
 }
 
-fn ns(span: &opentelemetry_sdk::trace::SpanData, key: &str) -> Duration {
-    let value = span
-        .attributes
-        .iter()
-        .find(|kv| kv.key.as_str() == key)
-        .unwrap_or_else(|| panic!("{} has no {key}", span.name));
-    match value.value {
-        Value::I64(v) => Duration::from_nanos(v as u64),
-        ref other => panic!("{key} is {other:?}"),
-    }
-}
+use common::{burn, ns_attribute as ns};
 
 /// Spans exported with their evidence, a sampler at 100 Hz and a runtime of `workers`.
 struct Setup {

@@ -11,7 +11,6 @@ mod common;
 use std::time::Duration;
 
 use opentelemetry::trace::TracerProvider as _;
-use opentelemetry::Value;
 use opentelemetry_sdk::trace::{InMemorySpanExporter, SdkTracerProvider, SimpleSpanProcessor};
 use otel_profiling::sampler::{Sampler, SamplerConfig};
 use otel_profiling::{
@@ -20,29 +19,7 @@ use otel_profiling::{
 use tracing::Instrument;
 use tracing_subscriber::layer::SubscriberExt;
 
-fn ns(span: &opentelemetry_sdk::trace::SpanData, key: &str) -> Duration {
-    match span.attributes.iter().find(|kv| kv.key.as_str() == key) {
-        Some(kv) => match kv.value {
-            Value::I64(v) => Duration::from_nanos(v as u64),
-            ref other => panic!("{key} is {other:?}"),
-        },
-        None => panic!("{} has no {key}: {:?}", span.name, span.attributes),
-    }
-}
-
-#[inline(never)]
-fn burn(d: Duration) {
-    let start = common::thread_cpu_time();
-    let mut x = 0x9e37_79b9_7f4a_7c15_u64;
-    while common::thread_cpu_time() - start < d {
-        for _ in 0..2_000 {
-            x ^= x << 13;
-            x ^= x >> 7;
-            x ^= x << 17;
-        }
-    }
-    std::hint::black_box(x);
-}
+use common::{burn, ns_attribute as ns};
 
 /// A task woken while the only worker burns CPU waits for the worker: its root reports
 /// that wait as queued, not as time awaiting a dependency.

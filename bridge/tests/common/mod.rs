@@ -53,3 +53,31 @@ pub fn go_available() -> bool {
     );
     false
 }
+
+/// Burns `d` of the calling thread's CPU time (not wall time: a loaded machine stretches
+/// it, never shortens it), in a function of its own for the profiles.
+#[inline(never)]
+pub fn burn(d: Duration) {
+    let start = thread_cpu_time();
+    let mut x = 0x9e37_79b9_7f4a_7c15_u64;
+    while thread_cpu_time() - start < d {
+        for _ in 0..2_000 {
+            x ^= x << 13;
+            x ^= x >> 7;
+            x ^= x << 17;
+        }
+    }
+    std::hint::black_box(x);
+}
+
+/// The nanoseconds attribute `key` of an exported span, as a duration; panics naming the
+/// span and its attributes when it is missing or not an integer.
+pub fn ns_attribute(span: &opentelemetry_sdk::trace::SpanData, key: &str) -> Duration {
+    match span.attributes.iter().find(|kv| kv.key.as_str() == key) {
+        Some(kv) => match kv.value {
+            opentelemetry::Value::I64(v) => Duration::from_nanos(v as u64),
+            ref other => panic!("{}: {key} is {other:?}", span.name),
+        },
+        None => panic!("{} has no {key}: {:?}", span.name, span.attributes),
+    }
+}
