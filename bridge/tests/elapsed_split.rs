@@ -319,3 +319,76 @@ fn tokio_task_instrumentation_measures_a_tracing_roots_queued_time() {
     assert!(queued >= ms(80), "queued {queued:?}");
     assert!(queued < ms(80 + 100), "queued {queued:?}");
 }
+
+/// A task span entered inside another task's poll is not a poll of its own: another
+/// task's span made current inside a task (`.instrument(Span::current())`), or a task
+/// polled inside another's poll (a `LocalSet` run in a task). Its wake is kept for its own
+/// next poll, and the open poll's queued time goes to no root of the nested one.
+#[test]
+fn a_task_span_entered_inside_another_tasks_poll_takes_nothing() {
+    use otel_profiling::ProfilingLayer;
+    use tracing_subscriber::layer::SubscriberExt;
+
+    let _turn = common::turn();
+    let Setup {
+        exporter,
+        provider,
+        sampler,
+        runtime,
+    } = Setup::new(1);
+    drop(runtime);
+    let subscriber = tracing_subscriber::registry()
+        .with(tracing_opentelemetry::layer().with_tracer(provider.tracer("tokio")))
+        .with(ProfilingLayer::default());
+    let ms = Duration::from_millis;
+    let task_span = |n: u64| tracing::trace_span!(target: "tokio::task", parent: None, "runtime.spawn", task.id = n);
+    let wake = |task: &tracing::Span| {
+        let id = task.id().expect("enabled").into_u64();
+        tracing::trace!(target: "tokio::task::waker", op = "waker.wake", task.id = id);
+    };
+    tracing::subscriber::with_default(subscriber, || {
+        let (t1, t2) = (task_span(1), task_span(2));
+        let (r1, r2) = (
+            tracing::info_span!(parent: None, "outer-root"),
+            tracing::info_span!(parent: None, "nested-root"),
+        );
+        // First polls (spawn stamps are not measured before the first waker event).
+        t1.in_scope(|| r1.in_scope(|| ()));
+        t2.in_scope(|| r2.in_scope(|| ()));
+        // Both woken; t1 waits 120 ms, t2 40 ms before its poll.
+        wake(&t1);
+        std::thread::sleep(ms(80));
+        wake(&t2);
+        std::thread::sleep(ms(40));
+        // t2's poll: t1's span entered inside it (made current there), then t2's root.
+        t2.in_scope(|| t1.in_scope(|| r2.in_scope(|| ())));
+        // t1's own poll, inside which t2 is polled again (nested, woken just before).
+        wake(&t2);
+        t1.in_scope(|| {
+            t2.in_scope(|| r2.in_scope(|| ()));
+            r1.in_scope(|| ());
+        });
+    });
+    drop(sampler);
+    let spans = exporter.get_finished_spans().expect("spans");
+    let queued = |name: &str| {
+        let span = spans.iter().find(|s| s.name == name).expect("exported");
+        let measured = span
+            .attributes
+            .iter()
+            .any(|kv| kv.key.as_str() == WALL_QUEUED_ATTRIBUTE);
+        measured.then(|| ns(span, WALL_QUEUED_ATTRIBUTE))
+    };
+    let outer = queued("outer-root").expect("outer-root's queued time measured");
+    // Not measured at all is right too: t2's only measured poll was nested.
+    let nested = queued("nested-root").unwrap_or_default();
+    eprintln!("outer-root queued {outer:?}, nested-root queued {nested:?}");
+    // t1's wake → its own poll (120 ms), not to the root entered under its span in t2's
+    // poll; t2's queued time is not measured inside t2's own poll nested in t1's, and t1's
+    // poll's queued time did not go to the nested task's root.
+    assert!(outer >= ms(120), "outer-root queued {outer:?}");
+    assert!(
+        nested < ms(80),
+        "nested-root got another task's queued time: {nested:?}"
+    );
+}

@@ -200,9 +200,10 @@ where
     }
 
     fn on_new_span(&self, attrs: &Attributes<'_>, id: &Id, ctx: Context<'_, S>) {
-        if self.tokio.active() && tokio_tasks::is_task_span(attrs.metadata()) {
+        if let Some(wake) = self.tokio.spawned(attrs.metadata()) {
             if let Some(span) = ctx.span(id) {
-                span.extensions_mut().insert(self.tokio.spawned());
+                // `replace`: a second `ProfilingLayer` in the subscriber must not panic.
+                span.extensions_mut().replace(wake);
             }
             return;
         }
@@ -212,7 +213,7 @@ where
         let mut visitor = OtelNameVisitor(None);
         attrs.record(&mut visitor);
         if let (Some(name), Some(span)) = (visitor.0, ctx.span(id)) {
-            span.extensions_mut().insert(OtelName(name));
+            span.extensions_mut().replace(OtelName(name));
         }
     }
 
@@ -256,7 +257,7 @@ where
         if let Some(root) = cached.get() {
             if tokio {
                 if let Some(root) = &root {
-                    self.tokio.root_entered(root.cpu_raw());
+                    self.tokio.root_entered(self.owner.raw(), root.cpu_raw());
                 }
             }
             scopes::enter(key, root);
@@ -269,7 +270,7 @@ where
             let extensions = span.extensions();
             match extensions.get::<TaskWake>() {
                 Some(wake) => {
-                    self.tokio.poll_begins(id, wake);
+                    self.tokio.task_entered(self.owner.raw(), id, wake);
                     true
                 }
                 None => false,
@@ -277,7 +278,7 @@ where
         };
         if !task {
             if let (true, Some(root)) = (tokio, &root) {
-                self.tokio.root_entered(root.cpu_raw());
+                self.tokio.root_entered(self.owner.raw(), root.cpu_raw());
             }
             // A task span's enters read its wake stamp: never served from the cache.
             cached.fill(generation, root);
@@ -291,7 +292,7 @@ where
 
     fn on_exit(&self, id: &Id, _ctx: Context<'_, S>) {
         if self.tokio.active() {
-            self.tokio.exited(id);
+            self.tokio.exited(self.owner.raw(), id);
         }
         scopes::exit(self.owner.key(id.into_u64()));
     }

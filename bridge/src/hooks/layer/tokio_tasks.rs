@@ -12,10 +12,17 @@
 //!
 //! * spawn (`runtime.spawn` created): the task's stamp is the creation time;
 //! * wake: the first wake since the last poll stamps the time;
-//! * poll (the task span entered): "now − stamp" is held for the poll;
+//! * poll (a task span entered while no task poll is open on the thread, for this layer):
+//!   "now − stamp" is held for the poll;
 //! * the first span entered inside that poll whose local root has counters gets it as
 //!   `profiling.wall.queued_ns` (the root the task works for);
 //! * the task span exited: whatever was not handed out is dropped.
+//!
+//! A task span entered while a poll is open is not a poll of its own: another task's span
+//! made current inside this one (`.instrument(Span::current())` in a task), the task's own
+//! span entered again, or a task polled inside another's poll (a `LocalSet` run inside a
+//! task). It takes no stamp, and until it exits nothing is handed out: a nested task's
+//! queued time is not measured rather than given to the wrong root.
 //!
 //! Until a waker event has been seen nothing is measured (a filter may let the spans
 //! through but drop the events, and spawn-to-first-poll alone would be reported as the
@@ -32,7 +39,9 @@ use tracing_core::{Event, Metadata};
 use crate::clock::monotonic_ns;
 use crate::root_cpu;
 
-/// The name and target (prefix) of tokio's task spans.
+/// The name and target of tokio's async task spans (spawned, local and `block_on`
+/// futures). Blocking tasks have `tokio::task::blocking`: no wakes, and the runtime's own
+/// worker threads run inside one for their whole life, so they are not polls.
 const TASK_SPAN: &str = "runtime.spawn";
 const TASK_TARGET: &str = "tokio::task";
 /// The target of tokio's waker events.
@@ -41,7 +50,9 @@ const WAKER_TARGET: &str = "tokio::task::waker";
 /// What the layer has seen of tokio's instrumentation.
 #[derive(Debug, Default)]
 pub(super) struct TokioTasks {
-    /// A task span's callsite was registered: the enter path looks further.
+    /// A task span's callsite was registered: new spans are checked.
+    callsite: AtomicBool,
+    /// A task span was created (a filter did not drop it): the enter path looks further.
     spans: AtomicBool,
     /// The waker events' callsite was registered: the event path looks further.
     events: AtomicBool,
@@ -53,22 +64,46 @@ pub(super) struct TokioTasks {
 /// (0: none), kept in its `runtime.spawn` span's extensions.
 pub(super) struct TaskWake(AtomicU64);
 
+/// Task spans entered inside an open poll that are tracked; deeper, nothing is handed
+/// out until the poll ends.
+const NESTED: usize = 8;
+
+/// The task poll open on a thread.
+#[derive(Clone, Copy)]
+struct Poll {
+    /// The layer (`Owner`) whose task span opened it; 0: no poll open.
+    owner: u64,
+    task: u64,
+    /// Queued ns + 1 not yet handed out (0: none).
+    queued: u64,
+    /// Task spans (owner, id) entered inside the poll and not yet exited, innermost last;
+    /// `depth` may exceed `NESTED` (the excess is not tracked by id).
+    nested: [(u64, u64); NESTED],
+    depth: usize,
+}
+
+const NO_POLL: Poll = Poll {
+    owner: 0,
+    task: 0,
+    queued: 0,
+    nested: [(0, 0); NESTED],
+    depth: 0,
+};
+
 thread_local! {
-    /// The queued time of the task being polled on this thread: (its span id, ns + 1);
-    /// 0 in the second field when there is none.
-    static PENDING: Cell<(u64, u64)> = const { Cell::new((0, 0)) };
+    static POLL: Cell<Poll> = const { Cell::new(NO_POLL) };
 }
 
 /// Whether `meta` is a tokio task span.
 pub(super) fn is_task_span(meta: &Metadata<'_>) -> bool {
-    meta.is_span() && meta.name() == TASK_SPAN && meta.target().starts_with(TASK_TARGET)
+    meta.is_span() && meta.name() == TASK_SPAN && meta.target() == TASK_TARGET
 }
 
 impl TokioTasks {
     /// Notes a callsite being registered.
     pub(super) fn register(&self, meta: &Metadata<'_>) {
         if is_task_span(meta) {
-            self.spans.store(true, Ordering::Relaxed);
+            self.callsite.store(true, Ordering::Relaxed);
         } else if meta.is_event() && meta.target() == WAKER_TARGET {
             self.events.store(true, Ordering::Relaxed);
         }
@@ -80,15 +115,21 @@ impl TokioTasks {
         self.events.load(Ordering::Relaxed)
     }
 
-    /// Whether any tokio task span exists in this process (one load: the enter path).
+    /// Whether a tokio task span was ever created here (one load: the enter path).
     #[inline]
     pub(super) fn active(&self) -> bool {
         self.spans.load(Ordering::Relaxed)
     }
 
-    /// The stamp of a new task span: spawned now, runnable until first polled.
-    pub(super) fn spawned(&self) -> TaskWake {
-        TaskWake(AtomicU64::new(monotonic_ns().max(1)))
+    /// The stamp of a new span, if it is a task span: spawned now, runnable until first
+    /// polled. Costs one load for every span while no task span callsite exists.
+    #[inline]
+    pub(super) fn spawned(&self, meta: &Metadata<'_>) -> Option<TaskWake> {
+        if !self.callsite.load(Ordering::Relaxed) || !is_task_span(meta) {
+            return None;
+        }
+        self.spans.store(true, Ordering::Relaxed);
+        Some(TaskWake(AtomicU64::new(monotonic_ns().max(1))))
     }
 
     /// The task id a waker event wakes, if `event` is one that wakes a task.
@@ -105,42 +146,74 @@ impl TokioTasks {
         NonZeroU64::new(visit.task?).map(Id::from_non_zero_u64)
     }
 
-    /// At a task span's enter (its poll begins): holds the time since its stamp for the
-    /// first root entered inside the poll.
-    pub(super) fn poll_begins(&self, task: &Id, wake: &TaskWake) {
-        let stamp = wake.0.swap(0, Ordering::AcqRel);
-        // Without waker events only first polls would be measured, and the root would
-        // report a part as the whole.
-        if stamp == 0 || !self.wakes.load(Ordering::Relaxed) {
-            return;
-        }
-        let queued = monotonic_ns().saturating_sub(stamp);
-        PENDING.with(|p| p.set((task.into_u64(), queued.saturating_add(1))));
+    /// At an enter of the task span `task` (of the layer `owner`): opens its poll, or,
+    /// inside an open poll, counts a nested task span.
+    pub(super) fn task_entered(&self, owner: u64, task: &Id, wake: &TaskWake) {
+        let _ = POLL.try_with(|cell| {
+            let mut poll = cell.get();
+            if poll.owner != 0 {
+                if let Some(slot) = poll.nested.get_mut(poll.depth) {
+                    *slot = (owner, task.into_u64());
+                }
+                poll.depth += 1;
+                cell.set(poll);
+                return;
+            }
+            let stamp = wake.0.swap(0, Ordering::AcqRel);
+            // Without waker events only first polls would be measured, and the root would
+            // report a part as the whole.
+            let queued = if stamp != 0 && self.wakes.load(Ordering::Relaxed) {
+                monotonic_ns().saturating_sub(stamp).saturating_add(1)
+            } else {
+                0
+            };
+            cell.set(Poll {
+                owner,
+                task: task.into_u64(),
+                queued,
+                ..NO_POLL
+            });
+        });
     }
 
-    /// At any enter of a span whose root has counters `cpu` (a packed handle, 0: none):
-    /// hands the polled task's queued time to that root.
+    /// At an enter of a span (not a task span) of the layer `owner` whose root has
+    /// counters `cpu` (a packed handle, 0: none): hands the open poll's queued time to it.
     #[inline]
-    pub(super) fn root_entered(&self, cpu: u64) {
+    pub(super) fn root_entered(&self, owner: u64, cpu: u64) {
         if cpu == 0 {
             return;
         }
-        PENDING.with(|p| {
-            let (task, queued) = p.get();
-            if queued != 0 {
-                root_cpu::add_queued(cpu, queued - 1);
-                p.set((task, 0));
+        let _ = POLL.try_with(|cell| {
+            let mut poll = cell.get();
+            if poll.owner == owner && poll.depth == 0 && poll.queued != 0 {
+                root_cpu::add_queued(cpu, poll.queued - 1);
+                poll.queued = 0;
+                cell.set(poll);
             }
         });
     }
 
-    /// At a task span's exit (or any exit when tokio tasks exist): drops what the poll
-    /// did not hand out.
+    /// At any exit of the layer `owner`'s span `id` (while task spans exist): ends a
+    /// nested task span, or the poll (dropping what it did not hand out).
     #[inline]
-    pub(super) fn exited(&self, id: &Id) {
-        PENDING.with(|p| {
-            if p.get().0 == id.into_u64() {
-                p.set((0, 0));
+    pub(super) fn exited(&self, owner: u64, id: &Id) {
+        let _ = POLL.try_with(|cell| {
+            let mut poll = cell.get();
+            if poll.owner == 0 {
+                return;
+            }
+            let key = (owner, id.into_u64());
+            if poll.depth > 0 {
+                // Past the tracked depth any task span's exit may be the innermost one.
+                let innermost = poll.nested.get(poll.depth - 1).copied();
+                if innermost.is_none_or(|k| k == key) {
+                    poll.depth -= 1;
+                    cell.set(poll);
+                }
+                return;
+            }
+            if (poll.owner, poll.task) == key {
+                cell.set(NO_POLL);
             }
         });
     }
