@@ -254,14 +254,10 @@ fn time_woken_but_not_polled_is_queued_not_awaiting() {
     assert!(active <= Duration::from_millis(60), "active {active:?}");
 }
 
-/// Queued time of a `tracing`-instrumented tokio task, from tokio's own instrumentation
-/// (what it emits under `--cfg tokio_unstable`, replayed here event for event): the task's
-/// `runtime.spawn` span, entered around each poll, and its waker events. The root entered
-/// inside the task's polls gets spawn → first poll and wake → next poll, never the time
-/// the task waited without being woken. (`tests/tokio_unstable_queued.rs` runs the real
-/// runtime when built with the flag.)
-#[test]
-fn tokio_task_instrumentation_measures_a_tracing_roots_queued_time() {
+/// Runs `replay` (spans and events as tokio's instrumentation emits them) under a
+/// `tracing-opentelemetry` + `ProfilingLayer` subscriber with a running sampler; returns
+/// the exported spans.
+fn replay_tokio_events(replay: impl FnOnce()) -> Vec<opentelemetry_sdk::trace::SpanData> {
     use otel_profiling::ProfilingLayer;
     use tracing_subscriber::layer::SubscriberExt;
 
@@ -276,8 +272,21 @@ fn tokio_task_instrumentation_measures_a_tracing_roots_queued_time() {
     let subscriber = tracing_subscriber::registry()
         .with(tracing_opentelemetry::layer().with_tracer(provider.tracer("tokio")))
         .with(ProfilingLayer::default());
+    tracing::subscriber::with_default(subscriber, replay);
+    drop(sampler);
+    exporter.get_finished_spans().expect("spans")
+}
+
+/// Queued time of a `tracing`-instrumented tokio task, from tokio's own instrumentation
+/// (what it emits under `--cfg tokio_unstable`, replayed here event for event): the task's
+/// `runtime.spawn` span, entered around each poll, and its waker events. The root entered
+/// inside the task's polls gets spawn → first poll and wake → next poll, never the time
+/// the task waited without being woken. (`tests/tokio_unstable_queued.rs` runs the real
+/// runtime when built with the flag.)
+#[test]
+fn tokio_task_instrumentation_measures_a_tracing_roots_queued_time() {
     let ms = Duration::from_millis;
-    tracing::subscriber::with_default(subscriber, || {
+    let spans = replay_tokio_events(|| {
         // Any waker event says wakes are reported (tokio emits `waker.clone` constantly).
         tracing::trace!(target: "tokio::task::waker", op = "waker.clone", task.id = 1u64);
         let task = tracing::trace_span!(
@@ -306,8 +315,6 @@ fn tokio_task_instrumentation_measures_a_tracing_roots_queued_time() {
         task.in_scope(|| ());
         root.in_scope(|| ());
     });
-    drop(sampler);
-    let spans = exporter.get_finished_spans().expect("spans");
     let span = spans
         .iter()
         .find(|s| s.name == "handler")
@@ -326,27 +333,13 @@ fn tokio_task_instrumentation_measures_a_tracing_roots_queued_time() {
 /// next poll, and the open poll's queued time goes to no root of the nested one.
 #[test]
 fn a_task_span_entered_inside_another_tasks_poll_takes_nothing() {
-    use otel_profiling::ProfilingLayer;
-    use tracing_subscriber::layer::SubscriberExt;
-
-    let _turn = common::turn();
-    let Setup {
-        exporter,
-        provider,
-        sampler,
-        runtime,
-    } = Setup::new(1);
-    drop(runtime);
-    let subscriber = tracing_subscriber::registry()
-        .with(tracing_opentelemetry::layer().with_tracer(provider.tracer("tokio")))
-        .with(ProfilingLayer::default());
     let ms = Duration::from_millis;
     let task_span = |n: u64| tracing::trace_span!(target: "tokio::task", parent: None, "runtime.spawn", task.id = n);
     let wake = |task: &tracing::Span| {
         let id = task.id().expect("enabled").into_u64();
         tracing::trace!(target: "tokio::task::waker", op = "waker.wake", task.id = id);
     };
-    tracing::subscriber::with_default(subscriber, || {
+    let spans = replay_tokio_events(|| {
         let (t1, t2) = (task_span(1), task_span(2));
         let (r1, r2) = (
             tracing::info_span!(parent: None, "outer-root"),
@@ -369,8 +362,6 @@ fn a_task_span_entered_inside_another_tasks_poll_takes_nothing() {
             r1.in_scope(|| ());
         });
     });
-    drop(sampler);
-    let spans = exporter.get_finished_spans().expect("spans");
     let queued = |name: &str| {
         let span = spans.iter().find(|s| s.name == name).expect("exported");
         let measured = span
