@@ -251,37 +251,31 @@ where
 
     fn on_enter(&self, id: &Id, ctx: Context<'_, S>) {
         crate::sampler::on_span_enter();
+        let owner = self.owner.raw();
         let key = self.owner.key(id.into_u64());
-        let cached = label_cache::Slot::of(self.owner.raw(), id.into_u64());
+        let cached = label_cache::Slot::of(owner, id.into_u64());
         let tokio = self.tokio.active();
-        if let Some(root) = cached.get() {
-            if tokio {
-                if let Some(root) = &root {
-                    self.tokio.root_entered(self.owner.raw(), root.cpu_raw());
+        let root = match cached.get() {
+            Some(root) => root,
+            None => {
+                let generation = cached.generation();
+                let Some(span) = ctx.span(id) else { return };
+                let root = self.label_of(&span);
+                if tokio {
+                    if let Some(wake) = span.extensions().get::<TaskWake>() {
+                        // A task span's enter opens a poll (and reads its wake stamp):
+                        // never served from the cache, never handed queued time itself.
+                        self.tokio.task_entered(owner, id, wake);
+                        scopes::enter(key, root);
+                        return;
+                    }
                 }
-            }
-            scopes::enter(key, root);
-            return;
-        }
-        let generation = cached.generation();
-        let Some(span) = ctx.span(id) else { return };
-        let root = self.label_of(&span);
-        let task = tokio && {
-            let extensions = span.extensions();
-            match extensions.get::<TaskWake>() {
-                Some(wake) => {
-                    self.tokio.task_entered(self.owner.raw(), id, wake);
-                    true
-                }
-                None => false,
+                cached.fill(generation, root);
+                root
             }
         };
-        if !task {
-            if let (true, Some(root)) = (tokio, &root) {
-                self.tokio.root_entered(self.owner.raw(), root.cpu_raw());
-            }
-            // A task span's enters read its wake stamp: never served from the cache.
-            cached.fill(generation, root);
+        if let (true, Some(root)) = (tokio, &root) {
+            self.tokio.root_entered(owner, root.cpu_raw());
         }
         scopes::enter(key, root);
     }
