@@ -1,0 +1,248 @@
+//! The set-ups of the span-lifecycle benchmarks (`span_lifecycle_instructions` counts
+//! their instructions under callgrind, `span_lifecycle_interleaved` times them in
+//! alternating rounds): the same code measured two ways.
+
+use std::hint::black_box;
+use std::time::Duration;
+
+use opentelemetry::trace::TracerProvider as _;
+use opentelemetry_sdk::error::OTelSdkResult;
+use opentelemetry_sdk::trace::{
+    BatchSpanProcessor, SdkTracerProvider, SpanData, SpanExporter, SpanProcessor,
+};
+use otel_profiling::{CpuEvidenceProcessor, ProfileIdScope, ProfilingLayer};
+use tracing_subscriber::layer::SubscriberExt;
+
+/// (name, what it is) of each set-up, the baselines first in their groups.
+pub const SETUPS: &[(&str, &str)] = &[
+    ("otel", "tracing-opentelemetry alone (no-op processor)"),
+    (
+        "floor",
+        "+ the least any span-labelling bridge pays (see `FloorLayer`)",
+    ),
+    (
+        "api-floor",
+        "+ only the public calls any bridge needs (see `ApiFloorLayer`)",
+    ),
+    ("layer", "+ ProfilingLayer"),
+    ("processor", "+ CpuEvidenceProcessor with the profile id"),
+    ("bridge", "+ sampler running (counters, active time)"),
+    (
+        "bridge-threadctx",
+        "+ the OTEP 4947 thread context published",
+    ),
+    (
+        "otel-batch",
+        "tracing-opentelemetry alone, SDK batch processor",
+    ),
+    ("bridge-batch", "everything, SDK batch processor"),
+];
+
+/// The baseline `setup` is compared with.
+pub fn baseline_of(setup: &str) -> &'static str {
+    if setup.ends_with("-batch") {
+        "otel-batch"
+    } else {
+        "otel"
+    }
+}
+
+/// Whether `setup` runs with the sampler started and the measuring thread registered.
+pub fn needs_sampler(setup: &str) -> bool {
+    setup.starts_with("bridge")
+}
+
+/// Whether `setup` runs with the OTEP 4947 thread context published.
+pub fn needs_thread_ctx(setup: &str) -> bool {
+    setup.ends_with("threadctx")
+}
+
+/// One set-up's subscriber and tracer provider (the sampler and the thread context are
+/// process-wide: the caller starts them, see [`needs_sampler`] and [`needs_thread_ctx`]).
+pub struct Setup {
+    pub dispatch: tracing::Dispatch,
+    provider: SdkTracerProvider,
+}
+
+impl Setup {
+    pub fn new(setup: &str) -> Setup {
+        let batch = setup.ends_with("-batch");
+        let bridged = !matches!(
+            setup,
+            "otel" | "layer" | "otel-batch" | "floor" | "api-floor"
+        );
+        let builder = SdkTracerProvider::builder();
+        let provider = match (setup, batch, bridged) {
+            ("floor" | "api-floor", _, _) => builder.with_span_processor(Discard(true)),
+            (_, false, false) => builder.with_span_processor(Discard(false)),
+            (_, false, true) => builder.with_span_processor(
+                CpuEvidenceProcessor::new(Discard(false))
+                    .with_profile_id(ProfileIdScope::LocalRoots),
+            ),
+            (_, true, false) => {
+                builder.with_span_processor(BatchSpanProcessor::builder(DropExporter).build())
+            }
+            (_, true, true) => builder.with_span_processor(
+                CpuEvidenceProcessor::new(BatchSpanProcessor::builder(DropExporter).build())
+                    .with_profile_id(ProfileIdScope::LocalRoots),
+            ),
+        }
+        .build();
+        let otel = tracing_opentelemetry::layer().with_tracer(provider.tracer("bench"));
+        let registry = tracing_subscriber::registry().with(otel);
+        let dispatch = match setup {
+            "floor" => tracing::Dispatch::new(registry.with(FloorLayer)),
+            "api-floor" => tracing::Dispatch::new(registry.with(ApiFloorLayer::default())),
+            "otel" | "otel-batch" => tracing::Dispatch::new(registry),
+            _ => tracing::Dispatch::new(registry.with(ProfilingLayer::default())),
+        };
+        Setup { dispatch, provider }
+    }
+
+    /// Runs `n` lifecycles with this set-up's subscriber as the thread's default.
+    pub fn run(&self, n: u32) {
+        tracing::dispatcher::with_default(&self.dispatch, || lifecycles(n));
+    }
+}
+
+impl Drop for Setup {
+    fn drop(&mut self) {
+        let _ = self.provider.shutdown();
+    }
+}
+
+/// The batch processor's exporter: drops each batch (so memory stays flat however long
+/// the benchmark runs).
+#[derive(Debug)]
+struct DropExporter;
+
+impl SpanExporter for DropExporter {
+    async fn export(&self, batch: Vec<SpanData>) -> OTelSdkResult {
+        drop(black_box(batch));
+        Ok(())
+    }
+}
+
+/// The exporting end of the pipeline: takes each span and drops it. `Discard(true)` is
+/// also the floor's processor (see `FloorLayer`): one constant attribute on local roots.
+#[derive(Debug)]
+pub struct Discard(pub bool);
+
+impl SpanProcessor for Discard {
+    fn on_start(&self, span: &mut opentelemetry_sdk::trace::Span, cx: &opentelemetry::Context) {
+        use opentelemetry::trace::{Span as _, TraceContextExt as _};
+        // Nothing at all when not the floor: the baseline must stay the baseline.
+        if !self.0 {
+            return;
+        }
+        let parent = cx.span().span_context().clone();
+        if !parent.is_valid() || parent.is_remote() {
+            span.set_attribute(opentelemetry::KeyValue::new(
+                "pyroscope.profile.id",
+                "0123456789abcdef",
+            ));
+        }
+    }
+    fn on_end(&self, span: SpanData) {
+        black_box(span);
+    }
+    fn force_flush(&self) -> OTelSdkResult {
+        Ok(())
+    }
+    fn shutdown_with_timeout(&self, _: Duration) -> OTelSdkResult {
+        Ok(())
+    }
+}
+
+/// The floor: what any bridge that labels samples by span must at least do beside
+/// `tracing-opentelemetry`, and nothing of what this crate does — on each enter, find the
+/// span in the registry and read one value of its own from the span's extensions (the
+/// label; here a marker put there when the span was made); and on each local root, one
+/// attribute (`pyroscope.profile.id`, here a constant of the same length, not even the
+/// id's hex). No record write, no scope stack, no clock, no counters, no evidence.
+#[derive(Default)]
+pub struct FloorLayer;
+
+struct FloorMarker(u64);
+
+impl<S> tracing_subscriber::Layer<S> for FloorLayer
+where
+    S: tracing::Subscriber + for<'a> tracing_subscriber::registry::LookupSpan<'a>,
+{
+    fn on_new_span(
+        &self,
+        _: &tracing::span::Attributes<'_>,
+        id: &tracing::span::Id,
+        ctx: tracing_subscriber::layer::Context<'_, S>,
+    ) {
+        if let Some(span) = ctx.span(id) {
+            span.extensions_mut().insert(FloorMarker(id.into_u64()));
+        }
+    }
+
+    fn on_enter(&self, id: &tracing::span::Id, ctx: tracing_subscriber::layer::Context<'_, S>) {
+        if let Some(span) = ctx.span(id) {
+            black_box(span.extensions().get::<FloorMarker>().map(|m| m.0));
+        }
+    }
+}
+
+/// The other floor: the calls to the public APIs of `tracing-subscriber`,
+/// `tracing-opentelemetry` and the SDK that a bridge meeting issue 11 and 12 cannot avoid,
+/// and no per-poll work at all: being a layer (every callback of the span's lifecycle
+/// dispatched to it, each doing nothing), learning each span's OpenTelemetry ids once
+/// (`get_otel_context`, the only public way; here on creation), and one constant
+/// attribute on local roots (`Discard(true)`). No label lookup, record write, clock,
+/// counters, evidence or thread context: what is left of the budget above this is what
+/// all of those may cost together.
+#[derive(Default)]
+pub struct ApiFloorLayer {
+    dispatch: std::sync::OnceLock<tracing::dispatcher::WeakDispatch>,
+}
+
+impl<S> tracing_subscriber::Layer<S> for ApiFloorLayer
+where
+    S: tracing::Subscriber + for<'a> tracing_subscriber::registry::LookupSpan<'a>,
+{
+    fn on_register_dispatch(&self, subscriber: &tracing::Dispatch) {
+        let _ = self.dispatch.set(subscriber.downgrade());
+    }
+
+    fn on_new_span(
+        &self,
+        _: &tracing::span::Attributes<'_>,
+        id: &tracing::span::Id,
+        _: tracing_subscriber::layer::Context<'_, S>,
+    ) {
+        use opentelemetry::trace::TraceContextExt as _;
+        if let Some(dispatch) = self.dispatch.get().and_then(|d| d.upgrade()) {
+            if let Some(cx) = tracing_opentelemetry::get_otel_context(id, &dispatch) {
+                black_box(cx.span().span_context().span_id());
+            }
+        }
+    }
+
+    fn on_enter(&self, id: &tracing::span::Id, _: tracing_subscriber::layer::Context<'_, S>) {
+        black_box(id);
+    }
+
+    fn on_exit(&self, id: &tracing::span::Id, _: tracing_subscriber::layer::Context<'_, S>) {
+        black_box(id);
+    }
+
+    fn on_close(&self, id: tracing::span::Id, _: tracing_subscriber::layer::Context<'_, S>) {
+        black_box(id);
+    }
+}
+
+/// What callgrind counts: `n` lifecycles of a root span, as a tokio task's span lives.
+#[inline(never)]
+pub fn lifecycles(n: u32) {
+    for _ in 0..n {
+        let span = tracing::info_span!("GET /report");
+        for _ in 0..4 {
+            drop(black_box(span.enter()));
+        }
+        drop(black_box(span));
+    }
+}
