@@ -3,13 +3,15 @@
 //! CPU reads as "waiting" without opening a profile.
 //!
 //! The sampler's signal handler counts into the root's counters (a `root_cpu` slot) as it
-//! samples. [`CpuEvidenceProcessor`] wraps the exporting span processor and adds the
-//! totals to each local root span as it ends. The counters are found by span id in a
-//! sharded table (an entry is added once per local root span and removed when it ends;
+//! samples. [`CpuEvidenceProcessor`] wraps the exporting span processor: it claims the
+//! counters of each local root span as it starts (so only roots of providers that have
+//! one are counted) and adds the totals as it ends. The layer and the wrappers find the
+//! counters by span id in a sharded table (an entry is added once per local root span and removed when it ends;
 //! entries of spans that never end through the processor are purged after
 //! [`ORPHAN_AGE`]). Each shard also keeps its free and released counter slots, so
 //! claiming and releasing them takes no lock beyond the shard's.
 
+use std::cell::RefCell;
 use std::collections::HashMap;
 use std::hash::{BuildHasherDefault, Hasher};
 use std::sync::atomic::{AtomicUsize, Ordering};
@@ -22,6 +24,7 @@ use opentelemetry_sdk::error::OTelSdkResult;
 use opentelemetry_sdk::trace::{Span, SpanData, SpanProcessor};
 use opentelemetry_sdk::Resource;
 
+use crate::local_root::is_local_root;
 use crate::processor::{mark_profile_id, ProfileIdScope};
 use crate::root_cpu::{CpuHandle, RootTotals, SlotLists};
 
@@ -113,9 +116,18 @@ fn shard(span_id: u64) -> &'static Mutex<Shard> {
     &TABLE[(span_id as usize) % SHARDS]
 }
 
-/// Counters for a new local root span, if anything will report them.
-pub(crate) fn track(span_id: SpanId) -> Option<Arc<RootCounters>> {
-    if PROCESSORS.load(Ordering::Relaxed) == 0 || !crate::sampler::is_running() {
+thread_local! {
+    // The root whose counters this thread's processor claimed last, kept for the layer or
+    // wrapper that resolves the root next: usually the same thread right after (the SDK
+    // starts a span inside the call that asks for its context), which then takes them
+    // without the shard's lock.
+    static CLAIMED: RefCell<Option<(u64, Arc<RootCounters>)>> = const { RefCell::new(None) };
+}
+
+/// Claims counters for the local root `span_id` that a [`CpuEvidenceProcessor`] is
+/// starting, if a sampler runs (only spans that start while one runs get evidence).
+fn claim(span_id: SpanId) -> Option<Arc<RootCounters>> {
+    if !crate::sampler::is_running() {
         return None;
     }
     let key = u64::from_be_bytes(span_id.to_bytes());
@@ -149,6 +161,36 @@ pub(crate) fn track(span_id: SpanId) -> Option<Arc<RootCounters>> {
         shard.slots.release(old.cpu.handle);
     }
     Some(cpu)
+}
+
+/// The counters of the local root `span_id`, if the processor of the span's provider
+/// claimed them as the span started. A root whose provider has no
+/// [`CpuEvidenceProcessor`] gets none: nothing would ever report them.
+pub(crate) fn counters_of(span_id: SpanId) -> Option<Arc<RootCounters>> {
+    // Nothing was claimed without both (a sampler stopped since only costs this root's
+    // evidence, as a root started before it ran has none).
+    if PROCESSORS.load(Ordering::Relaxed) == 0 || !crate::sampler::is_running() {
+        return None;
+    }
+    let key = u64::from_be_bytes(span_id.to_bytes());
+    let claimed_here = CLAIMED
+        .try_with(|claimed| {
+            let mut claimed = claimed.try_borrow_mut().ok()?;
+            match claimed.take() {
+                Some((id, cpu)) if id == key => Some(cpu),
+                other => {
+                    *claimed = other;
+                    None
+                }
+            }
+        })
+        .ok()
+        .flatten();
+    if claimed_here.is_some() {
+        return claimed_here;
+    }
+    let shard = shard(key).lock().unwrap_or_else(PoisonError::into_inner);
+    shard.entries.get(&key).map(|entry| entry.cpu.clone())
 }
 
 /// Ends counting for the root `span_id` and returns its totals.
@@ -235,6 +277,18 @@ impl<P> Drop for CpuEvidenceProcessor<P> {
 impl<P: SpanProcessor> SpanProcessor for CpuEvidenceProcessor<P> {
     fn on_start(&self, span: &mut Span, cx: &Context) {
         mark_profile_id(self.profile_id, span, cx);
+        let span_context = opentelemetry::trace::Span::span_context(span);
+        if span_context.is_sampled() && is_local_root(cx) {
+            let span_id = span_context.span_id();
+            if let Some(cpu) = claim(span_id) {
+                let key = u64::from_be_bytes(span_id.to_bytes());
+                let _ = CLAIMED.try_with(|claimed| {
+                    if let Ok(mut claimed) = claimed.try_borrow_mut() {
+                        *claimed = Some((key, cpu));
+                    }
+                });
+            }
+        }
         self.inner.on_start(span, cx);
     }
 
@@ -267,5 +321,66 @@ impl<P: SpanProcessor> SpanProcessor for CpuEvidenceProcessor<P> {
 
     fn set_resource(&mut self, resource: &Resource) {
         self.inner.set_resource(resource);
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use opentelemetry::trace::TracerProvider as _;
+    use opentelemetry_sdk::trace::{InMemorySpanExporter, SdkTracerProvider, SimpleSpanProcessor};
+    use tracing_subscriber::layer::SubscriberExt;
+
+    use super::*;
+    use crate::sampler::{Sampler, SamplerConfig};
+    use crate::{current_local_root, ProfilingLayer};
+
+    /// The counters of the root entered under `provider`'s tracer, as its label carries
+    /// them (0: none).
+    fn counters_under(provider: &SdkTracerProvider) -> u64 {
+        let subscriber = tracing_subscriber::registry()
+            .with(tracing_opentelemetry::layer().with_tracer(provider.tracer("test")))
+            .with(ProfilingLayer::default());
+        tracing::subscriber::with_default(subscriber, || {
+            let root = tracing::info_span!("GET /evidence");
+            let _entered = root.enter();
+            current_local_root().expect("inside a root").cpu_raw()
+        })
+    }
+
+    /// Two providers in one process, one with the evidence processor: only its roots get
+    /// counters. Before the processor claimed them, any live processor made every
+    /// provider's roots claim counters that nothing would ever report.
+    #[test]
+    fn only_roots_of_a_provider_with_the_processor_are_counted() {
+        let _turn = crate::sampler::test_turn();
+        let _sampler = Sampler::start(SamplerConfig::default()).expect("sampler");
+        let exported = InMemorySpanExporter::default();
+        let with = SdkTracerProvider::builder()
+            .with_span_processor(CpuEvidenceProcessor::new(SimpleSpanProcessor::new(
+                exported.clone(),
+            )))
+            .build();
+        let without = SdkTracerProvider::builder()
+            .with_span_processor(SimpleSpanProcessor::new(InMemorySpanExporter::default()))
+            .build();
+
+        assert_eq!(counters_under(&without), 0, "no processor, no counters");
+        assert_ne!(counters_under(&with), 0, "the processor's root is counted");
+        // A root that no layer or wrapper ever resolves still ends with its evidence.
+        drop(opentelemetry::trace::Tracer::start(
+            &with.tracer("test"),
+            "never entered",
+        ));
+        let spans = exported.get_finished_spans().expect("spans");
+        assert_eq!(spans.len(), 2);
+        for span in &spans {
+            assert!(
+                span.attributes
+                    .iter()
+                    .any(|kv| kv.key.as_str() == CPU_SAMPLES_ATTRIBUTE),
+                "{} has its evidence",
+                span.name
+            );
+        }
     }
 }

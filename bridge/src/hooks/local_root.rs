@@ -57,7 +57,7 @@ impl ResolvedRoot {
         let mut cpu = None;
         let label = if span.is_sampled() {
             let label = LocalRoot::new(span.span_id(), span.trace_id(), name);
-            cpu = evidence::track(span.span_id());
+            cpu = evidence::counters_of(span.span_id());
             Some(match &cpu {
                 Some(cpu) => label.with_cpu(cpu.handle()),
                 None => label,
