@@ -24,6 +24,10 @@ pub const SETUPS: &[(&str, &str)] = &[
         "api-floor",
         "+ only the public calls any bridge needs (see `ApiFloorLayer`)",
     ),
+    (
+        "required",
+        "+ what issues 11 and 12 require, at the least (see `required`)",
+    ),
     ("layer", "+ ProfilingLayer"),
     ("processor", "+ CpuEvidenceProcessor with the profile id"),
     ("bridge", "+ sampler running (counters, active time)"),
@@ -69,11 +73,12 @@ impl Setup {
         let batch = setup.ends_with("-batch");
         let bridged = !matches!(
             setup,
-            "otel" | "layer" | "otel-batch" | "floor" | "api-floor"
+            "otel" | "layer" | "otel-batch" | "floor" | "api-floor" | "required"
         );
         let builder = SdkTracerProvider::builder();
         let provider = match (setup, batch, bridged) {
             ("floor" | "api-floor", _, _) => builder.with_span_processor(Discard(true)),
+            ("required", _, _) => builder.with_span_processor(required::Processor),
             (_, false, false) => builder.with_span_processor(Discard(false)),
             (_, false, true) => builder.with_span_processor(
                 CpuEvidenceProcessor::new(Discard(false))
@@ -93,6 +98,7 @@ impl Setup {
         let dispatch = match setup {
             "floor" => tracing::Dispatch::new(registry.with(FloorLayer)),
             "api-floor" => tracing::Dispatch::new(registry.with(ApiFloorLayer::default())),
+            "required" => tracing::Dispatch::new(registry.with(required::Layer::default())),
             "otel" | "otel-batch" => tracing::Dispatch::new(registry),
             _ => tracing::Dispatch::new(registry.with(ProfilingLayer::default())),
         };
@@ -244,5 +250,259 @@ pub fn lifecycles(n: u32) {
             drop(black_box(span.enter()));
         }
         drop(black_box(span));
+    }
+}
+
+/// The required-work floor: what issues 11 and 12 ask of every root span lifecycle, done
+/// the cheapest way the public APIs allow, and nothing a general implementation needs on
+/// top (so it is a lower bound, not an implementation: it is wrong as soon as spans nest,
+/// exit out of order, are entered by two layers, or recycle an id while cached).
+///
+/// * creation (as `ApiFloorLayer`): the span's OpenTelemetry ids, once; for a root, its
+///   counters claimed (one store into a direct-mapped table) and the label kept in the
+///   span's extensions, the only per-span storage another thread can reach;
+/// * every enter: the label from a one-entry thread-local cache (the registry on a miss),
+///   the thread's record written as a sequence lock (what a signal handler can read), the
+///   active-time clock read (the TSC);
+/// * every exit: the clock read again, the stretch added to the root's counter (one atomic
+///   add), the record cleared;
+/// * the processor: `pyroscope.profile.id` with the id's hex at start; the three evidence
+///   attributes from the counters at end.
+///
+/// No scope stack, no label-cache invalidation, no evidence table with orphan sweeping,
+/// no thread context, no tokio hand-off, no sampler check.
+pub mod required {
+    use std::cell::Cell;
+    use std::hint::black_box;
+    use std::sync::atomic::{fence, AtomicU32, AtomicU64, Ordering};
+    use std::time::Duration;
+
+    use opentelemetry::trace::{Span as _, TraceContextExt as _};
+    use opentelemetry::KeyValue;
+    use opentelemetry_sdk::error::OTelSdkResult;
+    use opentelemetry_sdk::trace::{SpanData, SpanProcessor};
+
+    const SLOTS: usize = 1024;
+
+    struct Counters {
+        active: AtomicU64,
+        samples: AtomicU64,
+        cpu_ns: AtomicU64,
+    }
+
+    static COUNTERS: [Counters; SLOTS] = [const {
+        Counters {
+            active: AtomicU64::new(0),
+            samples: AtomicU64::new(0),
+            cpu_ns: AtomicU64::new(0),
+        }
+    }; SLOTS];
+
+    fn slot(span_id: u64) -> &'static Counters {
+        &COUNTERS[span_id as usize % SLOTS]
+    }
+
+    #[derive(Clone, Copy, Default)]
+    struct Label {
+        span_id: u64,
+        trace_hi: u64,
+        trace_lo: u64,
+        name: u32,
+    }
+
+    /// The thread's record, as a signal handler would read it.
+    struct Record {
+        seq: AtomicU32,
+        name: AtomicU32,
+        span_id: AtomicU64,
+        trace_hi: AtomicU64,
+        trace_lo: AtomicU64,
+    }
+
+    impl Record {
+        #[inline]
+        fn write(&self, label: Label) {
+            let seq = self.seq.load(Ordering::Relaxed);
+            self.seq.store(seq.wrapping_add(1), Ordering::Relaxed);
+            fence(Ordering::Release);
+            self.name.store(label.name, Ordering::Relaxed);
+            self.span_id.store(label.span_id, Ordering::Relaxed);
+            self.trace_hi.store(label.trace_hi, Ordering::Relaxed);
+            self.trace_lo.store(label.trace_lo, Ordering::Relaxed);
+            self.seq.store(seq.wrapping_add(2), Ordering::Release);
+        }
+    }
+
+    /// The thread's state: the record, the one-entry label cache, when the root was entered.
+    struct Thread {
+        record: Record,
+        cached_id: Cell<u64>,
+        cached: Cell<Label>,
+        entered_at: Cell<u64>,
+    }
+
+    thread_local! {
+        static THREAD: Thread = const {
+            Thread {
+                record: Record {
+                    seq: AtomicU32::new(0),
+                    name: AtomicU32::new(0),
+                    span_id: AtomicU64::new(0),
+                    trace_hi: AtomicU64::new(0),
+                    trace_lo: AtomicU64::new(0),
+                },
+                cached_id: Cell::new(0),
+                cached: Cell::new(Label { span_id: 0, trace_hi: 0, trace_lo: 0, name: 0 }),
+                entered_at: Cell::new(0),
+            }
+        };
+    }
+
+    #[inline]
+    fn ticks() -> u64 {
+        #[cfg(target_arch = "x86_64")]
+        {
+            // SAFETY: `rdtsc` has no preconditions on x86-64.
+            unsafe { std::arch::x86_64::_rdtsc() }
+        }
+        #[cfg(not(target_arch = "x86_64"))]
+        {
+            static START: std::sync::OnceLock<std::time::Instant> = std::sync::OnceLock::new();
+            START
+                .get_or_init(std::time::Instant::now)
+                .elapsed()
+                .as_nanos() as u64
+        }
+    }
+
+    #[derive(Default)]
+    pub struct Layer {
+        dispatch: std::sync::OnceLock<tracing::dispatcher::WeakDispatch>,
+    }
+
+    impl<S> tracing_subscriber::Layer<S> for Layer
+    where
+        S: tracing::Subscriber + for<'a> tracing_subscriber::registry::LookupSpan<'a>,
+    {
+        fn on_register_dispatch(&self, subscriber: &tracing::Dispatch) {
+            let _ = self.dispatch.set(subscriber.downgrade());
+        }
+
+        fn on_new_span(
+            &self,
+            _: &tracing::span::Attributes<'_>,
+            id: &tracing::span::Id,
+            ctx: tracing_subscriber::layer::Context<'_, S>,
+        ) {
+            let Some(dispatch) = self.dispatch.get().and_then(|d| d.upgrade()) else {
+                return;
+            };
+            let Some(cx) = tracing_opentelemetry::get_otel_context(id, &dispatch) else {
+                return;
+            };
+            let Some(span) = ctx.span(id) else { return };
+            if span.parent().is_some() {
+                return;
+            }
+            let otel = cx.span();
+            let span_context = otel.span_context();
+            let span_id = u64::from_be_bytes(span_context.span_id().to_bytes());
+            let trace_id = u128::from_be_bytes(span_context.trace_id().to_bytes());
+            slot(span_id).active.store(0, Ordering::Relaxed);
+            span.extensions_mut().insert(Label {
+                span_id,
+                trace_hi: (trace_id >> 64) as u64,
+                trace_lo: trace_id as u64,
+                name: 1,
+            });
+        }
+
+        fn on_enter(&self, id: &tracing::span::Id, ctx: tracing_subscriber::layer::Context<'_, S>) {
+            THREAD.with(|thread| {
+                let label = if thread.cached_id.get() == id.into_u64() {
+                    thread.cached.get()
+                } else {
+                    let Some(label) = ctx
+                        .span(id)
+                        .and_then(|span| span.extensions().get::<Label>().copied())
+                    else {
+                        return;
+                    };
+                    thread.cached_id.set(id.into_u64());
+                    thread.cached.set(label);
+                    label
+                };
+                thread.record.write(label);
+                thread.entered_at.set(ticks());
+            });
+        }
+
+        fn on_exit(&self, id: &tracing::span::Id, _: tracing_subscriber::layer::Context<'_, S>) {
+            THREAD.with(|thread| {
+                if thread.cached_id.get() != id.into_u64() {
+                    return;
+                }
+                let spent = ticks().wrapping_sub(thread.entered_at.get());
+                slot(thread.cached.get().span_id)
+                    .active
+                    .fetch_add(spent, Ordering::Relaxed);
+                thread.record.write(Label::default());
+            });
+        }
+    }
+
+    /// Marks local roots with the id's hex at start, adds the evidence at end.
+    #[derive(Debug)]
+    pub struct Processor;
+
+    fn hex(id: u64) -> String {
+        const DIGITS: &[u8; 16] = b"0123456789abcdef";
+        let mut out = String::with_capacity(16);
+        for shift in (0..16).rev() {
+            out.push(char::from(DIGITS[((id >> (shift * 4)) & 0xf) as usize]));
+        }
+        out
+    }
+
+    impl SpanProcessor for Processor {
+        fn on_start(&self, span: &mut opentelemetry_sdk::trace::Span, cx: &opentelemetry::Context) {
+            let parent = cx.span().span_context().clone();
+            if !parent.is_valid() || parent.is_remote() {
+                let id = u64::from_be_bytes(span.span_context().span_id().to_bytes());
+                span.set_attribute(KeyValue::new("pyroscope.profile.id", hex(id)));
+            }
+        }
+
+        fn on_end(&self, mut span: SpanData) {
+            if !span.parent_span_id.to_bytes().iter().all(|b| *b == 0) {
+                black_box(span);
+                return;
+            }
+            let counters = slot(u64::from_be_bytes(span.span_context.span_id().to_bytes()));
+            let int = |v: u64| i64::try_from(v).unwrap_or(i64::MAX);
+            span.attributes.extend([
+                KeyValue::new(
+                    "profiling.cpu.samples",
+                    int(counters.samples.load(Ordering::Relaxed)),
+                ),
+                KeyValue::new(
+                    "profiling.cpu.time_ns",
+                    int(counters.cpu_ns.load(Ordering::Relaxed)),
+                ),
+                KeyValue::new(
+                    "profiling.wall.active_ns",
+                    int(counters.active.load(Ordering::Relaxed)),
+                ),
+            ]);
+            black_box(span);
+        }
+
+        fn force_flush(&self) -> OTelSdkResult {
+            Ok(())
+        }
+
+        fn shutdown_with_timeout(&self, _: Duration) -> OTelSdkResult {
+            Ok(())
+        }
     }
 }
