@@ -103,18 +103,15 @@ pub(crate) fn mark_profile_id(scope: ProfileIdScope, span: &mut Span, parent: &C
 }
 
 /// The 16 lowercase hex digits of a span id, as `SpanId`'s `Display` writes them, without
-/// going through the formatter (this runs for every local root span).
+/// going through the formatter or a UTF-8 check (this runs for every local root span).
 fn lower_hex(bytes: [u8; 8]) -> String {
     const DIGITS: &[u8; 16] = b"0123456789abcdef";
-    let mut out = [0u8; 16];
-    for (i, b) in bytes.iter().enumerate() {
-        out[2 * i] = DIGITS[usize::from(b >> 4)];
-        out[2 * i + 1] = DIGITS[usize::from(b & 0xf)];
+    let mut out = String::with_capacity(16);
+    for b in bytes {
+        out.push(char::from(DIGITS[usize::from(b >> 4)]));
+        out.push(char::from(DIGITS[usize::from(b & 0xf)]));
     }
-    // Only ASCII hex digits were written, so the conversion cannot fail.
-    std::str::from_utf8(&out)
-        .map(str::to_owned)
-        .unwrap_or_default()
+    out
 }
 
 #[cfg(test)]
