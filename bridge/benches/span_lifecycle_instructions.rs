@@ -1,14 +1,14 @@
 //! Instructions per root span lifecycle (create, 4 polls, close), counted by valgrind's
-//! callgrind: the same set-ups as `span_switch`'s `span_lifecycle` group, in a figure that
-//! does not move with the machine's load (criterion's nanoseconds on the project's shared
-//! 2-core VM vary by ±30 % between runs; instruction counts repeat exactly).
+//! callgrind, for the set-ups in `lifecycle_setups` (`span_lifecycle_interleaved` times
+//! the same ones): a figure that does not move with the machine's load, where nanoseconds
+//! on the project's shared 2-core VM do.
 //!
 //! Run: `cargo bench -p otel-profiling --bench span_lifecycle_instructions` (needs
 //! `valgrind`; prints that it skipped otherwise). The bench runs itself under callgrind
-//! once per set-up, counting only inside `lifecycles`, and prints each count per
-//! lifecycle and its ratio to `tracing-opentelemetry` alone. Instructions are not time
-//! (a cache miss or an atomic costs more than an add), so `span_switch` stays the
-//! measure in nanoseconds; this one says what changed when that one is noisy.
+//! once per set-up, counting only inside `lifecycle_setups::lifecycles`, and prints each
+//! count per lifecycle and its ratio to `tracing-opentelemetry` alone. Instructions are
+//! not time (a cache miss or an atomic costs more than an add), so the interleaved bench
+//! stays the measure in nanoseconds; this one says where the instructions go.
 
 mod lifecycle_setups;
 

@@ -261,7 +261,8 @@ pub fn lifecycles(n: u32) {
 /// * creation (as `ApiFloorLayer`): the span's OpenTelemetry ids, once; for a root, its
 ///   counters claimed (one store into a direct-mapped table) and the label kept in the
 ///   span's extensions, the only per-span storage another thread can reach;
-/// * every enter: the label from a one-entry thread-local cache (the registry on a miss),
+/// * every enter: the label from a one-entry thread-local cache, filled when the span is
+///   made (the registry on a miss),
 ///   the thread's record written as a sequence lock (what a signal handler can read), the
 ///   active-time clock read (the TSC);
 /// * every exit: the clock read again, the stretch added to the root's counter (one atomic
@@ -409,11 +410,17 @@ pub mod required {
             let span_id = u64::from_be_bytes(span_context.span_id().to_bytes());
             let trace_id = u128::from_be_bytes(span_context.trace_id().to_bytes());
             slot(span_id).active.store(0, Ordering::Relaxed);
-            span.extensions_mut().insert(Label {
+            let label = Label {
                 span_id,
                 trace_hi: (trace_id >> 64) as u64,
                 trace_lo: trace_id as u64,
                 name: 1,
+            };
+            span.extensions_mut().insert(label);
+            // Spans are mostly first entered where they were made: no lookup then.
+            THREAD.with(|thread| {
+                thread.cached_id.set(id.into_u64());
+                thread.cached.set(label);
             });
         }
 
