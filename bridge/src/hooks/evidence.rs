@@ -6,15 +6,16 @@
 //! samples. [`CpuEvidenceProcessor`] wraps the exporting span processor: it claims the
 //! counters of each local root span as it starts (so only roots of providers that have
 //! one are counted) and adds the totals as it ends. The layer and the wrappers find the
-//! counters by span id in a sharded table (an entry is added once per local root span and removed when it ends;
-//! entries of spans that never end through the processor are purged after
-//! [`ORPHAN_AGE`]). Each shard also keeps its free and released counter slots, so
-//! claiming and releasing them takes no lock beyond the shard's.
+//! counters by span id in a sharded table, to label the threads that work for the root:
+//! an entry is added once per local root span and removed when it ends; entries of spans
+//! that never end through the processor are purged after [`ORPHAN_AGE`]. Each shard also
+//! keeps its free and released counter slots, so claiming and releasing them takes no
+//! lock beyond the shard's.
 
 use std::cell::RefCell;
 use std::collections::HashMap;
 use std::hash::{BuildHasherDefault, Hasher};
-use std::sync::atomic::{AtomicUsize, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
 use std::sync::{Arc, LazyLock, Mutex, PoisonError};
 use std::time::Duration;
 
@@ -49,8 +50,13 @@ pub const WALL_ACTIVE_ATTRIBUTE: &str = "profiling.wall.active_ns";
 pub const WALL_QUEUED_ATTRIBUTE: &str = "profiling.wall.queued_ns";
 
 /// Entries whose span is gone without having ended through a processor are purged
-/// after this long.
+/// after this long. (Entries of roots that no layer or wrapper has followed yet are kept
+/// for an hour: a root may wait, unentered, in a queue before its first poll.)
 pub const ORPHAN_AGE: Duration = Duration::from_secs(120);
+/// How long an entry that nothing has followed yet is kept: such a root holds no reference
+/// to its counters, so only its age tells a span still waiting for its first poll from one
+/// whose end the processor never saw (a leaked span, a provider shut down under it).
+const UNFOLLOWED_AGE: Duration = Duration::from_secs(3600);
 
 const SHARDS: usize = 64;
 /// Inserts into a shard between two sweeps for orphans.
@@ -61,6 +67,10 @@ const SWEEP_EVERY: u32 = 1024;
 #[derive(Debug)]
 pub(crate) struct RootCounters {
     handle: CpuHandle,
+    /// A layer or wrapper followed the root (took its counters to label threads with): only
+    /// then do the totals say something. A root nothing followed ends with no evidence,
+    /// not with a zero that would read as "never ran".
+    followed: AtomicBool,
 }
 
 impl RootCounters {
@@ -74,6 +84,24 @@ struct Entry {
     cpu: Arc<RootCounters>,
     /// When the entry was made (coarse monotonic ns: only compared with [`ORPHAN_AGE`]).
     since: u64,
+}
+
+impl Entry {
+    /// Whether the entry's span is gone without having ended through a processor, at
+    /// `now` (coarse monotonic ns). While a span or context of a followed root lives, it
+    /// holds the counters (more than the table's one reference); once nothing does, the
+    /// span is gone. A root nothing has followed yet never holds them: only its age counts.
+    fn is_orphan(&self, now: u64) -> bool {
+        if Arc::strong_count(&self.cpu) > 1 {
+            return false;
+        }
+        let max_age = if self.cpu.followed.load(Ordering::Relaxed) {
+            ORPHAN_AGE
+        } else {
+            UNFOLLOWED_AGE
+        };
+        now.saturating_sub(self.since) >= max_age.as_nanos() as u64
+    }
 }
 
 /// Span ids are random (W3C trace context): their bits are already a good hash, so the
@@ -136,20 +164,21 @@ fn claim(span_id: SpanId) -> Option<Arc<RootCounters>> {
     shard.inserts = shard.inserts.wrapping_add(1);
     if shard.inserts.is_multiple_of(SWEEP_EVERY) {
         let now = crate::clock::coarse_monotonic_ns();
-        let max_age = ORPHAN_AGE.as_nanos() as u64;
         let slots = &mut shard.slots;
-        // Only the table holds the counters: the span and its contexts are gone.
         shard.entries.retain(|_, e| {
-            let keep = Arc::strong_count(&e.cpu) > 1 || now.saturating_sub(e.since) < max_age;
-            if !keep {
+            let orphan = e.is_orphan(now);
+            if orphan {
                 slots.release(e.cpu.handle);
             }
-            keep
+            !orphan
         });
     }
     // A full table (millions of live roots) only loses the evidence, never the span.
     let handle = shard.slots.claim().ok()?;
-    let cpu = Arc::new(RootCounters { handle });
+    let cpu = Arc::new(RootCounters {
+        handle,
+        followed: AtomicBool::new(false),
+    });
     if let Some(old) = shard.entries.insert(
         key,
         Entry {
@@ -173,39 +202,38 @@ pub(crate) fn counters_of(span_id: SpanId) -> Option<Arc<RootCounters>> {
         return None;
     }
     let key = u64::from_be_bytes(span_id.to_bytes());
-    let claimed_here = CLAIMED
-        .try_with(|claimed| {
-            let mut claimed = claimed.try_borrow_mut().ok()?;
-            match claimed.take() {
-                Some((id, cpu)) if id == key => Some(cpu),
-                other => {
-                    *claimed = other;
-                    None
-                }
-            }
-        })
+    // Taken whatever it holds: a claim is kept only until the next root is resolved here,
+    // so a stale one cannot outlive its span for long.
+    let claimed = CLAIMED
+        .try_with(|claimed| claimed.try_borrow_mut().ok().and_then(|mut c| c.take()))
         .ok()
         .flatten();
-    if claimed_here.is_some() {
-        return claimed_here;
-    }
-    let shard = shard(key).lock().unwrap_or_else(PoisonError::into_inner);
-    shard.entries.get(&key).map(|entry| entry.cpu.clone())
+    let cpu = match claimed {
+        Some((id, cpu)) if id == key => cpu,
+        _ => {
+            let shard = shard(key).lock().unwrap_or_else(PoisonError::into_inner);
+            shard.entries.get(&key)?.cpu.clone()
+        }
+    };
+    cpu.followed.store(true, Ordering::Relaxed);
+    Some(cpu)
 }
 
-/// Ends counting for the root `span_id` and returns its totals.
+/// Ends counting for the root `span_id` and returns its totals, if anything followed it.
 fn take(span_id: SpanId) -> Option<RootTotals> {
     let key = u64::from_be_bytes(span_id.to_bytes());
     let mut shard = shard(key).lock().unwrap_or_else(PoisonError::into_inner);
     let entry = shard.entries.remove(&key)?;
-    Some(shard.slots.release(entry.cpu.handle))
+    let totals = shard.slots.release(entry.cpu.handle);
+    entry.cpu.followed.load(Ordering::Relaxed).then_some(totals)
 }
 
 /// Wraps the exporting span processor and adds [`CPU_SAMPLES_ATTRIBUTE`],
 /// [`CPU_TIME_ATTRIBUTE`] and [`WALL_ACTIVE_ATTRIBUTE`] to local root spans as they end.
 ///
 /// Spans that started while no sampler ran carry no evidence attributes (rather than a
-/// misleading zero).
+/// misleading zero), and so do roots that no [`ProfilingLayer`](crate::ProfilingLayer) or
+/// wrapper followed (the bridge never saw their work).
 ///
 /// ```
 /// use opentelemetry_sdk::trace::{InMemorySpanExporter, SdkTracerProvider, SimpleSpanProcessor};
@@ -347,6 +375,37 @@ mod tests {
         })
     }
 
+    /// The sweep frees an entry only once nothing holds its counters and it is old enough:
+    /// two minutes for a root that was followed, an hour for one still waiting to be.
+    #[test]
+    fn orphans_are_entries_nothing_holds_past_their_age() {
+        let entry = |followed: bool, since: u64| Entry {
+            cpu: Arc::new(RootCounters {
+                handle: CpuHandle::from_raw(1 << 32).expect("a handle"),
+                followed: AtomicBool::new(followed),
+            }),
+            since,
+        };
+        let minutes = |m: u64| m * 60 * 1_000_000_000;
+        let now = minutes(600);
+        assert!(!entry(true, now - minutes(1)).is_orphan(now), "young");
+        assert!(
+            entry(true, now - minutes(3)).is_orphan(now),
+            "followed, gone"
+        );
+        let held = entry(true, 0);
+        let _span = held.cpu.clone();
+        assert!(!held.is_orphan(now), "a span still holds it");
+        assert!(
+            !entry(false, now - minutes(3)).is_orphan(now),
+            "waiting for its first poll"
+        );
+        assert!(
+            entry(false, now - minutes(61)).is_orphan(now),
+            "never followed"
+        );
+    }
+
     /// Two providers in one process, one with the evidence processor: only its roots get
     /// counters. Before the processor claimed them, any live processor made every
     /// provider's roots claim counters that nothing would ever report.
@@ -366,21 +425,35 @@ mod tests {
 
         assert_eq!(counters_under(&without), 0, "no processor, no counters");
         assert_ne!(counters_under(&with), 0, "the processor's root is counted");
-        // A root that no layer or wrapper ever resolves still ends with its evidence.
-        drop(opentelemetry::trace::Tracer::start(
-            &with.tracer("test"),
-            "never entered",
-        ));
+        // A root that no layer or wrapper followed ends with no evidence (not with zeros
+        // that would read as "never ran"), and its counters are released all the same.
+        let span = opentelemetry::trace::Tracer::start(&with.tracer("test"), "never followed");
+        let key = u64::from_be_bytes(
+            opentelemetry::trace::Span::span_context(&span)
+                .span_id()
+                .to_bytes(),
+        );
+        let in_table = || {
+            shard(key)
+                .lock()
+                .unwrap_or_else(PoisonError::into_inner)
+                .entries
+                .contains_key(&key)
+        };
+        assert!(in_table(), "claimed as it started");
+        drop(span);
+        assert!(!in_table(), "released as it ended");
         let spans = exported.get_finished_spans().expect("spans");
-        assert_eq!(spans.len(), 2);
-        for span in &spans {
-            assert!(
-                span.attributes
-                    .iter()
-                    .any(|kv| kv.key.as_str() == CPU_SAMPLES_ATTRIBUTE),
-                "{} has its evidence",
-                span.name
-            );
-        }
+        let evidence = |name: &str| {
+            let span = spans.iter().find(|s| s.name == name).expect("exported");
+            span.attributes
+                .iter()
+                .any(|kv| kv.key.as_str() == CPU_SAMPLES_ATTRIBUTE)
+        };
+        assert!(
+            evidence("GET /evidence"),
+            "the followed root has its evidence"
+        );
+        assert!(!evidence("never followed"), "the other has none");
     }
 }
