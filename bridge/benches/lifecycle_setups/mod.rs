@@ -193,6 +193,24 @@ where
     }
 }
 
+/// A span's OpenTelemetry context, asked of the subscriber's OpenTelemetry layer: the
+/// only public way to learn a `tracing` span's ids.
+#[derive(Default)]
+pub struct OtelContexts {
+    dispatch: std::sync::OnceLock<tracing::dispatcher::WeakDispatch>,
+}
+
+impl OtelContexts {
+    pub fn register(&self, subscriber: &tracing::Dispatch) {
+        let _ = self.dispatch.set(subscriber.downgrade());
+    }
+
+    pub fn of(&self, id: &tracing::span::Id) -> Option<opentelemetry::Context> {
+        let dispatch = self.dispatch.get()?.upgrade()?;
+        tracing_opentelemetry::get_otel_context(id, &dispatch)
+    }
+}
+
 /// The other floor: the calls to the public APIs of `tracing-subscriber`,
 /// `tracing-opentelemetry` and the SDK that a bridge meeting issue 11 and 12 cannot avoid,
 /// and no per-poll work at all: being a layer (every callback of the span's lifecycle
@@ -203,7 +221,7 @@ where
 /// all of those may cost together.
 #[derive(Default)]
 pub struct ApiFloorLayer {
-    dispatch: std::sync::OnceLock<tracing::dispatcher::WeakDispatch>,
+    otel: OtelContexts,
 }
 
 impl<S> tracing_subscriber::Layer<S> for ApiFloorLayer
@@ -211,7 +229,7 @@ where
     S: tracing::Subscriber + for<'a> tracing_subscriber::registry::LookupSpan<'a>,
 {
     fn on_register_dispatch(&self, subscriber: &tracing::Dispatch) {
-        let _ = self.dispatch.set(subscriber.downgrade());
+        self.otel.register(subscriber);
     }
 
     fn on_new_span(
@@ -221,10 +239,8 @@ where
         _: tracing_subscriber::layer::Context<'_, S>,
     ) {
         use opentelemetry::trace::TraceContextExt as _;
-        if let Some(dispatch) = self.dispatch.get().and_then(|d| d.upgrade()) {
-            if let Some(cx) = tracing_opentelemetry::get_otel_context(id, &dispatch) {
-                black_box(cx.span().span_context().span_id());
-            }
+        if let Some(cx) = self.otel.of(id) {
+            black_box(cx.span().span_context().span_id());
         }
     }
 
@@ -378,7 +394,7 @@ pub mod required {
 
     #[derive(Default)]
     pub struct Layer {
-        dispatch: std::sync::OnceLock<tracing::dispatcher::WeakDispatch>,
+        otel: super::OtelContexts,
     }
 
     impl<S> tracing_subscriber::Layer<S> for Layer
@@ -386,7 +402,7 @@ pub mod required {
         S: tracing::Subscriber + for<'a> tracing_subscriber::registry::LookupSpan<'a>,
     {
         fn on_register_dispatch(&self, subscriber: &tracing::Dispatch) {
-            let _ = self.dispatch.set(subscriber.downgrade());
+            self.otel.register(subscriber);
         }
 
         fn on_new_span(
@@ -395,12 +411,7 @@ pub mod required {
             id: &tracing::span::Id,
             ctx: tracing_subscriber::layer::Context<'_, S>,
         ) {
-            let Some(dispatch) = self.dispatch.get().and_then(|d| d.upgrade()) else {
-                return;
-            };
-            let Some(cx) = tracing_opentelemetry::get_otel_context(id, &dispatch) else {
-                return;
-            };
+            let Some(cx) = self.otel.of(id) else { return };
             let Some(span) = ctx.span(id) else { return };
             if span.parent().is_some() {
                 return;
