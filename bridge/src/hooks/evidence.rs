@@ -26,7 +26,7 @@ use opentelemetry_sdk::trace::{Span, SpanData, SpanProcessor};
 use opentelemetry_sdk::Resource;
 
 use crate::local_root::is_local_root;
-use crate::processor::{mark_profile_id, ProfileIdScope};
+use crate::processor::{mark_profile_id_known, ProfileIdScope};
 use crate::root_cpu::{CpuHandle, RootTotals, SlotLists};
 
 /// Samples taken while the span (or its local children) ran on some thread.
@@ -304,9 +304,10 @@ impl<P> Drop for CpuEvidenceProcessor<P> {
 
 impl<P: SpanProcessor> SpanProcessor for CpuEvidenceProcessor<P> {
     fn on_start(&self, span: &mut Span, cx: &Context) {
-        mark_profile_id(self.profile_id, span, cx);
+        let local_root = is_local_root(cx);
+        mark_profile_id_known(self.profile_id, span, local_root);
         let span_context = opentelemetry::trace::Span::span_context(span);
-        if span_context.is_sampled() && is_local_root(cx) {
+        if local_root && span_context.is_sampled() {
             let span_id = span_context.span_id();
             if let Some(cpu) = claim(span_id) {
                 let key = u64::from_be_bytes(span_id.to_bytes());

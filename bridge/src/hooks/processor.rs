@@ -87,9 +87,16 @@ impl SpanProcessor for ProfileIdSpanProcessor {
 /// [`CpuEvidenceProcessor::with_profile_id`](crate::CpuEvidenceProcessor::with_profile_id).
 #[inline]
 pub(crate) fn mark_profile_id(scope: ProfileIdScope, span: &mut Span, parent: &Context) {
+    let local_root = scope == ProfileIdScope::LocalRoots && is_local_root(parent);
+    mark_profile_id_known(scope, span, local_root);
+}
+
+/// [`mark_profile_id`] when the caller already knows whether `span` is a local root.
+#[inline]
+pub(crate) fn mark_profile_id_known(scope: ProfileIdScope, span: &mut Span, local_root: bool) {
     let marked = match scope {
         ProfileIdScope::None => false,
-        ProfileIdScope::LocalRoots => is_local_root(parent),
+        ProfileIdScope::LocalRoots => local_root,
         ProfileIdScope::AllSpans => true,
     };
     if !marked || !span.is_recording() {
