@@ -383,3 +383,52 @@ fn a_task_span_entered_inside_another_tasks_poll_takes_nothing() {
         "nested-root got another task's queued time: {nested:?}"
     );
 }
+
+/// Task spans nested deep inside a poll, each doing work under a span of its own: only
+/// task spans' exits end the nesting, so once they have all exited the poll's own root
+/// gets its queued time (and nothing went to the root entered at the bottom of the nest).
+#[test]
+fn deeply_nested_task_spans_end_only_with_their_own_exits() {
+    let ms = Duration::from_millis;
+    let task_span = |n: u64| tracing::trace_span!(target: "tokio::task", parent: None, "runtime.spawn", task.id = n);
+    fn nest(tasks: &[tracing::Span], bottom: &tracing::Span) {
+        match tasks.split_first() {
+            None => bottom.in_scope(|| ()),
+            Some((task, rest)) => task.in_scope(|| {
+                tracing::info_span!("work").in_scope(|| ());
+                nest(rest, bottom);
+                tracing::info_span!("more work").in_scope(|| ());
+            }),
+        }
+    }
+    let spans = replay_tokio_events(|| {
+        let outer = task_span(1);
+        let (r1, r2) = (
+            tracing::info_span!(parent: None, "outer-root"),
+            tracing::info_span!(parent: None, "nested-root"),
+        );
+        outer.in_scope(|| r1.in_scope(|| ()));
+        let id = outer.id().expect("enabled").into_u64();
+        tracing::trace!(target: "tokio::task::waker", op = "waker.wake", task.id = id);
+        std::thread::sleep(ms(60));
+        let nested: Vec<_> = (20..32).map(task_span).collect();
+        outer.in_scope(|| {
+            nest(&nested, &r2);
+            r1.in_scope(|| ());
+        });
+    });
+    let queued = |name: &str| {
+        let span = spans.iter().find(|s| s.name == name).expect("exported");
+        span.attributes
+            .iter()
+            .any(|kv| kv.key.as_str() == WALL_QUEUED_ATTRIBUTE)
+            .then(|| ns(span, WALL_QUEUED_ATTRIBUTE))
+    };
+    let outer = queued("outer-root").expect("outer-root's queued time measured");
+    let nested = queued("nested-root").unwrap_or_default();
+    assert!(outer >= ms(60), "outer-root queued {outer:?}");
+    assert!(
+        nested < ms(60),
+        "nested-root got the poll's queued time: {nested:?}"
+    );
+}

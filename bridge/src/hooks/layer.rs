@@ -284,9 +284,12 @@ where
         label_cache::Slot::of(self.owner.raw(), id.into_u64()).closed();
     }
 
-    fn on_exit(&self, id: &Id, _ctx: Context<'_, S>) {
+    fn on_exit(&self, id: &Id, ctx: Context<'_, S>) {
         if self.tokio.active() {
-            self.tokio.exited(self.owner.raw(), id);
+            self.tokio.exited(self.owner.raw(), id, || {
+                ctx.span(id)
+                    .is_some_and(|span| span.extensions().get::<TaskWake>().is_some())
+            });
         }
         scopes::exit(self.owner.key(id.into_u64()));
     }

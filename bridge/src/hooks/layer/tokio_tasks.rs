@@ -64,11 +64,7 @@ pub(super) struct TokioTasks {
 /// (0: none), kept in its `runtime.spawn` span's extensions.
 pub(super) struct TaskWake(AtomicU64);
 
-/// Task spans entered inside an open poll that are tracked; deeper, nothing is handed
-/// out until the poll ends.
-const NESTED: usize = 8;
-
-/// The task poll open on a thread.
+/// The task poll open on a thread (32 bytes: copied whole at each task hook).
 #[derive(Clone, Copy)]
 struct Poll {
     /// The layer (`Owner`) whose task span opened it; 0: no poll open.
@@ -76,17 +72,14 @@ struct Poll {
     task: u64,
     /// Queued ns + 1 not yet handed out (0: none).
     queued: u64,
-    /// Task spans (owner, id) entered inside the poll and not yet exited, innermost last;
-    /// `depth` may exceed `NESTED` (the excess is not tracked by id).
-    nested: [(u64, u64); NESTED],
-    depth: usize,
+    /// Task spans entered inside the poll and not yet exited.
+    depth: u64,
 }
 
 const NO_POLL: Poll = Poll {
     owner: 0,
     task: 0,
     queued: 0,
-    nested: [(0, 0); NESTED],
     depth: 0,
 };
 
@@ -152,9 +145,6 @@ impl TokioTasks {
         let _ = POLL.try_with(|cell| {
             let mut poll = cell.get();
             if poll.owner != 0 {
-                if let Some(slot) = poll.nested.get_mut(poll.depth) {
-                    *slot = (owner, task.into_u64());
-                }
                 poll.depth += 1;
                 cell.set(poll);
                 return;
@@ -194,26 +184,22 @@ impl TokioTasks {
     }
 
     /// At any exit of the layer `owner`'s span `id` (while task spans exist): ends a
-    /// nested task span, or the poll (dropping what it did not hand out).
+    /// nested task span, or the poll (dropping what it did not hand out). `is_task` says
+    /// whether `id` is a task span; it is asked only while a nested one is open.
     #[inline]
-    pub(super) fn exited(&self, owner: u64, id: &Id) {
+    pub(super) fn exited(&self, owner: u64, id: &Id, is_task: impl FnOnce() -> bool) {
         let _ = POLL.try_with(|cell| {
             let mut poll = cell.get();
             if poll.owner == 0 {
                 return;
             }
-            let key = (owner, id.into_u64());
-            if poll.depth > 0 {
-                // Past the tracked depth any task span's exit may be the innermost one.
-                let innermost = poll.nested.get(poll.depth - 1).copied();
-                if innermost.is_none_or(|k| k == key) {
-                    poll.depth -= 1;
-                    cell.set(poll);
+            if poll.depth == 0 {
+                if (poll.owner, poll.task) == (owner, id.into_u64()) {
+                    cell.set(NO_POLL);
                 }
-                return;
-            }
-            if (poll.owner, poll.task) == key {
-                cell.set(NO_POLL);
+            } else if is_task() {
+                poll.depth -= 1;
+                cell.set(poll);
             }
         });
     }
