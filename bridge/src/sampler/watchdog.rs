@@ -8,8 +8,9 @@
 //!    CPU clock of T ── unchanged since last tick?
 //!    stack already taken for this block? ─► record: that stack, delay since last look
 //!    else, in R ≥ threshold? /proc/self/task/T/syscall ─► "nr args sp pc"
-//!      process_vm_readv(stack [sp, top)) ─► unwind the copy from (pc, sp)
+//!      process_vm_readv(stack [sp, top))
 //!      re-read syscall, seq, CPU clock: all the same? else discard
+//!      unwind the copy from (pc, sp)
 //!      record: stack, R's labels, delay since the CPU clock was first seen still
 //! ```
 //!
@@ -31,9 +32,11 @@
 //! **The stack is copied, never dereferenced.** `process_vm_readv` on our own pid copies
 //! `[sp, stack top)` (at most [`WatchdogConfig::max_stack_bytes`]); it fails with `EFAULT`
 //! rather than faulting if the thread exited and its stack was unmapped. The copy is
-//! unwound with the sampler's CFI unwinder. After the copy the syscall line, the record's
-//! sequence and the CPU clock are read again: if any changed, the thread woke while we
-//! read, the copy may be torn, and the observation is discarded (counted).
+//! unwound with the sampler's CFI unwinder. Right after the copy, before the unwind, the
+//! syscall line, the record's sequence and the CPU clock are read again: if any changed,
+//! the thread woke while we read, the copy may be torn, and the observation is discarded
+//! (counted). The unwind reads only the copy, so it is left out of that window: a thread
+//! blocking in many short calls wakes inside it far less often.
 //!
 //! **One stack per block.** A thread whose CPU clock has not advanced has not run an
 //! instruction, so while the clock stands still (and the record names the same poll) its
@@ -213,6 +216,9 @@ pub struct WatchdogStats {
     pub dropped: u64,
     /// Nanoseconds of watchdog-thread CPU time, all ticks together.
     pub cpu_ns: u64,
+    /// Blocked nanoseconds seen (off-CPU inside a root, past the threshold) in runs of
+    /// blocked looks that no stack could be taken for: in no profile, counted here.
+    pub unattributed_ns: u64,
 }
 
 struct Counters {
@@ -227,6 +233,7 @@ struct Counters {
     read_failed: AtomicU64,
     dropped: AtomicU64,
     cpu_ns: AtomicU64,
+    unattributed_ns: AtomicU64,
 }
 
 static COUNTERS: Counters = Counters {
@@ -241,6 +248,7 @@ static COUNTERS: Counters = Counters {
     read_failed: AtomicU64::new(0),
     dropped: AtomicU64::new(0),
     cpu_ns: AtomicU64::new(0),
+    unattributed_ns: AtomicU64::new(0),
 };
 
 fn bump(counter: &AtomicU64) {
@@ -263,6 +271,7 @@ pub fn stats() -> WatchdogStats {
         read_failed: get(&c.read_failed),
         dropped: get(&c.dropped),
         cpu_ns: get(&c.cpu_ns),
+        unattributed_ns: get(&c.unattributed_ns),
     }
 }
 
@@ -405,6 +414,8 @@ impl Drop for Watchdog {
 struct Tracked {
     generation: u32,
     seq: u32,
+    /// The root the record names (the same for the whole sequence).
+    root: LocalRoot,
     /// When this record (sequence) was first seen: the thread entered the root before.
     first_seen: u64,
     /// The thread's CPU clock at the last look, and when that look was.
@@ -415,17 +426,52 @@ struct Tracked {
     blocked: bool,
     /// The block whose stack was taken, while the CPU clock has stood still since.
     block: Option<Block>,
+    /// The last stack taken in this run of blocked looks.
+    run: Option<Block>,
     /// Blocked time of this run of blocked looks whose stack could not be taken (the
     /// thread woke during the copy, as it does when it blocks in many short calls): added
-    /// to the next stack taken in the run, dropped when the run ends.
+    /// to the next stack taken in the run, or when the run ends to the last one it took
+    /// (see [`Tracked::end_run`]).
     unattributed: u64,
     /// The tick that last saw the slot (others are forgotten).
     seen: u64,
 }
 
+impl Tracked {
+    /// Ends a run of blocked looks (the thread mostly ran, or the poll ended). Blocked
+    /// time the run saw but could not take a stack for goes to the run's last stack: the
+    /// same poll, blocked with no running look between, so most likely the same call in a
+    /// loop. A run that took no stack at all leaves its time counted in
+    /// [`WatchdogStats::unattributed_ns`]: blocked time is never silently lost.
+    fn end_run(&mut self) {
+        self.blocked = false;
+        let run = self.run.take();
+        let pending = std::mem::take(&mut self.unattributed);
+        if pending == 0 {
+            return;
+        }
+        match run {
+            Some(block) => push(BlockedRecord {
+                root: Some(self.root),
+                delay_ns: pending,
+                first_look: false,
+                syscall: block.syscall,
+                frames: block.frames,
+                truncated: block.truncated,
+            }),
+            None => {
+                COUNTERS
+                    .unattributed_ns
+                    .fetch_add(pending, Ordering::Relaxed);
+            }
+        }
+    }
+}
+
 /// A block whose stack was taken. A thread whose CPU clock has not advanced has not run a
 /// single instruction, so its stack and system call are the ones taken: later looks need
 /// only the CPU clock (one system call), not another copy and unwind.
+#[derive(Clone)]
 struct Block {
     frames: Arc<[u64]>,
     truncated: bool,
@@ -668,17 +714,21 @@ impl Scanner {
             }
             // Let go, raced a write, or outside any root: not inside the same poll.
             let Some((seq, Some(root))) = slot.read_cell_if_owned(generation) else {
-                self.tracked[index] = None;
+                if let Some(mut ended) = self.tracked[index].take() {
+                    ended.end_run();
+                }
                 continue;
             };
             let fresh = Tracked {
                 generation,
                 seq,
+                root,
                 first_seen: pass_start,
                 cpu: None,
                 last_look: pass_start,
                 blocked: false,
                 block: None,
+                run: None,
                 unattributed: 0,
                 seen: self.tick,
             };
@@ -688,6 +738,7 @@ impl Scanner {
             };
             if tracked.generation != generation || tracked.seq != seq {
                 // Another root, another poll, or another thread: start over.
+                tracked.end_run();
                 *tracked = fresh;
                 continue;
             }
@@ -720,7 +771,9 @@ impl Scanner {
         let tick = self.tick;
         for tracked in &mut self.tracked {
             if tracked.as_ref().is_some_and(|t| t.seen != tick) {
-                *tracked = None;
+                if let Some(mut ended) = tracked.take() {
+                    ended.end_run();
+                }
             }
         }
     }
@@ -777,8 +830,7 @@ impl Look<'_> {
         // "running" below): not blocked. Short blocks in a row (a loop of small
         // synchronous reads, 1 ms naps) leave the clock nearly still and count.
         if ran.saturating_mul(OFF_CPU_RATIO) > wall {
-            tracked.blocked = false;
-            tracked.unattributed = 0;
+            tracked.end_run();
             return;
         }
         if self.now.saturating_sub(tracked.first_seen) < self.threshold {
@@ -797,6 +849,7 @@ impl Look<'_> {
             truncated: block.truncated,
         });
         tracked.blocked = true;
+        tracked.run = Some(block.clone());
         tracked.block = Some(block);
     }
 
@@ -834,6 +887,21 @@ impl Look<'_> {
             bump(&COUNTERS.read_failed);
             return None;
         };
+        // Still the same block? The syscall line and the copy are one moment only if the
+        // thread ran no instruction from before the line was read until the copy ended.
+        // Checked before unwinding (which works on the copy alone and takes far longer
+        // than the copy) so that a thread blocking in many short calls is rarely caught
+        // waking inside the window.
+        let same = read_syscall(tid) == Some(SyscallState::InSyscall(call))
+            && thread_cpu_ns(tid) == Some(cpu)
+            && self
+                .slot
+                .read_cell_if_owned(self.generation)
+                .is_some_and(|(seq, _)| seq == self.seq);
+        if !same {
+            bump(&COUNTERS.discarded_woke);
+            return None;
+        }
         let copy = &stack[..copied];
         let mut regs = Registers {
             pc: call.pc,
@@ -868,17 +936,6 @@ impl Look<'_> {
             regs.fp = best.0;
             unwind::walk_copy(&regs, copy, cache, record)
         };
-        // Still the same block? Otherwise the copy may mix two moments: discard it.
-        let same = read_syscall(tid) == Some(SyscallState::InSyscall(call))
-            && thread_cpu_ns(tid) == Some(cpu)
-            && self
-                .slot
-                .read_cell_if_owned(self.generation)
-                .is_some_and(|(seq, _)| seq == self.seq);
-        if !same {
-            bump(&COUNTERS.discarded_woke);
-            return None;
-        }
         bump(&COUNTERS.captures);
         Some(Block {
             frames: Arc::from(record.frames()),
