@@ -109,7 +109,12 @@ fn a_second_sampler_is_refused_and_a_restart_works() {
     drop(first);
     let again = Sampler::start(SamplerConfig::default()).expect("restart after stop");
     again.register_current_thread().expect("register");
-    run_cpu(0, Duration::from_millis(100));
+    // Until a signal comes, at most 2 s of CPU (one every 10 ms on a quiet machine; a
+    // loaded one folds late expirations into fewer signals).
+    let cpu = common::thread_cpu_time();
+    while again.stats().taken == 0 && common::thread_cpu_time() - cpu < Duration::from_secs(2) {
+        run_cpu(0, Duration::from_millis(20));
+    }
     assert!(again.stats().taken > 0, "the restarted sampler samples");
 }
 
@@ -395,7 +400,13 @@ fn fork_while_sampling_is_safe() {
         "child could not start its own sampler"
     );
     let before = sampler.stats().taken;
-    run_cpu(3, Duration::from_millis(60));
+    // Until a signal comes, at most 2 s of CPU (see above).
+    let cpu = common::thread_cpu_time();
+    while sampler.stats().taken == before
+        && common::thread_cpu_time() - cpu < Duration::from_secs(2)
+    {
+        run_cpu(3, Duration::from_millis(20));
+    }
     assert!(
         sampler.stats().taken > before,
         "the parent still samples after fork"

@@ -227,8 +227,10 @@ fn foreign_and_forged_sigprof_signals_are_ignored_and_counted() {
         foreign_seen > forged,
         "forged and foreign-timer signals are counted: {foreign_seen} vs {forged} forged"
     );
+    // Periods, not signals: a loaded machine folds late expirations into fewer signals
+    // (seen: 11 signals standing for 146 periods).
     assert!(
-        after.taken >= before.taken + 10,
+        after.taken > before.taken && after.periods >= before.periods + 10,
         "own samples go on: {after:?}"
     );
     // A forged signal with our own live value is a sample like any other: counted under
