@@ -9,8 +9,11 @@
 //!
 //! At the kernel's ~100 CPU-timer signals per second per thread here, a real interval of
 //! more than 16,000 samples would take minutes; the real run therefore uses the lowered
-//! limits, and the synthetic interval covers the real ones.
+//! limits (and runs until its interval holds 1.5x the samples a profile may), and the
+//! synthetic interval covers the real ones.
 
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::Arc;
 use std::time::{Duration, Instant, SystemTime};
 
 use opentelemetry::trace::{TraceContextExt, Tracer, TracerProvider as _};
@@ -55,6 +58,7 @@ fn a_real_run_over_a_tenth_of_pyroscopes_limits_arrives_whole() {
         .with_max_samples_per_profile(PyroscopeLimits::default().max_samples_per_profile / 10)
         .with_max_profile_bytes(PyroscopeLimits::default().max_profile_bytes / 10)
         .with_max_push_bytes(PyroscopeLimits::default().max_push_bytes / 10);
+    let enough = (ours.max_samples_per_profile as u64) * 3 / 2;
     let exporter = PyroscopeExporter::new(
         PyroscopeConfig::new(standin.url(), "scale-test")
             .with_limits(ours)
@@ -73,14 +77,19 @@ fn a_real_run_over_a_tenth_of_pyroscopes_limits_arrives_whole() {
     );
     let provider = SdkTracerProvider::builder().build();
     let tracer = provider.tracer("scale");
-    let until = Instant::now() + Duration::from_secs(12);
+    // Until the interval holds half again the samples a profile may (one signal is one
+    // distinct sample: every request is its own root), at most 90 s. About 11 s on a
+    // quiet machine; a loaded one folds late timer expirations into fewer signals, so a
+    // fixed duration could leave the interval under the limits.
+    let stop = Arc::new(AtomicBool::new(false));
     let workers: Vec<_> = (0..2)
         .map(|w| {
             let tracer = tracer.clone();
+            let stop = stop.clone();
             std::thread::spawn(move || {
                 let _ = otel_profiling::sampler::register_current_thread();
                 let mut requests = 0u64;
-                while Instant::now() < until {
+                while !stop.load(Ordering::Relaxed) {
                     let name = format!("GET /items/{}", requests % 200);
                     let span = tracer.start(name.clone());
                     let cx = ProfilingContext::new(Context::current_with_span(span), &name);
@@ -92,6 +101,13 @@ fn a_real_run_over_a_tenth_of_pyroscopes_limits_arrives_whole() {
             })
         })
         .collect();
+    let deadline = Instant::now() + Duration::from_secs(90);
+    while profiler.as_ref().map_or(0, |p| p.stats().sampler.taken) < enough
+        && Instant::now() < deadline
+    {
+        std::thread::sleep(Duration::from_millis(100));
+    }
+    stop.store(true, Ordering::Relaxed);
     let requests: u64 = workers.into_iter().map(|w| w.join().expect("worker")).sum();
     // Stop sampling and write the interval's profile; then let the exporter send it all.
     let profiler = profiler.take().expect("profiler");
