@@ -67,6 +67,15 @@ cpu_work_functions!(
     cpu_work_7 = 7
 );
 
+/// Runs `cpu_work_K` until `done`, at most 2 s of this thread's CPU: for checks that wait
+/// for signals, since a loaded machine folds late timer expirations into fewer of them.
+fn run_cpu_until(k: usize, mut done: impl FnMut() -> bool) {
+    let start = common::thread_cpu_time();
+    while !done() && common::thread_cpu_time() - start < Duration::from_secs(2) {
+        run_cpu(k, Duration::from_millis(20));
+    }
+}
+
 /// The `cpu_work_K` a frame is in, if any (symbolized off the sampling path).
 fn work_function(addr: u64, cache: &mut HashMap<u64, Option<usize>>) -> Option<usize> {
     *cache.entry(addr).or_insert_with(|| {
@@ -109,12 +118,8 @@ fn a_second_sampler_is_refused_and_a_restart_works() {
     drop(first);
     let again = Sampler::start(SamplerConfig::default()).expect("restart after stop");
     again.register_current_thread().expect("register");
-    // Until a signal comes, at most 2 s of CPU (one every 10 ms on a quiet machine; a
-    // loaded one folds late expirations into fewer signals).
-    let cpu = common::thread_cpu_time();
-    while again.stats().taken == 0 && common::thread_cpu_time() - cpu < Duration::from_secs(2) {
-        run_cpu(0, Duration::from_millis(20));
-    }
+    // Until a signal comes (one every 10 ms on a quiet machine).
+    run_cpu_until(0, || again.stats().taken > 0);
     assert!(again.stats().taken > 0, "the restarted sampler samples");
 }
 
@@ -400,13 +405,7 @@ fn fork_while_sampling_is_safe() {
         "child could not start its own sampler"
     );
     let before = sampler.stats().taken;
-    // Until a signal comes, at most 2 s of CPU (see above).
-    let cpu = common::thread_cpu_time();
-    while sampler.stats().taken == before
-        && common::thread_cpu_time() - cpu < Duration::from_secs(2)
-    {
-        run_cpu(3, Duration::from_millis(20));
-    }
+    run_cpu_until(3, || sampler.stats().taken > before);
     assert!(
         sampler.stats().taken > before,
         "the parent still samples after fork"

@@ -37,6 +37,15 @@ fn burn(d: Duration) -> u64 {
     std::hint::black_box(x)
 }
 
+/// Burns CPU until `done`, or until `cap` of this thread's CPU: for checks that wait for
+/// signals, since a loaded machine folds late timer expirations into fewer of them.
+fn burn_until(cap: Duration, mut done: impl FnMut() -> bool) {
+    let start = thread_cpu();
+    while !done() && thread_cpu() - start < cap {
+        burn(Duration::from_millis(10));
+    }
+}
+
 /// Sends the calling thread a `SIGPROF` that looks like a timer expiry carrying `value`
 /// and `overrun`; it is delivered before this returns.
 fn forge_timer_signal(value: *mut libc::c_void, overrun: i32) {
@@ -307,14 +316,10 @@ fn a_local_root_kept_past_its_span_counts_for_no_span() {
     let stale_before = stats().stale_roots;
     {
         let _scope = crate::SpanContextGuard::enter(Some(kept));
-        // Until five signals came (about 50 ms of CPU on a quiet machine; a loaded one
-        // folds late expirations into fewer signals, see `child_after_fork`), at most 5 s.
-        let cpu_start = thread_cpu();
-        while stats().stale_roots < stale_before + 5
-            && thread_cpu() - cpu_start < Duration::from_secs(5)
-        {
-            burn(Duration::from_millis(10));
-        }
+        // Until five signals came (about 50 ms of CPU on a quiet machine), at most 5 s.
+        burn_until(Duration::from_secs(5), || {
+            stats().stale_roots >= stale_before + 5
+        });
     }
     let totals = lists.release(new);
     assert_eq!(totals.samples, 0, "the new root ran nothing");
@@ -636,12 +641,9 @@ fn a_forked_child_starts_clean() {
         libc::WEXITSTATUS(status)
     );
     // The parent goes on sampling: a signal comes within 2 s of CPU (one every 4 ms on a
-    // quiet machine; a loaded one folds late expirations into fewer signals).
+    // quiet machine).
     let taken = stats().taken;
-    let cpu_start = thread_cpu();
-    while stats().taken == taken && thread_cpu() - cpu_start < Duration::from_secs(2) {
-        burn(Duration::from_millis(10));
-    }
+    burn_until(Duration::from_secs(2), || stats().taken > taken);
     assert!(stats().taken > taken, "{:?}", stats());
 }
 

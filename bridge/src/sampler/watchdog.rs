@@ -421,12 +421,10 @@ struct Tracked {
     /// The thread's CPU clock at the last look, and when that look was.
     cpu: Option<u64>,
     last_look: u64,
-    /// Whether the last look found the thread blocked (a run of blocked looks is one
-    /// contention).
-    blocked: bool,
     /// The block whose stack was taken, while the CPU clock has stood still since.
     block: Option<Block>,
-    /// The last stack taken in this run of blocked looks.
+    /// The last stack taken in this run of blocked looks; `None` outside a run (a run
+    /// begins with its first stack taken, and counts one contention).
     run: Option<Block>,
     /// Blocked time of this run of blocked looks whose stack could not be taken (the
     /// thread woke during the copy, as it does when it blocks in many short calls): added
@@ -444,7 +442,6 @@ impl Tracked {
     /// loop. A run that took no stack at all leaves its time counted in
     /// [`WatchdogStats::unattributed_ns`]: blocked time is never silently lost.
     fn end_run(&mut self) {
-        self.blocked = false;
         let run = self.run.take();
         let pending = std::mem::take(&mut self.unattributed);
         if pending == 0 {
@@ -726,7 +723,6 @@ impl Scanner {
                 first_seen: pass_start,
                 cpu: None,
                 last_look: pass_start,
-                blocked: false,
                 block: None,
                 run: None,
                 unattributed: 0,
@@ -755,7 +751,6 @@ impl Scanner {
                 slot,
                 generation,
                 seq,
-                root,
                 now,
                 threshold: u64::try_from(config.threshold.as_nanos()).unwrap_or(u64::MAX),
             };
@@ -770,10 +765,8 @@ impl Scanner {
         COUNTERS.skipped.fetch_add(skipped, Ordering::Relaxed);
         let tick = self.tick;
         for tracked in &mut self.tracked {
-            if tracked.as_ref().is_some_and(|t| t.seen != tick) {
-                if let Some(mut ended) = tracked.take() {
-                    ended.end_run();
-                }
+            if let Some(mut ended) = tracked.take_if(|t| t.seen != tick) {
+                ended.end_run();
             }
         }
     }
@@ -784,7 +777,6 @@ struct Look<'a> {
     slot: &'a Slot,
     generation: u32,
     seq: u32,
-    root: LocalRoot,
     now: u64,
     threshold: u64,
 }
@@ -817,7 +809,7 @@ impl Look<'_> {
             // No CPU time since the stack was taken: not one instruction ran, so the same
             // block, the same stack, blocked the whole time since the last look.
             push(BlockedRecord {
-                root: Some(self.root),
+                root: Some(tracked.root),
                 delay_ns: wall,
                 first_look: false,
                 syscall: block.syscall,
@@ -841,20 +833,19 @@ impl Look<'_> {
             return;
         };
         push(BlockedRecord {
-            root: Some(self.root),
+            root: Some(tracked.root),
             delay_ns: (wall - ran).saturating_add(std::mem::take(&mut tracked.unattributed)),
-            first_look: !tracked.blocked,
+            first_look: tracked.run.is_none(),
             syscall: block.syscall,
             frames: block.frames.clone(),
             truncated: block.truncated,
         });
-        tracked.blocked = true;
         tracked.run = Some(block.clone());
         tracked.block = Some(block);
     }
 
     /// Takes the stack of a thread seen off-CPU inside the root: its syscall line, a copy
-    /// of its stack, an unwind of the copy, then the checks that it did not wake meanwhile.
+    /// of its stack, the checks that it did not wake meanwhile, then an unwind of the copy.
     fn capture(
         &self,
         tid: libc::pid_t,
