@@ -45,6 +45,7 @@ pub struct ReadmeDoctests;
 //   OTLP, local files); setup wires them together.
 pub mod collector;
 pub mod export;
+mod fork;
 mod hooks;
 pub mod pprof;
 mod record;

@@ -16,7 +16,7 @@ use std::cell::RefCell;
 use std::collections::HashMap;
 use std::hash::{BuildHasherDefault, Hasher};
 use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
-use std::sync::{Arc, LazyLock, Mutex, PoisonError};
+use std::sync::{Arc, MutexGuard, OnceLock};
 use std::time::Duration;
 
 use opentelemetry::trace::SpanId;
@@ -25,6 +25,7 @@ use opentelemetry_sdk::error::OTelSdkResult;
 use opentelemetry_sdk::trace::{Span, SpanData, SpanProcessor};
 use opentelemetry_sdk::Resource;
 
+use crate::fork::AtforkMutex;
 use crate::local_root::is_local_root;
 use crate::processor::{mark_profile_id_known, ProfileIdScope};
 use crate::root_cpu::{CpuHandle, RootTotals, SlotLists};
@@ -134,14 +135,48 @@ struct Shard {
     slots: SlotLists,
 }
 
-static TABLE: LazyLock<Vec<Mutex<Shard>>> =
-    LazyLock::new(|| (0..SHARDS).map(|_| Mutex::default()).collect());
+/// The table's shards: locks a `fork` can leave held by a parent thread, so the forking
+/// thread holds them all across it (`crate::fork`).
+static TABLE: OnceLock<Box<[AtforkMutex<Shard>]>> = OnceLock::new();
 /// Live `CpuEvidenceProcessor`s: without one, nothing would ever read the counters.
 static PROCESSORS: AtomicUsize = AtomicUsize::new(0);
 
-fn shard(span_id: u64) -> &'static Mutex<Shard> {
+fn shards() -> &'static [AtforkMutex<Shard>] {
+    // Before the table exists, never inside its initialisation: a fork in progress holds
+    // glibc's handler list while its prepare handler waits for that initialisation.
+    crate::fork::install_handlers();
+    table()
+}
+
+fn table() -> &'static [AtforkMutex<Shard>] {
+    TABLE.get_or_init(|| {
+        (0..SHARDS)
+            .map(|_| AtforkMutex::new(Shard::default()))
+            .collect()
+    })
+}
+
+/// The locked shard of `span_id`.
+fn shard(span_id: u64) -> MutexGuard<'static, Shard> {
+    let shards = shards();
     // Span ids are random: their low bits spread evenly.
-    &TABLE[(span_id as usize) % SHARDS]
+    shards[(span_id as usize) % shards.len()].lock()
+}
+
+/// Before `fork`: the forking thread takes every shard (see `crate::fork`).
+pub(crate) fn hold_for_fork() {
+    // Made here if it is not yet: an initialisation left half done by another thread at
+    // the fork would block the child's first use for ever.
+    for shard in table() {
+        shard.hold();
+    }
+}
+
+/// After `fork`, in the parent and in the child.
+pub(crate) fn release_after_fork() {
+    for shard in table().iter().rev() {
+        shard.release();
+    }
 }
 
 thread_local! {
@@ -159,7 +194,7 @@ fn claim(span_id: SpanId) -> Option<Arc<RootCounters>> {
         return None;
     }
     let key = u64::from_be_bytes(span_id.to_bytes());
-    let mut shard = shard(key).lock().unwrap_or_else(PoisonError::into_inner);
+    let mut shard = shard(key);
     let shard = &mut *shard;
     shard.inserts = shard.inserts.wrapping_add(1);
     if shard.inserts.is_multiple_of(SWEEP_EVERY) {
@@ -211,7 +246,7 @@ pub(crate) fn counters_of(span_id: SpanId) -> Option<Arc<RootCounters>> {
     let cpu = match claimed {
         Some((id, cpu)) if id == key => cpu,
         _ => {
-            let shard = shard(key).lock().unwrap_or_else(PoisonError::into_inner);
+            let shard = shard(key);
             shard.entries.get(&key)?.cpu.clone()
         }
     };
@@ -222,7 +257,7 @@ pub(crate) fn counters_of(span_id: SpanId) -> Option<Arc<RootCounters>> {
 /// Ends counting for the root `span_id` and returns its totals, if anything followed it.
 fn take(span_id: SpanId) -> Option<RootTotals> {
     let key = u64::from_be_bytes(span_id.to_bytes());
-    let mut shard = shard(key).lock().unwrap_or_else(PoisonError::into_inner);
+    let mut shard = shard(key);
     let entry = shard.entries.remove(&key)?;
     let totals = shard.slots.release(entry.cpu.handle);
     entry.cpu.followed.load(Ordering::Relaxed).then_some(totals)
@@ -434,13 +469,7 @@ mod tests {
                 .span_id()
                 .to_bytes(),
         );
-        let in_table = || {
-            shard(key)
-                .lock()
-                .unwrap_or_else(PoisonError::into_inner)
-                .entries
-                .contains_key(&key)
-        };
+        let in_table = || shard(key).entries.contains_key(&key);
         assert!(in_table(), "claimed as it started");
         drop(span);
         assert!(!in_table(), "released as it ended");

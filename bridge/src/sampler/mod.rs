@@ -315,8 +315,6 @@ pub(crate) struct SamplerState {
     replaced_seen: AtomicBool,
     /// Serialises start and stop (never taken by registration or the handler); fork-safe.
     start_stop: ForkSafeLock,
-    /// The `pthread_atfork` handlers are registered once.
-    at_fork: Once,
     /// The panic hook that aborts a panic inside the handler is installed once.
     panic_guard: Once,
     /// Makes the handler panic (tests of the panic guard).
@@ -347,7 +345,6 @@ impl SamplerState {
             replaced: AtomicU64::new(0),
             replaced_seen: AtomicBool::new(false),
             start_stop: ForkSafeLock::new(),
-            at_fork: Once::new(),
             panic_guard: Once::new(),
             #[cfg(test)]
             inject_panic: AtomicBool::new(false),
@@ -393,18 +390,9 @@ impl SamplerState {
             return Err(SamplerError::AlreadyRunning);
         }
         handler::install(self)?;
-        self.at_fork.call_once(|| {
-            // SAFETY: registering fork handlers: prepare/parent take and release the
-            // unwinder's publisher lock; the child handler only stores to atomics and
-            // releases that lock.
-            unsafe {
-                libc::pthread_atfork(
-                    Some(before_fork),
-                    Some(after_fork_in_parent),
-                    Some(after_fork_in_child),
-                )
-            };
-        });
+        // The crate's fork handlers (`crate::fork`): prepare/parent take and release the
+        // unwinder's publisher lock; the child's resets only store to atomics.
+        crate::fork::install_handlers();
         self.frequency_hz
             .store(config.frequency_hz, Ordering::Relaxed);
         self.period_ns.store(
@@ -867,15 +855,18 @@ pub(crate) fn on_span_enter() {
     SamplerState::global().on_span_enter();
 }
 
-extern "C" fn before_fork() {
+/// Before `fork` (from `crate::fork`'s prepare handler).
+pub(crate) fn before_fork() {
     unwind::before_fork();
 }
 
-extern "C" fn after_fork_in_parent() {
+/// After `fork`, in the parent.
+pub(crate) fn after_fork_in_parent() {
     unwind::after_fork_in_parent();
 }
 
-extern "C" fn after_fork_in_child() {
+/// After `fork`, in the child.
+pub(crate) fn after_fork_in_child() {
     // Only atomics here.
     SamplerState::global().after_fork_in_child();
     crate::root_cpu::after_fork_in_child();

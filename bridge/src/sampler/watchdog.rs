@@ -67,6 +67,8 @@ use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::mpsc::{self, RecvTimeoutError, Sender};
 use std::sync::Arc;
 use std::thread::JoinHandle;
+
+use crate::fork::ProcessBound;
 use std::time::{Duration, Instant};
 
 use super::ring::SampleRecord;
@@ -341,10 +343,24 @@ static RUNNING: AtomicBool = AtomicBool::new(false);
 /// A running watchdog thread (`otel-profiling-watchdog`). Dropping it stops the thread.
 #[derive(Debug)]
 pub struct Watchdog {
+    /// The process that started it owns it: a forked child has no watchdog thread to
+    /// stop or join. Held for its drop.
+    _running: ProcessBound<Running>,
+}
+
+#[derive(Debug)]
+struct Running {
     stop: Option<Sender<()>>,
     thread: Option<JoinHandle<()>>,
-    /// The process that started it: a forked child has no watchdog thread to join.
-    pid: libc::pid_t,
+}
+
+impl Drop for Running {
+    fn drop(&mut self) {
+        drop(self.stop.take());
+        if let Some(thread) = self.thread.take() {
+            let _ = thread.join();
+        }
+    }
 }
 
 impl Watchdog {
@@ -382,29 +398,14 @@ impl Watchdog {
             });
         match spawned {
             Ok(thread) => Ok(Some(Watchdog {
-                stop: Some(stop),
-                thread: Some(thread),
-                // SAFETY: getpid has no preconditions.
-                pid: unsafe { libc::getpid() },
+                _running: ProcessBound::new(Running {
+                    stop: Some(stop),
+                    thread: Some(thread),
+                }),
             })),
             Err(e) => {
                 RUNNING.store(false, Ordering::Release);
                 Err(WatchdogError::Spawn(e))
-            }
-        }
-    }
-}
-
-impl Drop for Watchdog {
-    fn drop(&mut self) {
-        drop(self.stop.take());
-        if let Some(thread) = self.thread.take() {
-            // SAFETY: getpid has no preconditions.
-            if unsafe { libc::getpid() } == self.pid {
-                let _ = thread.join();
-            } else {
-                // Inherited through fork: the thread exists only in the parent.
-                std::mem::forget(thread);
             }
         }
     }
