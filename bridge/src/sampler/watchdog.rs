@@ -795,6 +795,12 @@ impl Look<'_> {
             bump(&COUNTERS.read_failed);
             return;
         };
+        // The tick read the record before the tid and the clock: the slot may have been
+        // let go and claimed by another thread in between (a new generation), and the tid
+        // and clock just read be that thread's. Only an unchanged record vouches for them.
+        if !self.still_current() {
+            return;
+        }
         let (last_cpu, last_look) = (tracked.cpu, tracked.last_look);
         tracked.cpu = Some(cpu);
         tracked.last_look = self.now;
@@ -845,6 +851,13 @@ impl Look<'_> {
         tracked.block = Some(block);
     }
 
+    /// Whether the slot's owner and record are still the ones the tick saw.
+    fn still_current(&self) -> bool {
+        self.slot
+            .read_cell_if_owned(self.generation)
+            .is_some_and(|(seq, _)| seq == self.seq)
+    }
+
     /// Takes the stack of a thread seen off-CPU inside the root: its syscall line, a copy
     /// of its stack, the checks that it did not wake meanwhile, then an unwind of the copy.
     fn capture(
@@ -886,10 +899,7 @@ impl Look<'_> {
         // waking inside the window.
         let same = read_syscall(tid) == Some(SyscallState::InSyscall(call))
             && thread_cpu_ns(tid) == Some(cpu)
-            && self
-                .slot
-                .read_cell_if_owned(self.generation)
-                .is_some_and(|(seq, _)| seq == self.seq);
+            && self.still_current();
         if !same {
             bump(&COUNTERS.discarded_woke);
             return None;
