@@ -13,42 +13,6 @@ use opentelemetry_sdk::error::OTelSdkResult;
 use opentelemetry_sdk::trace::{SdkTracerProvider, SpanData, SpanProcessor};
 use otel_profiling::{CpuEvidenceProcessor, Profiler, ProfilingContext, SpanName};
 
-/// How long a child may take before it counts as hung.
-const CHILD_LIMIT: Duration = Duration::from_secs(10);
-
-/// Forks; the child runs `child` and exits with its code. Returns the child's exit code,
-/// or `None` if it hung past [`CHILD_LIMIT`] (then it is killed) or died of a signal.
-fn run_child(child: impl FnOnce() -> i32) -> Option<i32> {
-    // SAFETY: the child runs the crate's fork-safe paths and leaves with `_exit`.
-    let pid = unsafe { libc::fork() };
-    assert!(pid >= 0, "fork failed");
-    if pid == 0 {
-        // A panic must not unwind into the test harness's copy of the thread (its
-        // end would exit the child with status 0).
-        let code = std::panic::catch_unwind(std::panic::AssertUnwindSafe(child)).unwrap_or(101);
-        // SAFETY: leaving the child without running the parent's destructors.
-        unsafe { libc::_exit(code) };
-    }
-    let deadline = Instant::now() + CHILD_LIMIT;
-    loop {
-        let mut status = 0;
-        // SAFETY: waiting for our own child.
-        let done = unsafe { libc::waitpid(pid, &mut status, libc::WNOHANG) };
-        if done == pid {
-            return libc::WIFEXITED(status).then(|| libc::WEXITSTATUS(status));
-        }
-        if Instant::now() >= deadline {
-            // SAFETY: our own child.
-            unsafe {
-                libc::kill(pid, libc::SIGKILL);
-                libc::waitpid(pid, &mut status, 0);
-            }
-            return None;
-        }
-        std::thread::sleep(Duration::from_millis(2));
-    }
-}
-
 fn local_profiler(dir: &std::path::Path) -> Profiler {
     Profiler::builder()
         .frequency_hz(250)
@@ -76,7 +40,7 @@ fn a_child_replacing_its_inherited_profiler_neither_waits_nor_fails() {
     let dir = temp_dir("fork-replace");
     let profiler = local_profiler(&dir);
     std::thread::sleep(Duration::from_millis(50));
-    let code = run_child(move || {
+    let code = common::run_child(move || {
         let started = Instant::now();
         // What `profiler = Profiler::builder()…start()` does: the new one starts, then
         // the inherited one is dropped.
@@ -164,7 +128,7 @@ fn children_forked_while_parent_threads_end_roots_never_hang() {
     let mut failed = 0;
     for round in 0..200u32 {
         let provider = provider.clone();
-        match run_child(move || {
+        match common::run_child(move || {
             let tracer = provider.tracer("fork-child");
             for i in 0..4 {
                 let mut span = tracer.start("child root");
@@ -210,7 +174,7 @@ fn a_child_drops_an_inherited_uploader_without_waiting() {
         PyroscopeConfig::new(address, "fork-test").with_shutdown_timeout(Duration::from_secs(3)),
     )
     .expect("exporter");
-    let code = run_child(move || {
+    let code = common::run_child(move || {
         let started = Instant::now();
         drop(exporter);
         if started.elapsed() < Duration::from_secs(1) {
