@@ -9,10 +9,14 @@
 //! timer, a forged or stale signal, `kill`) is ignored and counted in
 //! [`SamplerStats::foreign_signals`](super::SamplerStats::foreign_signals).
 //!
-//! **Stack.** The walk runs in its own non-inlined function, and only when the interrupted
-//! thread has at least [`WALK_STACK_BUDGET`] bytes of stack left below the interrupted
-//! `sp`; otherwise the sample keeps its pc only and counts in `low_stack`. The budget is
-//! the measured peak of the walk (`handler_stack_use_is_bounded` test) with a margin.
+//! **Stack.** The handler runs on the registered thread's own alternate signal stack
+//! (`altstack`: the kernel's signal frame, 3.4 KB and more with AVX-512 state, goes there
+//! too), so a thread near the end of its stack is not pushed over it by a sample. The walk
+//! runs in its own non-inlined function, and only with at least [`WALK_STACK_BUDGET`]
+//! bytes left below the handler's frame on the stack it runs on (the interrupted stack,
+//! for a thread that kept an alternate stack of its own that turns out too small);
+//! otherwise the sample keeps its pc only and counts in `low_stack`. The budget is the
+//! measured peak of the walk (`handler_stack_use_is_bounded` test) with a margin.
 //!
 //! **Panics.** Nothing here should panic, but framehop is not ours. A panic unwinding out
 //! of the handler would abort after running the panic hook, which allocates and locks
@@ -28,6 +32,7 @@
 
 use std::sync::atomic::Ordering;
 
+use super::altstack;
 use super::slots::{Slot, TimerValue};
 use super::stack::Registers;
 use super::unwind::{self, WalkEnd};
@@ -44,6 +49,14 @@ pub(crate) const WALK_STACK_BUDGET: u64 = if cfg!(debug_assertions) {
     16 * 1024
 };
 
+/// About where the stack pointer is now: the address of a local of this frame (the walk
+/// is entered from here, so what lies below it is what the walk can use).
+#[inline(always)]
+fn current_sp() -> u64 {
+    let here = 0u8;
+    std::hint::black_box(&here) as *const u8 as u64
+}
+
 fn ours() -> usize {
     on_sigprof as extern "C" fn(libc::c_int, *mut libc::siginfo_t, *mut libc::c_void) as usize
 }
@@ -57,7 +70,8 @@ pub(super) fn install(state: &'static SamplerState) -> Result<(), SamplerError> 
     unsafe {
         let mut action: libc::sigaction = std::mem::zeroed();
         action.sa_sigaction = ours();
-        action.sa_flags = libc::SA_SIGINFO | libc::SA_RESTART;
+        // SA_ONSTACK: on the registered thread's own alternate stack (`altstack`).
+        action.sa_flags = libc::SA_SIGINFO | libc::SA_RESTART | libc::SA_ONSTACK;
         libc::sigemptyset(&mut action.sa_mask);
         let mut old: libc::sigaction = std::mem::zeroed();
         // One swap: whoever installs concurrently, exactly one sees SIG_DFL/SIG_IGN.
@@ -213,7 +227,14 @@ fn sample(state: &SamplerState, slot: &Slot, overrun: libc::c_int, ucontext: *mu
                 record.depth = 0;
                 record.truncated = true;
             }
-            Some(regs) => match stack.headroom(regs.sp) {
+            // Measured from here, on the stack the handler runs on (the thread's own
+            // alternate stack, or, where it has none of ours, the interrupted stack, where
+            // the kernel's signal frame and this handler's frame already lie below the
+            // interrupted `sp`).
+            Some(regs) => match altstack::headroom(slot.index(), current_sp())
+                .or_else(|| stack.headroom(current_sp()))
+                .or_else(|| altstack::foreign_headroom(current_sp()))
+            {
                 Some(left) if left >= WALK_STACK_BUDGET => {
                     // SAFETY: this is the SIGPROF handler on the thread that owns the
                     // slot (the slot accepted the signal only after comparing tids), so

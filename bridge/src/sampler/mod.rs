@@ -33,6 +33,7 @@
 //! is published to running handlers. On architectures other than x86_64 and aarch64 no
 //! stack is recorded.
 
+mod altstack;
 mod handler;
 // The loaded-object walker; the symbolizer uses it on every architecture, the unwinder's
 // table copies only where there is an unwinder.
@@ -523,6 +524,7 @@ impl SamplerState {
             Registration {
                 state: self,
                 slot: None,
+                alt: None,
                 run,
                 epoch,
             }
@@ -588,9 +590,12 @@ impl SamplerState {
             })
             .ok_or(SamplerError::TooManyThreads)?;
         // From here on the registration owns the slot: an error path drops it (releasing).
+        // Before the timer: its first signal already runs on the slot's own stack.
+        let alt = altstack::install(slot);
         let registration = Registration {
             state: self,
             slot: Some(slot),
+            alt,
             run,
             epoch,
         };
@@ -674,6 +679,8 @@ struct Registration {
     state: &'static SamplerState,
     /// `None`: the thread blocks SIGPROF (not retried on every span enter of this run).
     slot: Option<&'static Slot>,
+    /// The alternate signal stack the registration installed (see `altstack`).
+    alt: Option<altstack::Installed>,
     run: u64,
     epoch: u64,
 }
@@ -691,6 +698,11 @@ impl Drop for Registration {
             return;
         }
         if let Some(slot) = self.slot {
+            // On the owner thread (the registration is its thread-local), before the slot
+            // (and with it the stack) can go to another thread.
+            if let Some(alt) = self.alt.take() {
+                altstack::uninstall(alt);
+            }
             self.state.slots.release(slot);
         }
     }
@@ -869,6 +881,7 @@ pub(crate) fn after_fork_in_parent() {
 pub(crate) fn after_fork_in_child() {
     // Only atomics here.
     SamplerState::global().after_fork_in_child();
+    altstack::after_fork_in_child();
     crate::root_cpu::after_fork_in_child();
     unwind::after_fork_in_child();
     watchdog::after_fork_in_child();
