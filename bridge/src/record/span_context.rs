@@ -9,7 +9,7 @@
 //! read, reports "no span": a read racing a write never returns a mix of two spans. On the
 //! owning thread a signal can only interrupt the writer, never run beside it, so the odd
 //! check alone is exact there; the second check makes reads from other threads safe too.
-//! Writes are five relaxed stores and two fences that compile to nothing on x86-64: no
+//! Writes are seven relaxed stores and two fences that compile to nothing on x86-64: no
 //! allocation, no lock, no syscall.
 
 use std::sync::atomic::{fence, AtomicU32, AtomicU64, Ordering};
@@ -29,9 +29,9 @@ pub struct LocalRoot {
     trace_id: u128,
     name: Option<SpanName>,
     /// The root's CPU counters, as a packed [`CpuHandle`] (0: none): a slot index and
-    /// generation the signal handler checks, never an address, so a copy that outlives
-    /// its span can do no harm (see `root_cpu`).
-    cpu: u64,
+    /// 64-bit generation the signal handler checks, never an address, so a copy that
+    /// outlives its span can do no harm (see `root_cpu`).
+    cpu: u128,
 }
 
 impl LocalRoot {
@@ -53,7 +53,7 @@ impl LocalRoot {
 
     /// The root's counters as the signal handler passes them to `root_cpu::record`.
     #[inline]
-    pub(crate) fn cpu_raw(&self) -> u64 {
+    pub(crate) fn cpu_raw(&self) -> u128 {
         self.cpu
     }
 
@@ -107,7 +107,9 @@ pub(crate) struct SpanContextCell {
     span_id: AtomicU64,
     trace_hi: AtomicU64,
     trace_lo: AtomicU64,
-    cpu: AtomicU64,
+    /// The packed [`CpuHandle`]'s high half (index + 1) and low half (generation).
+    cpu_hi: AtomicU64,
+    cpu_lo: AtomicU64,
 }
 
 impl SpanContextCell {
@@ -119,7 +121,8 @@ impl SpanContextCell {
             span_id: AtomicU64::new(0),
             trace_hi: AtomicU64::new(0),
             trace_lo: AtomicU64::new(0),
-            cpu: AtomicU64::new(0),
+            cpu_hi: AtomicU64::new(0),
+            cpu_lo: AtomicU64::new(0),
         }
     }
 
@@ -145,7 +148,8 @@ impl SpanContextCell {
         let span_id = self.span_id.load(Ordering::Relaxed);
         let hi = self.trace_hi.load(Ordering::Relaxed);
         let lo = self.trace_lo.load(Ordering::Relaxed);
-        let cpu = self.cpu.load(Ordering::Relaxed);
+        let cpu_hi = self.cpu_hi.load(Ordering::Relaxed);
+        let cpu_lo = self.cpu_lo.load(Ordering::Relaxed);
         fence(Ordering::Acquire);
         if self.seq.load(Ordering::Relaxed) != before {
             return None;
@@ -154,7 +158,7 @@ impl SpanContextCell {
             span_id,
             trace_id: (u128::from(hi) << 64) | u128::from(lo),
             name: SpanName::from_raw(name),
-            cpu,
+            cpu: (u128::from(cpu_hi) << 64) | u128::from(cpu_lo),
         };
         Some((before, (!root.is_empty()).then_some(root)))
     }
@@ -177,7 +181,9 @@ impl SpanContextCell {
         self.trace_hi
             .store((root.trace_id >> 64) as u64, Ordering::Relaxed);
         self.trace_lo.store(root.trace_id as u64, Ordering::Relaxed);
-        self.cpu.store(root.cpu, Ordering::Relaxed);
+        self.cpu_hi
+            .store((root.cpu >> 64) as u64, Ordering::Relaxed);
+        self.cpu_lo.store(root.cpu as u64, Ordering::Relaxed);
         self.seq.store(seq.wrapping_add(2), Ordering::Release);
     }
 
@@ -189,7 +195,8 @@ impl SpanContextCell {
             trace_id: (u128::from(self.trace_hi.load(Ordering::Relaxed)) << 64)
                 | u128::from(self.trace_lo.load(Ordering::Relaxed)),
             name: SpanName::from_raw(self.name.load(Ordering::Relaxed)),
-            cpu: self.cpu.load(Ordering::Relaxed),
+            cpu: (u128::from(self.cpu_hi.load(Ordering::Relaxed)) << 64)
+                | u128::from(self.cpu_lo.load(Ordering::Relaxed)),
         };
         (!root.is_empty()).then_some(root)
     }
