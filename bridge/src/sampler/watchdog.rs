@@ -412,7 +412,7 @@ impl Drop for Watchdog {
 
 /// What the watchdog remembers of one owned slot between ticks.
 struct Tracked {
-    generation: u32,
+    generation: u64,
     seq: u32,
     /// The root the record names (the same for the whole sequence).
     root: LocalRoot,
@@ -775,7 +775,7 @@ impl Scanner {
 /// One examination of one thread whose record has not changed since the last tick.
 struct Look<'a> {
     slot: &'a Slot,
-    generation: u32,
+    generation: u64,
     seq: u32,
     now: u64,
     threshold: u64,
