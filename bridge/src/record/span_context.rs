@@ -9,6 +9,10 @@
 //! read, reports "no span": a read racing a write never returns a mix of two spans. On the
 //! owning thread a signal can only interrupt the writer, never run beside it, so the odd
 //! check alone is exact there; the second check makes reads from other threads safe too.
+//! The sequence is a `u64`: a write costs well over a nanosecond, so at most 10⁹ writes a
+//! second (2·10⁹ sequence steps), and it comes back to a value only after 292 years — a
+//! reader from another thread (the watchdog) preempted in the middle of its read, or
+//! comparing two reads a tick apart, can never see an old sequence return.
 //! Writes are seven relaxed stores and two fences that compile to nothing on x86-64: no
 //! allocation, no lock, no syscall.
 
@@ -102,7 +106,7 @@ impl LocalRoot {
 #[repr(C, align(64))]
 #[derive(Debug)]
 pub(crate) struct SpanContextCell {
-    seq: AtomicU32,
+    seq: AtomicU64,
     name: AtomicU32,
     span_id: AtomicU64,
     trace_hi: AtomicU64,
@@ -116,7 +120,7 @@ impl SpanContextCell {
     /// An empty record ("no span").
     pub(crate) const fn new() -> SpanContextCell {
         SpanContextCell {
-            seq: AtomicU32::new(0),
+            seq: AtomicU64::new(0),
             name: AtomicU32::new(0),
             span_id: AtomicU64::new(0),
             trace_hi: AtomicU64::new(0),
@@ -139,7 +143,7 @@ impl SpanContextCell {
     /// same sequence saw no root transition in between: what the blocked-thread watchdog
     /// uses to tell "still inside the same poll". Loads only.
     #[inline]
-    pub(crate) fn snapshot(&self) -> Option<(u32, Option<LocalRoot>)> {
+    pub(crate) fn snapshot(&self) -> Option<(u64, Option<LocalRoot>)> {
         let before = self.seq.load(Ordering::Acquire);
         if before & 1 == 1 {
             return None;
@@ -185,6 +189,12 @@ impl SpanContextCell {
             .store((root.cpu >> 64) as u64, Ordering::Relaxed);
         self.cpu_lo.store(root.cpu as u64, Ordering::Relaxed);
         self.seq.store(seq.wrapping_add(2), Ordering::Release);
+    }
+
+    /// Sets the sequence (tests: next to its wrap, 2⁶³ writes being out of reach).
+    #[cfg(test)]
+    pub(crate) fn set_sequence(&self, seq: u64) {
+        self.seq.store(seq, Ordering::Relaxed);
     }
 
     /// The value last written, read by the writer itself (no race possible).

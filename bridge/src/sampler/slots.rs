@@ -174,7 +174,7 @@ impl Slot {
     pub(crate) fn read_cell_if_owned(
         &self,
         generation: u64,
-    ) -> Option<(u32, Option<crate::span_context::LocalRoot>)> {
+    ) -> Option<(u64, Option<crate::span_context::LocalRoot>)> {
         self.watching.fetch_add(1, Ordering::SeqCst);
         let result = if self.generation.load(Ordering::SeqCst) == generation && generation & 1 == 1
         {

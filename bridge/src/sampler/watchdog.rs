@@ -413,7 +413,7 @@ impl Drop for Watchdog {
 /// What the watchdog remembers of one owned slot between ticks.
 struct Tracked {
     generation: u64,
-    seq: u32,
+    seq: u64,
     /// The root the record names (the same for the whole sequence).
     root: LocalRoot,
     /// When this record (sequence) was first seen: the thread entered the root before.
@@ -776,7 +776,7 @@ impl Scanner {
 struct Look<'a> {
     slot: &'a Slot,
     generation: u64,
-    seq: u32,
+    seq: u64,
     now: u64,
     threshold: u64,
 }
