@@ -213,16 +213,19 @@ impl Slot {
     #[inline]
     pub(crate) fn ring(&self) -> Option<&Ring> {
         // SAFETY: rings are replaced and freed only while the slot is FREE, by the thread
-        // claiming it (see module docs); callers are the owner's handler (slot LIVE,
+        // claiming it (see module docs), or when it is retired (`put_back`, under the drain
+        // lock, after its last drain); callers are the owner's handler (slot LIVE,
         // checked), the owner in `release` (LIVE until it stores the phase), the drainer
-        // (which skips FREE slots and alone frees RETIRING ones) and a forked child's one
-        // thread.
+        // (which skips FREE and RETIRED slots and alone frees RETIRING ones) and a forked
+        // child's one thread.
         unsafe { self.ring.load(Ordering::Acquire).as_ref() }
     }
 
     #[inline]
     pub(crate) fn cache(&self) -> Option<&UnwindCache> {
-        // SAFETY: caches are allocated once and never freed.
+        // SAFETY: a cache is allocated once and freed only when its slot is retired
+        // (`put_back`), after the owner moved the generation away on its own thread: no
+        // handler that accepted the slot is still running then, and none accepts it again.
         unsafe { self.cache.load(Ordering::Acquire).as_ref() }
     }
 
