@@ -400,7 +400,7 @@ mod tests {
 
     /// The counters of the root entered under `provider`'s tracer, as its label carries
     /// them (0: none).
-    fn counters_under(provider: &SdkTracerProvider) -> u64 {
+    fn counters_under(provider: &SdkTracerProvider) -> u128 {
         let subscriber = tracing_subscriber::registry()
             .with(tracing_opentelemetry::layer().with_tracer(provider.tracer("test")))
             .with(ProfilingLayer::default());
@@ -417,7 +417,7 @@ mod tests {
     fn orphans_are_entries_nothing_holds_past_their_age() {
         let entry = |followed: bool, since: u64| Entry {
             cpu: Arc::new(RootCounters {
-                handle: CpuHandle::from_raw(1 << 32).expect("a handle"),
+                handle: CpuHandle::from_raw(1 << 64).expect("a handle"),
                 followed: AtomicBool::new(followed),
             }),
             since,

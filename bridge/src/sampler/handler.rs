@@ -201,7 +201,10 @@ fn sample(state: &SamplerState, slot: &Slot, overrun: libc::c_int, ucontext: *mu
     // owner (the slot accepted the signal only after comparing tids).
     let root = unsafe { cell.as_ref() }.and_then(|c| c.read());
     if let Some(root) = &root {
-        let time = state.period_ns.load(Ordering::Relaxed) * u64::from(weight);
+        let time = state
+            .period_ns
+            .load(Ordering::Relaxed)
+            .saturating_mul(u64::from(weight));
         root_cpu::record(root.cpu_raw(), time);
     }
     let (Some(ring), Some(cache)) = (slot.ring(), slot.cache()) else {

@@ -413,8 +413,8 @@ impl Watchdog {
 
 /// What the watchdog remembers of one owned slot between ticks.
 struct Tracked {
-    generation: u32,
-    seq: u32,
+    generation: u64,
+    seq: u64,
     /// The root the record names (the same for the whole sequence).
     root: LocalRoot,
     /// When this record (sequence) was first seen: the thread entered the root before.
@@ -776,8 +776,8 @@ impl Scanner {
 /// One examination of one thread whose record has not changed since the last tick.
 struct Look<'a> {
     slot: &'a Slot,
-    generation: u32,
-    seq: u32,
+    generation: u64,
+    seq: u64,
     now: u64,
     threshold: u64,
 }

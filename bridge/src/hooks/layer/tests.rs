@@ -163,10 +163,11 @@ fn remote_parent_starts_a_new_local_root() {
         Sampler::AlwaysOn,
         ProfilingLayer::default(),
     );
+    // Sampled and the W3C random-trace-id bit: the root inherits both.
     let remote = SpanContext::new(
         TraceId::from(0xabc_u128),
         SpanId::from(0xdef_u64),
-        TraceFlags::SAMPLED,
+        TraceFlags::new(0x03),
         true,
         TraceState::default(),
     );
@@ -184,6 +185,12 @@ fn remote_parent_starts_a_new_local_root() {
     let seen = seen.expect("inside server");
     assert_eq!(seen.trace_id(), Some(TraceId::from(0xabc_u128)));
     assert_eq!(seen.span_id(), Some(server.span_context.span_id()));
+    assert_eq!(
+        seen.trace_flags(),
+        TraceFlags::new(0x03),
+        "the span's own flags"
+    );
+    assert_eq!(seen.trace_flags(), server.span_context.trace_flags());
     assert_eq!(
         profile_id(&server),
         Some(server.span_context.span_id().to_string())

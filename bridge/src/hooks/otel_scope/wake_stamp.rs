@@ -33,7 +33,7 @@ pub(super) struct WakeStamp {
 impl WakeStamp {
     /// A stamp for a future of the root `cpu`, marking the root's queued time as measured
     /// (a future polled once and ready at once was queued for 0 ns, not "unknown").
-    pub(super) fn new(cpu: u64) -> Arc<WakeStamp> {
+    pub(super) fn new(cpu: u128) -> Arc<WakeStamp> {
         root_cpu::add_queued(cpu, 0);
         Arc::new(WakeStamp::default())
     }
@@ -41,7 +41,7 @@ impl WakeStamp {
     /// At the start of a poll under the root `cpu` (a packed counter handle): closes the
     /// queued stretch opened by the last wake, keeps the task's waker, and returns the
     /// waker to hand the wrapped future.
-    pub(super) fn before_poll(self: &Arc<Self>, cpu: u64, task: &Waker) -> Waker {
+    pub(super) fn before_poll(self: &Arc<Self>, cpu: u128, task: &Waker) -> Waker {
         let woken = self.woken_at.swap(0, Ordering::AcqRel);
         if woken != 0 {
             root_cpu::add_queued(cpu, monotonic_ns().saturating_sub(woken));
