@@ -103,9 +103,10 @@ impl CpuHandle {
 
     /// Unpacks [`CpuHandle::to_raw`]; 0 is "none".
     pub(crate) fn from_raw(raw: u64) -> Option<CpuHandle> {
-        let index = (raw >> 32) as u32;
-        (index != 0).then(|| CpuHandle {
-            index: index - 1,
+        // 0 in the index half is "none" (checked_sub: no overflow path in the handler).
+        let index = ((raw >> 32) as u32).checked_sub(1)?;
+        Some(CpuHandle {
+            index,
             generation: raw as u32,
         })
     }

@@ -171,13 +171,9 @@ extern "C" fn on_sigprof(_: libc::c_int, info: *mut libc::siginfo_t, ucontext: *
 /// Takes one sample on the slot's owner thread.
 #[inline]
 fn sample(state: &SamplerState, slot: &Slot, overrun: libc::c_int, ucontext: *mut libc::c_void) {
-    #[cfg(test)]
-    if state.inject_panic.load(Ordering::Relaxed) {
-        panic!("injected panic in the SIGPROF handler");
-    }
     let counters = &slot.counters;
     // Expirations the kernel could not deliver separately (rates above its tick).
-    let weight = 1 + u32::try_from(overrun).unwrap_or(0);
+    let weight = u32::try_from(overrun).unwrap_or(0).saturating_add(1);
     counters.taken.fetch_add(1, Ordering::Relaxed);
     counters
         .periods
@@ -187,7 +183,10 @@ fn sample(state: &SamplerState, slot: &Slot, overrun: libc::c_int, ucontext: *mu
     // owner (the slot accepted the signal only after comparing tids).
     let root = unsafe { cell.as_ref() }.and_then(|c| c.read());
     if let Some(root) = &root {
-        let time = state.period_ns.load(Ordering::Relaxed) * u64::from(weight);
+        let time = state
+            .period_ns
+            .load(Ordering::Relaxed)
+            .saturating_mul(u64::from(weight));
         root_cpu::record(root.cpu_raw(), time);
     }
     let (Some(ring), Some(cache)) = (slot.ring(), slot.cache()) else {

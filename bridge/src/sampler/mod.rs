@@ -319,9 +319,6 @@ pub(crate) struct SamplerState {
     at_fork: Once,
     /// The panic hook that aborts a panic inside the handler is installed once.
     panic_guard: Once,
-    /// Makes the handler panic (tests of the panic guard).
-    #[cfg(test)]
-    inject_panic: AtomicBool,
     /// Holds a registration between arming and publishing its timer (tests of stop racing
     /// registration).
     #[cfg(test)]
@@ -349,8 +346,6 @@ impl SamplerState {
             start_stop: ForkSafeLock::new(),
             at_fork: Once::new(),
             panic_guard: Once::new(),
-            #[cfg(test)]
-            inject_panic: AtomicBool::new(false),
             #[cfg(test)]
             registration_pause: std::sync::Mutex::new(None),
         }

@@ -76,7 +76,11 @@ impl StackBounds {
     /// Bytes of this stack left below `sp`, or `None` when `sp` is not on this stack.
     #[inline]
     pub(crate) fn headroom(&self, sp: u64) -> Option<u64> {
-        (sp >= self.lo && sp < self.hi).then(|| sp - self.lo)
+        if sp < self.hi {
+            sp.checked_sub(self.lo)
+        } else {
+            None
+        }
     }
 
     /// A reader for the part of this stack that is live at `sp`, or `None` when `sp` is

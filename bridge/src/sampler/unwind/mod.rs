@@ -24,8 +24,9 @@
 //! **In the handler** nothing allocates, locks or touches thread-locals: framehop runs
 //! with `MustNotAllocateDuringUnwind` and a per-thread cache made at registration; every
 //! stack read goes through `StackReader` (aligned, inside `[sp, stack top)`); the depth
-//! is capped at [`MAX_FRAMES`]; an address outside every known object ends the walk
-//! (framehop would otherwise guess with frame pointers, which release builds do not keep).
+//! is capped at [`MAX_FRAMES`](crate::sampler::MAX_FRAMES); an address outside every
+//! known object ends the walk (framehop would otherwise guess with frame pointers, which
+//! release builds do not keep).
 //!
 //! **A thread's cache across snapshots.** framehop caches one unwind rule per slot
 //! (`address % 509`) and trusts an entry whose address and "module generation" match the
@@ -74,7 +75,7 @@ use std::time::{Duration, Instant};
 use framehop::{ExplicitModuleSectionInfo, FrameAddress, Module, Unwinder};
 
 use super::modules::{self, LoadGeneration, LoadedObject, Tables};
-use super::ring::{SampleRecord, MAX_FRAMES};
+use super::ring::SampleRecord;
 use super::stack::{Registers, StackBounds};
 
 // Both are compiled on either architecture, so the other one's path is type-checked too.
@@ -221,7 +222,10 @@ impl<A: Arch> Snapshot<A> {
     #[inline]
     fn is_code(&self, addr: u64) -> bool {
         let i = self.code.partition_point(|r| r.start <= addr);
-        i > 0 && addr < self.code[i - 1].end
+        // The last range starting at or below `addr` (none when `i` is 0).
+        i.checked_sub(1)
+            .and_then(|last| self.code.get(last))
+            .is_some_and(|r| addr < r.end)
     }
 
     fn table_bytes(&self) -> usize {
@@ -296,10 +300,11 @@ impl<A: Arch> Snapshot<A> {
         let end = loop {
             match frames.next() {
                 Ok(Some(frame)) => {
-                    if depth == MAX_FRAMES {
+                    // Past `MAX_FRAMES` there is no entry left: truncated.
+                    let Some(entry) = record.frames.get_mut(depth) else {
                         break WalkEnd::Truncated;
-                    }
-                    record.frames[depth] = frame.address();
+                    };
+                    *entry = frame.address();
                     depth += 1;
                     if !self.is_code(frame.address_for_lookup()) {
                         break WalkEnd::UnknownPc;
