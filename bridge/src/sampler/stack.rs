@@ -109,8 +109,11 @@ impl StackReader {
     }
 
     /// The word at `addr`, or `Err(())` (what framehop's `read_stack` expects) for any
-    /// address [`is_readable`](Self::is_readable) refuses. Async-signal-safe.
+    /// address [`is_readable`](Self::is_readable) refuses. Async-signal-safe. framehop
+    /// calls it back from inside the handler's walk, past the boundary the handler's own
+    /// link-time proof stops at (`unwind::framehop_next`), so it carries its own.
     #[inline]
+    #[cfg_attr(feature = "handler-no-panic-check", no_panic::no_panic)]
     pub(crate) fn read(&self, addr: u64) -> Result<u64, ()> {
         if !self.is_readable(addr) {
             return Err(());
