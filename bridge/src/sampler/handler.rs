@@ -157,7 +157,9 @@ extern "C" fn on_sigprof(_: libc::c_int, info: *mut libc::siginfo_t, ucontext: *
 
 /// Everything the handler does. Under the feature `handler-no-panic-check` (the CI's
 /// `handler-proof` build) `no_panic` makes any panic path left in this body, or in
-/// anything it calls (ours, framehop's, gimli's), fail the link.
+/// anything it calls, fail the link; framehop's two calls are `extern "C"` functions
+/// (`unwind::framehop_next`, `unwind::framehop_unwind_frame`), past which no panic can
+/// unwind and the proof does not look.
 ///
 /// # Safety
 /// Only as the `SIGPROF` handler, with the kernel's `siginfo` and `ucontext` arguments.
