@@ -318,9 +318,6 @@ pub(crate) struct SamplerState {
     start_stop: ForkSafeLock,
     /// The panic hook that aborts a panic inside the handler is installed once.
     panic_guard: Once,
-    /// Makes the handler panic (tests of the panic guard).
-    #[cfg(test)]
-    inject_panic: AtomicBool,
     /// Holds a registration between arming and publishing its timer (tests of stop racing
     /// registration).
     #[cfg(test)]
@@ -347,8 +344,6 @@ impl SamplerState {
             replaced_seen: AtomicBool::new(false),
             start_stop: ForkSafeLock::new(),
             panic_guard: Once::new(),
-            #[cfg(test)]
-            inject_panic: AtomicBool::new(false),
             #[cfg(test)]
             registration_pause: std::sync::Mutex::new(None),
         }
