@@ -50,6 +50,16 @@ pub const WALL_ACTIVE_ATTRIBUTE: &str = "profiling.wall.active_ns";
 /// "awaiting" (duration − active).
 pub const WALL_QUEUED_ATTRIBUTE: &str = "profiling.wall.queued_ns";
 
+/// Time the process's cgroup was throttled for its CPU quota while the local root ran, in
+/// nanoseconds (cgroup v2 `throttled_usec`, v1 `throttled_time`; kept by the blocked-in-poll
+/// watchdog every 100 ms, so within that at each end). Present when the cgroup's files can
+/// be read and a watchdog runs. The process's threads were runnable but not run for that
+/// long: time that reads as off CPU without being any wait of the span's own.
+pub const CGROUP_THROTTLED_ATTRIBUTE: &str = "profiling.cgroup.throttled_ns";
+/// The cgroup's CPU limit, in CPUs (`cpu.max`, or `cpu.cfs_quota_us` / `cpu.cfs_period_us`),
+/// on roots with a non-zero [`CGROUP_THROTTLED_ATTRIBUTE`].
+pub const CGROUP_CPU_LIMIT_ATTRIBUTE: &str = "profiling.cgroup.cpu_limit";
+
 /// Entries whose span is gone without having ended through a processor are purged
 /// after this long. (Entries of roots that no layer or wrapper has followed yet are kept
 /// for an hour: a root may wait, unentered, in a queue before its first poll.)
@@ -85,6 +95,8 @@ struct Entry {
     cpu: Arc<RootCounters>,
     /// When the entry was made (coarse monotonic ns: only compared with [`ORPHAN_AGE`]).
     since: u64,
+    /// The process's cgroup throttled time at the root's start, when it is kept.
+    throttled_at_start: Option<u64>,
 }
 
 impl Entry {
@@ -219,6 +231,7 @@ fn claim(span_id: SpanId) -> Option<Arc<RootCounters>> {
         Entry {
             cpu: cpu.clone(),
             since: crate::clock::coarse_monotonic_ns(),
+            throttled_at_start: crate::sampler::cgroup::throttled_ns(),
         },
     ) {
         // The same span id twice (a caller reusing ids): the older root stops counting.
@@ -254,13 +267,18 @@ pub(crate) fn counters_of(span_id: SpanId) -> Option<Arc<RootCounters>> {
     Some(cpu)
 }
 
-/// Ends counting for the root `span_id` and returns its totals, if anything followed it.
-fn take(span_id: SpanId) -> Option<RootTotals> {
+/// Ends counting for the root `span_id` and returns its totals and its cgroup throttled
+/// time at the start, if anything followed it.
+fn take(span_id: SpanId) -> Option<(RootTotals, Option<u64>)> {
     let key = u64::from_be_bytes(span_id.to_bytes());
     let mut shard = shard(key);
     let entry = shard.entries.remove(&key)?;
     let totals = shard.slots.release(entry.cpu.handle);
-    entry.cpu.followed.load(Ordering::Relaxed).then_some(totals)
+    entry
+        .cpu
+        .followed
+        .load(Ordering::Relaxed)
+        .then_some((totals, entry.throttled_at_start))
 }
 
 /// Wraps the exporting span processor and adds [`CPU_SAMPLES_ATTRIBUTE`],
@@ -357,7 +375,7 @@ impl<P: SpanProcessor> SpanProcessor for CpuEvidenceProcessor<P> {
     }
 
     fn on_end(&self, mut span: SpanData) {
-        if let Some(totals) = take(span.span_context.span_id()) {
+        if let Some((totals, throttled_at_start)) = take(span.span_context.span_id()) {
             let int = |v: u64| i64::try_from(v).unwrap_or(i64::MAX);
             span.attributes.extend([
                 KeyValue::new(CPU_SAMPLES_ATTRIBUTE, int(totals.samples)),
@@ -370,6 +388,19 @@ impl<P: SpanProcessor> SpanProcessor for CpuEvidenceProcessor<P> {
             if let Some(queued) = totals.queued_ns {
                 span.attributes
                     .push(KeyValue::new(WALL_QUEUED_ATTRIBUTE, int(queued)));
+            }
+            // Only when the count was kept at both ends (a watchdog ran, the files could
+            // be read): otherwise "unknown", not 0.
+            let throttled = throttled_at_start
+                .zip(crate::sampler::cgroup::throttled_ns())
+                .map(|(start, end)| end.saturating_sub(start));
+            if let Some(throttled) = throttled {
+                span.attributes
+                    .push(KeyValue::new(CGROUP_THROTTLED_ATTRIBUTE, int(throttled)));
+                if let Some(limit) = crate::sampler::cgroup::cpu_limit().filter(|_| throttled > 0) {
+                    span.attributes
+                        .push(KeyValue::new(CGROUP_CPU_LIMIT_ATTRIBUTE, limit));
+                }
             }
         }
         self.inner.on_end(span);
@@ -421,6 +452,7 @@ mod tests {
                 followed: AtomicBool::new(followed),
             }),
             since,
+            throttled_at_start: None,
         };
         let minutes = |m: u64| m * 60 * 1_000_000_000;
         let now = minutes(600);

@@ -34,6 +34,7 @@
 //! stack is recorded.
 
 mod altstack;
+pub(crate) mod cgroup;
 mod handler;
 // The loaded-object walker; the symbolizer uses it on every architecture, the unwinder's
 // table copies only where there is an unwinder.

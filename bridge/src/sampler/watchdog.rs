@@ -380,12 +380,19 @@ impl Watchdog {
                 let mut scanner = Scanner::new(config.clone());
                 let tick = config.tick();
                 let mut next = Instant::now() + tick;
+                // The cgroup's throttled time, for the roots' evidence (`cgroup`).
+                super::cgroup::refresh();
+                let mut next_cgroup = Instant::now() + super::cgroup::REFRESH;
                 // Until the handle is dropped (disconnected) or sends.
                 while let Err(RecvTimeoutError::Timeout) =
                     stopped.recv_timeout(next.saturating_duration_since(Instant::now()))
                 {
                     let cpu_before = own_cpu_ns();
                     scanner.tick();
+                    if Instant::now() >= next_cgroup {
+                        super::cgroup::refresh();
+                        next_cgroup = Instant::now() + super::cgroup::REFRESH;
+                    }
                     let spent = own_cpu_ns().saturating_sub(cpu_before);
                     COUNTERS.cpu_ns.fetch_add(spent, Ordering::Relaxed);
                     next += tick;
@@ -394,6 +401,7 @@ impl Watchdog {
                         next = now + tick;
                     }
                 }
+                super::cgroup::forget();
                 RUNNING.store(false, Ordering::Release);
             });
         match spawned {
