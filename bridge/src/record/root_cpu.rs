@@ -69,6 +69,9 @@ struct Slot {
     /// as measured by the plain-API future wrapper; same layout as `active`, with bit 47
     /// set once anything measured it (so "not measured" is not reported as 0).
     queued: AtomicU64,
+    /// Run delay: time the root's threads were runnable inside it but not running, as
+    /// the blocked-in-poll watchdog reads it from the scheduler; same layout as `queued`.
+    runqueue: AtomicU64,
     /// Adds of active or queued time between their generation check and their last
     /// access to the words: the slot is not reused while any is (see [`add_tagged`]).
     adders: AtomicU32,
@@ -82,6 +85,7 @@ impl Slot {
             time_ns: AtomicU64::new(0),
             active: AtomicU64::new(0),
             queued: AtomicU64::new(0),
+            runqueue: AtomicU64::new(0),
             adders: AtomicU32::new(0),
         }
     }
@@ -191,6 +195,7 @@ impl SlotLists {
         let next = slot.generation.load(Ordering::Relaxed).wrapping_add(1);
         slot.active.store(active_tag(next), Ordering::Relaxed);
         slot.queued.store(active_tag(next), Ordering::Relaxed);
+        slot.runqueue.store(active_tag(next), Ordering::Relaxed);
         // Even (free) → odd (owned); the release orders the zeroing before it.
         let generation = slot
             .generation
@@ -222,6 +227,7 @@ impl SlotLists {
         let closed = active_tag(handle.generation.wrapping_add(1));
         let active = slot.active.swap(closed, Ordering::SeqCst);
         let queued = slot.queued.swap(closed, Ordering::SeqCst);
+        let runqueue = slot.runqueue.swap(closed, Ordering::SeqCst);
         // A handler that passed the generation check just before the release may still be
         // adding: wait for it a little (handlers are short), without ever blocking long.
         for _ in 0..1000 {
@@ -235,6 +241,7 @@ impl SlotLists {
             cpu_ns: slot.time_ns.load(Ordering::Relaxed),
             active_ticks: active & ACTIVE_NS_MASK,
             queued_ns: (queued & QUEUED_MEASURED != 0).then_some(queued & QUEUED_NS_MASK),
+            runqueue_ns: (runqueue & QUEUED_MEASURED != 0).then_some(runqueue & QUEUED_NS_MASK),
         };
         if handle.generation.wrapping_add(1) == 0 {
             RETIRED.fetch_add(1, Ordering::Relaxed);
@@ -274,6 +281,9 @@ pub(crate) struct RootTotals {
     /// Wall time its futures spent woken but not polled, when a wrapper measured it (see
     /// [`add_queued`]).
     pub(crate) queued_ns: Option<u64>,
+    /// Run delay of its threads inside it, when the watchdog read any (see
+    /// [`add_runqueue`]).
+    pub(crate) runqueue_ns: Option<u64>,
 }
 
 /// Adds `ns` (`clock::ticks`) of wall time spent inside the root `raw` (a
@@ -293,6 +303,19 @@ pub(crate) fn add_queued(raw: u128, ns: u64) -> bool {
         raw,
         ns,
         |slot| &slot.queued,
+        QUEUED_NS_MASK,
+        QUEUED_MEASURED,
+    )
+}
+
+/// Adds `ns` of run delay (runnable inside the root, not running) and marks the root's
+/// run delay as measured. Same rules as [`add_active`]; called by the watchdog thread.
+#[inline]
+pub(crate) fn add_runqueue(raw: u128, ns: u64) -> bool {
+    add_tagged(
+        raw,
+        ns,
+        |slot| &slot.runqueue,
         QUEUED_NS_MASK,
         QUEUED_MEASURED,
     )
@@ -409,7 +432,8 @@ mod tests {
                 samples: 2,
                 cpu_ns: 20,
                 active_ticks: 100,
-                queued_ns: None
+                queued_ns: None,
+                runqueue_ns: None
             }
         );
         assert!(!add_active(a.to_raw(), 5), "ended root refuses active time");
@@ -434,7 +458,8 @@ mod tests {
                 samples: 1,
                 cpu_ns: 7,
                 active_ticks: 3,
-                queued_ns: None
+                queued_ns: None,
+                runqueue_ns: None
             }
         );
         // Releasing twice is harmless.
@@ -572,7 +597,8 @@ mod tests {
                 samples: 0,
                 cpu_ns: 0,
                 active_ticks: 7,
-                queued_ns: None
+                queued_ns: None,
+                runqueue_ns: None
             }
         );
     }
@@ -623,7 +649,8 @@ mod tests {
                 samples: 1,
                 cpu_ns: 10,
                 active_ticks: 4,
-                queued_ns: None
+                queued_ns: None,
+                runqueue_ns: None
             },
             "its last root still counts"
         );

@@ -10,12 +10,8 @@ use std::path::Path;
 use otel_profiling::{
     CGROUP_CPU_LIMIT_ATTRIBUTE, CGROUP_THROTTLED_ATTRIBUTE, CPU_SAMPLES_ATTRIBUTE,
     CPU_TIME_ATTRIBUTE, PROFILE_ID_ATTRIBUTE, WALL_ACTIVE_ATTRIBUTE, WALL_QUEUED_ATTRIBUTE,
+    WALL_RUNQUEUE_ATTRIBUTE,
 };
-
-/// Run delay of the local root's threads: time they were runnable inside the root but not
-/// running (the scheduler gave the CPU to other work), nanoseconds; part of
-/// `profiling.wall.active_ns`, disjoint from its CPU. Read when a span carries it.
-pub const WALL_RUNQUEUE_ATTRIBUTE: &str = "profiling.wall.runqueue_ns";
 use serde::Deserialize;
 use serde_json::Value;
 
