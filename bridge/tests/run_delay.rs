@@ -11,25 +11,14 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use opentelemetry::trace::{TraceContextExt as _, Tracer as _, TracerProvider as _};
-use opentelemetry_sdk::trace::{InMemorySpanExporter, SdkTracerProvider, SimpleSpanProcessor};
 use otel_profiling::{
-    CpuEvidenceProcessor, Profiler, ProfilingContext, ProfilingFutureExt as _, CPU_TIME_ATTRIBUTE,
-    WALL_ACTIVE_ATTRIBUTE, WALL_RUNQUEUE_ATTRIBUTE,
+    ProfilingContext, ProfilingFutureExt as _, CPU_TIME_ATTRIBUTE, WALL_ACTIVE_ATTRIBUTE,
+    WALL_RUNQUEUE_ATTRIBUTE,
 };
 
 #[test]
 fn a_root_beside_busy_loops_waits_for_a_cpu_and_a_sleeping_one_is_blocked() {
-    let dir = std::env::temp_dir().join(format!("otel-profiling-run-delay-{}", std::process::id()));
-    let profiler = Profiler::builder()
-        .output_dir(&dir)
-        .start()
-        .expect("profiler");
-    let exporter = InMemorySpanExporter::default();
-    let provider = SdkTracerProvider::builder()
-        .with_span_processor(CpuEvidenceProcessor::new(SimpleSpanProcessor::new(
-            exporter.clone(),
-        )))
-        .build();
+    let (profiler, dir, provider, exporter) = common::profiled_provider("run-delay");
     let tracer = provider.tracer("run-delay");
     let runtime = tokio::runtime::Builder::new_multi_thread()
         .worker_threads(2)
