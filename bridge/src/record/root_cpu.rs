@@ -404,6 +404,25 @@ pub(crate) fn record(raw: u128, time_ns: u64) {
     IN_FLIGHT.fetch_sub(1, Ordering::SeqCst);
 }
 
+/// Adds `ns` of CPU time measured outside a sample (the watchdog's reading of a thread's
+/// CPU clock, see `sampler::cpu_ledger`) to the root `raw`: its CPU total, not its sample
+/// count. Same rules as [`record`].
+pub(crate) fn add_cpu(raw: u128, ns: u64) {
+    if raw == 0 || ns == 0 {
+        return;
+    }
+    let Some(handle) = CpuHandle::from_raw(raw) else {
+        return;
+    };
+    IN_FLIGHT.fetch_add(1, Ordering::SeqCst);
+    if let Some(slot) = slot(handle.index) {
+        if slot.generation.load(Ordering::SeqCst) == handle.generation {
+            slot.time_ns.fetch_add(ns, Ordering::Relaxed);
+        }
+    }
+    IN_FLIGHT.fetch_sub(1, Ordering::SeqCst);
+}
+
 /// Samples taken under a root that had already ended (a kept or leaked `LocalRoot`);
 /// they were not counted for any span.
 pub(crate) fn stale_handles() -> u64 {

@@ -72,7 +72,7 @@ impl RunDelay {
             return;
         }
         reader.next_read = now.saturating_add(PERIOD_NS);
-        let Some(delay) = read_run_delay(&reader.file) else {
+        let Some((cpu, delay)) = read_schedstat(&reader.file) else {
             *entry = None;
             return;
         };
@@ -84,6 +84,13 @@ impl RunDelay {
             reader.last = None;
             return;
         }
+        // The same read bounds the CPU time a root's end can leave uncounted when the
+        // thread's timer signals lag (see `cpu_ledger`): the thread's CPU clock, given
+        // from the ledger to the root it holds, unless the slot changed owner meanwhile.
+        let given = slot
+            .cpu
+            .advance_while(cpu, || slot.generation() == generation);
+        root_cpu::add_cpu(raw, given);
         let grown = match reader.last {
             Some((g, r, before)) if g == generation && r == root => delay.saturating_sub(before),
             // The first read of this root here: it is measured, from now on.
@@ -94,16 +101,20 @@ impl RunDelay {
     }
 }
 
-/// The run delay (second field) of a schedstat file, re-read from its start.
-fn read_run_delay(file: &File) -> Option<u64> {
+/// The CPU time and the run delay (first and second fields, nanoseconds) of a schedstat
+/// file, re-read from its start.
+fn read_schedstat(file: &File) -> Option<(u64, u64)> {
     let mut buf = [0u8; 96];
     let n = file.read_at(&mut buf, 0).ok()?;
-    parse_run_delay(buf.get(..n)?)
+    parse_schedstat(buf.get(..n)?)
 }
 
-fn parse_run_delay(text: &[u8]) -> Option<u64> {
+fn parse_schedstat(text: &[u8]) -> Option<(u64, u64)> {
     let text = std::str::from_utf8(text).ok()?;
-    text.split_whitespace().nth(1)?.parse().ok()
+    let mut fields = text.split_whitespace();
+    let cpu = fields.next()?.parse().ok()?;
+    let delay = fields.next()?.parse().ok()?;
+    Some((cpu, delay))
 }
 
 #[cfg(test)]
@@ -111,14 +122,17 @@ mod tests {
     use super::*;
 
     #[test]
-    fn schedstat_lines_give_their_second_field() {
-        assert_eq!(parse_run_delay(b"2921455 17211 33\n"), Some(17_211));
-        assert_eq!(parse_run_delay(b"2921455\n"), None);
-        assert_eq!(parse_run_delay(b""), None);
+    fn schedstat_lines_give_their_first_two_fields() {
+        assert_eq!(
+            parse_schedstat(b"2921455 17211 33\n"),
+            Some((2_921_455, 17_211))
+        );
+        assert_eq!(parse_schedstat(b"2921455\n"), None);
+        assert_eq!(parse_schedstat(b""), None);
         // This thread's own file reads.
         // SAFETY: gettid has no preconditions.
         let tid = unsafe { libc::gettid() };
         let file = File::open(format!("/proc/self/task/{tid}/schedstat")).expect("schedstat");
-        assert!(read_run_delay(&file).is_some());
+        assert!(read_schedstat(&file).is_some());
     }
 }
