@@ -52,6 +52,10 @@ enum Command {
         /// Span name.
         #[arg(long)]
         span_name: Option<String>,
+        /// With --span-name: only the spans of this service.version (else every version
+        /// is drawn, merged, and the subtitle lists them).
+        #[arg(long, requires = "span_name", value_name = "V")]
+        service_version: Option<String>,
         /// Where to write the SVG.
         #[arg(short, long)]
         output: PathBuf,
@@ -132,13 +136,17 @@ fn run(command: Command) -> Result<(), ReportError> {
             dir,
             span_id,
             span_name,
+            service_version,
             output,
             concurrent,
         } => {
-            let selection = match (span_id, span_name) {
-                (Some(id), _) => FlameSelection::SpanId(id),
-                (None, Some(name)) => FlameSelection::SpanName(name),
-                (None, None) => usage_error("flame", "give --span-id or --span-name"),
+            let selection = match (span_id, span_name, service_version) {
+                (Some(id), _, _) => FlameSelection::SpanId(id),
+                (None, Some(name), None) => FlameSelection::SpanName(name),
+                (None, Some(name), Some(version)) => {
+                    FlameSelection::SpanNameInVersion { name, version }
+                }
+                (None, None, _) => usage_error("flame", "give --span-id or --span-name"),
             };
             let graph = if concurrent {
                 let input = otel_profiling_cli::input::Input::load(&[dir])?;
