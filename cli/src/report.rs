@@ -104,6 +104,13 @@ pub struct SpanGroup {
     /// CPU whose innermost frame is runtime or library code, per group (`tokio`, `std`,
     /// `libc`…; `function` is the group), most first.
     pub grouped: Vec<FunctionCpu>,
+    /// HTTP server spans with a method and no `http.route`: requests no route matched
+    /// (404s, paths outside the router). Not an endpoint of the service: the report lists
+    /// these groups in one line at its end, without advice.
+    pub unmatched_route: bool,
+    /// Spans that all carry tower-http's default name `request` and no route: every
+    /// endpoint falls into this one group.
+    pub unnamed_requests: bool,
 }
 
 /// A local root span that has no CPU sample.
@@ -158,11 +165,17 @@ impl SpanReport {
                 .push(span);
         }
         let mut without_samples = Vec::new();
-        let groups = grouped
+        let mut groups: Vec<SpanGroup> = grouped
             .into_iter()
             .map(|((name, version), spans)| {
                 let name = name.as_ref();
-                for span in &spans {
+                // Requests no route matched are no endpoint: not listed span by span.
+                let listed = if unmatched_route(&spans) {
+                    &[][..]
+                } else {
+                    &spans[..]
+                };
+                for span in listed {
                     if !by_id.contains_key(&span.span_id) {
                         without_samples.push(SpanWithoutSamples {
                             name: name.to_owned(),
@@ -184,6 +197,8 @@ impl SpanReport {
                 build_group(name, version, &spans, &sources)
             })
             .collect();
+        // Endpoints first; requests no route matched last (stable: by name within).
+        groups.sort_by_key(|g| g.unmatched_route);
         SpanReport {
             dirs: input.dirs.clone(),
             profile_files: input.profile_files,
@@ -374,7 +389,13 @@ fn build_group(
     let concurrent = (verdict != Verdict::CpuBound)
         .then(|| Concurrent::during(spans, samples))
         .flatten();
-    let reason = if verdict == Verdict::Waiting {
+    let unmatched_route = unmatched_route(spans);
+    let unnamed_requests = spans
+        .iter()
+        .all(|s| s.name == "request" && s.http_route.is_none());
+    let reason = if unmatched_route {
+        "requests no route matched (no http.route: 404s, paths outside the router)".to_owned()
+    } else if verdict == Verdict::Waiting {
         format!("{reason}; {}", waiting_on(&split, &dependencies))
     } else {
         reason
@@ -405,7 +426,16 @@ fn build_group(
         user_self: functions.top_user_self(TOP_FUNCTIONS),
         user_total: functions.top_user_total(TOP_FUNCTIONS),
         grouped: functions.grouped(),
+        unmatched_route,
+        unnamed_requests,
     }
+}
+
+/// HTTP server spans that name a method and no route: requests no route matched.
+fn unmatched_route(spans: &[&Span]) -> bool {
+    spans
+        .iter()
+        .all(|s| s.http_method.is_some() && s.http_route.is_none())
 }
 
 fn outside_spans(input: &Input, roots: &[&Span]) -> OutsideSpans {
@@ -460,7 +490,7 @@ impl fmt::Display for SpanReport {
         ])
         .left_align(1)
         .left_align(10);
-        for g in &self.groups {
+        for g in self.groups.iter().filter(|g| !g.unmatched_route) {
             table.row(vec![
                 g.name.clone(),
                 version_label(g.version.as_deref()).to_owned(),
@@ -476,9 +506,10 @@ impl fmt::Display for SpanReport {
             ]);
         }
         write!(f, "{table}")?;
-        for g in &self.groups {
+        for g in self.groups.iter().filter(|g| !g.unmatched_route) {
             write_group(f, g, self.all_frames)?;
         }
+        self.write_unmatched(f)?;
         self.write_without_samples(f)?;
         self.write_outside_spans(f)
     }
@@ -528,6 +559,12 @@ fn share_of_wall(g: &SpanGroup, part: u64) -> String {
     }
 }
 
+/// What to do about server spans all named `request` (tower-http's default).
+pub const UNNAMED_REQUESTS_HINT: &str = "every span is named `request` with no http.route \
+     (tower-http's `TraceLayer::new_for_http()`), so all endpoints share this one row: \
+     `otel_profiling::axum::trace_layer()` names server spans `{method} {route}`, one row \
+     per endpoint";
+
 fn write_group(f: &mut fmt::Formatter<'_>, g: &SpanGroup, all_frames: bool) -> fmt::Result {
     writeln!(
         f,
@@ -537,6 +574,9 @@ fn write_group(f: &mut fmt::Formatter<'_>, g: &SpanGroup, all_frames: bool) -> f
         g.verdict,
         g.reason
     )?;
+    if g.unnamed_requests {
+        writeln!(f, "  hint: {UNNAMED_REQUESTS_HINT}")?;
+    }
     let attrs = match (g.attribute_cpu_ns, g.attribute_samples) {
         (Some(ns), samples) => format!(
             "{} in {} sample(s)",
@@ -652,6 +692,33 @@ fn write_group(f: &mut fmt::Formatter<'_>, g: &SpanGroup, all_frames: bool) -> f
 }
 
 impl SpanReport {
+    /// The groups of requests no route matched, in one line.
+    fn write_unmatched(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        let unmatched: Vec<String> = self
+            .groups
+            .iter()
+            .filter(|g| g.unmatched_route)
+            .map(|g| {
+                format!(
+                    "{}, {} ({} span(s), wall p50 {})",
+                    g.name,
+                    version_phrase(g.version.as_deref()),
+                    g.count,
+                    ms(g.wall_p50_ns)
+                )
+            })
+            .collect();
+        if unmatched.is_empty() {
+            return Ok(());
+        }
+        writeln!(
+            f,
+            "\nUnmatched routes (no http.route: 404s and other requests no route matched, not \
+             endpoints): {}",
+            unmatched.join(", ")
+        )
+    }
+
     fn write_without_samples(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         if self.without_samples.is_empty() {
             return Ok(());
