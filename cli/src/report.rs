@@ -524,6 +524,16 @@ fn waiting_on(split: &TimeSplit, deps: &Dependencies) -> String {
     } else {
         split.off_cpu_ns
     };
+    describe_waiting(waiting_ns, deps)
+}
+
+/// Below this share of the waiting covered by child spans, they explain next to nothing
+/// and the advice is to instrument the call that takes the rest; at or above it, the
+/// report names the children and says how much no child covers, without advice (the rest
+/// may be time between the calls).
+const COVERED_ENOUGH_TO_NAME: f64 = 0.1;
+
+fn describe_waiting(waiting_ns: u64, deps: &Dependencies) -> String {
     let per_root = |ns: u64| ns as f64 / deps.roots.max(1) as f64 / 1e6;
     if deps.children.is_empty() {
         return format!(
@@ -538,6 +548,15 @@ fn waiting_on(split: &TimeSplit, deps: &Dependencies) -> String {
             deps.describe(3),
             per_root(covered),
             per_root(waiting_ns)
+        )
+    } else if covered as f64 >= COVERED_ENOUGH_TO_NAME * waiting_ns as f64 {
+        format!(
+            "waiting on a dependency: {}, covering {:.1} of its {:.1} ms per span off CPU; \
+             the other {:.1} ms are in no child span",
+            deps.describe(3),
+            per_root(covered),
+            per_root(waiting_ns),
+            per_root(waiting_ns - covered)
         )
     } else {
         format!(
@@ -797,4 +816,47 @@ fn version_phrase(version: Option<&str>) -> String {
         || "no service.version".to_owned(),
         |v| format!("version {v}"),
     )
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::dependencies::ChildCoverage;
+
+    /// A child span covering part of the waiting is named with what it leaves uncovered,
+    /// and no advice; only children that cover next to nothing (under 10 %) get "instrument
+    /// the dependency call that takes the rest".
+    #[test]
+    fn a_child_covering_part_of_a_wait_is_named_without_advice() {
+        const MS: u64 = 1_000_000;
+        let deps = |covered_ms: u64| Dependencies {
+            roots: 1,
+            children: vec![ChildCoverage {
+                name: "db.query".into(),
+                count: 1,
+                covered_ns: covered_ms * MS,
+            }],
+            covered_ns: covered_ms * MS,
+        };
+        let most = describe_waiting(238 * MS, &deps(122));
+        assert_eq!(
+            most,
+            "waiting on a dependency: 1 × db.query (122.0 ms), covering 122.0 of its 238.0 ms \
+             per span off CPU"
+        );
+        let part = describe_waiting(238 * MS, &deps(60));
+        assert_eq!(
+            part,
+            "waiting on a dependency: 1 × db.query (60.0 ms), covering 60.0 of its 238.0 ms \
+             per span off CPU; the other 178.0 ms are in no child span"
+        );
+        assert!(!part.contains("instrument"));
+        let little = describe_waiting(238 * MS, &deps(10));
+        assert!(
+            little.ends_with("instrument the dependency call that takes the rest"),
+            "{little}"
+        );
+        let none = describe_waiting(238 * MS, &Dependencies::default());
+        assert!(none.ends_with("instrument the dependency call"), "{none}");
+    }
 }
