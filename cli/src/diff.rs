@@ -11,7 +11,7 @@ use std::path::{Path, PathBuf};
 use crate::dependencies::Dependencies;
 use crate::error::ReportError;
 use crate::format::{ms, ms_delta, ms_f, Table};
-use crate::functions::{FunctionCpu, FunctionTotals};
+use crate::functions::{is_address, library_group, FunctionCpu, FunctionTotals};
 use crate::input::{version_label, Input, Span};
 use crate::report::SpanGroup;
 use crate::split::{Part, TimeSplit};
@@ -51,6 +51,12 @@ pub struct VersionDiff {
     /// Up to [`TOP_GROWN`] functions whose CPU per request grew: by growth of self CPU
     /// (where the time is spent), then of total CPU (the callers on the way there).
     pub grown: Vec<FunctionDelta>,
+    /// The regression's cause in the user's code: the deepest function of the user's
+    /// code (not a runtime or library frame, never a bare address) whose total CPU per
+    /// request grew by at least half of the whole CPU growth per request. `None` when
+    /// the CPU did not grow or no such function exists. The headline names it: not the
+    /// leaf whose self time grew most (often a library's), nor the outermost frame.
+    pub cause: Option<FunctionDelta>,
     /// Functions on the new side's stacks that the old side never ran, holding at least
     /// [`NEW_FUNCTION_SHARE`] of the new side's CPU, by total CPU per request, most first
     /// (up to [`TOP_GROWN`]): new code paths, often the regression itself.
@@ -259,6 +265,22 @@ impl VersionDiff {
                 .then(a.function.cmp(&b.function))
         });
         new_functions.truncate(TOP_GROWN);
+        let growth = after.cpu_per_request_ns - before.cpu_per_request_ns;
+        let cause = grown
+            .iter()
+            .filter(|d| {
+                growth > 0.0
+                    && d.total_delta_ns() >= growth / 2.0
+                    && library_group(&d.function).is_none()
+                    && !is_address(&d.function)
+            })
+            .max_by(|a, b| {
+                new.depth(&a.function)
+                    .cmp(&new.depth(&b.function))
+                    .then(a.total_delta_ns().total_cmp(&b.total_delta_ns()))
+                    .then(b.function.cmp(&a.function))
+            })
+            .cloned();
         grown.sort_by(|a, b| {
             b.delta_ns()
                 .total_cmp(&a.delta_ns())
@@ -272,6 +294,7 @@ impl VersionDiff {
             before,
             after,
             grown,
+            cause,
             new_functions,
             parts,
         }
@@ -343,9 +366,16 @@ impl VersionDiff {
         }
         let (b, a) = (&self.before, &self.after);
         match p.part {
-            Part::Cpu => self.grown.first().map_or_else(String::new, |f| {
-                format!(" (most in {} {})", f.function, ms_delta(f.delta_ns()))
-            }),
+            Part::Cpu => match &self.cause {
+                Some(cause) => format!(
+                    " (in {}: its total CPU per request {})",
+                    cause.function,
+                    ms_delta(cause.total_delta_ns())
+                ),
+                None => self.grown.first().map_or_else(String::new, |f| {
+                    format!(" (most in {} {})", f.function, ms_delta(f.delta_ns()))
+                }),
+            },
             Part::Blocked => a
                 .blocking
                 .first()
@@ -775,6 +805,71 @@ mod tests {
             row.contains("80.00 ms (80%)") && row.contains(" - "),
             "{row}"
         );
+    }
+
+    /// The headline names the deepest function of the user's code holding at least half
+    /// of the CPU growth: not the library leaf whose self time grew most, not the
+    /// outermost frames every sample passes through, never a bare address.
+    #[test]
+    fn the_headline_names_the_deepest_user_function_holding_half_the_growth() {
+        let stack = |id: u64, samples: u64, frames: &[&str]| Sample {
+            frames: frames.iter().rev().map(|f| Arc::from(*f)).collect(),
+            ..sample(id, samples)
+        };
+        let outer = ["app::main", "app::handle_report"];
+        let with = |tail: &[&'static str]| -> Vec<&'static str> {
+            outer.iter().copied().chain(tail.iter().copied()).collect()
+        };
+        let input = Input {
+            spans: vec![span(1, "1", 100, Some(100)), span(2, "2", 200, Some(200))],
+            samples: vec![
+                stack(1, 4, &with(&["app::render_rows"])),
+                stack(2, 4, &with(&["app::render_rows"])),
+                // 2.0 pages the report: 6 samples (60 ms) more under paginate_report, most
+                // of it in a map insert, a little in an unnamed address.
+                stack(
+                    2,
+                    5,
+                    &with(&[
+                        "app::paginate_report",
+                        "hashbrown::map::HashMap<K,V>::insert",
+                    ]),
+                ),
+                stack(2, 1, &with(&["app::paginate_report", "libc.so.6+0x96565"])),
+            ],
+            profile_files: 1,
+            span_files: 1,
+            period_ns: Some(10 * MS),
+            ..Input::default()
+        };
+        let diff = diff(&input);
+        let cause = diff.cause.as_ref().expect("a cause");
+        assert_eq!(cause.function, "app::paginate_report");
+        assert_eq!(cause.total_delta_ns(), 60.0 * MS as f64);
+        // The largest self growth is the library's leaf; the outer frames grew as much.
+        assert_eq!(
+            diff.grown[0].function,
+            "hashbrown::map::HashMap<K,V>::insert"
+        );
+        assert!(
+            diff.what_changed().contains(
+                "CPU +60.00 ms (in app::paginate_report: its total CPU per request +60.00 ms)"
+            ),
+            "{}",
+            diff.what_changed()
+        );
+        // No user function holds half: no cause, the largest self growth instead.
+        let spread = Input {
+            samples: vec![
+                stack(1, 4, &["app::a"]),
+                stack(2, 4, &["app::a"]),
+                stack(2, 2, &["app::b"]),
+                stack(2, 2, &["app::c"]),
+                stack(2, 2, &["app::d"]),
+            ],
+            ..input.clone()
+        };
+        assert_eq!(super::tests::diff(&spread).cause, None);
     }
 
     #[test]

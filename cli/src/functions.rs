@@ -67,6 +67,11 @@ impl FunctionTotals {
         self.self_ns.get(function).copied().unwrap_or(0)
     }
 
+    /// The deepest position `function` was seen at, from the outermost frame (0).
+    pub(crate) fn depth(&self, function: &str) -> usize {
+        self.depth.get(function).copied().unwrap_or(0)
+    }
+
     /// Total CPU of `function`.
     pub(crate) fn total_ns(&self, function: &str) -> u64 {
         self.total_ns.get(function).copied().unwrap_or(0)
@@ -250,6 +255,11 @@ pub fn library_group(frame: &str) -> Option<&'static str> {
         }),
         None => is_native(frame).then_some(NATIVE_GROUP),
     }
+}
+
+/// Whether `frame` is an unnamed address (`0x…`, or `file+0x…` where no symbol covers it).
+pub fn is_address(frame: &str) -> bool {
+    frame.starts_with("0x") || frame.contains("+0x")
 }
 
 /// The first path segment (the crate) of the path owning `frame`'s code; `None` for a
