@@ -53,7 +53,9 @@ pub struct VersionDiff {
     pub grown: Vec<FunctionDelta>,
     /// The regression's cause in the user's code: the deepest function of the user's
     /// code (not a runtime or library frame, never a bare address) whose total CPU per
-    /// request grew by at least half of the whole CPU growth per request. `None` when
+    /// request grew by at least half of the whole CPU growth per request — among those
+    /// the old side never ran, when there are any (new code is the change; what it calls
+    /// grew because of it). `None` when
     /// the CPU did not grow or no such function exists. The headline names it: not the
     /// leaf whose self time grew most (often a library's), nor the outermost frame.
     pub cause: Option<FunctionDelta>,
@@ -266,7 +268,7 @@ impl VersionDiff {
         });
         new_functions.truncate(TOP_GROWN);
         let growth = after.cpu_per_request_ns - before.cpu_per_request_ns;
-        let cause = grown
+        let holders: Vec<&FunctionDelta> = grown
             .iter()
             .filter(|d| {
                 growth > 0.0
@@ -274,13 +276,27 @@ impl VersionDiff {
                     && library_group(&d.function).is_none()
                     && !is_address(&d.function)
             })
-            .max_by(|a, b| {
-                new.depth(&a.function)
-                    .cmp(&new.depth(&b.function))
-                    .then(a.total_delta_ns().total_cmp(&b.total_delta_ns()))
-                    .then(b.function.cmp(&a.function))
-            })
-            .cloned();
+            .collect();
+        // A function the old side never ran is the change itself: the code below it (a
+        // serializer it calls more) grew because of it.
+        let new_holders: Vec<&FunctionDelta> = holders
+            .iter()
+            .copied()
+            .filter(|d| d.total_before_ns == 0.0)
+            .collect();
+        let cause = if new_holders.is_empty() {
+            holders
+        } else {
+            new_holders
+        }
+        .into_iter()
+        .max_by(|a, b| {
+            new.depth(&a.function)
+                .cmp(&new.depth(&b.function))
+                .then(a.total_delta_ns().total_cmp(&b.total_delta_ns()))
+                .then(b.function.cmp(&a.function))
+        })
+        .cloned();
         grown.sort_by(|a, b| {
             b.delta_ns()
                 .total_cmp(&a.delta_ns())
@@ -870,6 +886,20 @@ mod tests {
             ..input.clone()
         };
         assert_eq!(super::tests::diff(&spread).cause, None);
+        // A function new in 2 holding the growth is the cause, though a function it calls
+        // (deeper, run by both) grew by more than half too.
+        let paged = Input {
+            samples: vec![
+                stack(1, 4, &with(&["app::serialize"])),
+                stack(2, 10, &with(&["app::paged", "app::serialize"])),
+            ],
+            ..input.clone()
+        };
+        let paged = super::tests::diff(&paged);
+        assert_eq!(
+            paged.cause.as_ref().map(|c| c.function.as_str()),
+            Some("app::paged")
+        );
     }
 
     #[test]
