@@ -11,7 +11,7 @@ use std::path::{Path, PathBuf};
 use crate::dependencies::Dependencies;
 use crate::error::ReportError;
 use crate::format::{ms, ms_delta, ms_f, Table};
-use crate::functions::{is_address, library_group, FunctionCpu, FunctionTotals};
+use crate::functions::{is_address, FunctionCpu, FunctionTotals};
 use crate::input::{version_label, Input, Span};
 use crate::report::SpanGroup;
 use crate::split::{Part, TimeSplit};
@@ -172,8 +172,18 @@ impl VersionDiff {
         from: &str,
         to: &str,
     ) -> Result<VersionDiff, ReportError> {
-        let input = Input::load(&[dir.to_path_buf()])?;
-        let spans = spans_named(&input, span_name)?;
+        VersionDiff::between_versions_in(&Input::load(&[dir.to_path_buf()])?, span_name, from, to)
+    }
+
+    /// [`between_versions`](Self::between_versions) over what was read into `input` (with
+    /// its [`Input::user_crates`], say).
+    pub fn between_versions_in(
+        input: &Input,
+        span_name: &str,
+        from: &str,
+        to: &str,
+    ) -> Result<VersionDiff, ReportError> {
+        let spans = spans_named(input, span_name)?;
         let versions: BTreeSet<&str> = spans
             .iter()
             .map(|s| version_label(s.service_version.as_deref()))
@@ -193,8 +203,8 @@ impl VersionDiff {
             }
             Ok(chosen)
         };
-        let before = side(from.to_owned(), &input, span_name, &of_version(from)?);
-        let after = side(to.to_owned(), &input, span_name, &of_version(to)?);
+        let before = side(from.to_owned(), input, span_name, &of_version(from)?);
+        let after = side(to.to_owned(), input, span_name, &of_version(to)?);
         Ok(VersionDiff::new(span_name, before, after))
     }
 
@@ -219,10 +229,27 @@ impl VersionDiff {
         after: &Path,
         span_name: &str,
     ) -> Result<VersionDiff, ReportError> {
-        let side_of = |dir: &Path| -> Result<(DiffSide, FunctionTotals), ReportError> {
-            let input = Input::load(&[dir.to_path_buf()])?;
-            let spans = spans_named(&input, span_name)?;
-            Ok(side(dir.display().to_string(), &input, span_name, &spans))
+        VersionDiff::between_inputs(
+            &Input::load(&[before.to_path_buf()])?,
+            &Input::load(&[after.to_path_buf()])?,
+            span_name,
+        )
+    }
+
+    /// [`between_dirs`](Self::between_dirs) over what was read into `before` and `after`
+    /// (each side labelled with its first directory).
+    pub fn between_inputs(
+        before: &Input,
+        after: &Input,
+        span_name: &str,
+    ) -> Result<VersionDiff, ReportError> {
+        let side_of = |input: &Input| -> Result<(DiffSide, FunctionTotals), ReportError> {
+            let spans = spans_named(input, span_name)?;
+            let label = input
+                .dirs
+                .first()
+                .map_or_else(String::new, |d| d.display().to_string());
+            Ok(side(label, input, span_name, &spans))
         };
         Ok(VersionDiff::new(
             span_name,
@@ -273,7 +300,7 @@ impl VersionDiff {
             .filter(|d| {
                 growth > 0.0
                     && d.total_delta_ns() >= growth / 2.0
-                    && library_group(&d.function).is_none()
+                    && new.is_user(&d.function)
                     && !is_address(&d.function)
             })
             .collect();
@@ -516,7 +543,7 @@ fn side(
     spans: &[&Span],
 ) -> (DiffSide, FunctionTotals) {
     let by_id = input.samples_by_span_id();
-    let mut functions = FunctionTotals::default();
+    let mut functions = FunctionTotals::with_owners(input.ownership());
     let mut cpu_ns = 0u64;
     for sample in spans.iter().filter_map(|s| by_id.get(&s.span_id)).flatten() {
         cpu_ns += sample.cpu_ns;

@@ -156,6 +156,7 @@ impl SpanReport {
         let blocked_by_id = input.blocked_by_span_id();
         let roots = input.local_roots();
         let children = ChildIndex::new(&input.spans);
+        let owners = input.ownership();
         // By route when the span has one (see `Span::report_name`).
         let mut grouped: BTreeMap<(Cow<'_, str>, Option<&str>), Vec<&Span>> = BTreeMap::new();
         for span in &roots {
@@ -193,6 +194,7 @@ impl SpanReport {
                     sampling,
                     children: &children,
                     samples: &input.samples,
+                    owners: owners.clone(),
                 };
                 build_group(name, version, &spans, &sources)
             })
@@ -238,6 +240,7 @@ impl SpanGroup {
             sampling: input.sampling(),
             children: &children,
             samples: &input.samples,
+            owners: input.ownership(),
         };
         build_group(name, version, spans, &sources)
     }
@@ -253,6 +256,8 @@ struct GroupSources<'a> {
     children: &'a ChildIndex<'a>,
     /// Every CPU sample (for the concurrent activity).
     samples: &'a [crate::input::Sample],
+    /// Whose code each frame is.
+    owners: std::sync::Arc<crate::ownership::Ownership>,
 }
 
 fn build_group(
@@ -270,7 +275,7 @@ fn build_group(
     let mut walls: Vec<u64> = spans.iter().map(|s| s.wall_ns()).collect();
     walls.sort_unstable();
     let wall_total_ns = walls.iter().sum::<u64>();
-    let mut functions = FunctionTotals::default();
+    let mut functions = FunctionTotals::with_owners(sources.owners.clone());
     let (mut profile_cpu_ns, mut profile_samples) = (0u64, 0u64);
     for sample in spans.iter().filter_map(|s| by_id.get(&s.span_id)).flatten() {
         profile_cpu_ns += sample.cpu_ns;
@@ -366,7 +371,7 @@ fn build_group(
         _ => (verdict, reason),
     };
     // Where it blocks: the watchdog's blocked stacks of these spans.
-    let mut blocked_functions = FunctionTotals::default();
+    let mut blocked_functions = FunctionTotals::with_owners(sources.owners.clone());
     let mut blocked_profile_ns = 0;
     for sample in spans
         .iter()
@@ -387,7 +392,7 @@ fn build_group(
     };
     let dependencies = Dependencies::of_roots(spans, children);
     let concurrent = (verdict != Verdict::CpuBound)
-        .then(|| Concurrent::during(spans, samples))
+        .then(|| Concurrent::during(spans, samples, &sources.owners))
         .flatten();
     let unmatched_route = unmatched_route(spans);
     let unnamed_requests = spans
@@ -858,5 +863,94 @@ mod tests {
         );
         let none = describe_waiting(238 * MS, &Dependencies::default());
         assert!(none.ends_with("instrument the dependency call"), "{none}");
+    }
+
+    /// "Your code" comes from the binary: the profiles' source paths make `sha2` (a
+    /// registry crate) a dependency and `svc` (a file of the user's) the user's code, also
+    /// for frames without a file of their own; `--crate` adds a crate.
+    #[test]
+    fn your_code_is_decided_from_the_source_paths_and_crate_flags() {
+        use crate::ids::{SpanId, TraceId};
+        use crate::input::Sample;
+        use std::sync::Arc;
+        const MS: u64 = 1_000_000;
+        let span = Span {
+            trace_id: TraceId::from(1u128),
+            span_id: SpanId::from(1u64),
+            parent_span_id: None,
+            parent_is_remote: false,
+            name: "GET /hash".into(),
+            start_unix_nano: 1_000 * MS,
+            end_unix_nano: 1_100 * MS,
+            service_version: Some("1".into()),
+            profile_id: Some(format!("{:016x}", 1)),
+            cpu_samples: None,
+            cpu_time_ns: None,
+            wall_active_ns: Some(100 * MS),
+            wall_queued_ns: None,
+            wall_runqueue_ns: None,
+            cgroup_throttled_ns: None,
+            cgroup_cpu_limit_millicpus: None,
+            busy_ns: None,
+            http_route: None,
+            http_method: None,
+        };
+        let sample = |frames: &[&str], n: u64| Sample {
+            frames: frames.iter().rev().map(|f| Arc::from(*f)).collect(),
+            cpu_ns: n * 10 * MS,
+            count: n,
+            span_id: Some(SpanId::from(1u64)),
+            trace_id: None,
+            span_name: None,
+            window: None,
+        };
+        let registry = "/u/.cargo/registry/src/index.crates.io-1/sha2-0.10.8/src/sha256.rs";
+        let mut input = Input {
+            spans: vec![span],
+            samples: vec![
+                sample(&["svc::main", "svc::hash_catalog", "sha2::compress256"], 6),
+                // Inlined without a file of its own: its crate decides.
+                sample(&["svc::main", "svc::hash_catalog", "sha2::schedule"], 2),
+                sample(&["svc::main", "vendored::fast_path"], 2),
+            ],
+            profile_files: 1,
+            span_files: 1,
+            period_ns: Some(10 * MS),
+            sources: [
+                ("svc::main", "/work/svc/src/main.rs"),
+                ("svc::hash_catalog", "/work/svc/src/catalog.rs"),
+                ("sha2::compress256", registry),
+            ]
+            .into_iter()
+            .map(|(f, p)| (Arc::from(f), Arc::from(p)))
+            .collect(),
+            ..Input::default()
+        };
+        let names = |list: &[FunctionCpu]| -> Vec<(String, u64)> {
+            list.iter()
+                .map(|f| (f.function.clone(), f.cpu_ns / MS))
+                .collect()
+        };
+        let report = SpanReport::from_input(&input);
+        let group = &report.groups[0];
+        // sha2 (a registry crate; it was "yours" by the built-in list) is grouped.
+        assert_eq!(
+            names(&group.user_self),
+            [
+                ("svc::hash_catalog".to_owned(), 80),
+                ("vendored::fast_path".to_owned(), 20)
+            ]
+        );
+        assert!(group
+            .grouped
+            .iter()
+            .any(|g| g.function == "sha2" && g.cpu_ns == 80 * MS));
+        // --crate sha2 counts it as the user's.
+        input.user_crates = vec!["sha2".into()];
+        let report = SpanReport::from_input(&input);
+        assert_eq!(
+            names(&report.groups[0].user_self)[0],
+            ("sha2::compress256".to_owned(), 60)
+        );
     }
 }

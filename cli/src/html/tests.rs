@@ -67,6 +67,7 @@ fn input() -> Input {
         profile_files: 1,
         span_files: 1,
         period_ns: Some(10 * MS),
+        ..Input::default()
     }
 }
 
