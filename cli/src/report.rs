@@ -489,12 +489,13 @@ impl fmt::Display for SpanReport {
             "CPU (PROFILE)",
             "CPU (ATTRS)",
             "CPU/WALL",
+            "CPU WAIT",
             "BLOCKED",
             "AWAITING",
             "VERDICT",
         ])
         .left_align(1)
-        .left_align(10);
+        .left_align(11);
         for g in self.groups.iter().filter(|g| !g.unmatched_route) {
             table.row(vec![
                 g.name.clone(),
@@ -505,6 +506,11 @@ impl fmt::Display for SpanReport {
                 ms(g.profile_cpu_ns),
                 g.attribute_cpu_ns.map_or_else(|| "-".to_owned(), ms),
                 format!("{:.2}", g.cpu_ratio),
+                if g.split.runqueue_measured {
+                    share_of_wall(g, g.split.runqueue_ns)
+                } else {
+                    "-".to_owned()
+                },
                 share_of_wall(g, g.split.blocked_ns),
                 share_of_wall(g, g.split.awaiting_ns),
                 g.verdict.to_string(),

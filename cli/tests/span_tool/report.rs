@@ -320,7 +320,9 @@ fn display_is_a_readable_table() {
             "640.0 ms",
             "640.0 ms",
             "0.67",
-            // No active time on these spans: nothing to split off-CPU time by.
+            // No run delay measured, and no active time on these spans: nothing to split
+            // off-CPU time by.
+            "-",
             "-",
             "-",
             "CPU-bound"
