@@ -23,19 +23,20 @@
 //! counted in [`stale_handles`] and adds nothing.
 //!
 //! **Reuse.** A released slot is reused only after `IN_FLIGHT == 0` was observed after its
-//! release (all four operations `SeqCst`): a handler that read the old generation before
+//! release (all four operations `SeqCst`, and a `fence(SeqCst)` between the store and the
+//! load on each side, the form loom checks): a handler that read the old generation before
 //! the release has finished by then, so it can never add into the next root's counters.
 //! Free and limbo lists live in the caller's shards (the evidence table), under locks it
 //! already holds; nothing here locks.
 
-use std::sync::atomic::{AtomicU32, AtomicU64, AtomicUsize, Ordering};
+use crate::sync::{fence, spin_loop, AtomicU32, AtomicU64, AtomicUsize, Ordering};
 
 use crate::never_freed::NeverFreed;
 
-/// Slots per chunk.
-const CHUNK: usize = 256;
+/// Slots per chunk (a model's table needs a few: loom's cost grows with its atomics).
+const CHUNK: usize = if cfg!(loom) { 4 } else { 256 };
 /// Chunks at most: 4,194,304 local roots alive at once (a chunk is 8 KiB).
-const MAX_CHUNKS: usize = 16_384;
+const MAX_CHUNKS: usize = if cfg!(loom) { 4 } else { 16_384 };
 
 /// One root's counters.
 struct Slot {
@@ -57,7 +58,7 @@ struct Slot {
 }
 
 impl Slot {
-    const fn new() -> Slot {
+    fn new() -> Slot {
         Slot {
             generation: AtomicU32::new(0),
             samples: AtomicU64::new(0),
@@ -67,6 +68,10 @@ impl Slot {
         }
     }
 }
+
+/// Spins `release` waits at most for a handler in flight (a model explores both outcomes,
+/// the wait ending and running out, in fewer).
+const RELEASE_SPINS: usize = if cfg!(loom) { 3 } else { 1000 };
 
 /// Bits of [`Slot::active`] holding nanoseconds.
 const ACTIVE_NS_BITS: u32 = 48;
@@ -80,13 +85,39 @@ fn active_tag(generation: u32) -> u64 {
     u64::from(generation & 0xffff) << ACTIVE_NS_BITS
 }
 
-static TABLE: NeverFreed<Slot, CHUNK, MAX_CHUNKS> = NeverFreed::new();
-/// Handlers between their generation check and their last counter update.
-static IN_FLIGHT: AtomicUsize = AtomicUsize::new(0);
-/// Samples whose root had already ended.
-static STALE: AtomicU64 = AtomicU64::new(0);
-/// Active-time adds whose root had already ended.
-static STALE_ACTIVE: AtomicU64 = AtomicU64::new(0);
+/// The counters and what handlers and releases share: the process has one ([`ROOTS`],
+/// which the functions of this module use), a model builds its own.
+pub(crate) struct RootTable {
+    slots: NeverFreed<Slot, CHUNK, MAX_CHUNKS>,
+    /// Handlers between their generation check and their last counter update.
+    in_flight: AtomicUsize,
+    /// Samples whose root had already ended.
+    stale: AtomicU64,
+    /// Active-time adds whose root had already ended.
+    stale_active: AtomicU64,
+}
+
+impl RootTable {
+    crate::sync::const_fn! {
+        pub(crate) fn new() -> RootTable {
+            RootTable {
+                slots: NeverFreed::new(),
+                in_flight: AtomicUsize::new(0),
+                stale: AtomicU64::new(0),
+                stale_active: AtomicU64::new(0),
+            }
+        }
+    }
+
+    fn slot(&self, index: u32) -> Option<&'static Slot> {
+        self.slots.get(index)
+    }
+}
+
+crate::sync::lazy_static_value! {
+    /// The process's counters.
+    static ROOTS: RootTable = RootTable::new();
+}
 
 /// Names one root's counters: slot index and generation. `Copy`, no address.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
@@ -111,10 +142,6 @@ impl CpuHandle {
     }
 }
 
-fn slot(index: u32) -> Option<&'static Slot> {
-    TABLE.get(index)
-}
-
 /// Why a slot could not be had.
 #[derive(Debug)]
 pub(crate) struct TableFull;
@@ -129,16 +156,24 @@ pub(crate) struct SlotLists {
 impl SlotLists {
     /// Claims a slot with zeroed counters for a new root.
     pub(crate) fn claim(&mut self) -> Result<CpuHandle, TableFull> {
-        if self.free.is_empty() && !self.limbo.is_empty() && IN_FLIGHT.load(Ordering::SeqCst) == 0 {
+        self.claim_in(&ROOTS)
+    }
+
+    /// [`SlotLists::claim`] from `roots`.
+    fn claim_in(&mut self, roots: &RootTable) -> Result<CpuHandle, TableFull> {
+        if self.free.is_empty()
+            && !self.limbo.is_empty()
+            && roots.in_flight.load(Ordering::SeqCst) == 0
+        {
             // Every slot in limbo was released before this load: no handler still
             // holds its old generation.
             self.free.append(&mut self.limbo);
         }
         let index = match self.free.pop() {
             Some(index) => index,
-            None => TABLE.fresh(|_| Slot::new()).ok_or(TableFull)?.0,
+            None => roots.slots.fresh(|_| Slot::new()).ok_or(TableFull)?.0,
         };
-        let slot = slot(index).ok_or(TableFull)?;
+        let slot = roots.slot(index).ok_or(TableFull)?;
         slot.samples.store(0, Ordering::Relaxed);
         slot.time_ns.store(0, Ordering::Relaxed);
         let next = slot.generation.load(Ordering::Relaxed).wrapping_add(1);
@@ -155,7 +190,12 @@ impl SlotLists {
     /// Ends `handle`'s ownership and returns its totals. Later samples and active time
     /// under the same handle are not counted.
     pub(crate) fn release(&mut self, handle: CpuHandle) -> RootTotals {
-        let Some(slot) = slot(handle.index) else {
+        self.release_in(&ROOTS, handle)
+    }
+
+    /// [`SlotLists::release`] into `roots`.
+    fn release_in(&mut self, roots: &RootTable, handle: CpuHandle) -> RootTotals {
+        let Some(slot) = roots.slot(handle.index) else {
             return RootTotals::default();
         };
         if slot
@@ -170,17 +210,21 @@ impl SlotLists {
         {
             return RootTotals::default();
         }
+        // The store-load order of the reuse rule, stated as fences (loom checks them; it
+        // takes SeqCst accesses for AcqRel), paired with the one in `record`: a handler
+        // that read the old generation is counted in flight for every later load.
+        fence(Ordering::SeqCst);
         // Closes the active word to adds under the old tag, and takes its total.
         let closed = active_tag(handle.generation.wrapping_add(1));
         let active = slot.active.swap(closed, Ordering::SeqCst);
         let queued = slot.queued.swap(closed, Ordering::SeqCst);
         // A handler that passed the generation check just before the release may still be
         // adding: wait for it a little (handlers are short), without ever blocking long.
-        for _ in 0..1000 {
-            if IN_FLIGHT.load(Ordering::SeqCst) == 0 {
+        for _ in 0..RELEASE_SPINS {
+            if roots.in_flight.load(Ordering::SeqCst) == 0 {
                 break;
             }
-            std::hint::spin_loop();
+            spin_loop();
         }
         let totals = RootTotals {
             samples: slot.samples.load(Ordering::Relaxed),
@@ -213,7 +257,7 @@ pub(crate) struct RootTotals {
 /// own slot, so threads of different roots never touch the same cache line.
 #[inline]
 pub(crate) fn add_active(raw: u64, ns: u64) -> bool {
-    add_tagged(raw, ns, |slot| &slot.active, ACTIVE_NS_MASK, 0)
+    add_tagged(&ROOTS, raw, ns, |slot| &slot.active, ACTIVE_NS_MASK, 0)
 }
 
 /// Adds `ns` of wall time one of the root's futures spent woken but not yet polled, and
@@ -221,6 +265,7 @@ pub(crate) fn add_active(raw: u64, ns: u64) -> bool {
 #[inline]
 pub(crate) fn add_queued(raw: u64, ns: u64) -> bool {
     add_tagged(
+        &ROOTS,
         raw,
         ns,
         |slot| &slot.queued,
@@ -233,6 +278,7 @@ pub(crate) fn add_queued(raw: u64, ns: u64) -> bool {
 /// generation) must match, the nanoseconds saturate at `mask`, `flags` are set.
 #[inline]
 fn add_tagged(
+    roots: &RootTable,
     raw: u64,
     ns: u64,
     word: impl Fn(&Slot) -> &AtomicU64,
@@ -242,7 +288,7 @@ fn add_tagged(
     let Some(handle) = CpuHandle::from_raw(raw) else {
         return false;
     };
-    let Some(slot) = slot(handle.index) else {
+    let Some(slot) = roots.slot(handle.index) else {
         return false;
     };
     let word = word(slot);
@@ -250,7 +296,7 @@ fn add_tagged(
     let mut current = word.load(Ordering::Relaxed);
     loop {
         if current & !ACTIVE_NS_MASK != tag {
-            STALE_ACTIVE.fetch_add(1, Ordering::Relaxed);
+            roots.stale_active.fetch_add(1, Ordering::Relaxed);
             return false;
         }
         let total = (current & mask).saturating_add(ns).min(mask);
@@ -265,40 +311,51 @@ fn add_tagged(
 /// Active-time adds refused because their root had already ended (work that went on
 /// under a root after its span closed, such as a detached task).
 pub(crate) fn stale_active() -> u64 {
-    STALE_ACTIVE.load(Ordering::Relaxed)
+    ROOTS.stale_active.load(Ordering::Relaxed)
 }
 
 /// Counts one sample standing for `time_ns` of CPU under `raw` (a [`CpuHandle::to_raw`]).
 /// Async-signal-safe: atomics only, and every memory access is to a never-freed slot.
 #[inline]
 pub(crate) fn record(raw: u64, time_ns: u64) {
+    record_in(&ROOTS, raw, time_ns);
+}
+
+/// [`record`] into `roots`.
+#[inline]
+fn record_in(roots: &RootTable, raw: u64, time_ns: u64) {
     let Some(handle) = CpuHandle::from_raw(raw) else {
         return;
     };
-    IN_FLIGHT.fetch_add(1, Ordering::SeqCst);
-    match slot(handle.index) {
+    roots.in_flight.fetch_add(1, Ordering::SeqCst);
+    // Paired with the fence in `release`: a release that this handler's generation load
+    // misses sees the handler in flight.
+    fence(Ordering::SeqCst);
+    match roots.slot(handle.index) {
         Some(slot) if slot.generation.load(Ordering::SeqCst) == handle.generation => {
             slot.samples.fetch_add(1, Ordering::Relaxed);
             slot.time_ns.fetch_add(time_ns, Ordering::Relaxed);
         }
         _ => {
-            STALE.fetch_add(1, Ordering::Relaxed);
+            roots.stale.fetch_add(1, Ordering::Relaxed);
         }
     }
-    IN_FLIGHT.fetch_sub(1, Ordering::SeqCst);
+    roots.in_flight.fetch_sub(1, Ordering::SeqCst);
 }
 
 /// Samples taken under a root that had already ended (a kept or leaked `LocalRoot`);
 /// they were not counted for any span.
 pub(crate) fn stale_handles() -> u64 {
-    STALE.load(Ordering::Relaxed)
+    ROOTS.stale.load(Ordering::Relaxed)
 }
 
 /// In a forked child only the forking thread exists, and it is not in a handler.
 pub(crate) fn after_fork_in_child() {
-    IN_FLIGHT.store(0, Ordering::Relaxed);
+    ROOTS.in_flight.store(0, Ordering::Relaxed);
 }
 
+#[cfg(all(test, loom))]
+mod loom_model;
 #[cfg(test)]
 mod tests {
     use super::*;
