@@ -45,6 +45,7 @@ pub struct ReadmeDoctests;
 //   OTLP, local files); setup wires them together.
 pub mod collector;
 pub mod export;
+mod fork;
 mod hooks;
 pub mod pprof;
 mod record;
@@ -65,8 +66,9 @@ pub use setup::config;
 pub(crate) use setup::profiler;
 
 pub use evidence::{
-    CpuEvidenceProcessor, CPU_SAMPLES_ATTRIBUTE, CPU_TIME_ATTRIBUTE, ORPHAN_AGE,
-    WALL_ACTIVE_ATTRIBUTE, WALL_QUEUED_ATTRIBUTE,
+    CpuEvidenceProcessor, CGROUP_CPU_LIMIT_ATTRIBUTE, CGROUP_THROTTLED_ATTRIBUTE,
+    CPU_SAMPLES_ATTRIBUTE, CPU_TIME_ATTRIBUTE, ORPHAN_AGE, WALL_ACTIVE_ATTRIBUTE,
+    WALL_QUEUED_ATTRIBUTE,
 };
 pub use layer::ProfilingLayer;
 pub use local_root::UnsampledTraces;

@@ -19,37 +19,6 @@ use otel_profiling::{CpuEvidenceProcessor, LocalRoot, ProfilingContext, SpanCont
 
 const SOAK: Duration = Duration::from_secs(15);
 
-/// Another library's timer: process-directed SIGPROF with a payload that is no slot.
-fn foreign_timer() -> libc::timer_t {
-    // SAFETY: plain FFI with initialised arguments; the caller deletes the timer.
-    unsafe {
-        let mut sev: libc::sigevent = std::mem::zeroed();
-        sev.sigev_notify = libc::SIGEV_SIGNAL;
-        sev.sigev_signo = libc::SIGPROF;
-        sev.sigev_value = libc::sigval {
-            sival_ptr: 0x1234 as *mut libc::c_void,
-        };
-        let mut timer: libc::timer_t = std::mem::zeroed();
-        assert_eq!(
-            libc::timer_create(libc::CLOCK_MONOTONIC, &mut sev, &mut timer),
-            0
-        );
-        let ms = libc::timespec {
-            tv_sec: 0,
-            tv_nsec: 1_000_000,
-        };
-        let spec = libc::itimerspec {
-            it_interval: ms,
-            it_value: ms,
-        };
-        assert_eq!(
-            libc::timer_settime(timer, 0, &spec, std::ptr::null_mut()),
-            0
-        );
-        timer
-    }
-}
-
 /// Allocates and frees in a storm, under out-of-order guards of two roots and the kept one.
 fn worker(i: usize, roots: [LocalRoot; 3], until: Instant) -> usize {
     let mut keep: Vec<Vec<u8>> = Vec::new();
@@ -127,7 +96,7 @@ fn soak_everything_at_once_at_the_highest_rate() {
             }
         })
     };
-    let foreign = foreign_timer();
+    let foreign = common::foreign_timer();
     let end = Instant::now() + SOAK;
     let mut generations = 0u64;
     let mut forks = 0u64;

@@ -20,8 +20,9 @@
 //!    interrupted thread, like an eBPF profiler in its perf-event handler): the pointer
 //!    from `/proc/<pid>/mem`, the 28-byte header, `valid`, then `attrs-data`.
 //!
-//! The target derives each trace id and span name from the span id, so a record mixing
-//! two spans is detected. The test asserts no such mix, many distinct spans recovered,
+//! The target derives each trace id, trace flags byte and span name from the span id, so a
+//! record mixing two spans is detected, and a writer publishing a constant `01` instead
+//! of the root's own flags (half the roots carry `03`, sampled + random) is too. The test asserts no such mix, many distinct spans recovered,
 //! and the empty states: NULL for a thread that never ran a span, `valid == 0` between
 //! spans.
 
@@ -32,7 +33,7 @@ use std::os::unix::fs::FileExt;
 use std::process::{Command, Stdio};
 use std::time::{Duration, Instant};
 
-use opentelemetry::trace::{SpanId, TraceId};
+use opentelemetry::trace::{SpanId, TraceFlags, TraceId};
 use otel_profiling::{LocalRoot, SpanContextGuard, SpanName, Telemetry};
 
 const ROLE: &str = "OTEL_PROFILING_THREAD_CTX_ROLE";
@@ -48,6 +49,16 @@ fn trace_of(span: u64) -> u128 {
     let hi = span.rotate_left(29) ^ 0xa5a5_5a5a_0f0f_f0f0;
     let lo = !span.wrapping_mul(3);
     (u128::from(hi) << 64) | u128::from(lo)
+}
+
+/// The W3C trace flags the target gives the root `span`: sampled, and for half of them the
+/// random-trace-id bit too (`03`, as a remote parent of W3C level 2 passes it on).
+fn flags_of(span: u64) -> u8 {
+    if span & 2 == 0 {
+        0x01
+    } else {
+        0x03
+    }
 }
 
 fn name_of(span: u64) -> String {
@@ -90,6 +101,7 @@ fn target() {
                 TraceId::from(trace_of(span)),
                 Some(names[(span % NAMES) as usize]),
             )
+            .with_trace_flags(TraceFlags::new(flags_of(span)))
         };
         // One span, then none: the record is attached and invalid.
         drop(SpanContextGuard::enter(Some(root(0))));
@@ -318,6 +330,7 @@ fn reader() {
     let (mut valid, mut invalid, mut torn) = (0u64, 0u64, 0u64);
     let mut spans = HashSet::new();
     let mut first_torn = None;
+    let mut flag_values = HashSet::new();
     let start = Instant::now();
     let samples = 5000;
     for _ in 0..samples {
@@ -342,7 +355,7 @@ fn reader() {
                     .map(|(_, value)| String::from_utf8_lossy(value).into_owned());
                 if span == 0
                     || trace != trace_of(span)
-                    || flags != 1
+                    || flags != flags_of(span)
                     || name.as_deref() != Some(name_of(span).as_str())
                 {
                     torn += 1;
@@ -350,6 +363,7 @@ fn reader() {
                 } else {
                     valid += 1;
                     spans.insert(span);
+                    flag_values.insert(flags);
                 }
             }
             other => {
@@ -376,6 +390,11 @@ fn reader() {
         spans.len()
     );
     assert!(invalid >= 100, "too few reads between spans: {invalid}");
+    assert_eq!(
+        flag_values,
+        HashSet::from([0x01, 0x03]),
+        "each root's own trace flags, 03 included"
+    );
     assert!(switches >= 2 * spans.len() as u64);
 
     switched_off();

@@ -22,6 +22,8 @@ use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::mpsc::{self, Receiver, RecvTimeoutError, Sender};
 use std::sync::Arc;
 use std::thread::JoinHandle;
+
+use crate::fork::ProcessBound;
 use std::time::{Duration, Instant, SystemTime};
 
 use crate::pprof::{self, ProfileBuilder, SampleLabels};
@@ -171,9 +173,15 @@ enum Command {
 /// profile and stops the thread. Started and owned by [`Profiler`](crate::Profiler):
 /// the collector is the one reader of the sampler's buffers.
 pub(crate) struct Collector {
+    /// The thread and its command channel: the starting process's alone (a forked child
+    /// inherits neither the thread nor a channel it may use).
+    running: ProcessBound<Running>,
+    stats: Arc<CollectorStats>,
+}
+
+struct Running {
     commands: Sender<Command>,
     thread: Option<JoinHandle<()>>,
-    stats: Arc<CollectorStats>,
 }
 
 impl std::fmt::Debug for Collector {
@@ -214,8 +222,10 @@ impl Collector {
                 state.run(receiver)
             })?;
         Ok(Collector {
-            commands,
-            thread: Some(thread),
+            running: ProcessBound::new(Running {
+                commands,
+                thread: Some(thread),
+            }),
             stats,
         })
     }
@@ -223,8 +233,11 @@ impl Collector {
     /// Ends the current interval now and waits (up to `timeout`) until its profile has
     /// been handed to the sinks.
     pub(crate) fn flush(&self, timeout: Duration) -> bool {
+        let Some(running) = self.running.get() else {
+            return false;
+        };
         let (done, wait) = mpsc::channel();
-        if self.commands.send(Command::Flush(done)).is_err() {
+        if running.commands.send(Command::Flush(done)).is_err() {
             return false;
         }
         wait.recv_timeout(timeout).is_ok()
@@ -240,11 +253,16 @@ impl Collector {
         self.stop(timeout)
     }
 
+    /// Stops the thread; in a forked child, where it does not exist, does nothing (the
+    /// parent writes its profiles).
     fn stop(&mut self, timeout: Duration) -> bool {
-        let Some(thread) = self.thread.take() else {
+        let Some(running) = self.running.get_mut() else {
             return true;
         };
-        let _ = self.commands.send(Command::Stop);
+        let Some(thread) = running.thread.take() else {
+            return true;
+        };
+        let _ = running.commands.send(Command::Stop);
         let deadline = Instant::now() + timeout;
         while !thread.is_finished() {
             if Instant::now() >= deadline {

@@ -16,7 +16,7 @@ use std::cell::RefCell;
 use std::collections::HashMap;
 use std::hash::{BuildHasherDefault, Hasher};
 use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
-use std::sync::{Arc, LazyLock, Mutex, PoisonError};
+use std::sync::{Arc, MutexGuard, OnceLock};
 use std::time::Duration;
 
 use opentelemetry::trace::SpanId;
@@ -25,6 +25,7 @@ use opentelemetry_sdk::error::OTelSdkResult;
 use opentelemetry_sdk::trace::{Span, SpanData, SpanProcessor};
 use opentelemetry_sdk::Resource;
 
+use crate::fork::AtforkMutex;
 use crate::local_root::is_local_root;
 use crate::processor::{mark_profile_id_known, ProfileIdScope};
 use crate::root_cpu::{CpuHandle, RootTotals, SlotLists};
@@ -48,6 +49,16 @@ pub const WALL_ACTIVE_ATTRIBUTE: &str = "profiling.wall.active_ns";
 /// present only on roots such a future ran under; without it, queued time is part of
 /// "awaiting" (duration − active).
 pub const WALL_QUEUED_ATTRIBUTE: &str = "profiling.wall.queued_ns";
+
+/// Time the process's cgroup was throttled for its CPU quota while the local root ran, in
+/// nanoseconds (cgroup v2 `throttled_usec`, v1 `throttled_time`; kept by the blocked-in-poll
+/// watchdog every 100 ms, so within that at each end). Present when the cgroup's files can
+/// be read and a watchdog runs. The process's threads were runnable but not run for that
+/// long: time that reads as off CPU without being any wait of the span's own.
+pub const CGROUP_THROTTLED_ATTRIBUTE: &str = "profiling.cgroup.throttled_ns";
+/// The cgroup's CPU limit, in CPUs (`cpu.max`, or `cpu.cfs_quota_us` / `cpu.cfs_period_us`),
+/// on roots with a non-zero [`CGROUP_THROTTLED_ATTRIBUTE`].
+pub const CGROUP_CPU_LIMIT_ATTRIBUTE: &str = "profiling.cgroup.cpu_limit";
 
 /// Entries whose span is gone without having ended through a processor are purged
 /// after this long. (Entries of roots that no layer or wrapper has followed yet are kept
@@ -84,6 +95,8 @@ struct Entry {
     cpu: Arc<RootCounters>,
     /// When the entry was made (coarse monotonic ns: only compared with [`ORPHAN_AGE`]).
     since: u64,
+    /// The process's cgroup throttled time at the root's start, when it is kept.
+    throttled_at_start: Option<u64>,
 }
 
 impl Entry {
@@ -134,14 +147,48 @@ struct Shard {
     slots: SlotLists,
 }
 
-static TABLE: LazyLock<Vec<Mutex<Shard>>> =
-    LazyLock::new(|| (0..SHARDS).map(|_| Mutex::default()).collect());
+/// The table's shards: locks a `fork` can leave held by a parent thread, so the forking
+/// thread holds them all across it (`crate::fork`).
+static TABLE: OnceLock<Box<[AtforkMutex<Shard>]>> = OnceLock::new();
 /// Live `CpuEvidenceProcessor`s: without one, nothing would ever read the counters.
 static PROCESSORS: AtomicUsize = AtomicUsize::new(0);
 
-fn shard(span_id: u64) -> &'static Mutex<Shard> {
+fn shards() -> &'static [AtforkMutex<Shard>] {
+    // Before the table exists, never inside its initialisation: a fork in progress holds
+    // glibc's handler list while its prepare handler waits for that initialisation.
+    crate::fork::install_handlers();
+    table()
+}
+
+fn table() -> &'static [AtforkMutex<Shard>] {
+    TABLE.get_or_init(|| {
+        (0..SHARDS)
+            .map(|_| AtforkMutex::new(Shard::default()))
+            .collect()
+    })
+}
+
+/// The locked shard of `span_id`.
+fn shard(span_id: u64) -> MutexGuard<'static, Shard> {
+    let shards = shards();
     // Span ids are random: their low bits spread evenly.
-    &TABLE[(span_id as usize) % SHARDS]
+    shards[(span_id as usize) % shards.len()].lock()
+}
+
+/// Before `fork`: the forking thread takes every shard (see `crate::fork`).
+pub(crate) fn hold_for_fork() {
+    // Made here if it is not yet: an initialisation left half done by another thread at
+    // the fork would block the child's first use for ever.
+    for shard in table() {
+        shard.hold();
+    }
+}
+
+/// After `fork`, in the parent and in the child.
+pub(crate) fn release_after_fork() {
+    for shard in table().iter().rev() {
+        shard.release();
+    }
 }
 
 thread_local! {
@@ -159,7 +206,7 @@ fn claim(span_id: SpanId) -> Option<Arc<RootCounters>> {
         return None;
     }
     let key = u64::from_be_bytes(span_id.to_bytes());
-    let mut shard = shard(key).lock().unwrap_or_else(PoisonError::into_inner);
+    let mut shard = shard(key);
     let shard = &mut *shard;
     shard.inserts = shard.inserts.wrapping_add(1);
     if shard.inserts.is_multiple_of(SWEEP_EVERY) {
@@ -184,6 +231,7 @@ fn claim(span_id: SpanId) -> Option<Arc<RootCounters>> {
         Entry {
             cpu: cpu.clone(),
             since: crate::clock::coarse_monotonic_ns(),
+            throttled_at_start: crate::sampler::cgroup::throttled_ns(),
         },
     ) {
         // The same span id twice (a caller reusing ids): the older root stops counting.
@@ -211,7 +259,7 @@ pub(crate) fn counters_of(span_id: SpanId) -> Option<Arc<RootCounters>> {
     let cpu = match claimed {
         Some((id, cpu)) if id == key => cpu,
         _ => {
-            let shard = shard(key).lock().unwrap_or_else(PoisonError::into_inner);
+            let shard = shard(key);
             shard.entries.get(&key)?.cpu.clone()
         }
     };
@@ -219,13 +267,18 @@ pub(crate) fn counters_of(span_id: SpanId) -> Option<Arc<RootCounters>> {
     Some(cpu)
 }
 
-/// Ends counting for the root `span_id` and returns its totals, if anything followed it.
-fn take(span_id: SpanId) -> Option<RootTotals> {
+/// Ends counting for the root `span_id` and returns its totals and its cgroup throttled
+/// time at the start, if anything followed it.
+fn take(span_id: SpanId) -> Option<(RootTotals, Option<u64>)> {
     let key = u64::from_be_bytes(span_id.to_bytes());
-    let mut shard = shard(key).lock().unwrap_or_else(PoisonError::into_inner);
+    let mut shard = shard(key);
     let entry = shard.entries.remove(&key)?;
     let totals = shard.slots.release(entry.cpu.handle);
-    entry.cpu.followed.load(Ordering::Relaxed).then_some(totals)
+    entry
+        .cpu
+        .followed
+        .load(Ordering::Relaxed)
+        .then_some((totals, entry.throttled_at_start))
 }
 
 /// Wraps the exporting span processor and adds [`CPU_SAMPLES_ATTRIBUTE`],
@@ -322,7 +375,7 @@ impl<P: SpanProcessor> SpanProcessor for CpuEvidenceProcessor<P> {
     }
 
     fn on_end(&self, mut span: SpanData) {
-        if let Some(totals) = take(span.span_context.span_id()) {
+        if let Some((totals, throttled_at_start)) = take(span.span_context.span_id()) {
             let int = |v: u64| i64::try_from(v).unwrap_or(i64::MAX);
             span.attributes.extend([
                 KeyValue::new(CPU_SAMPLES_ATTRIBUTE, int(totals.samples)),
@@ -335,6 +388,19 @@ impl<P: SpanProcessor> SpanProcessor for CpuEvidenceProcessor<P> {
             if let Some(queued) = totals.queued_ns {
                 span.attributes
                     .push(KeyValue::new(WALL_QUEUED_ATTRIBUTE, int(queued)));
+            }
+            // Only when the count was kept at both ends (a watchdog ran, the files could
+            // be read): otherwise "unknown", not 0.
+            let throttled = throttled_at_start
+                .zip(crate::sampler::cgroup::throttled_ns())
+                .map(|(start, end)| end.saturating_sub(start));
+            if let Some(throttled) = throttled {
+                span.attributes
+                    .push(KeyValue::new(CGROUP_THROTTLED_ATTRIBUTE, int(throttled)));
+                if let Some(limit) = crate::sampler::cgroup::cpu_limit().filter(|_| throttled > 0) {
+                    span.attributes
+                        .push(KeyValue::new(CGROUP_CPU_LIMIT_ATTRIBUTE, limit));
+                }
             }
         }
         self.inner.on_end(span);
@@ -365,7 +431,7 @@ mod tests {
 
     /// The counters of the root entered under `provider`'s tracer, as its label carries
     /// them (0: none).
-    fn counters_under(provider: &SdkTracerProvider) -> u64 {
+    fn counters_under(provider: &SdkTracerProvider) -> u128 {
         let subscriber = tracing_subscriber::registry()
             .with(tracing_opentelemetry::layer().with_tracer(provider.tracer("test")))
             .with(ProfilingLayer::default());
@@ -382,10 +448,11 @@ mod tests {
     fn orphans_are_entries_nothing_holds_past_their_age() {
         let entry = |followed: bool, since: u64| Entry {
             cpu: Arc::new(RootCounters {
-                handle: CpuHandle::from_raw(1 << 32).expect("a handle"),
+                handle: CpuHandle::from_raw(1 << 64).expect("a handle"),
                 followed: AtomicBool::new(followed),
             }),
             since,
+            throttled_at_start: None,
         };
         let minutes = |m: u64| m * 60 * 1_000_000_000;
         let now = minutes(600);
@@ -434,13 +501,7 @@ mod tests {
                 .span_id()
                 .to_bytes(),
         );
-        let in_table = || {
-            shard(key)
-                .lock()
-                .unwrap_or_else(PoisonError::into_inner)
-                .entries
-                .contains_key(&key)
-        };
+        let in_table = || shard(key).entries.contains_key(&key);
         assert!(in_table(), "claimed as it started");
         drop(span);
         assert!(!in_table(), "released as it ended");

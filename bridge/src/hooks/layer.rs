@@ -105,7 +105,14 @@ impl ProfilingLayer {
             return root.clone();
         }
         let root = self.resolve(span);
-        span.extensions_mut().insert(RootExt(root.clone()));
+        let mut extensions = span.extensions_mut();
+        // Threads entering a new span at once (fan-out) all resolve it: the first stored
+        // wins, so they label the same root, and no `insert` of a present value can panic
+        // (a panic here would poison the registry slot's extensions lock for good).
+        if let Some(RootExt(first)) = extensions.get_mut::<RootExt>() {
+            return first.clone();
+        }
+        extensions.insert(RootExt(root.clone()));
         root
     }
 

@@ -56,7 +56,8 @@ impl ResolvedRoot {
     ) -> ResolvedRoot {
         let mut cpu = None;
         let label = if span.is_sampled() {
-            let label = LocalRoot::new(span.span_id(), span.trace_id(), name);
+            let label = LocalRoot::new(span.span_id(), span.trace_id(), name)
+                .with_trace_flags(span.trace_flags());
             cpu = evidence::counters_of(span.span_id());
             Some(match &cpu {
                 Some(cpu) => label.with_cpu(cpu.handle()),

@@ -50,9 +50,15 @@ impl<T: 'static, const CHUNK: usize, const CHUNKS: usize> NeverFreed<T, CHUNK, C
     /// A slot never handed out before, with its index; its chunk is allocated (each slot
     /// built by `init(index)`) if this is the chunk's first. `None` when the table is full.
     pub(crate) fn fresh(&self, init: impl Fn(u32) -> T) -> Option<(u32, &'static T)> {
-        let index = self.fresh.fetch_add(1, Ordering::AcqRel);
+        // SeqCst, as the load in `iter`: the sampler's stop stores its stop (SeqCst) and
+        // then walks the slots; a registration takes a slot, then publishes its timer and
+        // looks for the stop (both SeqCst). In the single order of SeqCst operations, either
+        // the registration looks after the stop (and deletes its own timer) or the slot was
+        // taken before the stop's walk begins (and the walk sees it); with an Acquire load
+        // here the walk could read a count from before the slot was taken.
+        let index = self.fresh.fetch_add(1, Ordering::SeqCst);
         if index >= Self::CAPACITY {
-            self.fresh.fetch_sub(1, Ordering::AcqRel);
+            self.fresh.fetch_sub(1, Ordering::SeqCst);
             return None;
         }
         let cell = &self.chunks[index / CHUNK];
@@ -74,7 +80,8 @@ impl<T: 'static, const CHUNK: usize, const CHUNKS: usize> NeverFreed<T, CHUNK, C
 
     /// Every slot handed out so far (in index order).
     pub(crate) fn iter(&self) -> impl Iterator<Item = &'static T> + '_ {
-        let n = self.fresh.load(Ordering::Acquire).min(Self::CAPACITY);
+        // SeqCst: see `fresh`.
+        let n = self.fresh.load(Ordering::SeqCst).min(Self::CAPACITY);
         (0..n as u32).filter_map(|i| self.get(i))
     }
 }

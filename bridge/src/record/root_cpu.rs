@@ -4,15 +4,15 @@
 //! thread is running, at the moment the sample is taken. A [`LocalRoot`](crate::LocalRoot)
 //! is public and `Copy`, so a copy can outlive its span (kept in a variable, entered again
 //! through `SpanContextGuard`, left behind by a forgotten guard). It therefore carries no
-//! address, only a [`CpuHandle`]: a slot index and the slot's generation.
+//! address, only a [`CpuHandle`]: a slot index and the slot's 64-bit generation.
 //!
 //! ```text
 //!  claim (root span starts)          handler (any thread, any time)        release (root ends)
 //!  pop a free slot                   IN_FLIGHT += 1                        generation += 1 (even)
 //!  zero counters                     slot = table[index] (never freed)     read the totals
 //!  generation += 1 (odd) ─► handle   generation == handle's? add           slot → limbo
-//!                                    IN_FLIGHT -= 1
-//!  limbo → free once IN_FLIGHT == 0 is seen after the release
+//!                                    IN_FLIGHT -= 1                        (or retired: see below)
+//!  limbo → free once IN_FLIGHT == 0 and the slot's adders == 0 are seen after the release
 //! ```
 //!
 //! **Never freed.** Slots live in a [`NeverFreed`] table: any index below the allocated
@@ -22,10 +22,24 @@
 //! when the generation it reads equals the handle's; a stale handle (its root ended) is
 //! counted in [`stale_handles`] and adds nothing.
 //!
+//! **Why 64 bits, and retirement.** A stale handle is refused only while its generation
+//! differs from the slot's, so the generation must not come back to a value it had. A
+//! reuse (claim + release) is at least four `SeqCst` read-modify-writes on the slot's own
+//! cache line plus the caller's shard lock, each well over a nanosecond, so one slot is
+//! reused at most 10⁹ times a second (assumed; real roots cost microseconds). The
+//! generation moves by 2 per reuse: 10 years at that rate is 6.3·10¹⁷ < 2⁶⁰, and a `u64`
+//! comes back only after 2⁶³ reuses (292 years). Should it ever get there, the release
+//! that would wrap it to 0 retires the slot instead of listing it: it is never claimed
+//! again (it costs one slot's memory), so no generation is ever handed out twice.
+//!
 //! **Reuse.** A released slot is reused only after `IN_FLIGHT == 0` was observed after its
 //! release (all four operations `SeqCst`, and a `fence(SeqCst)` between the store and the
 //! load on each side, the form loom checks): a handler that read the old generation before
 //! the release has finished by then, so it can never add into the next root's counters.
+//! Active and queued time (added by span hooks on any thread, see [`add_active`]) follow
+//! the same rule on the slot's own `adders` count (with a fence after the count, and the
+//! release's), so the check of the full generation and the add it allows are never split
+//! by a reuse.
 //! Free and limbo lists live in the caller's shards (the evidence table), under locks it
 //! already holds; nothing here locks.
 
@@ -35,36 +49,46 @@ use crate::never_freed::NeverFreed;
 
 /// Slots per chunk (a model's table needs a few: loom's cost grows with its atomics).
 const CHUNK: usize = if cfg!(loom) { 4 } else { 256 };
-/// Chunks at most: 4,194,304 local roots alive at once (a chunk is 8 KiB).
+/// Chunks at most: 4,194,304 local roots alive at once (a chunk is 12 KiB).
 const MAX_CHUNKS: usize = if cfg!(loom) { 4 } else { 16_384 };
 
 /// One root's counters.
 struct Slot {
-    /// Odd while a root owns the slot.
-    generation: AtomicU32,
+    /// Odd while a root owns the slot; never wraps (see the module docs).
+    generation: AtomicU64,
     samples: AtomicU64,
     time_ns: AtomicU64,
-    /// Wall time threads spent inside the root: the low 16 bits of the owning generation
-    /// in the top 16 bits, `clock::ticks` in the low 48 (78 hours of nanoseconds, or 26
-    /// hours of a 3 GHz time-stamp counter). Added to by span hooks on
-    /// any thread, not by the handler, so it does not take part in the `IN_FLIGHT`
-    /// quiescence; the generation inside the word makes an add from a thread that left
-    /// the root after it ended fail instead of landing in the next owner's total.
+    /// Wall time threads spent inside the root: a 16-bit tag of the owning generation in
+    /// the top 16 bits, `clock::ticks` in the low 48 (78 hours of nanoseconds, or 26
+    /// hours of a 3 GHz time-stamp counter). Added to by span hooks on any thread, not by
+    /// the handler. The tag only tells the owner from the same ownership once released:
+    /// the release swaps in the next generation's tag, so an add that passed the
+    /// generation check just before the release fails (and counts as stale) instead of
+    /// adding to a total already taken. Which root an add is for is decided by the full
+    /// generation, checked under `adders` (16 bits would repeat every 32,768 reuses).
     active: AtomicU64,
     /// Wall time the root's futures spent woken but not yet polled (queued for a worker),
     /// as measured by the plain-API future wrapper; same layout as `active`, with bit 47
     /// set once anything measured it (so "not measured" is not reported as 0).
     queued: AtomicU64,
+    /// Run delay: time the root's threads were runnable inside it but not running, as
+    /// the blocked-in-poll watchdog reads it from the scheduler; same layout as `queued`.
+    runqueue: AtomicU64,
+    /// Adds of active or queued time between their generation check and their last
+    /// access to the words: the slot is not reused while any is (see [`add_tagged`]).
+    adders: AtomicU32,
 }
 
 impl Slot {
     fn new() -> Slot {
         Slot {
-            generation: AtomicU32::new(0),
+            generation: AtomicU64::new(0),
             samples: AtomicU64::new(0),
             time_ns: AtomicU64::new(0),
             active: AtomicU64::new(0),
             queued: AtomicU64::new(0),
+            runqueue: AtomicU64::new(0),
+            adders: AtomicU32::new(0),
         }
     }
 }
@@ -80,9 +104,10 @@ const ACTIVE_NS_MASK: u64 = (1 << ACTIVE_NS_BITS) - 1;
 const QUEUED_MEASURED: u64 = 1 << (ACTIVE_NS_BITS - 1);
 const QUEUED_NS_MASK: u64 = QUEUED_MEASURED - 1;
 
-/// The generation tag [`Slot::active`] carries for `generation`.
-fn active_tag(generation: u32) -> u64 {
-    u64::from(generation & 0xffff) << ACTIVE_NS_BITS
+/// The generation tag [`Slot::active`] carries for `generation`: tells `generation` from
+/// `generation + 1` (its release), which is all it is asked (see [`Slot::active`]).
+fn active_tag(generation: u64) -> u64 {
+    (generation & 0xffff) << ACTIVE_NS_BITS
 }
 
 /// The counters and what handlers and releases share: the process has one ([`ROOTS`],
@@ -95,6 +120,8 @@ pub(crate) struct RootTable {
     stale: AtomicU64,
     /// Active-time adds whose root had already ended.
     stale_active: AtomicU64,
+    /// Slots retired because their generation would have wrapped.
+    retired: AtomicU64,
 }
 
 impl RootTable {
@@ -105,6 +132,7 @@ impl RootTable {
                 in_flight: AtomicUsize::new(0),
                 stale: AtomicU64::new(0),
                 stale_active: AtomicU64::new(0),
+                retired: AtomicU64::new(0),
             }
         }
     }
@@ -123,21 +151,27 @@ crate::sync::lazy_static_value! {
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
 pub(crate) struct CpuHandle {
     index: u32,
-    generation: u32,
+    generation: u64,
 }
 
 impl CpuHandle {
-    /// The packed form kept in the span context record (0 = no counters).
-    pub(crate) fn to_raw(self) -> u64 {
-        (u64::from(self.index) + 1) << 32 | u64::from(self.generation)
+    /// The packed form kept in labels and the span context record (0 = no counters):
+    /// index + 1 in the high 64 bits, the whole generation in the low 64. Nothing needs it
+    /// in one machine word (the record is a sequence lock over several words), so the
+    /// generation is not cut to make room for the index.
+    pub(crate) fn to_raw(self) -> u128 {
+        (u128::from(self.index) + 1) << 64 | u128::from(self.generation)
     }
 
-    /// Unpacks [`CpuHandle::to_raw`]; 0 is "none".
-    pub(crate) fn from_raw(raw: u64) -> Option<CpuHandle> {
-        let index = (raw >> 32) as u32;
-        (index != 0).then(|| CpuHandle {
-            index: index - 1,
-            generation: raw as u32,
+    /// Unpacks [`CpuHandle::to_raw`]; 0 is "none", and so is a high half that names no
+    /// `u32` index. No panic on any input (the signal handler calls it).
+    #[inline]
+    pub(crate) fn from_raw(raw: u128) -> Option<CpuHandle> {
+        let high = (raw >> 64) as u64;
+        let index = u32::try_from(high.checked_sub(1)?).ok()?;
+        Some(CpuHandle {
+            index,
+            generation: raw as u64,
         })
     }
 }
@@ -154,6 +188,34 @@ pub(crate) struct SlotLists {
 }
 
 impl SlotLists {
+    /// Moves the slots of limbo that nothing can still add to under their old generation
+    /// to the free list; true if it moved any.
+    #[cfg(test)]
+    fn recycle(&mut self) -> bool {
+        self.recycle_in(&ROOTS)
+    }
+
+    /// [`SlotLists::recycle`] from `roots`.
+    fn recycle_in(&mut self, roots: &RootTable) -> bool {
+        // Every slot in limbo was released before these loads (all SeqCst): a handler or an
+        // adder that counts itself in after them reads the new generation.
+        if roots.in_flight.load(Ordering::SeqCst) != 0 {
+            return false;
+        }
+        let before = self.free.len();
+        let free = &mut self.free;
+        self.limbo.retain(|&index| {
+            let quiet = roots
+                .slot(index)
+                .is_none_or(|s| s.adders.load(Ordering::SeqCst) == 0);
+            if quiet {
+                free.push(index);
+            }
+            !quiet
+        });
+        self.free.len() > before
+    }
+
     /// Claims a slot with zeroed counters for a new root.
     pub(crate) fn claim(&mut self) -> Result<CpuHandle, TableFull> {
         self.claim_in(&ROOTS)
@@ -161,13 +223,8 @@ impl SlotLists {
 
     /// [`SlotLists::claim`] from `roots`.
     fn claim_in(&mut self, roots: &RootTable) -> Result<CpuHandle, TableFull> {
-        if self.free.is_empty()
-            && !self.limbo.is_empty()
-            && roots.in_flight.load(Ordering::SeqCst) == 0
-        {
-            // Every slot in limbo was released before this load: no handler still
-            // holds its old generation.
-            self.free.append(&mut self.limbo);
+        if self.free.is_empty() && !self.limbo.is_empty() {
+            self.recycle_in(roots);
         }
         let index = match self.free.pop() {
             Some(index) => index,
@@ -176,9 +233,11 @@ impl SlotLists {
         let slot = roots.slot(index).ok_or(TableFull)?;
         slot.samples.store(0, Ordering::Relaxed);
         slot.time_ns.store(0, Ordering::Relaxed);
+        // Even (free) and below u64::MAX: a slot whose next release would wrap is retired.
         let next = slot.generation.load(Ordering::Relaxed).wrapping_add(1);
         slot.active.store(active_tag(next), Ordering::Relaxed);
         slot.queued.store(active_tag(next), Ordering::Relaxed);
+        slot.runqueue.store(active_tag(next), Ordering::Relaxed);
         // Even (free) → odd (owned); the release orders the zeroing before it.
         let generation = slot
             .generation
@@ -188,7 +247,8 @@ impl SlotLists {
     }
 
     /// Ends `handle`'s ownership and returns its totals. Later samples and active time
-    /// under the same handle are not counted.
+    /// under the same handle are not counted. A slot whose generation wraps to 0 here is
+    /// retired: never listed again, so no later root gets a generation seen before.
     pub(crate) fn release(&mut self, handle: CpuHandle) -> RootTotals {
         self.release_in(&ROOTS, handle)
     }
@@ -211,13 +271,15 @@ impl SlotLists {
             return RootTotals::default();
         }
         // The store-load order of the reuse rule, stated as fences (loom checks them; it
-        // takes SeqCst accesses for AcqRel), paired with the one in `record`: a handler
-        // that read the old generation is counted in flight for every later load.
+        // takes SeqCst accesses for AcqRel), paired with the one in `record` and the one in
+        // `add_tagged`: a handler or an adder that read the old generation is counted in
+        // flight (in `adders`) for every later load, `recycle`'s included.
         fence(Ordering::SeqCst);
         // Closes the active word to adds under the old tag, and takes its total.
         let closed = active_tag(handle.generation.wrapping_add(1));
         let active = slot.active.swap(closed, Ordering::SeqCst);
         let queued = slot.queued.swap(closed, Ordering::SeqCst);
+        let runqueue = slot.runqueue.swap(closed, Ordering::SeqCst);
         // A handler that passed the generation check just before the release may still be
         // adding: wait for it a little (handlers are short), without ever blocking long.
         for _ in 0..RELEASE_SPINS {
@@ -231,10 +293,33 @@ impl SlotLists {
             cpu_ns: slot.time_ns.load(Ordering::Relaxed),
             active_ticks: active & ACTIVE_NS_MASK,
             queued_ns: (queued & QUEUED_MEASURED != 0).then_some(queued & QUEUED_NS_MASK),
+            runqueue_ns: (runqueue & QUEUED_MEASURED != 0).then_some(runqueue & QUEUED_NS_MASK),
         };
-        self.limbo.push(handle.index);
+        if handle.generation.wrapping_add(1) == 0 {
+            roots.retired.fetch_add(1, Ordering::Relaxed);
+        } else {
+            self.limbo.push(handle.index);
+        }
         totals
     }
+}
+
+/// Slots retired because their generation would have wrapped (see the module docs).
+#[cfg(test)]
+pub(crate) fn retired() -> u64 {
+    ROOTS.retired.load(Ordering::Relaxed)
+}
+
+/// Sets the generation of the slot `index`, which must be free or in limbo (even): tests
+/// drive it next to its wrap, 2⁶³ reuses being out of a test's reach.
+#[cfg(test)]
+fn set_generation(index: u32, generation: u64) {
+    assert_eq!(generation & 1, 0, "a free slot's generation is even");
+    ROOTS
+        .slot(index)
+        .expect("allocated")
+        .generation
+        .store(generation, Ordering::SeqCst);
 }
 
 /// What one root's counters add up to when it ends.
@@ -249,21 +334,24 @@ pub(crate) struct RootTotals {
     /// Wall time its futures spent woken but not polled, when a wrapper measured it (see
     /// [`add_queued`]).
     pub(crate) queued_ns: Option<u64>,
+    /// Run delay of its threads inside it, when the watchdog read any (see
+    /// [`add_runqueue`]).
+    pub(crate) runqueue_ns: Option<u64>,
 }
 
 /// Adds `ns` (`clock::ticks`) of wall time spent inside the root `raw` (a
 /// [`CpuHandle::to_raw`]) by the calling thread. Saturates at 2⁴⁸; returns false (and
-/// adds nothing) when the root has ended. Lock-free: one compare-and-swap on the root's
-/// own slot, so threads of different roots never touch the same cache line.
+/// adds nothing) when the root has ended. Lock-free: a few atomics on the root's own
+/// slot, so threads of different roots never write the same counter.
 #[inline]
-pub(crate) fn add_active(raw: u64, ns: u64) -> bool {
+pub(crate) fn add_active(raw: u128, ns: u64) -> bool {
     add_tagged(&ROOTS, raw, ns, |slot| &slot.active, ACTIVE_NS_MASK, 0)
 }
 
 /// Adds `ns` of wall time one of the root's futures spent woken but not yet polled, and
 /// marks the root's queued time as measured. Same rules as [`add_active`].
 #[inline]
-pub(crate) fn add_queued(raw: u64, ns: u64) -> bool {
+pub(crate) fn add_queued(raw: u128, ns: u64) -> bool {
     add_tagged(
         &ROOTS,
         raw,
@@ -274,12 +362,35 @@ pub(crate) fn add_queued(raw: u64, ns: u64) -> bool {
     )
 }
 
-/// Adds `ns` into the tagged word `word(slot)` of the root `raw`: the tag (the owning
-/// generation) must match, the nanoseconds saturate at `mask`, `flags` are set.
+/// Adds `ns` of run delay (runnable inside the root, not running) and marks the root's
+/// run delay as measured. Same rules as [`add_active`]; called by the watchdog thread.
+#[inline]
+// No caller in the library on main either (its watchdog call is not there): kept as main has it.
+#[allow(dead_code)]
+pub(crate) fn add_runqueue(raw: u128, ns: u64) -> bool {
+    add_tagged(
+        &ROOTS,
+        raw,
+        ns,
+        |slot| &slot.runqueue,
+        QUEUED_NS_MASK,
+        QUEUED_MEASURED,
+    )
+}
+
+/// Adds `ns` into the tagged word `word(slot)` of the root `raw`: the slot's generation
+/// must be the handle's and the word's tag its owner's (not yet released), the
+/// nanoseconds saturate at `mask`, `flags` are set.
+///
+/// The add counts itself into the slot's `adders` before it reads the generation and out
+/// after its last access to the word; `recycle` lists a released slot again only once it
+/// saw `adders == 0` after the release (all `SeqCst`). So an add that found its generation
+/// current finishes before the slot has a next owner, and one that counts itself in later
+/// finds the generation moved: the full 64 bits decide, not the word's 16-bit tag.
 #[inline]
 fn add_tagged(
     roots: &RootTable,
-    raw: u64,
+    raw: u128,
     ns: u64,
     word: impl Fn(&Slot) -> &AtomicU64,
     mask: u64,
@@ -291,12 +402,27 @@ fn add_tagged(
     let Some(slot) = roots.slot(handle.index) else {
         return false;
     };
-    let word = word(slot);
-    let tag = active_tag(handle.generation);
+    slot.adders.fetch_add(1, Ordering::SeqCst);
+    // Paired with the fence in `release`: a release that this add's generation load
+    // misses sees it in `adders` when it recycles the slot.
+    fence(Ordering::SeqCst);
+    let added = slot.generation.load(Ordering::SeqCst) == handle.generation
+        && add_to(word(slot), active_tag(handle.generation), ns, mask, flags);
+    // Release: the add above happens before a claim that sees the count back at zero
+    // zeroes the word for the next owner.
+    slot.adders.fetch_sub(1, Ordering::Release);
+    if !added {
+        roots.stale_active.fetch_add(1, Ordering::Relaxed);
+    }
+    added
+}
+
+/// Adds `ns` into `word` if it still carries `tag` (its owner has not released it).
+#[inline]
+fn add_to(word: &AtomicU64, tag: u64, ns: u64, mask: u64, flags: u64) -> bool {
     let mut current = word.load(Ordering::Relaxed);
     loop {
         if current & !ACTIVE_NS_MASK != tag {
-            roots.stale_active.fetch_add(1, Ordering::Relaxed);
             return false;
         }
         let total = (current & mask).saturating_add(ns).min(mask);
@@ -317,14 +443,18 @@ pub(crate) fn stale_active() -> u64 {
 /// Counts one sample standing for `time_ns` of CPU under `raw` (a [`CpuHandle::to_raw`]).
 /// Async-signal-safe: atomics only, and every memory access is to a never-freed slot.
 #[inline]
-pub(crate) fn record(raw: u64, time_ns: u64) {
+pub(crate) fn record(raw: u128, time_ns: u64) {
     record_in(&ROOTS, raw, time_ns);
 }
 
 /// [`record`] into `roots`.
 #[inline]
-fn record_in(roots: &RootTable, raw: u64, time_ns: u64) {
+fn record_in(roots: &RootTable, raw: u128, time_ns: u64) {
+    if raw == 0 {
+        return;
+    }
     let Some(handle) = CpuHandle::from_raw(raw) else {
+        roots.stale.fetch_add(1, Ordering::Relaxed);
         return;
     };
     roots.in_flight.fetch_add(1, Ordering::SeqCst);
@@ -333,6 +463,7 @@ fn record_in(roots: &RootTable, raw: u64, time_ns: u64) {
     fence(Ordering::SeqCst);
     match roots.slot(handle.index) {
         Some(slot) if slot.generation.load(Ordering::SeqCst) == handle.generation => {
+            // fetch_add wraps, it never panics.
             slot.samples.fetch_add(1, Ordering::Relaxed);
             slot.time_ns.fetch_add(time_ns, Ordering::Relaxed);
         }
@@ -373,7 +504,8 @@ mod tests {
                 samples: 2,
                 cpu_ns: 20,
                 active_ticks: 100,
-                queued_ns: None
+                queued_ns: None,
+                runqueue_ns: None
             }
         );
         assert!(!add_active(a.to_raw(), 5), "ended root refuses active time");
@@ -398,7 +530,8 @@ mod tests {
                 samples: 1,
                 cpu_ns: 7,
                 active_ticks: 3,
-                queued_ns: None
+                queued_ns: None,
+                runqueue_ns: None
             }
         );
         // Releasing twice is harmless.
@@ -409,10 +542,10 @@ mod tests {
     fn garbage_handles_are_refused_not_followed() {
         let before = stale_handles();
         for raw in [
-            u64::MAX,
-            (u64::from(u32::MAX)) << 32,
-            (NeverFreed::<Slot, CHUNK, MAX_CHUNKS>::CAPACITY as u64 + 1) << 32 | 1,
-            0x1234_5678_9abc_def1,
+            u128::MAX,
+            u128::from(u32::MAX) << 64,
+            (NeverFreed::<Slot, CHUNK, MAX_CHUNKS>::CAPACITY as u128 + 1) << 64 | 1,
+            0x1234_5678_9abc_def1_0fed_cba9_8765_4321,
         ] {
             record(raw, 1);
         }
@@ -420,6 +553,12 @@ mod tests {
         record(0, 1);
         assert_eq!(stale_handles(), before + 4, "0 is no handle");
         assert_eq!(CpuHandle::from_raw(0), None);
+        assert_eq!(CpuHandle::from_raw(u128::from(u32::MAX)), None, "no index");
+        assert_eq!(
+            CpuHandle::from_raw((u128::from(u32::MAX) + 2) << 64),
+            None,
+            "index beyond u32"
+        );
     }
 
     #[test]
@@ -474,9 +613,137 @@ mod tests {
         };
         assert_eq!(CpuHandle::from_raw(h.to_raw()), Some(h));
         let h = CpuHandle {
-            index: u32::MAX - 1,
-            generation: u32::MAX,
+            index: u32::MAX,
+            generation: u64::MAX,
         };
         assert_eq!(CpuHandle::from_raw(h.to_raw()), Some(h));
+    }
+
+    /// Claims the slot released last into `lists` again (a handler of another test in
+    /// flight holds limbo back for a moment: `IN_FLIGHT` is process-wide).
+    fn reclaim(lists: &mut SlotLists) -> CpuHandle {
+        let start = std::time::Instant::now();
+        while !lists.recycle() {
+            assert!(
+                start.elapsed() < std::time::Duration::from_secs(10),
+                "limbo never recycled"
+            );
+            std::thread::yield_now();
+        }
+        lists.claim().expect("slot")
+    }
+
+    /// Issue 22: the active and queued words carry 16 bits of the generation, which repeat
+    /// every 32,768 reuses of a slot. A root kept from then must still add nothing to the
+    /// slot's owner now, whose tag is the same.
+    #[test]
+    fn a_stale_root_whose_tag_repeats_adds_nothing_to_the_live_one() {
+        let mut lists = SlotLists::default();
+        let a = lists.claim().expect("slot");
+        assert!(add_active(a.to_raw(), 5));
+        lists.release(a);
+        // 32,767 reuses later: the next claim makes generation a + 65,536.
+        set_generation(a.index, a.generation + 65_535);
+        let b = reclaim(&mut lists);
+        assert_eq!(b.index, a.index);
+        assert_eq!(b.generation, a.generation + 65_536);
+        assert_eq!(
+            active_tag(b.generation),
+            active_tag(a.generation),
+            "same tag"
+        );
+        let stale = stale_active();
+        assert!(
+            !add_active(a.to_raw(), 3_600_000_000_000),
+            "an hour, refused"
+        );
+        assert!(!add_queued(a.to_raw(), 1_000));
+        assert_eq!(stale_active(), stale + 2);
+        let samples = stale_handles();
+        record(a.to_raw(), 10);
+        assert_eq!(stale_handles(), samples + 1);
+        assert!(add_active(b.to_raw(), 7));
+        assert_eq!(
+            lists.release(b),
+            RootTotals {
+                samples: 0,
+                cpu_ns: 0,
+                active_ticks: 7,
+                queued_ns: None,
+                runqueue_ns: None
+            }
+        );
+    }
+
+    /// An add between its generation check and its write holds the slot: a released slot
+    /// goes back to the free list only once no add is in progress on it.
+    #[test]
+    fn a_slot_is_not_reused_while_an_add_is_in_progress() {
+        let mut lists = SlotLists::default();
+        let a = lists.claim().expect("slot");
+        let s = ROOTS.slot(a.index).expect("allocated");
+        // An adder that read the generation just before the release.
+        s.adders.fetch_add(1, Ordering::SeqCst);
+        lists.release(a);
+        assert!(!lists.recycle(), "held by the add in progress");
+        let b = lists.claim().expect("slot");
+        assert_ne!(b.index, a.index, "a fresh slot instead");
+        s.adders.fetch_sub(1, Ordering::SeqCst);
+        lists.release(b);
+        let c = reclaim(&mut lists);
+        let d = lists.claim().expect("slot");
+        let mut reused = [c.index, d.index];
+        reused.sort_unstable();
+        let mut expected = [a.index, b.index];
+        expected.sort_unstable();
+        assert_eq!(reused, expected, "both back once the add is done");
+        lists.release(c);
+        lists.release(d);
+    }
+
+    /// The generation at its wrap: the release that would take it from `u64::MAX` to 0
+    /// retires the slot. It is never handed out again, so neither the handle from before
+    /// the wrap nor one with the generation a first owner after it would get is accepted.
+    #[test]
+    fn a_slot_whose_generation_would_wrap_is_retired() {
+        let mut lists = SlotLists::default();
+        let a = lists.claim().expect("slot");
+        lists.release(a);
+        set_generation(a.index, u64::MAX - 1);
+        let last = reclaim(&mut lists);
+        assert_eq!((last.index, last.generation), (a.index, u64::MAX));
+        record(last.to_raw(), 10);
+        assert!(add_active(last.to_raw(), 4));
+        let retired_before = retired();
+        assert_eq!(
+            lists.release(last),
+            RootTotals {
+                samples: 1,
+                cpu_ns: 10,
+                active_ticks: 4,
+                queued_ns: None,
+                runqueue_ns: None
+            },
+            "its last root still counts"
+        );
+        assert_eq!(retired(), retired_before + 1);
+        assert!(!lists.recycle(), "nothing in limbo");
+        for _ in 0..100 {
+            let next = lists.claim().expect("slot");
+            assert_ne!(next.index, a.index, "a retired slot is never handed out");
+            lists.release(next);
+            lists.recycle();
+        }
+        let after_wrap = CpuHandle {
+            index: a.index,
+            generation: 1,
+        };
+        let samples = stale_handles();
+        for stale in [last, a, after_wrap] {
+            record(stale.to_raw(), 10);
+            assert!(!add_active(stale.to_raw(), 1));
+            assert!(!add_queued(stale.to_raw(), 1));
+        }
+        assert_eq!(stale_handles(), samples + 3);
     }
 }

@@ -9,40 +9,72 @@
 //! read, reports "no span": a read racing a write never returns a mix of two spans. On the
 //! owning thread a signal can only interrupt the writer, never run beside it, so the odd
 //! check alone is exact there; the second check makes reads from other threads safe too.
-//! Writes are five relaxed stores and two fences that compile to nothing on x86-64: no
+//! The sequence is a `u64`: a write costs well over a nanosecond, so at most 10⁹ writes a
+//! second (2·10⁹ sequence steps), and it comes back to a value only after 292 years — a
+//! reader from another thread (the watchdog) preempted in the middle of its read, or
+//! comparing two reads a tick apart, can never see an old sequence return.
+//! Writes are eight relaxed stores and two fences that compile to nothing on x86-64: no
 //! allocation, no lock, no syscall.
 
 use crate::sync::{fence, AtomicU32, AtomicU64, Ordering};
 
-use opentelemetry::trace::{SpanId, TraceId};
+use opentelemetry::trace::{SpanId, TraceFlags, TraceId};
 
 use crate::root_cpu::CpuHandle;
 use crate::span_name::SpanName;
 
 /// The local root span a thread is working for, as the profiler labels its samples.
 ///
-/// For a sampled trace it carries the root's span id and trace id; for an unsampled trace
-/// (see [`UnsampledTraces`](crate::UnsampledTraces)) only the root's name.
+/// For a sampled trace it carries the root's span id, trace id and W3C trace flags; for an
+/// unsampled trace (see [`UnsampledTraces`](crate::UnsampledTraces)) only the root's name.
 #[derive(Clone, Copy, PartialEq, Eq, Hash, Debug)]
 pub struct LocalRoot {
     span_id: u64,
     trace_id: u128,
     name: Option<SpanName>,
+    /// The root span's W3C trace flags byte (sampled 0x01, random 0x02, …), as the
+    /// OpenTelemetry thread context publishes it.
+    flags: u8,
     /// The root's CPU counters, as a packed [`CpuHandle`] (0: none): a slot index and
-    /// generation the signal handler checks, never an address, so a copy that outlives
-    /// its span can do no harm (see `root_cpu`).
-    cpu: u64,
+    /// 64-bit generation the signal handler checks, never an address, so a copy that
+    /// outlives its span can do no harm (see `root_cpu`).
+    cpu: u128,
 }
 
 impl LocalRoot {
-    /// A root with ids (a sampled trace). Invalid (all-zero) ids count as absent.
+    /// A root with ids (a sampled trace), with the trace flags [`TraceFlags::SAMPLED`]
+    /// (`01`); give it its span's own flags with [`with_trace_flags`](Self::with_trace_flags).
+    /// Invalid (all-zero) ids count as absent.
     pub fn new(span_id: SpanId, trace_id: TraceId, name: Option<SpanName>) -> LocalRoot {
         LocalRoot {
             span_id: u64::from_be_bytes(span_id.to_bytes()),
             trace_id: u128::from_be_bytes(trace_id.to_bytes()),
             name,
+            flags: TraceFlags::SAMPLED.to_u8(),
             cpu: 0,
         }
+    }
+
+    /// The same root with the W3C trace flags of its span context (`span_context.
+    /// trace_flags()`: sampled, and the random-trace-id bit `02` when the context has it).
+    /// The crate's own roots carry them; the OpenTelemetry thread context publishes them.
+    ///
+    /// ```
+    /// use opentelemetry::trace::{SpanId, TraceFlags, TraceId};
+    /// use otel_profiling::LocalRoot;
+    ///
+    /// let root = LocalRoot::new(SpanId::from(7), TraceId::from(9), None)
+    ///     .with_trace_flags(TraceFlags::new(0x03));
+    /// assert_eq!(root.trace_flags(), TraceFlags::new(0x03));
+    /// ```
+    pub fn with_trace_flags(mut self, flags: TraceFlags) -> LocalRoot {
+        self.flags = flags.to_u8();
+        self
+    }
+
+    /// The root span's W3C trace flags (`00` for a root known only by name).
+    pub fn trace_flags(&self) -> TraceFlags {
+        TraceFlags::new(self.flags)
     }
 
     /// The same root, with samples under it counted into `cpu`.
@@ -53,7 +85,7 @@ impl LocalRoot {
 
     /// The root's counters as the signal handler passes them to `root_cpu::record`.
     #[inline]
-    pub(crate) fn cpu_raw(&self) -> u64 {
+    pub(crate) fn cpu_raw(&self) -> u128 {
         self.cpu
     }
 
@@ -63,6 +95,7 @@ impl LocalRoot {
             span_id: 0,
             trace_id: 0,
             name: Some(name),
+            flags: 0,
             cpu: 0,
         }
     }
@@ -102,12 +135,16 @@ impl LocalRoot {
 #[repr(C, align(64))]
 #[derive(Debug)]
 pub(crate) struct SpanContextCell {
-    seq: AtomicU32,
+    seq: AtomicU64,
     name: AtomicU32,
+    /// The W3C trace flags byte.
+    flags: AtomicU32,
     span_id: AtomicU64,
     trace_hi: AtomicU64,
     trace_lo: AtomicU64,
-    cpu: AtomicU64,
+    /// The packed [`CpuHandle`]'s high half (index + 1) and low half (generation).
+    cpu_hi: AtomicU64,
+    cpu_lo: AtomicU64,
 }
 
 impl SpanContextCell {
@@ -115,12 +152,14 @@ impl SpanContextCell {
         /// An empty record ("no span").
         pub(crate) fn new() -> SpanContextCell {
             SpanContextCell {
-                seq: AtomicU32::new(0),
+                seq: AtomicU64::new(0),
                 name: AtomicU32::new(0),
+                flags: AtomicU32::new(0),
                 span_id: AtomicU64::new(0),
                 trace_hi: AtomicU64::new(0),
                 trace_lo: AtomicU64::new(0),
-                cpu: AtomicU64::new(0),
+                cpu_hi: AtomicU64::new(0),
+                cpu_lo: AtomicU64::new(0),
             }
         }
     }
@@ -138,16 +177,18 @@ impl SpanContextCell {
     /// same sequence saw no root transition in between: what the blocked-thread watchdog
     /// uses to tell "still inside the same poll". Loads only.
     #[inline]
-    pub(crate) fn snapshot(&self) -> Option<(u32, Option<LocalRoot>)> {
+    pub(crate) fn snapshot(&self) -> Option<(u64, Option<LocalRoot>)> {
         let before = self.seq.load(Ordering::Acquire);
         if before & 1 == 1 {
             return None;
         }
         let name = self.name.load(Ordering::Relaxed);
+        let flags = self.flags.load(Ordering::Relaxed);
         let span_id = self.span_id.load(Ordering::Relaxed);
         let hi = self.trace_hi.load(Ordering::Relaxed);
         let lo = self.trace_lo.load(Ordering::Relaxed);
-        let cpu = self.cpu.load(Ordering::Relaxed);
+        let cpu_hi = self.cpu_hi.load(Ordering::Relaxed);
+        let cpu_lo = self.cpu_lo.load(Ordering::Relaxed);
         fence(Ordering::Acquire);
         if self.seq.load(Ordering::Relaxed) != before {
             return None;
@@ -156,7 +197,8 @@ impl SpanContextCell {
             span_id,
             trace_id: (u128::from(hi) << 64) | u128::from(lo),
             name: SpanName::from_raw(name),
-            cpu,
+            flags: flags as u8,
+            cpu: (u128::from(cpu_hi) << 64) | u128::from(cpu_lo),
         };
         Some((before, (!root.is_empty()).then_some(root)))
     }
@@ -168,6 +210,7 @@ impl SpanContextCell {
             span_id: 0,
             trace_id: 0,
             name: None,
+            flags: 0,
             cpu: 0,
         });
         let seq = self.seq.load(Ordering::Relaxed);
@@ -175,11 +218,14 @@ impl SpanContextCell {
         fence(Ordering::Release);
         self.name
             .store(root.name.map_or(0, SpanName::to_raw), Ordering::Relaxed);
+        self.flags.store(u32::from(root.flags), Ordering::Relaxed);
         self.span_id.store(root.span_id, Ordering::Relaxed);
         self.trace_hi
             .store((root.trace_id >> 64) as u64, Ordering::Relaxed);
         self.trace_lo.store(root.trace_id as u64, Ordering::Relaxed);
-        self.cpu.store(root.cpu, Ordering::Relaxed);
+        self.cpu_hi
+            .store((root.cpu >> 64) as u64, Ordering::Relaxed);
+        self.cpu_lo.store(root.cpu as u64, Ordering::Relaxed);
         self.seq.store(seq.wrapping_add(2), Ordering::Release);
     }
 
@@ -190,6 +236,12 @@ impl SpanContextCell {
         self.write(root);
     }
 
+    /// Sets the sequence (tests: next to its wrap, 2⁶³ writes being out of reach).
+    #[cfg(test)]
+    pub(crate) fn set_sequence(&self, seq: u64) {
+        self.seq.store(seq, Ordering::Relaxed);
+    }
+
     /// The value last written, read by the writer itself (no race possible).
     #[inline]
     fn own_value(&self) -> Option<LocalRoot> {
@@ -198,7 +250,9 @@ impl SpanContextCell {
             trace_id: (u128::from(self.trace_hi.load(Ordering::Relaxed)) << 64)
                 | u128::from(self.trace_lo.load(Ordering::Relaxed)),
             name: SpanName::from_raw(self.name.load(Ordering::Relaxed)),
-            cpu: self.cpu.load(Ordering::Relaxed),
+            flags: self.flags.load(Ordering::Relaxed) as u8,
+            cpu: (u128::from(self.cpu_hi.load(Ordering::Relaxed)) << 64)
+                | u128::from(self.cpu_lo.load(Ordering::Relaxed)),
         };
         (!root.is_empty()).then_some(root)
     }

@@ -11,7 +11,9 @@ use std::cell::RefCell;
 use std::collections::HashMap;
 use std::num::NonZeroU32;
 use std::sync::atomic::{AtomicU64, Ordering};
-use std::sync::{Arc, LazyLock, Mutex, PoisonError};
+use std::sync::{Arc, MutexGuard, OnceLock};
+
+use crate::fork::AtforkMutex;
 
 /// Most distinct root-span names kept. Root span names are normally endpoints (a bounded
 /// set); past this bound new names share [`SpanName::OVERFLOW_NAME`] so that a service
@@ -86,7 +88,7 @@ impl SpanName {
 
     /// The interned text.
     pub fn resolve(self) -> Arc<str> {
-        let table = INTERNER.lock().unwrap_or_else(PoisonError::into_inner);
+        let table = interner();
         table
             .names
             .get(self.index())
@@ -127,7 +129,29 @@ struct Interner {
     overflow: Option<SpanName>,
 }
 
-static INTERNER: LazyLock<Mutex<Interner>> = LazyLock::new(Mutex::default);
+/// Held across `fork` by the forking thread (`crate::fork`): a parent thread interning at
+/// the fork would otherwise leave the child's interner locked for ever.
+static INTERNER: OnceLock<AtforkMutex<Interner>> = OnceLock::new();
+
+fn interner() -> MutexGuard<'static, Interner> {
+    // Before the interner exists, never inside its initialisation (see `evidence::shards`).
+    crate::fork::install_handlers();
+    interner_lock().lock()
+}
+
+fn interner_lock() -> &'static AtforkMutex<Interner> {
+    INTERNER.get_or_init(|| AtforkMutex::new(Interner::default()))
+}
+
+/// Before `fork`: the forking thread takes the interner (see `crate::fork`).
+pub(crate) fn hold_for_fork() {
+    interner_lock().hold();
+}
+
+/// After `fork`, in the parent and in the child.
+pub(crate) fn release_after_fork() {
+    interner_lock().release();
+}
 static OVERFLOWED: AtomicU64 = AtomicU64::new(0);
 
 /// Entries of the per-thread cache of `'static` names (a few hundred bytes a thread).
@@ -142,7 +166,7 @@ thread_local! {
 }
 
 fn global_intern(name: &str) -> SpanName {
-    let mut table = INTERNER.lock().unwrap_or_else(PoisonError::into_inner);
+    let mut table = interner();
     if let Some(id) = table.ids.get(name) {
         return *id;
     }

@@ -9,16 +9,34 @@
 //! timer, a forged or stale signal, `kill`) is ignored and counted in
 //! [`SamplerStats::foreign_signals`](super::SamplerStats::foreign_signals).
 //!
-//! **Stack.** The walk runs in its own non-inlined function, and only when the interrupted
-//! thread has at least [`WALK_STACK_BUDGET`] bytes of stack left below the interrupted
-//! `sp`; otherwise the sample keeps its pc only and counts in `low_stack`. The budget is
-//! the measured peak of the walk (`handler_stack_use_is_bounded` test) with a margin.
+//! **Stack.** The handler runs on the registered thread's own alternate signal stack
+//! (`altstack`: the kernel's signal frame, 3.4 KB and more with AVX-512 state, goes there
+//! too), so a thread near the end of its stack is not pushed over it by a sample. The walk
+//! runs in its own non-inlined function, and only with at least [`WALK_STACK_BUDGET`]
+//! bytes left below the handler's frame on the stack it runs on (the interrupted stack,
+//! for a thread that kept an alternate stack of its own that turns out too small);
+//! otherwise the sample keeps its pc only and counts in `low_stack`. The budget is the
+//! measured peak of the walk (`handler_stack_use_is_bounded` test) with a margin.
 //!
-//! **Panics.** Nothing here should panic, but framehop is not ours. A panic unwinding out
-//! of the handler would abort after running the panic hook, which allocates and locks
-//! (deadlock-prone inside a signal). The sampler installs, once, a panic hook in front of
-//! the existing one: when the panicking thread is inside our handler it writes one fixed
-//! line to stderr and aborts, with no allocation and no lock.
+//! **Panics.** The handler has no panic path outside framehop, and the build proves it.
+//! [`handle_signal`], the whole body after the `extern "C"` entry, carries `no_panic`
+//! under the feature `handler-no-panic-check`; `.ci/run` links it in the `handler-proof`
+//! profile (fat LTO, one codegen unit, `panic = "unwind"`, this crate's overflow checks and
+//! debug assertions on), so any panic path the optimiser could not remove from it, or from
+//! anything it calls, is an undefined symbol and fails the link; and a build with a
+//! deliberate panic path (`handler-no-panic-selftest`) must fail it. Indexing, arithmetic
+//! and `unwrap`s in reach are checked, saturating or wrapping, so a debug build cannot
+//! panic there either. Not covered: framehop's two calls (`unwind::framehop_next`,
+//! `unwind::framehop_unwind_frame`), whose CFI lookup and evaluation (framehop's and
+//! gimli's code) keep panic paths the optimiser cannot remove; each is an `extern "C"`
+//! function, so a panic there cannot unwind into the handler: it aborts the process.
+//! See docs/signal-path.md, "No panic in the handler".
+//!
+//! Defence in depth, never the proof: the sampler installs, once, a panic hook in front of
+//! the existing one; when the panicking thread is inside our handler it writes one fixed
+//! line to stderr and aborts, with no allocation and no lock. A hook the application sets
+//! later (`std::panic::set_hook`) replaces it, and std holds its hook lock while it calls
+//! any hook, so it cannot be what keeps a panic out of the signal.
 //!
 //! **Ownership of `SIGPROF`.** Installing swaps our handler in with one `sigaction` call
 //! and puts the previous one back if it was someone else's, so there is no window in
@@ -28,6 +46,7 @@
 
 use std::sync::atomic::Ordering;
 
+use super::altstack;
 use super::slots::{Slot, TimerValue};
 use super::stack::Registers;
 use super::unwind::{self, WalkEnd};
@@ -36,13 +55,22 @@ use crate::root_cpu;
 
 /// Bytes of stack the interrupted thread must have left for the walk to run. Measured
 /// peak of the handler with a cold unwind cache, the kernel's signal frame included
-/// (`handler_stack_use_is_bounded`, x86_64): 11.4 KB in release builds, 44.6 KB in
-/// unoptimised ones (framehop's temporaries are not folded); the budgets keep a margin.
+/// (`handler_stack_use_is_bounded`, x86_64 with AVX-512 state): 17.4 KB in release builds,
+/// 44.1 KB in unoptimised ones (framehop's temporaries are not folded); the budgets keep a
+/// margin, and the alternate stack the handler runs on holds more than twice either.
 pub(crate) const WALK_STACK_BUDGET: u64 = if cfg!(debug_assertions) {
     64 * 1024
 } else {
-    16 * 1024
+    24 * 1024
 };
+
+/// About where the stack pointer is now: the address of a local of this frame (the walk
+/// is entered from here, so what lies below it is what the walk can use).
+#[inline(always)]
+fn current_sp() -> u64 {
+    let here = 0u8;
+    std::hint::black_box(&here) as *const u8 as u64
+}
 
 fn ours() -> usize {
     on_sigprof as extern "C" fn(libc::c_int, *mut libc::siginfo_t, *mut libc::c_void) as usize
@@ -57,7 +85,8 @@ pub(super) fn install(state: &'static SamplerState) -> Result<(), SamplerError> 
     unsafe {
         let mut action: libc::sigaction = std::mem::zeroed();
         action.sa_sigaction = ours();
-        action.sa_flags = libc::SA_SIGINFO | libc::SA_RESTART;
+        // SA_ONSTACK: on the registered thread's own alternate stack (`altstack`).
+        action.sa_flags = libc::SA_SIGINFO | libc::SA_RESTART | libc::SA_ONSTACK;
         libc::sigemptyset(&mut action.sa_mask);
         let mut old: libc::sigaction = std::mem::zeroed();
         // One swap: whoever installs concurrently, exactly one sees SIG_DFL/SIG_IGN.
@@ -137,6 +166,20 @@ fn abort_if_in_handler() {
 /// The `SIGPROF` handler. It reaches the sampler's state through the one static,
 /// [`SamplerState::global`] (a handler gets no `&self`).
 extern "C" fn on_sigprof(_: libc::c_int, info: *mut libc::siginfo_t, ucontext: *mut libc::c_void) {
+    // SAFETY: the kernel's handler arguments, on the thread the signal interrupted.
+    unsafe { handle_signal(info, ucontext) }
+}
+
+/// Everything the handler does. Under the feature `handler-no-panic-check` (the CI's
+/// `handler-proof` build) `no_panic` makes any panic path left in this body, or in
+/// anything it calls, fail the link; framehop's two calls are `extern "C"` functions
+/// (`unwind::framehop_next`, `unwind::framehop_unwind_frame`), past which no panic can
+/// unwind and the proof does not look.
+///
+/// # Safety
+/// Only as the `SIGPROF` handler, with the kernel's `siginfo` and `ucontext` arguments.
+#[cfg_attr(feature = "handler-no-panic-check", no_panic::no_panic)]
+unsafe fn handle_signal(info: *mut libc::siginfo_t, ucontext: *mut libc::c_void) {
     let state = SamplerState::global();
     // SAFETY: __errno_location is async-signal-safe and returns this thread's errno.
     let errno_slot = unsafe { libc::__errno_location() };
@@ -164,6 +207,11 @@ extern "C" fn on_sigprof(_: libc::c_int, info: *mut libc::siginfo_t, ucontext: *
             state.foreign.fetch_add(1, Ordering::Relaxed);
         }
     }
+    #[cfg(feature = "handler-no-panic-selftest")]
+    if std::hint::black_box(saved_errno) == i32::MIN {
+        // A panic path the check must find (`.ci/run` asserts that this build fails).
+        panic!("handler-no-panic-selftest");
+    }
     // SAFETY: as above.
     unsafe { *errno_slot = saved_errno };
 }
@@ -171,13 +219,9 @@ extern "C" fn on_sigprof(_: libc::c_int, info: *mut libc::siginfo_t, ucontext: *
 /// Takes one sample on the slot's owner thread.
 #[inline]
 fn sample(state: &SamplerState, slot: &Slot, overrun: libc::c_int, ucontext: *mut libc::c_void) {
-    #[cfg(test)]
-    if state.inject_panic.load(Ordering::Relaxed) {
-        panic!("injected panic in the SIGPROF handler");
-    }
     let counters = &slot.counters;
     // Expirations the kernel could not deliver separately (rates above its tick).
-    let weight = 1 + u32::try_from(overrun).unwrap_or(0);
+    let weight = u32::try_from(overrun).unwrap_or(0).saturating_add(1);
     counters.taken.fetch_add(1, Ordering::Relaxed);
     counters
         .periods
@@ -187,7 +231,10 @@ fn sample(state: &SamplerState, slot: &Slot, overrun: libc::c_int, ucontext: *mu
     // owner (the slot accepted the signal only after comparing tids).
     let root = unsafe { cell.as_ref() }.and_then(|c| c.read());
     if let Some(root) = &root {
-        let time = state.period_ns.load(Ordering::Relaxed) * u64::from(weight);
+        let time = state
+            .period_ns
+            .load(Ordering::Relaxed)
+            .saturating_mul(u64::from(weight));
         root_cpu::record(root.cpu_raw(), time);
     }
     let (Some(ring), Some(cache)) = (slot.ring(), slot.cache()) else {
@@ -213,7 +260,14 @@ fn sample(state: &SamplerState, slot: &Slot, overrun: libc::c_int, ucontext: *mu
                 record.depth = 0;
                 record.truncated = true;
             }
-            Some(regs) => match stack.headroom(regs.sp) {
+            // Measured from here, on the stack the handler runs on (the thread's own
+            // alternate stack, or, where it has none of ours, the interrupted stack, where
+            // the kernel's signal frame and this handler's frame already lie below the
+            // interrupted `sp`).
+            Some(regs) => match altstack::headroom(slot.index(), current_sp())
+                .or_else(|| stack.headroom(current_sp()))
+                .or_else(|| altstack::foreign_headroom(current_sp()))
+            {
                 Some(left) if left >= WALK_STACK_BUDGET => {
                     // SAFETY: this is the SIGPROF handler on the thread that owns the
                     // slot (the slot accepted the signal only after comparing tids), so

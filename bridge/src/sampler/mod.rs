@@ -33,6 +33,8 @@
 //! is published to running handlers. On architectures other than x86_64 and aarch64 no
 //! stack is recorded.
 
+mod altstack;
+pub(crate) mod cgroup;
 mod handler;
 // The loaded-object walker; the symbolizer uses it on every architecture, the unwinder's
 // table copies only where there is an unwinder.
@@ -315,13 +317,8 @@ pub(crate) struct SamplerState {
     replaced_seen: AtomicBool,
     /// Serialises start and stop (never taken by registration or the handler); fork-safe.
     start_stop: ForkSafeLock,
-    /// The `pthread_atfork` handlers are registered once.
-    at_fork: Once,
     /// The panic hook that aborts a panic inside the handler is installed once.
     panic_guard: Once,
-    /// Makes the handler panic (tests of the panic guard).
-    #[cfg(test)]
-    inject_panic: AtomicBool,
     /// Holds a registration between arming and publishing its timer (tests of stop racing
     /// registration).
     #[cfg(test)]
@@ -350,10 +347,7 @@ impl SamplerState {
                 replaced: AtomicU64::new(0),
                 replaced_seen: AtomicBool::new(false),
                 start_stop: ForkSafeLock::new(),
-                at_fork: Once::new(),
                 panic_guard: Once::new(),
-                #[cfg(test)]
-                inject_panic: AtomicBool::new(false),
                 #[cfg(test)]
                 registration_pause: std::sync::Mutex::new(None),
             }
@@ -397,18 +391,9 @@ impl SamplerState {
             return Err(SamplerError::AlreadyRunning);
         }
         handler::install(self)?;
-        self.at_fork.call_once(|| {
-            // SAFETY: registering fork handlers: prepare/parent take and release the
-            // unwinder's publisher lock; the child handler only stores to atomics and
-            // releases that lock.
-            unsafe {
-                libc::pthread_atfork(
-                    Some(before_fork),
-                    Some(after_fork_in_parent),
-                    Some(after_fork_in_child),
-                )
-            };
-        });
+        // The crate's fork handlers (`crate::fork`): prepare/parent take and release the
+        // unwinder's publisher lock; the child's resets only store to atomics.
+        crate::fork::install_handlers();
         self.frequency_hz
             .store(config.frequency_hz, Ordering::Relaxed);
         self.period_ns.store(
@@ -539,6 +524,7 @@ impl SamplerState {
             Registration {
                 state: self,
                 slot: None,
+                alt: None,
                 run,
                 epoch,
             }
@@ -604,9 +590,12 @@ impl SamplerState {
             })
             .ok_or(SamplerError::TooManyThreads)?;
         // From here on the registration owns the slot: an error path drops it (releasing).
+        // Before the timer: its first signal already runs on the slot's own stack.
+        let alt = altstack::install(slot);
         let registration = Registration {
             state: self,
             slot: Some(slot),
+            alt,
             run,
             epoch,
         };
@@ -690,6 +679,8 @@ struct Registration {
     state: &'static SamplerState,
     /// `None`: the thread blocks SIGPROF (not retried on every span enter of this run).
     slot: Option<&'static Slot>,
+    /// The alternate signal stack the registration installed (see `altstack`).
+    alt: Option<altstack::Installed>,
     run: u64,
     epoch: u64,
 }
@@ -707,6 +698,11 @@ impl Drop for Registration {
             return;
         }
         if let Some(slot) = self.slot {
+            // On the owner thread (the registration is its thread-local), before the slot
+            // (and with it the stack) can go to another thread.
+            if let Some(alt) = self.alt.take() {
+                altstack::uninstall(alt);
+            }
             self.state.slots.release(slot);
         }
     }
@@ -871,17 +867,21 @@ pub(crate) fn on_span_enter() {
     SamplerState::global().on_span_enter();
 }
 
-extern "C" fn before_fork() {
+/// Before `fork` (from `crate::fork`'s prepare handler).
+pub(crate) fn before_fork() {
     unwind::before_fork();
 }
 
-extern "C" fn after_fork_in_parent() {
+/// After `fork`, in the parent.
+pub(crate) fn after_fork_in_parent() {
     unwind::after_fork_in_parent();
 }
 
-extern "C" fn after_fork_in_child() {
+/// After `fork`, in the child.
+pub(crate) fn after_fork_in_child() {
     // Only atomics here.
     SamplerState::global().after_fork_in_child();
+    altstack::after_fork_in_child();
     crate::root_cpu::after_fork_in_child();
     unwind::after_fork_in_child();
     watchdog::after_fork_in_child();

@@ -36,6 +36,9 @@ pub(crate) struct LoadedObject {
     /// Runtime addresses spanned by its executable `PT_LOAD` segments.
     pub(crate) code: Range<u64>,
     pub(crate) tables: Tables,
+    /// The GNU build id of the mapped image (its `PT_NOTE`, read from memory): what the
+    /// symbolizer checks a file on disk against before naming from it.
+    pub(crate) build_id: Option<Box<[u8]>>,
 }
 
 impl LoadedObject {
@@ -189,6 +192,7 @@ unsafe fn read_object(
     // Executable span, as (lowest start, highest end).
     let (mut code_start, mut code_end) = (u64::MAX, 0);
     let mut hdr = None;
+    let mut notes: Vec<Range<u64>> = Vec::new();
     for ph in phdrs {
         let start = bias.wrapping_add(ph.p_vaddr);
         let Some(end) = start.checked_add(ph.p_memsz) else {
@@ -204,6 +208,8 @@ unsafe fn read_object(
             }
         } else if ph.p_type == libc::PT_GNU_EH_FRAME {
             hdr = Some(start..end);
+        } else if ph.p_type == libc::PT_NOTE {
+            notes.push(start..end);
         }
     }
     if code_start >= code_end {
@@ -220,12 +226,45 @@ unsafe fn read_object(
             None => Tables::Missing,
         }
     };
+    let build_id = notes.iter().find_map(|note| {
+        segment_containing(&readable, note.start, note.end)?;
+        let len = usize::try_from(note.end - note.start).ok()?;
+        // SAFETY: inside a readable segment of the object (checked above), which the
+        // loader keeps mapped during the callback.
+        let bytes = unsafe { std::slice::from_raw_parts(note.start as *const u8, len) };
+        gnu_build_id(bytes).map(Box::from)
+    });
     Some(LoadedObject {
         name,
         bias,
         code,
         tables,
+        build_id,
     })
+}
+
+/// The `NT_GNU_BUILD_ID` descriptor among the ELF notes in `notes` (native endian, 4-byte
+/// aligned fields, as the loader maps them).
+fn gnu_build_id(mut notes: &[u8]) -> Option<&[u8]> {
+    const NT_GNU_BUILD_ID: u32 = 3;
+    let word = |b: &[u8], at: usize| -> Option<u32> {
+        Some(u32::from_ne_bytes(b.get(at..at + 4)?.try_into().ok()?))
+    };
+    let align = |n: usize| n.checked_add(3).map(|n| n & !3);
+    while notes.len() >= 12 {
+        let name_size = usize::try_from(word(notes, 0)?).ok()?;
+        let desc_size = usize::try_from(word(notes, 4)?).ok()?;
+        let kind = word(notes, 8)?;
+        let desc_at = 12usize.checked_add(align(name_size)?)?;
+        let next = desc_at.checked_add(align(desc_size)?)?;
+        let name = notes.get(12..12usize.checked_add(name_size)?)?;
+        let desc = notes.get(desc_at..desc_at.checked_add(desc_size)?)?;
+        if kind == NT_GNU_BUILD_ID && name == b"GNU\0" {
+            return Some(desc);
+        }
+        notes = notes.get(next..)?;
+    }
+    None
 }
 
 /// The readable segment that contains `[start, end)`.

@@ -153,15 +153,21 @@ pub(crate) struct Producer<'a> {
 impl Producer<'_> {
     /// Fills the next free slot with `fill`, or returns `false` when full.
     /// Async-signal-safe: a bounds check, `fill`, one release store; no allocation, no lock.
+    /// Panic-free (the signal handler's path): the slot is found with checked operations.
     #[inline]
     pub(crate) fn push_with(&mut self, fill: impl FnOnce(&mut SampleRecord)) -> bool {
         let ring = self.ring;
         let head = ring.head.load(Ordering::Relaxed);
         let tail = ring.tail.load(Ordering::Acquire);
-        if head.wrapping_sub(tail) >= ring.slots.len() {
+        let capacity = ring.slots.len();
+        if head.wrapping_sub(tail) >= capacity {
             return false;
         }
-        let slot = &ring.slots[head % ring.slots.len()];
+        // `capacity` is at least 1 (`Ring::new`); `checked_rem` and `get` only say so
+        // without a panic path.
+        let Some(slot) = head.checked_rem(capacity).and_then(|i| ring.slots.get(i)) else {
+            return false;
+        };
         // SAFETY: the slot is outside [tail, head), so the consumer does not read it
         // (acquire on tail: it finished reading it before it moved tail past it); `self` is
         // the ring's only producer (the `producing` flag) and `&mut self` keeps this

@@ -3,12 +3,13 @@
 //!
 //! ```text
 //!  FREE ──claim (thread T)──► LIVE ──release (T itself)──► RETIRING ──last drain──► FREE
-//!        tid, stack, ring,           timer deleted,              (collector, under
-//!        generation += 1 (odd)       generation += 1 (even)       the drain lock)
+//!        tid, stack, ring,           timer deleted,              (collector, under   │
+//!        generation += 1 (odd)       generation += 1 (even)       the drain lock)    │
+//!                                                    generation = 2⁴⁰: RETIRED ◄──────┘
 //! ```
 //!
 //! **What the handler trusts.** A timer's `si_value` is [`TimerValue`]: a tag, the slot
-//! index and the slot's generation. The handler accepts a signal only if the tag matches,
+//! index and the slot's generation (40 bits, see below). The handler accepts a signal only if the tag matches,
 //! the index names an allocated slot (chunks are never freed), the slot's generation
 //! equals the value's (odd: owned) and the slot's owner is the receiving thread
 //! (`gettid`). Anything else, such as another library's `SIGPROF` timer, a forged
@@ -22,6 +23,13 @@
 //! LIVE. The collector drains LIVE and RETIRING slots under the drain lock and alone
 //! moves RETIRING to FREE, so a slot's ring is never replaced while a drain may read it.
 //! Timer ids are swapped out atomically, so stop and the owner never both delete one.
+//!
+//! **Generations never repeat.** The value fits one pointer-sized `sigval` with the tag
+//! and the index, so the generation has 40 bits (the split is argued at [`TimerValue`]).
+//! Instead of wrapping, a slot whose generation reaches 2⁴⁰ (its 2³⁹th release) is
+//! retired once drained: it is never claimed again, its ring and unwind cache are freed,
+//! and only the slot itself (a few hundred bytes) stays. So a value is never accepted by a
+//! later owner of its slot, however long a signal or a `Tracked` view kept it.
 //!
 //! **Memory.** A slot keeps its ring and unwind cache when it is recycled, so a new thread
 //! usually claims a slot that is ready (no allocation, no page faults), and memory tracks
@@ -58,6 +66,15 @@ pub(crate) const MAX_THREADS: usize = NeverFreed::<Slot, CHUNK, MAX_CHUNKS>::CAP
 const FREE: u8 = 0;
 const LIVE: u8 = 1;
 const RETIRING: u8 = 2;
+/// Its generation used up: never claimed again (see the module docs).
+const RETIRED: u8 = 3;
+
+/// Bits of the generation a [`TimerValue`] carries.
+const GENERATION_BITS: u32 = 40;
+const GENERATION_MASK: u64 = (1 << GENERATION_BITS) - 1;
+/// The generation a slot is retired at: the next claim would give it a value's
+/// generation 1 again.
+const RETIRED_AT: u64 = 1 << GENERATION_BITS;
 
 /// Per-thread counters, monotonic for the life of the process (not reset on reuse).
 #[derive(Default)]
@@ -73,8 +90,8 @@ pub(crate) struct Counters {
 /// One thread's sampler state.
 pub(crate) struct Slot {
     index: u32,
-    /// Odd while a thread owns the slot.
-    generation: AtomicU32,
+    /// Odd while a thread owns the slot; below 2⁴⁰ unless RETIRED.
+    generation: AtomicU64,
     phase: AtomicU8,
     /// The owner's kernel thread id.
     tid: AtomicI32,
@@ -104,7 +121,7 @@ impl Slot {
     fn new(index: u32) -> Slot {
         Slot {
             index,
-            generation: AtomicU32::new(0),
+            generation: AtomicU64::new(0),
             phase: AtomicU8::new(FREE),
             tid: AtomicI32::new(0),
             cell: AtomicPtr::new(std::ptr::null_mut()),
@@ -134,8 +151,9 @@ impl Slot {
             && self.tid.load(Ordering::Relaxed) == unsafe { libc::gettid() }
     }
 
-    /// The slot's generation (odd while owned): tells one owner from the next.
-    pub(crate) fn generation(&self) -> u32 {
+    /// The slot's generation (odd while owned): tells one owner from the next, and never
+    /// comes back to a value it had (see the module docs).
+    pub(crate) fn generation(&self) -> u64 {
         self.generation.load(Ordering::Acquire)
     }
 
@@ -157,8 +175,8 @@ impl Slot {
     /// reads nothing, or the owner waits the few nanoseconds of the read before exiting.
     pub(crate) fn read_cell_if_owned(
         &self,
-        generation: u32,
-    ) -> Option<(u32, Option<crate::span_context::LocalRoot>)> {
+        generation: u64,
+    ) -> Option<(u64, Option<crate::span_context::LocalRoot>)> {
         self.watching.fetch_add(1, Ordering::SeqCst);
         // The store-load order of the handshake, stated as fences (loom checks them; it
         // takes SeqCst accesses for AcqRel), paired with the one in `release`.
@@ -200,16 +218,19 @@ impl Slot {
     #[inline]
     pub(crate) fn ring(&self) -> Option<&Ring> {
         // SAFETY: rings are replaced and freed only while the slot is FREE, by the thread
-        // claiming it (see module docs); callers are the owner's handler (slot LIVE,
+        // claiming it (see module docs), or when it is retired (`put_back`, under the drain
+        // lock, after its last drain); callers are the owner's handler (slot LIVE,
         // checked), the owner in `release` (LIVE until it stores the phase), the drainer
-        // (which skips FREE slots and alone frees RETIRING ones) and a forked child's one
-        // thread.
+        // (which skips FREE and RETIRED slots and alone frees RETIRING ones) and a forked
+        // child's one thread.
         unsafe { self.ring.load(Ordering::Acquire).as_ref() }
     }
 
     #[inline]
     pub(crate) fn cache(&self) -> Option<&UnwindCache> {
-        // SAFETY: caches are allocated once and never freed.
+        // SAFETY: a cache is allocated once and freed only when its slot is retired
+        // (`put_back`), after the owner moved the generation away on its own thread: no
+        // handler that accepted the slot is still running then, and none accepts it again.
         unsafe { self.cache.load(Ordering::Acquire).as_ref() }
     }
 
@@ -242,15 +263,37 @@ impl Slot {
     }
 }
 
-/// A timer's `si_value`: tag (16 bits) | index (16 bits) | generation (32 bits).
+/// A timer's `si_value`: tag (8 bits) | index (16 bits) | generation (40 bits).
+///
+/// The split, for one 64-bit `sigval`:
+/// * **index, 16 bits**: [`MAX_THREADS`] is 65,536.
+/// * **generation, 40 bits**: 2³⁹ reuses of a slot before it is retired. A reuse is a
+///   registration and its end: `timer_create`, `timer_settime`, `timer_delete`,
+///   `sigprocmask` and `gettid`, five system calls (3 µs measured, well over 100 ns
+///   each anywhere), so one slot is reused at most 10⁷ times a second (assumed). At that
+///   rate a slot retires every 15 hours: 5,740 slots in 10 years of one slot churning
+///   flat out (the table holds 65,536); at the measured cost, one every 19 days.
+/// * **tag, 8 bits**: only a first filter (a foreign value passes it 1 time in 256; the
+///   index, the 40-bit generation and the owner's tid are checked after it). It is
+///   neither 0x00 nor 0xff, the top byte of user and kernel addresses.
+///
+/// 32 bits of generation (the split before) wrapped after 2³¹ reuses, minutes at that
+/// rate.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub(crate) struct TimerValue(u64);
 
-const TAG: u64 = 0x07e1;
+const TAG: u64 = 0xb7;
+const TAG_SHIFT: u32 = 56;
+const INDEX_SHIFT: u32 = GENERATION_BITS;
+const _: () = assert!(MAX_THREADS == 1 << (TAG_SHIFT - INDEX_SHIFT));
 
 impl TimerValue {
-    fn new(index: u32, generation: u32) -> TimerValue {
-        TimerValue(TAG << 48 | u64::from(index & 0xffff) << 32 | u64::from(generation))
+    fn new(index: u32, generation: u64) -> TimerValue {
+        TimerValue(
+            TAG << TAG_SHIFT
+                | u64::from(index & 0xffff) << INDEX_SHIFT
+                | (generation & GENERATION_MASK),
+        )
     }
 
     pub(crate) fn from_sival(sival: *mut libc::c_void) -> TimerValue {
@@ -262,11 +305,11 @@ impl TimerValue {
     }
 
     fn index(self) -> Option<u32> {
-        (self.0 >> 48 == TAG).then_some((self.0 >> 32) as u32 & 0xffff)
+        (self.0 >> TAG_SHIFT == TAG).then_some((self.0 >> INDEX_SHIFT) as u32 & 0xffff)
     }
 
-    fn generation(self) -> u32 {
-        self.0 as u32
+    fn generation(self) -> u64 {
+        self.0 & GENERATION_MASK
     }
 }
 
@@ -315,14 +358,32 @@ impl Drop for ForkSafeGuard<'_> {
     }
 }
 
+/// Bits of the free list head naming the top slot (index + 1, up to [`MAX_THREADS`]).
+const HEAD_INDEX_BITS: u32 = 17;
+const HEAD_INDEX_MASK: u64 = (1 << HEAD_INDEX_BITS) - 1;
+const _: () = assert!(MAX_THREADS < 1 << HEAD_INDEX_BITS);
+
+/// The free list head after one push or pop onto `top` (index + 1, 0: empty): the ABA
+/// tag, the other 47 bits, counts every push and pop. A pop that read the head is fooled
+/// only if the head is back to the same tag and top when it compares, which takes 2⁴⁷
+/// pushes and pops while it stands between its load and its compare-exchange: 81 days at
+/// the 10⁷ reuses a second a slot can see (two operations each), a whole process would
+/// have to run that long around one stopped thread. The tag wraps (no panic).
+fn next_head(head: u64, top: u32) -> u64 {
+    ((head >> HEAD_INDEX_BITS).wrapping_add(1)) << HEAD_INDEX_BITS | u64::from(top)
+}
+
 /// The table of thread slots with its free list and drain lock. The process has one, in
 /// the sampler's state (the signal handler reaches it there); tests build their own.
 pub(crate) struct SlotTable {
     slots: NeverFreed<Slot, CHUNK, MAX_CHUNKS>,
-    /// Free list head: (ABA tag << 32) | (index + 1); 0 in the low half: empty.
+    /// Free list head: (ABA tag << 17) | (index + 1); 0 in the low 17 bits: empty (see
+    /// [`next_head`]).
     free_head: AtomicU64,
     /// Held by the one drainer; fork-safe (see [`ForkSafeLock`]).
     draining: ForkSafeLock,
+    /// Slots retired so far.
+    retired: AtomicU64,
 }
 
 impl SlotTable {
@@ -332,6 +393,7 @@ impl SlotTable {
                 slots: NeverFreed::new(),
                 free_head: AtomicU64::new(0),
                 draining: ForkSafeLock::new(),
+                retired: AtomicU64::new(0),
             }
         }
     }
@@ -358,10 +420,10 @@ impl SlotTable {
     fn pop_free(&self) -> Option<&'static Slot> {
         let mut head = self.free_head.load(Ordering::Acquire);
         loop {
-            let top = head as u32;
+            let top = (head & HEAD_INDEX_MASK) as u32;
             let slot = self.slot(top.checked_sub(1)?)?;
             let next = slot.next_free.load(Ordering::Acquire);
-            let new = ((head >> 32).wrapping_add(1)) << 32 | u64::from(next);
+            let new = next_head(head, next);
             match self.free_head.compare_exchange_weak(
                 head,
                 new,
@@ -377,8 +439,9 @@ impl SlotTable {
     fn push_free(&self, slot: &Slot) {
         let mut head = self.free_head.load(Ordering::Acquire);
         loop {
-            slot.next_free.store(head as u32, Ordering::Release);
-            let new = ((head >> 32).wrapping_add(1)) << 32 | u64::from(slot.index + 1);
+            slot.next_free
+                .store((head & HEAD_INDEX_MASK) as u32, Ordering::Release);
+            let new = next_head(head, slot.index + 1);
             match self.free_head.compare_exchange_weak(
                 head,
                 new,
@@ -461,12 +524,45 @@ impl SlotTable {
         if let Some(_drain) = self.draining.try_lock() {
             // No drainer can be reading this ring now, and no handler will write it.
             if slot.ring().is_none_or(Ring::is_empty) {
-                slot.phase.store(FREE, Ordering::Release);
-                self.push_free(slot);
+                self.put_back(slot);
                 return;
             }
         }
         slot.phase.store(RETIRING, Ordering::Release);
+    }
+
+    /// A slot whose owner let go and whose ring is drained: back on the free list, or
+    /// retired when its generation is used up. The caller holds the drain lock and the
+    /// slot is not LIVE: no handler accepts it (its generation is even) and no drainer
+    /// reads it.
+    fn put_back(&self, slot: &Slot) {
+        if slot.generation.load(Ordering::Acquire) < RETIRED_AT {
+            slot.phase.store(FREE, Ordering::Release);
+            self.push_free(slot);
+            return;
+        }
+        slot.phase.store(RETIRED, Ordering::Release);
+        // Nothing reaches the ring or the cache of a retired slot again: free them. A ring
+        // whose role is still held (see `claim`) is leaked instead.
+        let ring = slot.ring.swap(std::ptr::null_mut(), Ordering::AcqRel);
+        // SAFETY: see above; the ring came from Box::into_raw.
+        if unsafe { ring.as_ref() }.is_some_and(Ring::reset) {
+            // SAFETY: no role on it is held, and nothing else can reach it.
+            drop(unsafe { Box::from_raw(ring) });
+        }
+        let cache = slot.cache.swap(std::ptr::null_mut(), Ordering::AcqRel);
+        if !cache.is_null() {
+            // SAFETY: allocated by `claim` with Box::into_raw; only the owner's handler
+            // uses it, and the slot accepts no signal any more.
+            drop(unsafe { Box::from_raw(cache) });
+        }
+        self.retired.fetch_add(1, Ordering::Relaxed);
+    }
+
+    /// Slots retired because their generation was used up.
+    #[cfg(test)]
+    pub(crate) fn retired(&self) -> u64 {
+        self.retired.load(Ordering::Relaxed)
     }
 
     /// Drains every LIVE and RETIRING slot into `f` and frees the RETIRING ones: the one
@@ -479,7 +575,7 @@ impl SlotTable {
             // Read before draining: every record of a RETIRING slot was pushed before its
             // phase was stored, so this drain is its last.
             let phase = slot.phase.load(Ordering::Acquire);
-            if phase == FREE {
+            if phase == FREE || phase == RETIRED {
                 continue;
             }
             // Under the drain lock nobody else consumes: the role is free (a forked
@@ -497,7 +593,8 @@ impl SlotTable {
                     .compare_exchange(RETIRING, FREE, Ordering::AcqRel, Ordering::Relaxed)
                     .is_ok()
             {
-                self.push_free(slot);
+                // FREE for a moment: it is on no list yet, and nothing claims it.
+                self.put_back(slot);
             }
         }
         total
@@ -516,6 +613,9 @@ impl SlotTable {
         self.draining.reset_in_child();
         self.free_head.store(0, Ordering::Relaxed);
         for slot in self.iter() {
+            if slot.phase.load(Ordering::Relaxed) == RETIRED {
+                continue;
+            }
             slot.timer.store(0, Ordering::Relaxed);
             if slot.generation.load(Ordering::Relaxed) & 1 == 1 {
                 slot.generation.fetch_add(1, Ordering::Relaxed);
@@ -541,6 +641,12 @@ impl SlotTable {
                 &c.low_stack,
             ] {
                 counter.store(0, Ordering::Relaxed);
+            }
+            if slot.generation.load(Ordering::Relaxed) >= RETIRED_AT {
+                // Used up (its ring and cache are leaked: only atomics here).
+                slot.phase.store(RETIRED, Ordering::Relaxed);
+                self.retired.fetch_add(1, Ordering::Relaxed);
+                continue;
             }
             slot.phase.store(FREE, Ordering::Relaxed);
             self.push_free(slot);
@@ -568,6 +674,10 @@ mod tests {
         assert_eq!(v.index(), Some(513));
         assert_eq!(v.generation(), 7);
         assert_eq!(TimerValue::from_sival(v.to_sival()), v);
+        let last = TimerValue::new(MAX_THREADS as u32 - 1, RETIRED_AT - 1);
+        assert_eq!(last.index(), Some(MAX_THREADS as u32 - 1));
+        assert_eq!(last.generation(), RETIRED_AT - 1, "all 40 bits");
+        assert_eq!(TimerValue::from_sival(last.to_sival()), last);
         // The process's table (only read) and a table of this test's own.
         let own = SlotTable::new();
         for foreign in [0x1234usize, 0, usize::MAX, 0x7fff_dead_beef] {
@@ -579,6 +689,120 @@ mod tests {
                 .is_none());
             assert!(own.for_signal(v).is_none());
         }
+    }
+
+    fn own_thread() -> Owner {
+        Owner {
+            // SAFETY: gettid has no preconditions.
+            tid: unsafe { libc::gettid() },
+            cell: std::ptr::null(),
+            stack: StackBounds { lo: 0, hi: 0 },
+            ring_capacity: 2,
+        }
+    }
+
+    /// Sets a free (even) slot's generation: tests drive it next to its end, 2³⁹ thread
+    /// registrations being out of a test's reach.
+    fn set_generation(slot: &Slot, generation: u64) {
+        assert_eq!(generation & 1, 0, "a free slot's generation is even");
+        slot.generation.store(generation, Ordering::SeqCst);
+    }
+
+    /// A slot's generation at the end of a timer value's 40 bits: its last owner's release
+    /// retires it, so no later owner carries generation 1 (a value from 2³⁹ owners
+    /// earlier) and neither that value nor the last owner's is ever accepted again; the
+    /// retired slot is never claimed and its ring and cache are freed. Also through the
+    /// drain (a slot released with records left) and a fork. On a table of its own.
+    #[test]
+    fn a_slot_whose_generation_is_used_up_is_retired_never_reused() {
+        let table = SlotTable::new();
+        let first = table.claim(own_thread()).expect("slot");
+        let index = first.index;
+        let early = first.timer_value();
+        assert_eq!(early.generation(), 1);
+        table.release(first);
+        set_generation(first, RETIRED_AT - 2);
+        let last = table.claim(own_thread()).expect("slot");
+        assert_eq!(last.index, index, "the free list is LIFO");
+        let value = last.timer_value();
+        assert_eq!(value.generation(), RETIRED_AT - 1);
+        assert!(
+            table.for_signal(value).is_some(),
+            "its last owner is sampled"
+        );
+        table.release(last);
+        assert_eq!(table.retired(), 1);
+        assert_eq!(last.phase.load(Ordering::Relaxed), RETIRED);
+        assert!(
+            last.ring().is_none() && last.cache().is_none(),
+            "buffers freed"
+        );
+        for stale in [value, early, TimerValue::new(index, 1)] {
+            assert!(table.for_signal(stale).is_none(), "{stale:?}");
+        }
+        for _ in 0..10 {
+            let other = table.claim(own_thread()).expect("slot");
+            assert_ne!(other.index, index, "a retired slot is never claimed");
+            table.release(other);
+        }
+
+        // Released with a record left: the drain that takes it retires the slot.
+        let other = table.claim(own_thread()).expect("slot");
+        table.release(other);
+        set_generation(other, RETIRED_AT - 2);
+        let draining = table.claim(own_thread()).expect("slot");
+        assert_eq!(draining.index, other.index);
+        assert!(draining
+            .ring()
+            .and_then(Ring::producer)
+            .expect("producer")
+            .push_with(|r| r.depth = 5));
+        table.release(draining);
+        assert_eq!(table.retired(), 1, "records left: retiring");
+        let mut depths = Vec::new();
+        table.drain(&mut |r| depths.push(r.depth));
+        assert_eq!(depths, [5], "its last records are still drained");
+        assert_eq!(table.retired(), 2);
+        assert_eq!(draining.phase.load(Ordering::Relaxed), RETIRED);
+        assert_eq!(table.drain(&mut |_| {}), 0);
+
+        // Owned at a fork: the child's reset retires it, and leaves retired slots out.
+        let forked = table.claim(own_thread()).expect("slot");
+        table.release(forked);
+        set_generation(forked, RETIRED_AT - 2);
+        let forked = table.claim(own_thread()).expect("slot");
+        table.reset_in_child();
+        assert_eq!(table.retired(), 3);
+        assert_eq!(forked.generation(), RETIRED_AT);
+        let mut claimed = Vec::new();
+        while let Some(slot) = table.claim(own_thread()) {
+            claimed.push(slot.index);
+            if claimed.len() > 64 {
+                break;
+            }
+        }
+        for retired in [index, draining.index, forked.index] {
+            assert!(!claimed.contains(&retired), "slot {retired} claimed again");
+        }
+    }
+
+    /// The free list head's ABA tag wraps (after 2⁴⁷ pushes and pops) without a panic
+    /// and without losing the list.
+    #[test]
+    fn the_free_list_tag_wraps_cleanly() {
+        let table = SlotTable::new();
+        let a = table.fresh().expect("slot");
+        let b = table.fresh().expect("slot");
+        let top_tag = (1u64 << (64 - HEAD_INDEX_BITS)) - 1;
+        table
+            .free_head
+            .store(top_tag << HEAD_INDEX_BITS, Ordering::SeqCst);
+        table.push_free(a);
+        assert_eq!(table.free_head.load(Ordering::SeqCst) >> HEAD_INDEX_BITS, 0);
+        table.push_free(b);
+        assert_eq!(table.pop_free().map(|s| s.index), Some(b.index));
+        assert_eq!(table.pop_free().map(|s| s.index), Some(a.index));
+        assert!(table.pop_free().is_none());
     }
 
     /// On a table of its own: no other test's slots, no turn on the process's sampler.

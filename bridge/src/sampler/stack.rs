@@ -76,7 +76,11 @@ impl StackBounds {
     /// Bytes of this stack left below `sp`, or `None` when `sp` is not on this stack.
     #[inline]
     pub(crate) fn headroom(&self, sp: u64) -> Option<u64> {
-        (sp >= self.lo && sp < self.hi).then(|| sp - self.lo)
+        if sp < self.hi {
+            sp.checked_sub(self.lo)
+        } else {
+            None
+        }
     }
 
     /// A reader for the part of this stack that is live at `sp`, or `None` when `sp` is
@@ -105,8 +109,11 @@ impl StackReader {
     }
 
     /// The word at `addr`, or `Err(())` (what framehop's `read_stack` expects) for any
-    /// address [`is_readable`](Self::is_readable) refuses. Async-signal-safe.
+    /// address [`is_readable`](Self::is_readable) refuses. Async-signal-safe. framehop
+    /// calls it back from inside the handler's walk, past the boundary the handler's own
+    /// link-time proof stops at (`unwind::framehop_next`), so it carries its own.
     #[inline]
+    #[cfg_attr(feature = "handler-no-panic-check", no_panic::no_panic)]
     pub(crate) fn read(&self, addr: u64) -> Result<u64, ()> {
         if !self.is_readable(addr) {
             return Err(());

@@ -67,6 +67,8 @@ use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::mpsc::{self, RecvTimeoutError, Sender};
 use std::sync::Arc;
 use std::thread::JoinHandle;
+
+use crate::fork::ProcessBound;
 use std::time::{Duration, Instant};
 
 use super::ring::SampleRecord;
@@ -343,10 +345,24 @@ static RUNNING: AtomicBool = AtomicBool::new(false);
 /// A running watchdog thread (`otel-profiling-watchdog`). Dropping it stops the thread.
 #[derive(Debug)]
 pub struct Watchdog {
+    /// The process that started it owns it: a forked child has no watchdog thread to
+    /// stop or join. Held for its drop.
+    _running: ProcessBound<Running>,
+}
+
+#[derive(Debug)]
+struct Running {
     stop: Option<Sender<()>>,
     thread: Option<JoinHandle<()>>,
-    /// The process that started it: a forked child has no watchdog thread to join.
-    pid: libc::pid_t,
+}
+
+impl Drop for Running {
+    fn drop(&mut self) {
+        drop(self.stop.take());
+        if let Some(thread) = self.thread.take() {
+            let _ = thread.join();
+        }
+    }
 }
 
 impl Watchdog {
@@ -366,12 +382,19 @@ impl Watchdog {
                 let mut scanner = Scanner::new(config.clone());
                 let tick = config.tick();
                 let mut next = Instant::now() + tick;
+                // The cgroup's throttled time, for the roots' evidence (`cgroup`).
+                super::cgroup::refresh();
+                let mut next_cgroup = Instant::now() + super::cgroup::REFRESH;
                 // Until the handle is dropped (disconnected) or sends.
                 while let Err(RecvTimeoutError::Timeout) =
                     stopped.recv_timeout(next.saturating_duration_since(Instant::now()))
                 {
                     let cpu_before = own_cpu_ns();
                     scanner.tick();
+                    if Instant::now() >= next_cgroup {
+                        super::cgroup::refresh();
+                        next_cgroup = Instant::now() + super::cgroup::REFRESH;
+                    }
                     let spent = own_cpu_ns().saturating_sub(cpu_before);
                     COUNTERS.cpu_ns.fetch_add(spent, Ordering::Relaxed);
                     next += tick;
@@ -380,14 +403,15 @@ impl Watchdog {
                         next = now + tick;
                     }
                 }
+                super::cgroup::forget();
                 RUNNING.store(false, Ordering::Release);
             });
         match spawned {
             Ok(thread) => Ok(Some(Watchdog {
-                stop: Some(stop),
-                thread: Some(thread),
-                // SAFETY: getpid has no preconditions.
-                pid: unsafe { libc::getpid() },
+                _running: ProcessBound::new(Running {
+                    stop: Some(stop),
+                    thread: Some(thread),
+                }),
             })),
             Err(e) => {
                 RUNNING.store(false, Ordering::Release);
@@ -397,25 +421,10 @@ impl Watchdog {
     }
 }
 
-impl Drop for Watchdog {
-    fn drop(&mut self) {
-        drop(self.stop.take());
-        if let Some(thread) = self.thread.take() {
-            // SAFETY: getpid has no preconditions.
-            if unsafe { libc::getpid() } == self.pid {
-                let _ = thread.join();
-            } else {
-                // Inherited through fork: the thread exists only in the parent.
-                std::mem::forget(thread);
-            }
-        }
-    }
-}
-
 /// What the watchdog remembers of one owned slot between ticks.
 struct Tracked {
-    generation: u32,
-    seq: u32,
+    generation: u64,
+    seq: u64,
     /// The root the record names (the same for the whole sequence).
     root: LocalRoot,
     /// When this record (sequence) was first seen: the thread entered the root before.
@@ -777,8 +786,8 @@ impl Scanner {
 /// One examination of one thread whose record has not changed since the last tick.
 struct Look<'a> {
     slot: &'a Slot,
-    generation: u32,
-    seq: u32,
+    generation: u64,
+    seq: u64,
     now: u64,
     threshold: u64,
 }
@@ -796,6 +805,12 @@ impl Look<'_> {
             bump(&COUNTERS.read_failed);
             return;
         };
+        // The tick read the record before the tid and the clock: the slot may have been
+        // let go and claimed by another thread in between (a new generation), and the tid
+        // and clock just read be that thread's. Only an unchanged record vouches for them.
+        if !self.still_current() {
+            return;
+        }
         let (last_cpu, last_look) = (tracked.cpu, tracked.last_look);
         tracked.cpu = Some(cpu);
         tracked.last_look = self.now;
@@ -846,6 +861,13 @@ impl Look<'_> {
         tracked.block = Some(block);
     }
 
+    /// Whether the slot's owner and record are still the ones the tick saw.
+    fn still_current(&self) -> bool {
+        self.slot
+            .read_cell_if_owned(self.generation)
+            .is_some_and(|(seq, _)| seq == self.seq)
+    }
+
     /// Takes the stack of a thread seen off-CPU inside the root: its syscall line, a copy
     /// of its stack, the checks that it did not wake meanwhile, then an unwind of the copy.
     fn capture(
@@ -887,10 +909,7 @@ impl Look<'_> {
         // waking inside the window.
         let same = read_syscall(tid) == Some(SyscallState::InSyscall(call))
             && thread_cpu_ns(tid) == Some(cpu)
-            && self
-                .slot
-                .read_cell_if_owned(self.generation)
-                .is_some_and(|(seq, _)| seq == self.seq);
+            && self.still_current();
         if !same {
             bump(&COUNTERS.discarded_woke);
             return None;

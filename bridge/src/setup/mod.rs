@@ -456,6 +456,7 @@ impl Telemetry {
             unsampled: self.unsampled,
             timeout,
             service_name,
+            pid: std::process::id(),
         })
     }
 
@@ -630,6 +631,8 @@ pub struct TelemetryGuard {
     unsampled: UnsampledTraces,
     timeout: Duration,
     service_name: String,
+    /// The process that set it up (a forked child's copy shuts nothing down).
+    pid: u32,
 }
 
 /// Health counters of the whole pipeline: a snapshot ([`TelemetryGuard::stats`]).
@@ -708,6 +711,14 @@ impl TelemetryGuard {
 
 impl Drop for TelemetryGuard {
     fn drop(&mut self) {
+        if self.pid != std::process::id() {
+            // Inherited through fork: the exporters' threads are the parent's, and the
+            // SDK's batch processor would wait its whole timeout for one. Nothing is shut
+            // down here (the profiler's parts leave themselves alone in a child too);
+            // the provider is kept alive so its own drop does not shut it down either.
+            std::mem::forget(self.provider.clone());
+            return;
+        }
         if let Some(profiler) = self.profiler.take() {
             profiler.shutdown(self.timeout);
         }

@@ -2,7 +2,7 @@
 #![allow(dead_code)] // each test binary uses its own subset
 
 use std::sync::{Mutex, MutexGuard};
-use std::time::Duration;
+use std::time::{Duration, Instant};
 
 static TURN: Mutex<()> = Mutex::new(());
 
@@ -79,5 +79,72 @@ pub fn ns_attribute(span: &opentelemetry_sdk::trace::SpanData, key: &str) -> Dur
             ref other => panic!("{}: {key} is {other:?}", span.name),
         },
         None => panic!("{} has no {key}: {:?}", span.name, span.attributes),
+    }
+}
+
+/// How long a child may take before it counts as hung.
+pub const CHILD_LIMIT: Duration = Duration::from_secs(10);
+
+/// Forks; the child runs `child` and exits with its code. Returns the child's exit code,
+/// or `None` if it hung past [`CHILD_LIMIT`] (then it is killed) or died of a signal.
+pub fn run_child(child: impl FnOnce() -> i32) -> Option<i32> {
+    // SAFETY: the child runs the crate's fork-safe paths and leaves with `_exit`.
+    let pid = unsafe { libc::fork() };
+    assert!(pid >= 0, "fork failed");
+    if pid == 0 {
+        // A panic must not unwind into the test harness's copy of the thread (its
+        // end would exit the child with status 0).
+        let code = std::panic::catch_unwind(std::panic::AssertUnwindSafe(child)).unwrap_or(101);
+        // SAFETY: leaving the child without running the parent's destructors.
+        unsafe { libc::_exit(code) };
+    }
+    let deadline = Instant::now() + CHILD_LIMIT;
+    loop {
+        let mut status = 0;
+        // SAFETY: waiting for our own child.
+        let done = unsafe { libc::waitpid(pid, &mut status, libc::WNOHANG) };
+        if done == pid {
+            return libc::WIFEXITED(status).then(|| libc::WEXITSTATUS(status));
+        }
+        if Instant::now() >= deadline {
+            // SAFETY: our own child.
+            unsafe {
+                libc::kill(pid, libc::SIGKILL);
+                libc::waitpid(pid, &mut status, 0);
+            }
+            return None;
+        }
+        std::thread::sleep(Duration::from_millis(2));
+    }
+}
+
+/// Another library's timer: process-directed SIGPROF with a payload that is no slot.
+pub fn foreign_timer() -> libc::timer_t {
+    // SAFETY: plain FFI with initialised arguments; the caller deletes the timer.
+    unsafe {
+        let mut sev: libc::sigevent = std::mem::zeroed();
+        sev.sigev_notify = libc::SIGEV_SIGNAL;
+        sev.sigev_signo = libc::SIGPROF;
+        sev.sigev_value = libc::sigval {
+            sival_ptr: 0x1234 as *mut libc::c_void,
+        };
+        let mut timer: libc::timer_t = std::mem::zeroed();
+        assert_eq!(
+            libc::timer_create(libc::CLOCK_MONOTONIC, &mut sev, &mut timer),
+            0
+        );
+        let ms = libc::timespec {
+            tv_sec: 0,
+            tv_nsec: 1_000_000,
+        };
+        let spec = libc::itimerspec {
+            it_interval: ms,
+            it_value: ms,
+        };
+        assert_eq!(
+            libc::timer_settime(timer, 0, &spec, std::ptr::null_mut()),
+            0
+        );
+        timer
     }
 }

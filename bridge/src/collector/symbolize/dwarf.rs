@@ -860,7 +860,7 @@ fn push_path(path: &mut String, part: &str) {
 mod tests {
     use std::path::Path;
 
-    use super::super::{demangle, mapped::Mapped, FileNames};
+    use super::super::{demangle, mapped::Mapped, FileKey, FileNames};
     use super::*;
 
     /// What the symbolizer named an address before this module: `addr2line`'s frames
@@ -983,7 +983,7 @@ mod tests {
         let (exe, addresses) = addresses_of_this_binary(7);
         let loader = addr2line::Loader::new(&exe).expect("addr2line loads the test binary");
         let mut file = FileNames::default();
-        file.name_all(&exe, addresses.clone());
+        file.name_all(&FileKey::at(&exe), addresses.clone());
         let overlapping = overlapping_functions(&exe);
         let (mut inlined, mut with_lines, mut differ, mut ambiguous) = (0, 0, Vec::new(), 0);
         for &address in &addresses {
@@ -1051,7 +1051,7 @@ mod tests {
     fn names_the_inline_chain_of_a_return_address() {
         let (exe, addresses) = addresses_of_this_binary(usize::MAX);
         let mut file = FileNames::default();
-        file.name_all(&exe, addresses.clone());
+        file.name_all(&FileKey::at(&exe), addresses.clone());
         let chain = addresses
             .iter()
             .filter_map(|a| file.names.get(a))
@@ -1108,7 +1108,7 @@ mod tests {
         let path = dir.join("corrupt");
         std::fs::write(&path, &data).expect("write");
         let mut file = FileNames::default();
-        file.name_all(&path, addresses.clone());
+        file.name_all(&FileKey::at(path), addresses.clone());
         let _ = std::fs::remove_dir_all(&dir);
         for address in addresses {
             let lines = file.names.get(&address).expect("named");
@@ -1144,6 +1144,7 @@ mod tests {
 #[cfg(test)]
 mod measure {
     use super::super::mapped::{Mapped, SymbolTable};
+    use super::super::FileKey;
     use super::*;
 
     /// What the index and symbol table keep for the file at `$SYMBOLIZE_INDEX_FILE` (the
@@ -1188,7 +1189,7 @@ mod measure {
         }
         let loader = addr2line::Loader::new(path).expect("addr2line loads the file");
         let mut file = super::super::FileNames::default();
-        file.name_all(path, addresses.clone());
+        file.name_all(&FileKey::at(path), addresses.clone());
         let (mut differ, mut inlined) = (0, 0);
         for &address in &addresses {
             let expected = super::tests::reference(&loader, path, address);

@@ -39,8 +39,11 @@
 //!
 //! **Limits.** Samples are named when their interval is reported, from the objects mapped
 //! then: a sample taken in an object unloaded before that gets the name of whatever is
-//! mapped there by then, or a hex address. A library replaced on disk while it stays
-//! loaded is read from the new file.
+//! mapped there by then, or a hex address. The main executable is read through
+//! `/proc/self/exe` (the running image, even when its path was replaced or deleted); a
+//! library is read from its path only if the file there has the mapped image's build id
+//! (read from the image's notes in memory): one replaced on disk while it stays loaded is
+//! named by address, with one line on stderr, never with its replacement's names.
 
 mod dwarf;
 mod mapped;
@@ -69,9 +72,23 @@ struct FileId {
 #[derive(Clone, Debug, PartialEq, Eq, Hash)]
 struct FileKey {
     path: PathBuf,
+    /// Where the file is read from: `/proc/self/exe` for the main executable (the image
+    /// that runs, even if `path` was since replaced or deleted), `path` otherwise.
+    read_from: PathBuf,
     /// `None` if the file could not be examined (deleted, say); its names then come from
     /// whatever is at `path` when they are first needed, as before this key existed.
     id: Option<FileId>,
+    /// The mapped image's build id: a file read for names must carry the same one (a
+    /// library replaced on disk while loaded is another file).
+    build_id: Option<Arc<[u8]>>,
+}
+
+impl FileKey {
+    /// The file at `path`, read from there, with no build id to check (tests).
+    #[cfg(test)]
+    fn at(path: impl AsRef<Path>) -> FileKey {
+        ModuleMap::new(path.as_ref().to_path_buf(), 0, 0..1).file
+    }
 }
 
 /// One loaded object: which file, and where it is mapped.
@@ -86,15 +103,33 @@ struct ModuleMap {
 
 impl ModuleMap {
     /// `path` mapped at `bias` over `code`, identified by what is at `path` now.
+    #[cfg(test)]
     fn new(path: PathBuf, bias: u64, code: Range<u64>) -> ModuleMap {
-        let id = std::fs::metadata(&path).ok().map(|m| FileId {
+        ModuleMap::of_file(path.clone(), path, None, bias, code)
+    }
+
+    /// `path` (read from `read_from`, whose identity on disk it takes) mapped at `bias`
+    /// over `code`, with the build id of the mapped image.
+    fn of_file(
+        path: PathBuf,
+        read_from: PathBuf,
+        build_id: Option<Arc<[u8]>>,
+        bias: u64,
+        code: Range<u64>,
+    ) -> ModuleMap {
+        let id = std::fs::metadata(&read_from).ok().map(|m| FileId {
             dev: m.dev(),
             ino: m.ino(),
             size: m.size(),
             mtime: (m.mtime(), m.mtime_nsec()),
         });
         ModuleMap {
-            file: FileKey { path, id },
+            file: FileKey {
+                path,
+                read_from,
+                id,
+                build_id,
+            },
             bias,
             code,
         }
@@ -102,15 +137,24 @@ impl ModuleMap {
 
     /// The mapping of a listed object; the vDSO's path is [`VDSO`].
     fn of(object: &LoadedObject) -> Option<ModuleMap> {
-        let path = if object.name.is_empty() {
-            // The loader names the main executable "".
-            std::env::current_exe().ok()?
+        let (path, read_from) = if object.name.is_empty() {
+            // The loader names the main executable "". Its name is the path it was run
+            // from; its bytes are those of the running image, which the kernel keeps.
+            let path = std::env::current_exe().ok()?;
+            (path, PathBuf::from("/proc/self/exe"))
         } else if object.name.starts_with("linux-vdso") || object.name.starts_with("linux-gate") {
-            PathBuf::from(VDSO)
+            (PathBuf::from(VDSO), PathBuf::from(VDSO))
         } else {
-            PathBuf::from(&object.name)
+            (PathBuf::from(&object.name), PathBuf::from(&object.name))
         };
-        Some(ModuleMap::new(path, object.bias, object.code.clone()))
+        let build_id = object.build_id.as_deref().map(Arc::from);
+        Some(ModuleMap::of_file(
+            path,
+            read_from,
+            build_id,
+            object.bias,
+            object.code.clone(),
+        ))
     }
 }
 
@@ -146,10 +190,23 @@ struct FileDebug {
 }
 
 impl FileDebug {
-    /// Maps the file at `path` and indexes its debug info; `None` if it cannot be read.
-    fn open(path: &Path) -> Option<FileDebug> {
-        let mapped = Mapped::open(path).ok()?;
+    /// Maps `file` and indexes its debug info; `None` if it cannot be read, or if it is
+    /// not the image that is mapped (another build id: replaced on disk since it was
+    /// loaded), whose names it would give to the mapped code.
+    fn open(file: &FileKey) -> Option<FileDebug> {
+        let mapped = Mapped::open(&file.read_from).ok()?;
         let object = object::File::parse(mapped.bytes()).ok()?;
+        if let Some(mapped_id) = &file.build_id {
+            let on_disk = object::Object::build_id(&object).ok().flatten();
+            if on_disk != Some(&mapped_id[..]) {
+                eprintln!(
+                    "otel-profiling: {} was replaced on disk since it was loaded (its build \
+                     id differs): its frames are named by address",
+                    file.path.display()
+                );
+                return None;
+            }
+        }
         let index = dwarf::load(&object)
             .map(|d| dwarf::UnitIndex::build(&d, &|bytes| mapped.touch(bytes)))
             .unwrap_or_default();
@@ -238,7 +295,7 @@ impl Symbolizer {
                 self.files.insert(key.clone(), FileNames::default());
             }
             if let Some(file) = self.files.get_mut(key) {
-                file.name_all(&key.path, addresses);
+                file.name_all(key, addresses);
             }
         }
     }
@@ -256,15 +313,14 @@ impl Symbolizer {
             Some(i) => {
                 let module = &self.modules[i];
                 let file_address = probe.wrapping_sub(module.bias);
-                let path = module.file.path.as_path();
                 // Two lookups rather than `entry`: the key (a path) is cloned only once
                 // per file, not per address.
                 if !self.files.contains_key(&module.file) {
                     self.files.insert(module.file.clone(), FileNames::default());
                 }
                 match self.files.get_mut(&module.file) {
-                    Some(file) => file.lines(path, file_address).to_vec(),
-                    None => vec![unknown(path, file_address)],
+                    Some(file) => file.lines(&module.file, file_address).to_vec(),
+                    None => vec![unknown(&module.file.path, file_address)],
                 }
             }
         };
@@ -282,20 +338,21 @@ fn probe(address: u64, return_address: bool) -> u64 {
 }
 
 impl FileNames {
-    /// The (cached) lines for `file_address` of the file at `path`.
-    fn lines(&mut self, path: &Path, file_address: u64) -> Arc<[FrameLine]> {
+    /// The (cached) lines for `file_address` of `file`.
+    fn lines(&mut self, file: &FileKey, file_address: u64) -> Arc<[FrameLine]> {
         if let Some(lines) = self.names.get(&file_address) {
             return lines.clone();
         }
-        self.name_all(path, vec![file_address]);
+        self.name_all(file, vec![file_address]);
         match self.names.get(&file_address) {
             Some(lines) => lines.clone(),
-            None => Arc::from(vec![unknown(path, file_address)]),
+            None => Arc::from(vec![unknown(&file.path, file_address)]),
         }
     }
 
     /// Names every address of `addresses` not cached yet, in one pass over the file.
-    fn name_all(&mut self, path: &Path, mut addresses: Vec<u64>) {
+    fn name_all(&mut self, key: &FileKey, mut addresses: Vec<u64>) {
+        let path = key.path.as_path();
         addresses.sort_unstable();
         addresses.dedup();
         addresses.retain(|a| !self.names.contains_key(a));
@@ -343,7 +400,7 @@ impl FileNames {
                 names.insert(address, Arc::from(vec![unknown(path, address)]));
             }
         };
-        let file = debug.get_or_insert_with(|| FileDebug::open(path));
+        let file = debug.get_or_insert_with(|| FileDebug::open(key));
         let Some(file) = file else {
             return unknown_all(names, &addresses);
         };
@@ -606,8 +663,12 @@ mod tests {
     }
 
     /// Makes `path` the only object, mapped with `bias` over `text`.
-    fn map_only(symbolizer: &mut Symbolizer, path: &Path, bias: u64, text: Range<u64>) {
-        symbolizer.remap(vec![ModuleMap::new(path.to_path_buf(), bias, text)]);
+    fn map_only(symbolizer: &mut Symbolizer, file: &FileKey, bias: u64, text: Range<u64>) {
+        symbolizer.remap(vec![ModuleMap {
+            file: file.clone(),
+            bias,
+            code: text,
+        }]);
     }
 
     /// One object unloaded and another loaded at the same addresses (here: the test binary,
@@ -633,17 +694,17 @@ mod tests {
         };
 
         let mut symbolizer = Symbolizer::new();
-        map_only(&mut symbolizer, &exe.file.path, bias, text.clone());
+        map_only(&mut symbolizer, &exe.file, bias, text.clone());
         let first = names(&symbolizer.frame(address, false));
         assert!(
             first.iter().any(|n| n.ends_with("a_known_function")),
             "{first:?}"
         );
 
-        map_only(&mut symbolizer, &libc.file.path, bias, text.clone());
+        map_only(&mut symbolizer, &libc.file, bias, text.clone());
         let second = names(&symbolizer.frame(address, false));
         let mut fresh = Symbolizer::new();
-        map_only(&mut fresh, &libc.file.path, bias, text);
+        map_only(&mut fresh, &libc.file, bias, text);
         assert_eq!(second, names(&fresh.frame(address, false)));
         assert!(
             second.iter().all(|n| !n.contains("a_known_function")),
@@ -680,7 +741,7 @@ mod tests {
         };
 
         let mut symbolizer = Symbolizer::new();
-        map_only(&mut symbolizer, &path, bias, text.clone());
+        map_only(&mut symbolizer, &FileKey::at(&path), bias, text.clone());
         let first = names(&symbolizer.frame(address, false));
         assert!(first.iter().any(|n| n.contains("getpid")), "{first:?}");
 
@@ -688,10 +749,10 @@ mod tests {
         let next = dir.join("libplugin.so.new");
         std::fs::copy(&other.file.path, &next).expect("copy the other object");
         std::fs::rename(&next, &path).expect("replace");
-        map_only(&mut symbolizer, &path, bias, text.clone());
+        map_only(&mut symbolizer, &FileKey::at(&path), bias, text.clone());
         let second = names(&symbolizer.frame(address, false));
         let mut fresh = Symbolizer::new();
-        map_only(&mut fresh, &path, bias, text);
+        map_only(&mut fresh, &FileKey::at(&path), bias, text);
         let expected = names(&fresh.frame(address, false));
         let _ = std::fs::remove_dir_all(&dir);
         assert_eq!(second, expected);
@@ -699,6 +760,65 @@ mod tests {
             second.iter().all(|n| !n.contains("getpid")),
             "the replaced file's name: {second:?}"
         );
+    }
+
+    /// A library replaced on disk while it stays mapped (here: the path holds another
+    /// object, and the mapping carries libc's build id, as the loaded image would): its
+    /// frames are named by address, never with the new file's names; the main executable
+    /// is read through `/proc/self/exe`, the image that runs. Before, names came from
+    /// whatever file was at the path.
+    #[test]
+    fn a_file_replaced_while_mapped_gives_no_names_of_its_replacement() {
+        let listed = listed_modules();
+        let libc = listed
+            .iter()
+            .find(|m| m.file.path.to_string_lossy().contains("libc.so"))
+            .expect("libc");
+        let mapped_id = libc.file.build_id.clone().expect("libc has a build id");
+        let exe = listed
+            .iter()
+            .find(|m| {
+                m.code
+                    .contains(&(a_known_function as fn() -> u64 as usize as u64))
+            })
+            .expect("the test binary");
+        assert_eq!(exe.file.read_from, Path::new("/proc/self/exe"));
+        assert!(
+            exe.file.build_id.is_some(),
+            "read from the mapped image's notes"
+        );
+
+        let dir =
+            std::env::temp_dir().join(format!("otel-profiling-replaced-{}", std::process::id()));
+        std::fs::create_dir_all(&dir).expect("temp dir");
+        let path = dir.join("libc.so.6");
+        let bias = 0x7e00_0000_0000;
+        let address = bias + (libc::getpid as *const () as usize as u64 - libc.bias);
+        let text = bias..address + 0x1000;
+        let names_with = |file: &FileKey| -> Vec<String> {
+            let mut symbolizer = Symbolizer::new();
+            map_only(&mut symbolizer, file, bias, text.clone());
+            let frame = symbolizer.frame(address, false);
+            frame.lines.iter().map(|l| l.function.to_string()).collect()
+        };
+        // The same image at the path: named.
+        std::fs::copy(&libc.file.path, &path).expect("copy libc");
+        let same = FileKey {
+            build_id: Some(mapped_id.clone()),
+            ..FileKey::at(&path)
+        };
+        let named = names_with(&same);
+        assert!(named.iter().any(|n| n.contains("getpid")), "{named:?}");
+        // Another object at the path (the test binary, which has no `getpid`): by address.
+        std::fs::copy(&exe.file.read_from, &path).expect("copy another object");
+        let replaced = FileKey {
+            build_id: Some(mapped_id),
+            ..FileKey::at(&path)
+        };
+        let by_address = names_with(&replaced);
+        let _ = std::fs::remove_dir_all(&dir);
+        assert_eq!(by_address.len(), 1, "{by_address:?}");
+        assert!(by_address[0].starts_with("libc.so.6+0x"), "{by_address:?}");
     }
 
     /// Names belong to the file: still cached when it is mapped elsewhere, forgotten once
@@ -727,7 +847,7 @@ mod tests {
         let here = 0x7e00_0000_0000;
         map_only(
             &mut symbolizer,
-            &exe.file.path,
+            &exe.file,
             here,
             here..here + file_address + 1,
         );
@@ -737,7 +857,7 @@ mod tests {
         let there = 0x7f00_0000_0000;
         map_only(
             &mut symbolizer,
-            &exe.file.path,
+            &exe.file,
             there,
             there..there + file_address + 1,
         );
@@ -748,7 +868,7 @@ mod tests {
         );
         assert_eq!(cached(&symbolizer), 1, "found by file address");
 
-        map_only(&mut symbolizer, &libc.file.path, here, here..here + 1);
+        map_only(&mut symbolizer, &libc.file, here, here..here + 1);
         assert_eq!(cached(&symbolizer), 0, "dropped with the file");
     }
 
@@ -757,10 +877,10 @@ mod tests {
     #[test]
     fn the_names_kept_per_file_are_bounded() {
         let mut file = FileNames::default();
-        let path = Path::new(VDSO);
+        let vdso = FileKey::at(VDSO);
         let step = (MAX_NAMED_ADDRESSES / 4) as u64;
         for round in 0..6u64 {
-            file.name_all(path, (round * step..(round + 1) * step).collect());
+            file.name_all(&vdso, (round * step..(round + 1) * step).collect());
             assert!(
                 file.names.len() <= MAX_NAMED_ADDRESSES,
                 "{}",

@@ -9,6 +9,7 @@ use std::time::{Duration, Instant};
 use super::queue::{Enqueued, Shared};
 use super::stats::PyroscopeStats;
 use super::uploader::{self, ClientError, Protocol, UploadSettings};
+use crate::fork::ProcessBound;
 
 /// How much longer than the shutdown timeout `drop` waits for the uploader to finish on its
 /// own before leaving it behind.
@@ -23,8 +24,17 @@ pub(crate) enum StartError {
     Thread(std::io::Error),
 }
 
-/// A bounded queue of encoded requests and the thread that sends them.
+/// A bounded queue of encoded requests and the thread that sends them. It belongs to the
+/// process that started it: a forked child's copy has no thread behind it, and the queue's
+/// lock may be held by that thread, so there it is left untouched (see `crate::fork`).
 pub(crate) struct Pipeline {
+    /// The counters (the queue's own, shared): readable in a child, which reads the
+    /// parent's figures up to the fork.
+    stats: Arc<PyroscopeStats>,
+    running: ProcessBound<Running>,
+}
+
+struct Running {
     shared: Arc<Shared>,
     what: &'static str,
     shutdown_timeout: Duration,
@@ -64,23 +74,31 @@ impl Pipeline {
             }
         }
         Ok(Pipeline {
-            shared,
-            what,
-            shutdown_timeout,
-            thread: Some(thread),
-            done,
+            stats: shared.stats.clone(),
+            running: ProcessBound::new(Running {
+                shared,
+                what,
+                shutdown_timeout,
+                thread: Some(thread),
+                done,
+            }),
         })
     }
 
     /// The counters.
     pub(crate) fn stats(&self) -> &Arc<PyroscopeStats> {
-        &self.shared.stats
+        &self.stats
     }
 
     /// Queues one encoded request; `Err` says why it was dropped (already counted).
     pub(crate) fn enqueue(&self, body: Vec<u8>) -> std::io::Result<()> {
-        let what = self.what;
-        let error = match self.shared.enqueue(body) {
+        let Some(running) = self.running.get() else {
+            return Err(std::io::Error::other(
+                "profile exporter inherited through fork: start a profiler in the child",
+            ));
+        };
+        let what = running.what;
+        let error = match running.shared.enqueue(body) {
             Enqueued::Queued => return Ok(()),
             Enqueued::TooLarge { size, max } => format!(
                 "{what}: profile request of {size} bytes exceeds max_queue_bytes ({max}); dropped"
@@ -91,7 +109,7 @@ impl Pipeline {
     }
 }
 
-impl Drop for Pipeline {
+impl Drop for Running {
     fn drop(&mut self) {
         let deadline = Instant::now() + self.shutdown_timeout;
         self.shared.begin_shutdown(deadline);

@@ -37,6 +37,11 @@ use crate::span_context::LocalRoot;
 /// is refused by a neighbour's close with probability ~0.6 % per millisecond between two
 /// enters of its span.
 const BUCKETS: usize = 1 << 14;
+
+// A bucket's counter is a `u64` moved by 1 per close: a close is at least one atomic
+// read-modify-write on the bucket's line, so a bucket sees at most 10⁹ closes a second and
+// its counter comes back to a value only after 584 years (10 years: 3.2·10¹⁷ < 2⁵⁹). An
+// entry therefore never matches a later value of the same counter.
 /// Entries per thread (~4.5 KiB): direct-mapped, a thread polling more spans than this
 /// in turn misses more.
 const ENTRIES: usize = 64;
@@ -117,7 +122,14 @@ impl Slot {
     /// The span closed: every thread's entry for it stops being used.
     #[inline]
     pub(super) fn closed(self) {
+        // fetch_add wraps (never panics).
         CLOSED[self.bucket].fetch_add(1, Ordering::Release);
+    }
+
+    /// Sets the bucket's close generation (tests: next to its wrap).
+    #[cfg(test)]
+    fn set_generation(self, generation: u64) {
+        CLOSED[self.bucket].store(generation, Ordering::Release);
     }
 }
 
@@ -156,6 +168,26 @@ mod tests {
         slot.closed();
         slot.fill(before, label(7));
         assert_eq!(slot.get(), None);
+    }
+
+    /// The close generation at its wrap (`u64::MAX` → 0): an entry filled before the
+    /// wrap is refused after the close that wraps it, and the bucket goes on working.
+    #[test]
+    fn a_close_that_wraps_the_generation_refuses_the_entry() {
+        // An owner no other test uses: its bucket is this test's alone (a shared one only
+        // costs a neighbour a miss).
+        let slot = Slot::of(1_000_006, 13);
+        slot.set_generation(u64::MAX);
+        slot.fill(slot.generation(), label(13));
+        assert_eq!(slot.get(), Some(label(13)));
+        slot.closed();
+        assert!(slot.generation() < 8, "wrapped to 0 (or just past it)");
+        assert_eq!(slot.get(), None, "filled before the wrap: refused");
+        let before_wrap = u64::MAX;
+        slot.fill(before_wrap, label(13));
+        assert_eq!(slot.get(), None, "a fill read before the wrap: refused");
+        slot.fill(slot.generation(), label(14));
+        assert_eq!(slot.get(), Some(label(14)));
     }
 
     #[test]

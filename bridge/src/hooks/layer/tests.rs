@@ -163,10 +163,11 @@ fn remote_parent_starts_a_new_local_root() {
         Sampler::AlwaysOn,
         ProfilingLayer::default(),
     );
+    // Sampled and the W3C random-trace-id bit: the root inherits both.
     let remote = SpanContext::new(
         TraceId::from(0xabc_u128),
         SpanId::from(0xdef_u64),
-        TraceFlags::SAMPLED,
+        TraceFlags::new(0x03),
         true,
         TraceState::default(),
     );
@@ -184,6 +185,12 @@ fn remote_parent_starts_a_new_local_root() {
     let seen = seen.expect("inside server");
     assert_eq!(seen.trace_id(), Some(TraceId::from(0xabc_u128)));
     assert_eq!(seen.span_id(), Some(server.span_context.span_id()));
+    assert_eq!(
+        seen.trace_flags(),
+        TraceFlags::new(0x03),
+        "the span's own flags"
+    );
+    assert_eq!(seen.trace_flags(), server.span_context.trace_flags());
     assert_eq!(
         profile_id(&server),
         Some(server.span_context.span_id().to_string())
@@ -431,4 +438,47 @@ fn a_recycled_span_id_gets_its_own_label_not_the_cached_one() {
         recycled.in_scope(|| assert_eq!(label_name().as_deref(), Some("new-root")));
         recycled.in_scope(|| assert_eq!(label_name().as_deref(), Some("new-root")));
     });
+}
+
+/// Fan-out: a span created (not yet entered) and handed to several threads, which all
+/// enter it for the first time at once. Each must resolve the same root without a panic,
+/// and the span's extensions lock must stay usable (a panic while holding it poisons the
+/// registry slot for every later span there, and tracing-opentelemetry's `on_close` then
+/// panics inside `Span::drop`). Fails with the get-then-insert `root_of`: `insert` asserts
+/// the value is absent, and the losing thread panics.
+#[test]
+fn threads_entering_a_new_span_at_once_agree_without_a_panic() {
+    const THREADS: usize = 4;
+    for order in [Order::OtelFirst, Order::ProfilingFirst] {
+        let setup = setup(order, Sampler::AlwaysOn, ProfilingLayer::default());
+        tracing::dispatcher::with_default(&setup.dispatch, || {
+            for round in 0..200 {
+                let span = tracing::info_span!("fan-out");
+                let start = std::sync::Barrier::new(THREADS);
+                let seen: Vec<Option<String>> = std::thread::scope(|scope| {
+                    let handles: Vec<_> = (0..THREADS)
+                        .map(|_| {
+                            let span = span.clone();
+                            let start = &start;
+                            let dispatch = setup.dispatch.clone();
+                            scope.spawn(move || {
+                                tracing::dispatcher::with_default(&dispatch, || {
+                                    start.wait();
+                                    span.in_scope(|| tracing::info_span!("child").in_scope(seen_id))
+                                })
+                            })
+                        })
+                        .collect();
+                    handles
+                        .into_iter()
+                        .map(|h| h.join().expect("no panic in span.enter()"))
+                        .collect()
+                });
+                let expected = span.context().span().span_context().span_id().to_string();
+                for id in seen {
+                    assert_eq!(id.as_deref(), Some(&*expected), "round {round} ({order:?})");
+                }
+            }
+        });
+    }
 }

@@ -169,7 +169,7 @@ impl TokioTasks {
     /// At an enter of a span (not a task span) of the layer `owner` whose root has
     /// counters `cpu` (a packed handle, 0: none): hands the open poll's queued time to it.
     #[inline]
-    pub(super) fn root_entered(&self, owner: u64, cpu: u64) {
+    pub(super) fn root_entered(&self, owner: u64, cpu: u128) {
         if cpu == 0 {
             return;
         }

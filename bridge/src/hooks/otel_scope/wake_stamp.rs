@@ -15,8 +15,10 @@
 //! `Waker::will_wake` in the wrapped future keeps working.
 
 use std::sync::atomic::{AtomicU64, Ordering};
-use std::sync::{Arc, Mutex, PoisonError};
+use std::sync::Arc;
 use std::task::{Wake, Waker};
+
+use atomic_waker::AtomicWaker;
 
 use crate::clock::monotonic_ns;
 use crate::root_cpu;
@@ -26,14 +28,16 @@ use crate::root_cpu;
 pub(super) struct WakeStamp {
     /// Monotonic ns of the first wake since the last poll; 0: not woken.
     woken_at: AtomicU64,
-    /// The waker of the task polling the wrapper, refreshed on every poll.
-    task: Mutex<Option<Waker>>,
+    /// The waker of the task polling the wrapper, registered on every poll and taken by
+    /// the first wake after it. Atomics, no lock: a fork cannot leave it held, and a wake
+    /// never waits for a poll.
+    task: AtomicWaker,
 }
 
 impl WakeStamp {
     /// A stamp for a future of the root `cpu`, marking the root's queued time as measured
     /// (a future polled once and ready at once was queued for 0 ns, not "unknown").
-    pub(super) fn new(cpu: u64) -> Arc<WakeStamp> {
+    pub(super) fn new(cpu: u128) -> Arc<WakeStamp> {
         root_cpu::add_queued(cpu, 0);
         Arc::new(WakeStamp::default())
     }
@@ -41,16 +45,12 @@ impl WakeStamp {
     /// At the start of a poll under the root `cpu` (a packed counter handle): closes the
     /// queued stretch opened by the last wake, keeps the task's waker, and returns the
     /// waker to hand the wrapped future.
-    pub(super) fn before_poll(self: &Arc<Self>, cpu: u64, task: &Waker) -> Waker {
+    pub(super) fn before_poll(self: &Arc<Self>, cpu: u128, task: &Waker) -> Waker {
         let woken = self.woken_at.swap(0, Ordering::AcqRel);
         if woken != 0 {
             root_cpu::add_queued(cpu, monotonic_ns().saturating_sub(woken));
         }
-        let mut current = self.task.lock().unwrap_or_else(PoisonError::into_inner);
-        if !current.as_ref().is_some_and(|w| w.will_wake(task)) {
-            *current = Some(task.clone());
-        }
-        drop(current);
+        self.task.register(task);
         Waker::from(Arc::clone(self))
     }
 }
@@ -67,14 +67,8 @@ impl Wake for WakeStamp {
             Ordering::AcqRel,
             Ordering::Relaxed,
         );
-        // Woken outside the lock: the task's waker may run arbitrary scheduler code.
-        let task = self
-            .task
-            .lock()
-            .unwrap_or_else(PoisonError::into_inner)
-            .clone();
-        if let Some(task) = task {
-            task.wake();
-        }
+        // Takes the registered waker and wakes it (more wakes before the next poll find
+        // none: the task is already scheduled, and its poll registers again).
+        self.task.wake();
     }
 }

@@ -32,7 +32,7 @@ thread_local! {
 /// The thread's record goes from the root with counters `from` to the one with `to` (packed
 /// `CpuHandle`s, 0 for none).
 #[inline]
-pub(super) fn transition(from: u64, to: u64) {
+pub(super) fn transition(from: u128, to: u128) {
     if from == to || (from == 0 && to == 0) {
         return;
     }

@@ -141,6 +141,30 @@ fn cross_thread_reads_are_never_torn() {
     );
 }
 
+/// The sequence at its wrap (`u64::MAX` → 0): reads stay whole, an odd sequence reads as
+/// a write in progress, and every write still changes the sequence a reader compares (the
+/// watchdog's "same poll" test), across the wrap too.
+#[test]
+fn the_sequence_wraps_without_a_repeat_or_a_torn_read() {
+    let cell = SpanContextCell::new();
+    let (a, b) = (root(31), root(32));
+    cell.set_sequence(u64::MAX - 3);
+    cell.write(Some(a));
+    let (before, read) = cell.snapshot().expect("no write in progress");
+    assert_eq!((before, read), (u64::MAX - 1, Some(a)));
+    cell.write(Some(b));
+    let (after, read) = cell.snapshot().expect("no write in progress");
+    assert_eq!((after, read), (0, Some(b)), "wrapped");
+    assert_ne!(after, before);
+    cell.write(Some(a));
+    let (again, read) = cell.snapshot().expect("no write in progress");
+    assert_eq!(read, Some(a));
+    assert!(again != before && again != after);
+    cell.set_sequence(u64::MAX);
+    assert_eq!(cell.snapshot(), None, "odd: a write in progress");
+    assert_eq!(cell.read(), None);
+}
+
 static HANDLER_CELL: AtomicUsize = AtomicUsize::new(0);
 static SEEN_A: AtomicU64 = AtomicU64::new(0);
 static SEEN_B: AtomicU64 = AtomicU64::new(0);

@@ -44,6 +44,7 @@ use std::sync::atomic::{AtomicU8, Ordering};
 mod process;
 mod record;
 
+pub(crate) use process::{hold_for_fork, release_after_fork};
 pub use process::{PROCESS_CONTEXT_HEADER_LEN, PROCESS_CONTEXT_SIGNATURE, PROCESS_CONTEXT_VERSION};
 pub(crate) use record::register_name;
 

@@ -20,8 +20,8 @@
 //! (timestamp to 0, fence, payload, fence, a new larger timestamp) on the same mapping,
 //! so the process never has two contexts.
 
+use crate::fork::AtforkMutex;
 use std::sync::atomic::{fence, AtomicU64, Ordering};
-use std::sync::{Mutex, PoisonError};
 
 use opentelemetry_proto::tonic::common::v1::{any_value, AnyValue, ArrayValue, KeyValue};
 use opentelemetry_proto::tonic::resource::v1::Resource;
@@ -115,7 +115,18 @@ struct Mapping {
     pid: u32,
 }
 
-static PUBLISHED: Mutex<Option<Mapping>> = Mutex::new(None);
+/// Held across `fork` by the forking thread (`crate::fork`).
+static PUBLISHED: AtforkMutex<Option<Mapping>> = AtforkMutex::new(None);
+
+/// Before `fork`: the forking thread takes the published mapping's lock.
+pub(crate) fn hold_for_fork() {
+    PUBLISHED.hold();
+}
+
+/// After `fork`, in the parent and in the child.
+pub(crate) fn release_after_fork() {
+    PUBLISHED.release();
+}
 
 /// Publishes (or updates) the process context with `resource`.
 pub(crate) fn publish(resource: &[(String, String)]) -> Result<(), ThreadContextError> {
@@ -123,7 +134,8 @@ pub(crate) fn publish(resource: &[(String, String)]) -> Result<(), ThreadContext
     if payload.len() > MAX_PAYLOAD {
         return Err(ThreadContextError::PayloadTooLarge(payload.len()));
     }
-    let mut published = PUBLISHED.lock().unwrap_or_else(PoisonError::into_inner);
+    crate::fork::install_handlers();
+    let mut published = PUBLISHED.lock();
     if published
         .as_ref()
         .is_some_and(|mapping| mapping.pid != std::process::id())
@@ -154,11 +166,7 @@ pub(crate) fn publish(resource: &[(String, String)]) -> Result<(), ThreadContext
 /// The address of the published header, if any (for tests).
 #[cfg(test)]
 pub(crate) fn published_addr() -> Option<usize> {
-    PUBLISHED
-        .lock()
-        .unwrap_or_else(PoisonError::into_inner)
-        .as_ref()
-        .map(|mapping| mapping.addr)
+    PUBLISHED.lock().as_ref().map(|mapping| mapping.addr)
 }
 
 /// `CLOCK_BOOTTIME` in nanoseconds (never 0).

@@ -16,7 +16,7 @@
 //! | 0 | 16 | trace-id (W3C bytes; zero: none) |
 //! | 16 | 8 | span-id (W3C bytes) |
 //! | 24 | 1 | valid (1: valid, anything else: ignore the record) |
-//! | 25 | 1 | trace-flags (W3C; 0 without ids) |
+//! | 25 | 1 | trace-flags (the root span's W3C flags byte; 0 without ids) |
 //! | 26 | 2 | attrs-data-size |
 //! | 28 | n | attrs-data: entries `key index (u8), length (u8), UTF-8 bytes` |
 //!
@@ -40,9 +40,6 @@ const ATTRS_CAPACITY: usize = 2 + MAX_VALUE_LEN;
 
 /// Offset of `attrs-data`, the fixed header a reader reads first.
 pub(crate) const HEADER_LEN: usize = 28;
-
-/// W3C trace-flags "sampled": the crate only has ids for sampled traces.
-const FLAG_SAMPLED: u8 = 0x01;
 
 /// One thread's record. The first [`HEADER_LEN`] + `attrs-data-size` bytes are the OTEP
 /// record; the two fields after `attrs_data` are this writer's own bookkeeping, which no
@@ -108,8 +105,9 @@ impl Record {
         self.trace_id[0].store(((trace >> 64) as u64).to_be(), Ordering::Relaxed);
         self.trace_id[1].store((trace as u64).to_be(), Ordering::Relaxed);
         self.span_id.store(span.to_be(), Ordering::Relaxed);
+        // The root span's own W3C flags (sampled, random, …); none without ids.
         let flags = if span != 0 || trace != 0 {
-            FLAG_SAMPLED
+            root.trace_flags().to_u8()
         } else {
             0
         };

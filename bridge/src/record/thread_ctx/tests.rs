@@ -1,6 +1,8 @@
 use super::*;
 use crate::{LocalRoot, SpanContextGuard, SpanName};
-use opentelemetry::trace::{SpanId, TraceId};
+use opentelemetry::trace::{
+    SpanContext, SpanId, TraceContextExt, TraceFlags, TraceId, TraceState, Tracer, TracerProvider,
+};
 use prost::Message;
 use std::sync::{Mutex, PoisonError};
 
@@ -60,10 +62,54 @@ fn thread_ctx_record_follows_the_root_and_encodes_its_name() {
                 );
                 assert_eq!(bytes[16..24], 0x0102_0304_0506_0708u64.to_be_bytes());
                 assert_eq!(bytes[24], 1, "valid");
+                assert_eq!(bytes[25], 0x01, "trace flags: sampled");
                 assert_eq!(u16::from_ne_bytes([bytes[26], bytes[27]]), 2 + 27);
             });
+            // The root's own flags byte, here sampled + random (W3C level 2).
+            let random = root.with_trace_flags(TraceFlags::new(0x03));
+            let _inner = SpanContextGuard::enter(Some(random));
+            record::RECORD.with(|r| {
+                let bytes = unsafe {
+                    std::slice::from_raw_parts((r as *const record::Record).cast::<u8>(), 28)
+                };
+                assert_eq!(bytes[24], 1, "valid");
+                assert_eq!(bytes[25], 0x03, "trace flags: the root's");
+            });
+            assert_eq!(decoded().map(|(_, _, flags, _)| flags), Some(0x03));
         }
         assert_eq!(decoded(), None, "invalid once no span runs");
+    })
+    .join()
+    .unwrap();
+}
+
+/// Issue 22 item 6: a local root whose remote parent carried `03` (sampled, random) is
+/// published with `03`, not a constant `01`; one whose parent carried `01`, with `01`.
+#[test]
+fn thread_ctx_record_carries_the_roots_w3c_trace_flags() {
+    let _serial = on();
+    std::thread::spawn(|| {
+        let provider = opentelemetry_sdk::trace::SdkTracerProvider::builder().build();
+        let tracer = provider.tracer("thread-ctx-flags");
+        for (parent_flags, span) in [(0x03u8, 0x31u64), (0x01, 0x32)] {
+            let remote = SpanContext::new(
+                TraceId::from(0x7777_u128),
+                SpanId::from(span),
+                TraceFlags::new(parent_flags),
+                true,
+                TraceState::default(),
+            );
+            let parent = opentelemetry::Context::new().with_remote_span_context(remote);
+            let server = tracer.start_with_context("GET /flags", &parent);
+            let cx = parent.with_span(server);
+            let scope = crate::ProfilingContext::new(cx, "GET /flags");
+            let root = scope.local_root().expect("a sampled local root");
+            assert_eq!(root.trace_flags(), TraceFlags::new(parent_flags));
+            let (trace, _, flags, _) = scope.in_scope(decoded).expect("valid inside the root");
+            assert_eq!(trace, 0x7777);
+            assert_eq!(flags, parent_flags, "the record carries the span's flags");
+        }
+        let _ = provider.shutdown();
     })
     .join()
     .unwrap();

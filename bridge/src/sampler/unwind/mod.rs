@@ -24,8 +24,9 @@
 //! **In the handler** nothing allocates, locks or touches thread-locals: framehop runs
 //! with `MustNotAllocateDuringUnwind` and a per-thread cache made at registration; every
 //! stack read goes through `StackReader` (aligned, inside `[sp, stack top)`); the depth
-//! is capped at [`MAX_FRAMES`]; an address outside every known object ends the walk
-//! (framehop would otherwise guess with frame pointers, which release builds do not keep).
+//! is capped at [`MAX_FRAMES`](crate::sampler::MAX_FRAMES); an address outside every
+//! known object ends the walk (framehop would otherwise guess with frame pointers, which
+//! release builds do not keep).
 //!
 //! **A thread's cache across snapshots.** framehop caches one unwind rule per slot
 //! (`address % 509`) and trusts an entry whose address and "module generation" match the
@@ -74,7 +75,7 @@ use std::time::{Duration, Instant};
 use framehop::{ExplicitModuleSectionInfo, FrameAddress, Module, Unwinder};
 
 use super::modules::{self, LoadGeneration, LoadedObject, Tables};
-use super::ring::{SampleRecord, MAX_FRAMES};
+use super::ring::SampleRecord;
 use super::stack::{Registers, StackBounds};
 
 // Both are compiled on either architecture, so the other one's path is type-checked too.
@@ -221,7 +222,10 @@ impl<A: Arch> Snapshot<A> {
     #[inline]
     fn is_code(&self, addr: u64) -> bool {
         let i = self.code.partition_point(|r| r.start <= addr);
-        i > 0 && addr < self.code[i - 1].end
+        // The last range starting at or below `addr` (none when `i` is 0).
+        i.checked_sub(1)
+            .and_then(|last| self.code.get(last))
+            .is_some_and(|r| addr < r.end)
     }
 
     fn table_bytes(&self) -> usize {
@@ -259,11 +263,11 @@ impl<A: Arch> Snapshot<A> {
         for address in FLUSH_FROM..=u64::MAX {
             let mut regs = A::regs(&nothing, self.register_mask);
             // The result is the frame-pointer rule's, from a zero fp: no frame.
-            let _ = self.unwinder.unwind_frame(
+            framehop_unwind_frame::<A>(
+                &self.unwinder,
                 FrameAddress::from_instruction_pointer(address),
                 &mut regs,
                 &mut cache.rules,
-                &mut |_| Err(()),
             );
         }
     }
@@ -289,17 +293,18 @@ impl<A: Arch> Snapshot<A> {
             &mut read,
         );
         // The first item is the interrupted pc itself.
-        if !matches!(frames.next(), Ok(Some(_))) {
+        if !matches!(framehop_next(&mut frames), Ok(Some(_))) {
             return WalkEnd::Truncated;
         }
         let mut depth = 1;
         let end = loop {
-            match frames.next() {
+            match framehop_next(&mut frames) {
                 Ok(Some(frame)) => {
-                    if depth == MAX_FRAMES {
+                    // Past `MAX_FRAMES` there is no entry left: truncated.
+                    let Some(entry) = record.frames.get_mut(depth) else {
                         break WalkEnd::Truncated;
-                    }
-                    record.frames[depth] = frame.address();
+                    };
+                    *entry = frame.address();
                     depth += 1;
                     if !self.is_code(frame.address_for_lookup()) {
                         break WalkEnd::UnknownPc;
@@ -312,6 +317,44 @@ impl<A: Arch> Snapshot<A> {
         record.depth = depth as u16;
         end
     }
+}
+
+// framehop's two calls in the signal handler, each behind an abort-on-unwind boundary.
+//
+// framehop and gimli keep panic paths (indexing, `unwrap`, `unreachable!`) in their CFI
+// lookup and evaluation that the optimiser cannot remove, so the handler's link-time
+// proof (`handler::handle_signal`, feature `handler-no-panic-check`) cannot cover them.
+// An `extern "C"` function cannot unwind: a panic inside one aborts the process at its
+// boundary, as a panic anywhere in the handler did before (its entry is `extern "C"` too).
+// So the proof covers everything the handler does around these two calls, including the
+// walk's bookkeeping, and names exactly what it leaves out: these two functions. The
+// stack reads framehop calls back (`StackReader::read`) carry their own proof.
+
+/// framehop's next frame of a walk; `Err(())` for its errors. No unwinding crosses this
+/// boundary (see above).
+#[allow(improper_ctypes_definitions)] // Rust to Rust: the boundary is only for unwinding
+#[inline(never)]
+extern "C" fn framehop_next<U, F>(
+    frames: &mut framehop::UnwindIterator<'_, '_, '_, U, F>,
+) -> Result<Option<FrameAddress>, ()>
+where
+    U: Unwinder,
+    F: FnMut(u64) -> Result<u64, ()>,
+{
+    frames.next().map_err(|_| ())
+}
+
+/// framehop's lookup of one address with a stack that reads nothing (the cache overwrite
+/// of [`Snapshot::adopt`]); the result is not needed. No unwinding crosses this boundary.
+#[allow(improper_ctypes_definitions)] // Rust to Rust: the boundary is only for unwinding
+#[inline(never)]
+extern "C" fn framehop_unwind_frame<A: Arch>(
+    unwinder: &A::Unwinder,
+    address: FrameAddress,
+    regs: &mut A::Regs,
+    cache: &mut A::Cache,
+) {
+    let _ = unwinder.unwind_frame(address, regs, cache, &mut |_| Err(()));
 }
 
 /// framehop's module for one object. Addresses in the file (SVMA) are runtime

@@ -459,3 +459,90 @@ fn a_contended_mutex_names_the_waiting_function() {
         );
     }
 }
+
+/// A slot let go by its thread and claimed by another between the tick's read of the
+/// record and the look: the tid and CPU clock the look reads are the new owner's, so the
+/// old record's "same block" must not be pushed again (it was, once, before the look
+/// checked the record after reading the clock).
+#[test]
+fn a_slot_reclaimed_between_the_read_and_the_look_pushes_nothing() {
+    let _turn = test_turn();
+    let sampler = Sampler::start(SamplerConfig::default()).expect("sampler");
+    // Another test's threads may take the freed slot first: try a few times.
+    for _ in 0..20 {
+        // The first owner: registers, enters a root, reports what the tick would have
+        // read, and exits (its slot is let go).
+        let (slot, generation, seq) = std::thread::spawn(move || {
+            crate::sampler::register_current_thread().expect("register");
+            let _root = SpanContextGuard::enter(Some(root(0x7e)));
+            let slot = super::super::current_slot().expect("slot");
+            let generation = slot.generation();
+            let (seq, _) = slot.read_cell_if_owned(generation).expect("record");
+            (slot, generation, seq)
+        })
+        .join()
+        .expect("first owner");
+        drain_blocked(|_| {});
+        let _ = sampler.drain(|_| {});
+        // The second owner, on the same slot if it is the one handed out next.
+        let (claimed, go_on) = (Arc::new(Barrier::new(2)), Arc::new(Barrier::new(2)));
+        let second = {
+            let (claimed, go_on) = (claimed.clone(), go_on.clone());
+            std::thread::spawn(move || {
+                crate::sampler::register_current_thread().expect("register");
+                let _root = SpanContextGuard::enter(Some(root(0x7f)));
+                let same = super::super::current_slot().is_some_and(|s| std::ptr::eq(s, slot));
+                claimed.wait();
+                go_on.wait();
+                same
+            })
+        };
+        claimed.wait();
+        let block = Block {
+            frames: Arc::from(&[0x1000u64, 0x2000][..]),
+            truncated: false,
+            syscall: 230,
+        };
+        // What the watchdog kept of the first owner: blocked, its stack taken, and a CPU
+        // clock the second owner's cannot exceed (so "no CPU since" would hold).
+        let mut tracked = Tracked {
+            generation,
+            seq,
+            root: root(0x7e),
+            first_seen: 0,
+            cpu: Some(u64::MAX),
+            last_look: 0,
+            block: Some(block.clone()),
+            run: Some(block),
+            unattributed: 0,
+            seen: 1,
+        };
+        let look = Look {
+            slot,
+            generation,
+            seq,
+            now: monotonic_ns(),
+            threshold: 0,
+        };
+        let mut scanner = Scanner::new(WatchdogConfig::default());
+        look.examine(
+            &mut tracked,
+            &mut scanner.stack,
+            &mut scanner.cache,
+            &mut scanner.record,
+        );
+        go_on.wait();
+        let same_slot = second.join().expect("second owner");
+        let mut pushed = Vec::new();
+        drain_blocked(|r| pushed.push(r.root));
+        if !same_slot {
+            continue;
+        }
+        assert!(
+            pushed.iter().all(|r| *r != Some(root(0x7e))),
+            "a look at the reclaimed slot pushed the old root's block: {pushed:?}"
+        );
+        return;
+    }
+    panic!("the freed slot was never handed out again to the next thread");
+}
