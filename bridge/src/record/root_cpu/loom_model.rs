@@ -12,18 +12,118 @@
 //!
 //! The model checks that B does reuse A's slot in some executions, so the first property
 //! is not vacuous.
+//!
+//! A second model does the same for active time and the slot's `adders` count: an adder
+//! (a span hook on another thread) adds under A's handle while the span processor ends A
+//! and starts B, with B's generation 65,536 past A's (the 16-bit tag of the active word
+//! then repeats, as after 32,767 reuses), so only the `adders` handshake keeps A's time
+//! out of B. A third takes a slot to its last generation (`u64::MAX`): its release retires
+//! it, the next root gets another slot, and neither the last handle nor one with the
+//! wrapped generation adds anything.
 
 use std::cell::Cell;
 
 use loom::sync::Arc;
 use loom::thread;
 
-use super::{record_in, RootTable, SlotLists};
+use super::{add_tagged, record_in, CpuHandle, RootTable, SlotLists, ACTIVE_NS_MASK};
 use crate::sync::Ordering;
 
 thread_local! {
     /// Executions in which B got A's slot (loom runs a model on its test's thread).
     static REUSED: Cell<usize> = const { Cell::new(0) };
+    /// Executions of the adders model in which B got A's slot.
+    static REUSED_BY_ADD: Cell<usize> = const { Cell::new(0) };
+}
+
+/// [`super::add_active`] into `roots`.
+fn add_active_in(roots: &RootTable, raw: u128, ns: u64) -> bool {
+    add_tagged(roots, raw, ns, |slot| &slot.active, ACTIVE_NS_MASK, 0)
+}
+
+/// Sets the generation of the free (or limbo) slot `index` (the unit tests' shortcut
+/// past many reuses).
+fn set_generation(roots: &RootTable, index: u32, generation: u64) {
+    roots
+        .slot(index)
+        .expect("allocated")
+        .generation
+        .store(generation, Ordering::SeqCst);
+}
+
+fn adder_and_span_processor() {
+    let roots = Arc::new(RootTable::new());
+    let mut lists = SlotLists::default();
+    let a = lists.claim_in(&roots).expect("slot for A");
+    let adder = {
+        let roots = roots.clone();
+        thread::spawn(move || add_active_in(&roots, a.to_raw(), 5))
+    };
+    let totals_a = lists.release_in(&roots, a);
+    // 32,767 reuses later: B's generation is A's + 65,536, its word's tag A's.
+    set_generation(&roots, a.index, a.generation + 65_535);
+    let b = lists.claim_in(&roots).expect("slot for B");
+    if b.index == a.index {
+        REUSED_BY_ADD.with(|n| n.set(n.get() + 1));
+    }
+    let added = adder.join().expect("adder");
+    let totals_b = lists.release_in(&roots, b);
+    assert_eq!(
+        totals_b.active_ticks, 0,
+        "A's active time landed in B, which reused A's slot while the add was in progress"
+    );
+    assert_eq!(
+        u64::from(added) * 5,
+        totals_a.active_ticks,
+        "an add that reported success is in A's total, and only then"
+    );
+}
+
+fn wrap_and_retire() {
+    let roots = Arc::new(RootTable::new());
+    let mut lists = SlotLists::default();
+    let first = lists.claim_in(&roots).expect("slot");
+    lists.release_in(&roots, first);
+    // 2⁶³ − 1 reuses later: the next owner has the last generation.
+    set_generation(&roots, first.index, u64::MAX - 1);
+    let last = lists.claim_in(&roots).expect("slot");
+    assert_eq!((last.index, last.generation), (first.index, u64::MAX));
+    let worker = {
+        let roots = roots.clone();
+        thread::spawn(move || {
+            record_in(&roots, last.to_raw(), 10);
+            add_active_in(&roots, last.to_raw(), 4)
+        })
+    };
+    let totals = lists.release_in(&roots, last);
+    assert_eq!(
+        roots.retired.load(Ordering::Relaxed),
+        1,
+        "retired at the wrap"
+    );
+    let next = lists.claim_in(&roots).expect("slot");
+    assert_ne!(
+        next.index, first.index,
+        "a retired slot is handed out again"
+    );
+    worker.join().expect("worker");
+    let wrapped = CpuHandle {
+        index: first.index,
+        generation: 1,
+    };
+    for stale in [last, first, wrapped] {
+        record_in(&roots, stale.to_raw(), 10);
+        assert!(
+            !add_active_in(&roots, stale.to_raw(), 1),
+            "a stale add counted"
+        );
+    }
+    assert!(totals.samples <= 1 && totals.active_ticks <= 4);
+    assert_eq!(
+        lists.release_in(&roots, next),
+        super::RootTotals::default(),
+        "the next root got another's counts"
+    );
 }
 
 fn handler_and_span_processor() {
@@ -71,4 +171,30 @@ fn loom_root_slot_without_the_fences_is_reused_under_a_handler() {
     crate::sync::without_fences(|| {
         crate::sync::check("root counters, broken", 3, handler_and_span_processor)
     });
+}
+
+#[test]
+fn loom_root_slot_is_never_reused_under_an_add_in_progress() {
+    crate::sync::check("root counters, adders", 8, adder_and_span_processor);
+    assert!(
+        REUSED_BY_ADD.with(Cell::get) > 0,
+        "no execution reused the slot: the model proves nothing"
+    );
+}
+
+/// The broken variant: without the fences of `add_tagged` and `release` (no handler runs
+/// in this model, so no other fence is in play) the adder's generation load and the
+/// recycle's `adders` load can both miss the other side's write, and B, whose tag is A's,
+/// gets A's active time.
+#[test]
+#[should_panic(expected = "A's active time landed in B")]
+fn loom_root_slot_without_the_adders_fence_is_reused_under_an_add() {
+    crate::sync::without_fences(|| {
+        crate::sync::check("root counters, adders, broken", 3, adder_and_span_processor)
+    });
+}
+
+#[test]
+fn loom_root_slot_retires_at_its_wrap() {
+    crate::sync::check("root counters, wrap", 8, wrap_and_retire);
 }

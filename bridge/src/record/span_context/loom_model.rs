@@ -5,7 +5,9 @@
 //! what the handler does: a signal interrupting the writer anywhere is one of the
 //! interleavings of a second thread, see the docs). Property: every snapshot is `None` or
 //! a whole value that was written, with the sequence number of that write, never a mix of
-//! two writes.
+//! two writes. The record is eight words (sequence, name, flags, span id, two of trace id,
+//! two of the CPU handle), each of the root's fields distinct per write, so a mix of any
+//! two words of different writes is caught.
 
 use loom::sync::Arc;
 use loom::thread;
@@ -19,12 +21,14 @@ fn root(n: u64) -> LocalRoot {
         span_id: n,
         trace_id: u128::from(n) << 64 | u128::from(n + 100),
         name: SpanName::from_raw(n as u32 + 200),
-        cpu: (n + 300) << 32 | (n + 400),
+        flags: n as u8 | 0x80,
+        // Both halves of the packed handle, each its own word of the record.
+        cpu: u128::from(n + 300) << 64 | u128::from(n + 400),
     }
 }
 
 /// What a reader may see at each sequence number: nothing yet, then each write's root.
-fn written_at(seq: u32) -> Option<LocalRoot> {
+fn written_at(seq: u64) -> Option<LocalRoot> {
     match seq {
         0 => None,
         2 => Some(root(1)),
