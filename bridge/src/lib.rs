@@ -68,7 +68,7 @@ pub(crate) use setup::profiler;
 pub use evidence::{
     CpuEvidenceProcessor, CGROUP_CPU_LIMIT_ATTRIBUTE, CGROUP_THROTTLED_ATTRIBUTE,
     CPU_SAMPLES_ATTRIBUTE, CPU_TIME_ATTRIBUTE, ORPHAN_AGE, WALL_ACTIVE_ATTRIBUTE,
-    WALL_QUEUED_ATTRIBUTE,
+    WALL_QUEUED_ATTRIBUTE, WALL_RUNQUEUE_ATTRIBUTE,
 };
 pub use layer::ProfilingLayer;
 pub use local_root::UnsampledTraces;

@@ -13,11 +13,7 @@ use std::path::{Path, PathBuf};
 use std::time::Duration;
 
 use opentelemetry::trace::{TraceContextExt as _, Tracer as _, TracerProvider as _};
-use opentelemetry_sdk::trace::{InMemorySpanExporter, SdkTracerProvider, SimpleSpanProcessor};
-use otel_profiling::{
-    CpuEvidenceProcessor, Profiler, ProfilingContext, CGROUP_CPU_LIMIT_ATTRIBUTE,
-    CGROUP_THROTTLED_ATTRIBUTE,
-};
+use otel_profiling::{ProfilingContext, CGROUP_CPU_LIMIT_ATTRIBUTE, CGROUP_THROTTLED_ATTRIBUTE};
 
 /// Says the test was skipped, straight to the standard error stream (the harness captures
 /// only what the print macros write).
@@ -89,17 +85,7 @@ fn a_root_under_a_cpu_quota_carries_its_throttled_time_and_the_limit() {
             ))
         }
     };
-    let dir = std::env::temp_dir().join(format!("otel-profiling-cgroup-{}", std::process::id()));
-    let profiler = Profiler::builder()
-        .output_dir(&dir)
-        .start()
-        .expect("profiler");
-    let exporter = InMemorySpanExporter::default();
-    let provider = SdkTracerProvider::builder()
-        .with_span_processor(CpuEvidenceProcessor::new(SimpleSpanProcessor::new(
-            exporter.clone(),
-        )))
-        .build();
+    let (profiler, dir, provider, exporter) = common::profiled_provider("cgroup");
     // Past the watchdog's first refresh in the new group.
     std::thread::sleep(Duration::from_millis(250));
     let span = provider.tracer("cgroup").start("GET /throttled");

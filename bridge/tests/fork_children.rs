@@ -9,8 +9,7 @@ use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use opentelemetry::trace::{Span as _, TraceContextExt as _, Tracer as _, TracerProvider as _};
-use opentelemetry_sdk::error::OTelSdkResult;
-use opentelemetry_sdk::trace::{SdkTracerProvider, SpanData, SpanProcessor};
+use opentelemetry_sdk::trace::SdkTracerProvider;
 use otel_profiling::{CpuEvidenceProcessor, Profiler, ProfilingContext, SpanName};
 
 fn local_profiler(dir: &std::path::Path) -> Profiler {
@@ -71,22 +70,6 @@ fn a_child_replacing_its_inherited_profiler_neither_waits_nor_fails() {
     let _ = std::fs::remove_dir_all(temp_dir("fork-replace"));
 }
 
-/// An inner processor that keeps nothing (no lock of its own that a fork could leave held:
-/// the SDK's in-memory exporter has one, which is not this crate's to make fork-safe).
-#[derive(Debug)]
-struct Discard;
-
-impl SpanProcessor for Discard {
-    fn on_start(&self, _: &mut opentelemetry_sdk::trace::Span, _: &opentelemetry::Context) {}
-    fn on_end(&self, _: SpanData) {}
-    fn force_flush(&self) -> OTelSdkResult {
-        Ok(())
-    }
-    fn shutdown_with_timeout(&self, _: Duration) -> OTelSdkResult {
-        Ok(())
-    }
-}
-
 /// While parent threads start and end roots through the evidence processor (its table's
 /// shard locks), intern span names (the interner's lock) and follow the roots (the
 /// layer-side lookups), children fork and do the same: none may find a lock held by a
@@ -97,7 +80,7 @@ fn children_forked_while_parent_threads_end_roots_never_hang() {
     let dir = temp_dir("fork-locks");
     let profiler = local_profiler(&dir);
     let provider = SdkTracerProvider::builder()
-        .with_span_processor(CpuEvidenceProcessor::new(Discard))
+        .with_span_processor(CpuEvidenceProcessor::new(common::Discard))
         .build();
     let stop = Arc::new(AtomicBool::new(false));
     let ended = Arc::new(AtomicU64::new(0));

@@ -18,8 +18,7 @@ use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use opentelemetry::trace::{Span as _, Tracer as _, TracerProvider as _};
-use opentelemetry_sdk::error::OTelSdkResult;
-use opentelemetry_sdk::trace::{SdkTracerProvider, SpanData, SpanProcessor};
+use opentelemetry_sdk::trace::SdkTracerProvider;
 use otel_profiling::collector::{EncodedProfile, ProfileSink};
 use otel_profiling::sampler::{self, MAX_FREQUENCY_HZ};
 use otel_profiling::{CpuEvidenceProcessor, Profiler, ProfilingLayer};
@@ -35,21 +34,6 @@ struct CountingSink(Arc<AtomicU64>);
 impl ProfileSink for CountingSink {
     fn export(&mut self, _: &EncodedProfile) -> std::io::Result<()> {
         self.0.fetch_add(1, Ordering::Relaxed);
-        Ok(())
-    }
-}
-
-/// The exporting processor's stand-in: keeps nothing.
-#[derive(Debug)]
-struct Discard;
-
-impl SpanProcessor for Discard {
-    fn on_start(&self, _: &mut opentelemetry_sdk::trace::Span, _: &opentelemetry::Context) {}
-    fn on_end(&self, _: SpanData) {}
-    fn force_flush(&self) -> OTelSdkResult {
-        Ok(())
-    }
-    fn shutdown_with_timeout(&self, _: Duration) -> OTelSdkResult {
         Ok(())
     }
 }
@@ -113,22 +97,9 @@ fn fan_out(round: u64, runtime: &tokio::runtime::Runtime) {
 
 #[test]
 fn the_host_survives_everything_at_once() {
-    let done = Arc::new(AtomicBool::new(false));
-    {
-        let done = done.clone();
-        std::thread::spawn(move || {
-            let start = Instant::now();
-            while !done.load(Ordering::Relaxed) {
-                if start.elapsed() > Duration::from_secs(120) {
-                    eprintln!("hostile host: deadlock or hang; aborting");
-                    std::process::abort();
-                }
-                std::thread::sleep(Duration::from_millis(100));
-            }
-        });
-    }
+    let done = common::abort_if_hung("hostile host", Duration::from_secs(120));
     let provider = SdkTracerProvider::builder()
-        .with_span_processor(CpuEvidenceProcessor::new(Discard))
+        .with_span_processor(CpuEvidenceProcessor::new(common::Discard))
         .build();
     // The application's subscriber, and a second one some threads use instead.
     tracing::subscriber::set_global_default(

@@ -261,7 +261,7 @@ fn samples_carry_the_span_that_was_running() {
     assert!(io_samples <= 5, "I/O-bound spans got {io_samples} samples");
 
     // CPU evidence on the exported spans equals the samples labelled with each span, and
-    // its time the periods they stand for.
+    // its time is close to the periods they stand for.
     let mut labelled: HashMap<opentelemetry::trace::SpanId, (i64, i64)> = HashMap::new();
     for (root, _, weight) in records.iter() {
         if let Some(id) = root.and_then(|r| r.span_id()) {
@@ -287,7 +287,15 @@ fn samples_carry_the_span_that_was_running() {
         let time_ns = attr(span, CPU_TIME_ATTRIBUTE).expect("evidence attribute");
         let (count, periods) = labelled.get(&id).copied().unwrap_or((0, 0));
         assert_eq!(samples, count, "{} {id}", span.name);
-        assert_eq!(time_ns, periods * period_ns, "{} {id}", span.name);
+        // The time is the thread's CPU clock (read at each sample and by the watchdog),
+        // so it matches the periods the kernel counted up to the signals' lag at the
+        // span's ends.
+        let counted = periods * period_ns;
+        assert!(
+            (time_ns - counted).abs() <= 2 * period_ns + counted / 10,
+            "{} {id}: {time_ns} ns measured, {counted} ns counted",
+            span.name
+        );
         let wall = span
             .end_time
             .duration_since(span.start_time)

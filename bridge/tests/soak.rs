@@ -7,7 +7,7 @@
 
 mod common;
 
-use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
+use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
@@ -43,20 +43,7 @@ fn worker(i: usize, roots: [LocalRoot; 3], until: Instant) -> usize {
 #[test]
 fn soak_everything_at_once_at_the_highest_rate() {
     let _turn = common::turn();
-    let done = Arc::new(AtomicBool::new(false));
-    {
-        let done = done.clone();
-        std::thread::spawn(move || {
-            let start = Instant::now();
-            while !done.load(Ordering::Relaxed) {
-                if start.elapsed() > Duration::from_secs(120) {
-                    eprintln!("soak: deadlock or hang; aborting");
-                    std::process::abort();
-                }
-                std::thread::sleep(Duration::from_millis(100));
-            }
-        });
-    }
+    let done = common::abort_if_hung("soak", Duration::from_secs(120));
     let exporter = InMemorySpanExporter::default();
     let provider = SdkTracerProvider::builder()
         .with_span_processor(CpuEvidenceProcessor::new(SimpleSpanProcessor::new(

@@ -30,8 +30,9 @@ pub const NEW_FUNCTION_SHARE: f64 = 0.05;
 pub const NOTICEABLE_NS: f64 = 5_000.0;
 
 /// The parts in the order the split draws them.
-const PART_ORDER: [Part; 5] = [
+const PART_ORDER: [Part; 6] = [
     Part::Cpu,
+    Part::Runqueue,
     Part::Blocked,
     Part::Queued,
     Part::Awaiting,
@@ -350,6 +351,13 @@ impl VersionDiff {
                 .first()
                 .map_or_else(String::new, |f| format!(" (now blocks in {})", f.function)),
             Part::Queued => " (woken but not polled: waiting for a worker)".to_owned(),
+            Part::Runqueue => match a.split.throttled_ns {
+                0 => " (runnable, but other work held the CPUs)".to_owned(),
+                ns => format!(
+                    " (runnable; the container was throttled {:.0} ms for its CPU quota)",
+                    ns as f64 / 1e6
+                ),
+            },
             Part::Awaiting | Part::OffCpu => {
                 if a.dependencies.children.is_empty() {
                     return " (no child span covers it: instrument the dependency call)".to_owned();
@@ -393,20 +401,28 @@ fn basis(b: &TimeSplit, a: &TimeSplit) -> Basis {
 /// Both sides' parts per request on their common basis, the one that grew most first.
 fn part_deltas(before: &DiffSide, after: &DiffSide) -> Vec<PartDelta> {
     let basis = basis(&before.split, &after.split);
+    // Run delay is its own part only when both sides measured it; else it stays in blocked.
+    let runqueue = before.split.runqueue_measured && after.split.runqueue_measured;
     let parts_of = |side: &DiffSide| -> Vec<(Part, f64)> {
         let s = &side.split;
-        let ns: Vec<(Part, u64)> = match basis {
-            Basis::Queued => s.parts(),
-            Basis::Active => vec![
-                (Part::Cpu, s.cpu_in_wall_ns),
-                (Part::Blocked, s.blocked_ns),
-                (Part::Awaiting, s.awaiting_ns + s.queued_ns),
-            ],
-            Basis::OffCpu => vec![
-                (Part::Cpu, s.cpu_in_wall_ns),
-                (Part::OffCpu, s.wall_ns.saturating_sub(s.cpu_in_wall_ns)),
-            ],
-        };
+        let mut ns: Vec<(Part, u64)> = vec![(Part::Cpu, s.cpu_in_wall_ns)];
+        match basis {
+            Basis::OffCpu => ns.push((Part::OffCpu, s.wall_ns.saturating_sub(s.cpu_in_wall_ns))),
+            Basis::Queued | Basis::Active => {
+                if runqueue {
+                    ns.push((Part::Runqueue, s.runqueue_ns));
+                    ns.push((Part::Blocked, s.blocked_ns));
+                } else {
+                    ns.push((Part::Blocked, s.blocked_ns + s.runqueue_ns));
+                }
+                if basis == Basis::Queued {
+                    ns.push((Part::Queued, s.queued_ns));
+                    ns.push((Part::Awaiting, s.awaiting_ns));
+                } else {
+                    ns.push((Part::Awaiting, s.awaiting_ns + s.queued_ns));
+                }
+            }
+        }
         ns.into_iter()
             .map(|(part, ns)| (part, side.per_request(ns)))
             .collect()
@@ -593,6 +609,7 @@ impl VersionDiff {
             Part::Cpu => "CPU",
             Part::Blocked => "BLOCKED IN POLL",
             Part::Queued => "QUEUED",
+            Part::Runqueue => "WAITING FOR A CPU",
             Part::Awaiting => "AWAITING",
             Part::OffCpu => "NOT ON CPU",
         }));
@@ -668,6 +685,9 @@ mod tests {
             cpu_time_ns: None,
             wall_active_ns: active_ms.map(|a| a * MS),
             wall_queued_ns: None,
+            wall_runqueue_ns: None,
+            cgroup_throttled_ns: None,
+            cgroup_cpu_limit_millicpus: None,
             busy_ns: None,
             http_route: None,
             http_method: None,

@@ -253,6 +253,9 @@ mod tests {
             http_method: None,
             wall_active_ns: None,
             wall_queued_ns: None,
+            wall_runqueue_ns: None,
+            cgroup_throttled_ns: None,
+            cgroup_cpu_limit_millicpus: None,
             busy_ns: None,
         }
     }

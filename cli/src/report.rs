@@ -334,6 +334,22 @@ fn build_group(
         ),
         _ => (verdict, reason),
     };
+    // Runnable but not run for most of the time: waiting for a CPU, not blocked.
+    let runqueue_ratio =
+        (split.active.is_some() && split.runqueue_measured).then(|| ratio(split.runqueue_ns));
+    let (verdict, reason) = match (verdict.with_runqueue(runqueue_ratio), runqueue_ratio) {
+        (Verdict::WaitingForCpu, Some(runqueue)) => (
+            Verdict::WaitingForCpu,
+            Verdict::runqueue_reason(
+                ratio(split.cpu_in_wall_ns),
+                runqueue,
+                split.runqueue_ns,
+                split.throttled_ns,
+                split.cpu_limit_millicpus,
+            ),
+        ),
+        _ => (verdict, reason),
+    };
     // Where it blocks: the watchdog's blocked stacks of these spans.
     let mut blocked_functions = FunctionTotals::default();
     let mut blocked_profile_ns = 0;

@@ -71,6 +71,9 @@ pub enum Part {
     Blocked,
     /// Woken but not yet polled: queued for a worker (`profiling.wall.queued_ns`).
     Queued,
+    /// Active and runnable, but the CPUs ran other work (`profiling.wall.runqueue_ns`):
+    /// waiting for a CPU, not blocked.
+    Runqueue,
     /// Not being polled: awaiting a wake-up (I/O, timers, other tasks), or queued where
     /// queued time was not measured.
     Awaiting,
@@ -85,6 +88,7 @@ impl Part {
             Part::Cpu => "CPU",
             Part::Blocked => "blocked in poll",
             Part::Queued => "queued",
+            Part::Runqueue => "waiting for a CPU",
             Part::Awaiting => "awaiting",
             Part::OffCpu => "not on CPU",
         }
@@ -115,6 +119,16 @@ pub struct TimeSplit {
     pub queued_ns: u64,
     /// Whether every span carries `profiling.wall.queued_ns`.
     pub queued_measured: bool,
+    /// Runnable inside the span but not running (`profiling.wall.runqueue_ns`, when every
+    /// span carries it; 0 otherwise): taken out of the blocked time.
+    pub runqueue_ns: u64,
+    /// Whether every span carries `profiling.wall.runqueue_ns`.
+    pub runqueue_measured: bool,
+    /// The container's CPU-quota throttling while the spans ran, summed
+    /// (`profiling.cgroup.throttled_ns`), and the largest CPU limit seen (thousandths).
+    pub throttled_ns: u64,
+    /// The CPU limit the spans recorded, in thousandths of a CPU, when any did.
+    pub cpu_limit_millicpus: Option<u64>,
     /// Awaiting: the rest of the off-CPU time (0 without active time).
     pub awaiting_ns: u64,
     /// Not on CPU: wall − CPU, when there is no active time (0 with it).
@@ -172,6 +186,14 @@ impl TimeSplit {
             blocked_ns: 0,
             queued_ns: 0,
             queued_measured: !spans.is_empty() && spans.iter().all(|s| s.wall_queued_ns.is_some()),
+            runqueue_ns: 0,
+            runqueue_measured: !spans.is_empty()
+                && spans.iter().all(|s| s.wall_runqueue_ns.is_some()),
+            throttled_ns: spans.iter().filter_map(|s| s.cgroup_throttled_ns).sum(),
+            cpu_limit_millicpus: spans
+                .iter()
+                .filter_map(|s| s.cgroup_cpu_limit_millicpus)
+                .max(),
             awaiting_ns: 0,
             off_cpu_ns: 0,
             active,
@@ -198,6 +220,7 @@ impl TimeSplit {
                 None => None,
             };
             split.queued_ns += span.wall_queued_ns.unwrap_or(0);
+            split.runqueue_ns += span.wall_runqueue_ns.unwrap_or(0);
             match active_ns {
                 Some(active_ns) => split.active_ns += active_ns,
                 None => split.off_cpu_ns += wall - cpu_in_wall,
@@ -210,32 +233,44 @@ impl TimeSplit {
             // "blocked". Summed first, the sampling errors cancel. The parts still add up
             // to the wall time.
             let off_cpu = split.wall_ns - split.cpu_in_wall_ns;
-            split.blocked_ns = split.active_ns.saturating_sub(split.cpu_ns).min(off_cpu);
-            split.queued_ns = if split.queued_measured {
-                split.queued_ns.min(off_cpu - split.blocked_ns)
+            // Runnable but not run is part of the active time that is not CPU: it is not
+            // blocked (the thread was not waiting on anything).
+            split.runqueue_ns = if split.runqueue_measured {
+                split.runqueue_ns.min(off_cpu)
             } else {
                 0
             };
-            split.awaiting_ns = off_cpu - split.blocked_ns - split.queued_ns;
+            split.blocked_ns = split
+                .active_ns
+                .saturating_sub(split.cpu_ns)
+                .saturating_sub(split.runqueue_ns)
+                .min(off_cpu - split.runqueue_ns);
+            let waited = split.runqueue_ns + split.blocked_ns;
+            split.queued_ns = if split.queued_measured {
+                split.queued_ns.min(off_cpu - waited)
+            } else {
+                0
+            };
+            split.awaiting_ns = off_cpu - waited - split.queued_ns;
+        } else {
+            split.runqueue_ns = 0;
         }
         split
     }
 
     /// The parts in drawing order, each with its nanoseconds; they add up to `wall_ns`.
     pub fn parts(&self) -> Vec<(Part, u64)> {
-        if self.active.is_some() && self.queued_measured {
-            vec![
-                (Part::Cpu, self.cpu_in_wall_ns),
-                (Part::Blocked, self.blocked_ns),
-                (Part::Queued, self.queued_ns),
-                (Part::Awaiting, self.awaiting_ns),
-            ]
-        } else if self.active.is_some() {
-            vec![
-                (Part::Cpu, self.cpu_in_wall_ns),
-                (Part::Blocked, self.blocked_ns),
-                (Part::Awaiting, self.awaiting_ns),
-            ]
+        if self.active.is_some() {
+            let mut parts = vec![(Part::Cpu, self.cpu_in_wall_ns)];
+            if self.runqueue_measured {
+                parts.push((Part::Runqueue, self.runqueue_ns));
+            }
+            parts.push((Part::Blocked, self.blocked_ns));
+            if self.queued_measured {
+                parts.push((Part::Queued, self.queued_ns));
+            }
+            parts.push((Part::Awaiting, self.awaiting_ns));
+            parts
         } else {
             vec![
                 (Part::Cpu, self.cpu_in_wall_ns),
@@ -303,6 +338,9 @@ mod tests {
             cpu_time_ns: None,
             wall_active_ns: None,
             wall_queued_ns: None,
+            wall_runqueue_ns: None,
+            cgroup_throttled_ns: None,
+            cgroup_cpu_limit_millicpus: None,
             busy_ns: busy_ms.map(|b| b * MS),
             http_route: None,
             http_method: None,
@@ -345,6 +383,41 @@ mod tests {
             "{}",
             split.source()
         );
+    }
+
+    /// A root burning CPU beside other work on every core: 484 ms wall, 290 ms of CPU,
+    /// active the whole time, runnable but not run for 180 ms. The run delay comes out of
+    /// "blocked" (which read 189.7 ms before it was measured).
+    #[test]
+    fn run_delay_is_taken_out_of_blocked_when_every_span_measured_it() {
+        let mut a = span("a", 484, None);
+        a.wall_active_ns = Some(484 * MS);
+        a.wall_runqueue_ns = Some(180 * MS);
+        let mut by_id = HashMap::new();
+        by_id.insert(a.span_id, vec![sample("a", 290)]);
+        let by_id: HashMap<SpanId, Vec<&Sample>> = by_id
+            .iter()
+            .map(|(k, v)| (*k, v.iter().collect()))
+            .collect();
+        let split = TimeSplit::of_spans(&[&a], &by_id);
+        assert!(split.runqueue_measured);
+        assert_eq!(
+            split.parts(),
+            [
+                (Part::Cpu, 290 * MS),
+                (Part::Runqueue, 180 * MS),
+                (Part::Blocked, 14 * MS),
+                (Part::Awaiting, 0)
+            ]
+        );
+        // One span without it: the delay stays inside blocked, as before.
+        let mut b = a.clone();
+        b.span_id = test_span_id("b");
+        b.wall_runqueue_ns = None;
+        let split = TimeSplit::of_spans(&[&a, &b], &HashMap::new());
+        assert!(!split.runqueue_measured);
+        assert_eq!(split.runqueue_ns, 0);
+        assert_eq!(split.blocked_ns, 2 * 484 * MS);
     }
 
     #[test]

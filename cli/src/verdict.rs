@@ -24,6 +24,12 @@ pub const WAITING_RATIO: f64 = 0.1;
 pub const BLOCKED_RATIO: f64 = 0.5;
 /// Queued/wall ratio from which a waiting or mixed span is [`Verdict::Queued`].
 pub const QUEUED_RATIO: f64 = 0.5;
+/// Run-delay/wall ratio from which a span that is not CPU-bound is
+/// [`Verdict::WaitingForCpu`]. The rule is the one the other waits follow: the measured part
+/// over its threshold (with blocked time now net of the run delay, at most one of blocked
+/// and run delay can exceed half the wall time; a tie goes to the run delay, which was
+/// measured, where blocked is what is left).
+pub const RUNQUEUE_RATIO: f64 = 0.5;
 
 /// Whether spans spent their wall time computing or waiting.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
@@ -36,6 +42,10 @@ pub enum Verdict {
     /// Woken but not polled for at least [`QUEUED_RATIO`] of the wall time: waiting for a
     /// worker behind other work, not for a dependency (`profiling.wall.queued_ns`).
     Queued,
+    /// Not CPU-bound, and runnable inside the span but not running for at least
+    /// [`RUNQUEUE_RATIO`] of the wall time (`profiling.wall.runqueue_ns`): other work, or the
+    /// container's CPU quota, held the CPUs.
+    WaitingForCpu,
     /// Between the two thresholds: part computing, part waiting.
     Mixed,
     /// CPU time is under [`WAITING_RATIO`] of wall time, or there are no CPU samples.
@@ -72,6 +82,45 @@ impl Verdict {
             (Verdict::Waiting | Verdict::Mixed, Some(q)) if q >= QUEUED_RATIO => Verdict::Queued,
             _ => self,
         }
+    }
+
+    /// A verdict that is not CPU-bound becomes [`Verdict::WaitingForCpu`] when the span's
+    /// threads were runnable but not running for at least [`RUNQUEUE_RATIO`] of the wall
+    /// time.
+    pub fn with_runqueue(self, runqueue_ratio: Option<f64>) -> Verdict {
+        match (self, runqueue_ratio) {
+            (Verdict::CpuBound, _) => self,
+            (_, Some(r)) if r >= RUNQUEUE_RATIO => Verdict::WaitingForCpu,
+            _ => self,
+        }
+    }
+
+    /// Why a span is [`Verdict::WaitingForCpu`]: the container's throttling when it
+    /// explains the delay (at least half of it), else other work.
+    pub fn runqueue_reason(
+        cpu_ratio: f64,
+        runqueue_ratio: f64,
+        runqueue_ns: u64,
+        throttled_ns: u64,
+        cpu_limit_millicpus: Option<u64>,
+    ) -> String {
+        let why = if throttled_ns > 0 && throttled_ns.saturating_mul(2) >= runqueue_ns {
+            let limit = cpu_limit_millicpus
+                .map(|m| format!(" (limit {} CPUs)", m as f64 / 1000.0))
+                .unwrap_or_default();
+            format!(
+                "the container was throttled {:.0} ms while it ran{limit}",
+                throttled_ns as f64 / 1e6
+            )
+        } else {
+            "other work held the CPUs".to_owned()
+        };
+        format!(
+            "runnable but not running for {:.0}% of the wall time (CPU {:.0}%): {why} — the \
+             span was not blocked and not waiting on a dependency",
+            runqueue_ratio * 100.0,
+            cpu_ratio * 100.0,
+        )
     }
 
     /// Why a span is [`Verdict::Queued`].
@@ -112,6 +161,10 @@ impl Verdict {
                  wall time: part computing, part waiting"
             ),
             Verdict::Queued => Verdict::queued_reason(cpu_ratio, blocked_ratio, 0.0),
+            Verdict::WaitingForCpu => format!(
+                "CPU {cpu:.0}%, blocked in poll {blocked:.0}% of the wall time: runnable but \
+                 not running for most of the rest"
+            ),
             Verdict::CpuBound => format!(
                 "CPU is {cpu:.0}% of the wall time (blocked in poll {blocked:.0}%, awaiting \
                  {awaiting:.0}%): the span is computing; the top functions say where"
@@ -128,6 +181,9 @@ impl Verdict {
                  off CPU: a blocking call inside a poll"
             ),
             Verdict::Queued => Verdict::queued_reason(ratio, None, 0.0),
+            Verdict::WaitingForCpu => format!(
+                "CPU is {share:.0}% of the wall time: runnable but not running for most of the rest"
+            ),
             Verdict::CpuBound => format!(
                 "CPU is {share:.0}% of the wall time: the span is computing; the top functions say where"
             ),
@@ -147,6 +203,7 @@ impl fmt::Display for Verdict {
             Verdict::CpuBound => "CPU-bound",
             Verdict::BlockedInPoll => "blocked in poll",
             Verdict::Queued => "queued",
+            Verdict::WaitingForCpu => "waiting for a CPU",
             Verdict::Mixed => "mixed",
             Verdict::Waiting => "waiting",
         })
@@ -273,6 +330,33 @@ mod tests {
         assert_eq!(Verdict::from_ratio(0.099), Verdict::Waiting);
         assert_eq!(Verdict::from_ratio(0.0), Verdict::Waiting);
         assert_eq!(Verdict::CpuBound.to_string(), "CPU-bound");
+    }
+
+    #[test]
+    fn waiting_for_a_cpu_is_the_run_delay_over_its_threshold_and_names_the_cause() {
+        assert_eq!(
+            Verdict::BlockedInPoll.with_runqueue(Some(0.6)),
+            Verdict::WaitingForCpu
+        );
+        assert_eq!(
+            Verdict::Mixed.with_runqueue(Some(0.5)),
+            Verdict::WaitingForCpu
+        );
+        assert_eq!(Verdict::Waiting.with_runqueue(Some(0.49)), Verdict::Waiting);
+        assert_eq!(Verdict::Mixed.with_runqueue(None), Verdict::Mixed);
+        assert_eq!(
+            Verdict::CpuBound.with_runqueue(Some(0.9)),
+            Verdict::CpuBound
+        );
+        assert_eq!(Verdict::WaitingForCpu.to_string(), "waiting for a CPU");
+        let throttled =
+            Verdict::runqueue_reason(0.3, 0.6, 600 * 1_000_000, 450 * 1_000_000, Some(500));
+        assert!(
+            throttled.contains("the container was throttled 450 ms while it ran (limit 0.5 CPUs)"),
+            "{throttled}"
+        );
+        let busy = Verdict::runqueue_reason(0.3, 0.6, 600 * 1_000_000, 10 * 1_000_000, None);
+        assert!(busy.contains("other work held the CPUs"), "{busy}");
     }
 
     #[test]

@@ -847,7 +847,14 @@ fn check_dockerfile(stack: &Stack) -> Vec<String> {
         .filter_map(|l| l.split_whitespace().next())
         .collect();
     for member in workspace_members() {
-        if !copied.contains(&member.as_str()) {
+        // A member inside a copied directory (bridge/handler-proof under bridge) is copied.
+        let inside = |dir: &&str| {
+            member == *dir
+                || member
+                    .strip_prefix(*dir)
+                    .is_some_and(|rest| rest.starts_with('/'))
+        };
+        if !copied.iter().any(inside) {
             problems.push(format!(
                 "Dockerfile: workspace member `{member}` is not copied into the builder"
             ));

@@ -50,6 +50,13 @@ pub const WALL_ACTIVE_ATTRIBUTE: &str = "profiling.wall.active_ns";
 /// "awaiting" (duration − active).
 pub const WALL_QUEUED_ATTRIBUTE: &str = "profiling.wall.queued_ns";
 
+/// Run delay: wall time the root's threads were runnable inside it but not running (the
+/// CPUs ran other work, or the container's quota was used up), summed over threads, in
+/// nanoseconds. Part of [`WALL_ACTIVE_ATTRIBUTE`] and disjoint from the CPU time: it is
+/// not blocked time. Read from the scheduler (`/proc/self/task/<tid>/schedstat`) by the
+/// blocked-in-poll watchdog every 50 ms; present while a watchdog runs (see
+/// `docs/elapsed-time.md` for its precision and cost).
+pub const WALL_RUNQUEUE_ATTRIBUTE: &str = "profiling.wall.runqueue_ns";
 /// Time the process's cgroup was throttled for its CPU quota while the local root ran, in
 /// nanoseconds (cgroup v2 `throttled_usec`, v1 `throttled_time`; kept by the blocked-in-poll
 /// watchdog every 100 ms, so within that at each end). Present when the cgroup's files can
@@ -388,6 +395,15 @@ impl<P: SpanProcessor> SpanProcessor for CpuEvidenceProcessor<P> {
             if let Some(queued) = totals.queued_ns {
                 span.attributes
                     .push(KeyValue::new(WALL_QUEUED_ATTRIBUTE, int(queued)));
+            }
+            // Measured for every root while a watchdog runs: one it never saw inside a
+            // period had none to speak of (the error is one period per stretch).
+            let runqueue = totals
+                .runqueue_ns
+                .or_else(|| crate::sampler::watchdog::is_running().then_some(0));
+            if let Some(runqueue) = runqueue {
+                span.attributes
+                    .push(KeyValue::new(WALL_RUNQUEUE_ATTRIBUTE, int(runqueue)));
             }
             // Only when the count was kept at both ends (a watchdog ran, the files could
             // be read): otherwise "unknown", not 0.

@@ -36,10 +36,11 @@
 //! release (all four operations `SeqCst`, and a `fence(SeqCst)` between the store and the
 //! load on each side, the form loom checks): a handler that read the old generation before
 //! the release has finished by then, so it can never add into the next root's counters.
-//! Active and queued time (added by span hooks on any thread, see [`add_active`]) follow
-//! the same rule on the slot's own `adders` count (with a fence after the count, and the
-//! release's), so the check of the full generation and the add it allows are never split
-//! by a reuse.
+//! The watchdog's CPU adds ([`add_cpu`]) count themselves in flight as handlers do.
+//! Active, queued and run-delay time (added by span hooks on any thread, see
+//! [`add_active`], and by the watchdog, [`add_runqueue`]) follow the same rule on the
+//! slot's own `adders` count (with a fence after the count, and the release's), so the
+//! check of the full generation and the add it allows are never split by a reuse.
 //! Free and limbo lists live in the caller's shards (the evidence table), under locks it
 //! already holds; nothing here locks.
 
@@ -271,9 +272,10 @@ impl SlotLists {
             return RootTotals::default();
         }
         // The store-load order of the reuse rule, stated as fences (loom checks them; it
-        // takes SeqCst accesses for AcqRel), paired with the one in `record` and the one in
-        // `add_tagged`: a handler or an adder that read the old generation is counted in
-        // flight (in `adders`) for every later load, `recycle`'s included.
+        // takes SeqCst accesses for AcqRel), paired with the ones in `record` and
+        // `add_cpu` and the one in `add_tagged`: a handler, a CPU add or an adder that read
+        // the old generation is counted in flight (in `adders`) for every later load,
+        // `recycle`'s included.
         fence(Ordering::SeqCst);
         // Closes the active word to adds under the old tag, and takes its total.
         let closed = active_tag(handle.generation.wrapping_add(1));
@@ -365,8 +367,6 @@ pub(crate) fn add_queued(raw: u128, ns: u64) -> bool {
 /// Adds `ns` of run delay (runnable inside the root, not running) and marks the root's
 /// run delay as measured. Same rules as [`add_active`]; called by the watchdog thread.
 #[inline]
-// No caller in the library on main either (its watchdog call is not there): kept as main has it.
-#[allow(dead_code)]
 pub(crate) fn add_runqueue(raw: u128, ns: u64) -> bool {
     add_tagged(
         &ROOTS,
@@ -469,6 +469,32 @@ fn record_in(roots: &RootTable, raw: u128, time_ns: u64) {
         }
         _ => {
             roots.stale.fetch_add(1, Ordering::Relaxed);
+        }
+    }
+    roots.in_flight.fetch_sub(1, Ordering::SeqCst);
+}
+
+/// Adds `ns` of CPU time measured outside a sample (the watchdog's reading of a thread's
+/// CPU clock, see `sampler::cpu_ledger`) to the root `raw`: its CPU total, not its sample
+/// count. Same rules as [`record`].
+pub(crate) fn add_cpu(raw: u128, ns: u64) {
+    add_cpu_in(&ROOTS, raw, ns);
+}
+
+/// [`add_cpu`] into `roots`.
+fn add_cpu_in(roots: &RootTable, raw: u128, ns: u64) {
+    if raw == 0 || ns == 0 {
+        return;
+    }
+    let Some(handle) = CpuHandle::from_raw(raw) else {
+        return;
+    };
+    roots.in_flight.fetch_add(1, Ordering::SeqCst);
+    // Paired with the fence in `release`, as in `record`.
+    fence(Ordering::SeqCst);
+    if let Some(slot) = roots.slot(handle.index) {
+        if slot.generation.load(Ordering::SeqCst) == handle.generation {
+            slot.time_ns.fetch_add(ns, Ordering::Relaxed);
         }
     }
     roots.in_flight.fetch_sub(1, Ordering::SeqCst);

@@ -47,6 +47,7 @@
 use std::sync::atomic::Ordering;
 
 use super::altstack;
+use super::cpu_ledger;
 use super::slots::{Slot, TimerValue};
 use super::stack::Registers;
 use super::unwind::{self, WalkEnd};
@@ -196,6 +197,9 @@ unsafe fn handle_signal(info: *mut libc::siginfo_t, ucontext: *mut libc::c_void)
                         slot.in_handler.store(true, Ordering::Relaxed);
                         sample(state, slot, overrun, ucontext);
                         slot.in_handler.store(false, Ordering::Relaxed);
+                    } else if let Some(now) = cpu_ledger::thread_cpu_ns() {
+                        // Paused: this CPU time belongs to no root.
+                        slot.cpu.advance(now);
                     }
                 }
                 None => {
@@ -230,11 +234,17 @@ fn sample(state: &SamplerState, slot: &Slot, overrun: libc::c_int, ucontext: *mu
     // SAFETY: `cell` is the owner's `const` thread-local record, and this runs on the
     // owner (the slot accepted the signal only after comparing tids).
     let root = unsafe { cell.as_ref() }.and_then(|c| c.read());
-    if let Some(root) = &root {
-        let time = state
+    // The CPU time since the last charge (measured: signals can lag far behind the
+    // periods they stand for under CPU contention, see `cpu_ledger`), or, where the
+    // thread's clock cannot be read, the periods the kernel says this signal stands for.
+    let time = match cpu_ledger::thread_cpu_ns() {
+        Some(now) => slot.cpu.advance(now),
+        None => state
             .period_ns
             .load(Ordering::Relaxed)
-            .saturating_mul(u64::from(weight));
+            .saturating_mul(u64::from(weight)),
+    };
+    if let Some(root) = &root {
         root_cpu::record(root.cpu_raw(), time);
     }
     let (Some(ring), Some(cache)) = (slot.ring(), slot.cache()) else {

@@ -22,9 +22,11 @@
 //! **Rates above the kernel tick.** CPU-time timers are checked on the scheduler tick
 //! (250 Hz on common kernels). When several periods elapse between two checks, the
 //! kernel sends one signal and reports the rest in `si_overrun`; each sample is weighted by
-//! `1 + si_overrun` ([`SampleRecord::weight`]), so CPU totals stay right at every rate,
-//! while stacks are taken at most at the tick rate. The first time a weight above one is
-//! seen, the collector says so once on stderr.
+//! `1 + si_overrun` ([`SampleRecord::weight`]), so profile totals stay right at every
+//! rate, while stacks are taken at most at the tick rate. The first time a weight above
+//! one is seen, the collector says so once on stderr. A root's CPU time is measured, not
+//! counted (`cpu_ledger`): under contention signals lag far behind the periods they
+//! stand for, and a root that ends first would lose them.
 //!
 //! Stacks are unwound with the `.eh_frame` call-frame information of every loaded object
 //! (framehop), so they are complete in ordinary release builds, which keep no frame
@@ -35,6 +37,7 @@
 
 mod altstack;
 pub(crate) mod cgroup;
+mod cpu_ledger;
 mod handler;
 // The loaded-object walker; the symbolizer uses it on every architecture, the unwinder's
 // table copies only where there is an unwinder.
@@ -587,6 +590,7 @@ impl SamplerState {
                 cell: thread_cell(),
                 stack,
                 ring_capacity: self.ring_capacity.load(Ordering::Relaxed).max(1),
+                cpu_ns: cpu_ledger::thread_cpu_ns().unwrap_or(0),
             })
             .ok_or(SamplerError::TooManyThreads)?;
         // From here on the registration owns the slot: an error path drops it (releasing).

@@ -50,6 +50,7 @@ use crate::sync::{
     Ordering,
 };
 
+use super::cpu_ledger::CpuLedger;
 use super::ring::Ring;
 use super::stack::StackBounds;
 use super::unwind::UnwindCache;
@@ -113,6 +114,8 @@ pub(crate) struct Slot {
     /// [`Slot::read_cell_if_owned`].
     watching: AtomicU32,
     pub(crate) counters: Counters,
+    /// The owner's CPU time given to roots so far (see `cpu_ledger`).
+    pub(crate) cpu: CpuLedger,
     /// Free list link: index + 1 of the next free slot (0: none).
     next_free: AtomicU32,
 }
@@ -133,6 +136,7 @@ impl Slot {
             in_handler: AtomicBool::new(false),
             watching: AtomicU32::new(0),
             counters: Counters::default(),
+            cpu: CpuLedger::default(),
             next_free: AtomicU32::new(0),
         }
     }
@@ -467,6 +471,7 @@ impl SlotTable {
         slot.cell.store(owner.cell as *mut _, Ordering::Relaxed);
         slot.stack_lo.store(owner.stack.lo, Ordering::Relaxed);
         slot.stack_hi.store(owner.stack.hi, Ordering::Relaxed);
+        slot.cpu.reset(owner.cpu_ns);
         if slot.cache.load(Ordering::Relaxed).is_null() {
             let cache = Box::into_raw(Box::new(UnwindCache::new()));
             slot.cache.store(cache, Ordering::Release);
@@ -660,6 +665,8 @@ pub(crate) struct Owner {
     pub(crate) cell: *const SpanContextCell,
     pub(crate) stack: StackBounds,
     pub(crate) ring_capacity: usize,
+    /// The owner's CPU clock at the claim (`cpu_ledger::thread_cpu_ns`).
+    pub(crate) cpu_ns: u64,
 }
 
 #[cfg(all(test, loom))]
@@ -698,6 +705,7 @@ mod tests {
             cell: std::ptr::null(),
             stack: StackBounds { lo: 0, hi: 0 },
             ring_capacity: 2,
+            cpu_ns: 0,
         }
     }
 
@@ -860,6 +868,7 @@ mod tests {
                         cell: crate::span_context::thread_cell(),
                         stack: StackBounds::current().expect("stack"),
                         ring_capacity: 4,
+                        cpu_ns: 0,
                     })
                     .expect("slot");
                 owned.send((slot.index, slot.generation())).expect("send");
@@ -903,6 +912,7 @@ mod tests {
             cell: std::ptr::null(),
             stack: StackBounds { lo: 0, hi: 0 },
             ring_capacity: 2,
+            cpu_ns: 0,
         };
         let slot = table.claim(owner()).expect("slot");
         assert!(slot

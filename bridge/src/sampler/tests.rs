@@ -101,6 +101,7 @@ fn stats_add_up_the_counters_of_their_own_state() {
         cell: std::ptr::null(),
         stack: StackBounds { lo: 0, hi: 0 },
         ring_capacity: 4,
+        cpu_ns: 0,
     };
     let slots = [
         state.slots.claim(owner()).expect("slot"),
@@ -265,24 +266,35 @@ fn foreign_and_forged_sigprof_signals_are_ignored_and_counted() {
     drop(sampler);
 }
 
-/// Item 5 at the unit level: a signal that stands for `1 + si_overrun` periods records
-/// that weight and adds that much CPU time.
+/// A signal that stands for `1 + si_overrun` periods gives its stack that weight, and
+/// gives the root the CPU time the thread's clock moved since the last charge (40 ms
+/// here, set through the ledger), not the periods the kernel counted.
 #[test]
-fn overrun_weights_the_sample_and_the_span_time() {
+fn overrun_weights_the_stack_and_the_span_gets_the_measured_cpu_time() {
     let _turn = test_turn();
+    const LENT: u64 = 40_000_000;
+    let cpu_now = || super::cpu_ledger::thread_cpu_ns().expect("thread CPU clock");
+    // A clock (before the timer runs) with 40 ms behind it to lend.
+    while cpu_now() < LENT {
+        std::hint::black_box((0..10_000u64).sum::<u64>());
+    }
     let sampler = start(100);
     sampler.register_current_thread().expect("register");
     SamplerState::global().drain_into(|_| {});
-    let own = current_slot().expect("slot").timer_value();
+    let slot = current_slot().expect("slot");
+    let own = slot.timer_value();
     let mut lists = crate::root_cpu::SlotLists::default();
     let handle = lists.claim().expect("counters");
     let root =
         crate::LocalRoot::name_only(crate::SpanName::intern("overrun-test")).with_cpu(handle);
     let before = stats();
+    let start_cpu = cpu_now();
     {
         let _scope = crate::SpanContextGuard::enter(Some(root));
+        slot.cpu.reset(start_cpu - LENT);
         forge_timer_signal(own.to_sival(), 3);
     }
+    let end_cpu = cpu_now();
     let after = stats();
     assert_eq!(after.taken - before.taken, 1);
     assert_eq!(after.periods - before.periods, 4);
@@ -294,7 +306,13 @@ fn overrun_weights_the_sample_and_the_span_time() {
     });
     assert_eq!(weights, [4]);
     let totals = lists.release(handle);
-    assert_eq!((totals.samples, totals.cpu_ns), (1, 4 * 10_000_000));
+    assert_eq!(totals.samples, 1);
+    assert!(
+        (LENT..=LENT + (end_cpu - start_cpu)).contains(&totals.cpu_ns),
+        "{} ns given, {LENT} ns lent plus at most {} ns run",
+        totals.cpu_ns,
+        end_cpu - start_cpu
+    );
     drop(sampler);
 }
 

@@ -342,6 +342,11 @@ pub(crate) fn after_fork_in_child() {
 /// Only one watchdog runs at a time.
 static RUNNING: AtomicBool = AtomicBool::new(false);
 
+/// Whether a watchdog runs in this process (it also measures the roots' run delay).
+pub(crate) fn is_running() -> bool {
+    RUNNING.load(Ordering::Acquire)
+}
+
 /// A running watchdog thread (`otel-profiling-watchdog`). Dropping it stops the thread.
 #[derive(Debug)]
 pub struct Watchdog {
@@ -671,6 +676,8 @@ pub(crate) struct Scanner {
     config: WatchdogConfig,
     /// By slot index (slots are dense and never freed: a vector, no hashing per slot).
     tracked: Vec<Option<Tracked>>,
+    /// The run delay of threads inside roots (`run_delay`).
+    run_delay: run_delay::RunDelay,
     tick: u64,
     /// The slots of this pass (kept to reuse its allocation) and where the next starts.
     slots: Vec<&'static Slot>,
@@ -686,6 +693,7 @@ impl Scanner {
             stack: vec![0; config.max_stack_bytes],
             config,
             tracked: Vec::new(),
+            run_delay: run_delay::RunDelay::default(),
             tick: 0,
             slots: Vec::new(),
             cursor: 0,
@@ -727,6 +735,8 @@ impl Scanner {
                 }
                 continue;
             };
+            self.run_delay
+                .note(slot, index, generation, root, pass_start);
             let fresh = Tracked {
                 generation,
                 seq,
@@ -957,5 +967,6 @@ impl Look<'_> {
     }
 }
 
+mod run_delay;
 #[cfg(test)]
 mod tests;

@@ -148,3 +148,67 @@ pub fn foreign_timer() -> libc::timer_t {
         timer
     }
 }
+
+/// Aborts the test process if it is still running after `limit` (a deadlock or hang
+/// would otherwise stall the suite until CI's own timeout); set the returned flag when
+/// done.
+pub fn abort_if_hung(
+    what: &'static str,
+    limit: Duration,
+) -> std::sync::Arc<std::sync::atomic::AtomicBool> {
+    use std::sync::atomic::Ordering;
+    let done = std::sync::Arc::new(std::sync::atomic::AtomicBool::new(false));
+    let flag = done.clone();
+    std::thread::spawn(move || {
+        let start = Instant::now();
+        while !flag.load(Ordering::Relaxed) {
+            if start.elapsed() > limit {
+                eprintln!("{what}: deadlock or hang; aborting");
+                std::process::abort();
+            }
+            std::thread::sleep(Duration::from_millis(100));
+        }
+    });
+    done
+}
+
+/// An exporting span processor's stand-in that keeps nothing (and has no lock of its own
+/// a fork could leave held: the SDK's in-memory exporter has one, which is not this
+/// crate's to make fork-safe).
+#[derive(Debug)]
+pub struct Discard;
+
+impl opentelemetry_sdk::trace::SpanProcessor for Discard {
+    fn on_start(&self, _: &mut opentelemetry_sdk::trace::Span, _: &opentelemetry::Context) {}
+    fn on_end(&self, _: opentelemetry_sdk::trace::SpanData) {}
+    fn force_flush(&self) -> opentelemetry_sdk::error::OTelSdkResult {
+        Ok(())
+    }
+    fn shutdown_with_timeout(&self, _: Duration) -> opentelemetry_sdk::error::OTelSdkResult {
+        Ok(())
+    }
+}
+
+/// A profiler writing into a fresh temporary directory named after `name`, and a tracer
+/// provider whose local roots get their evidence attributes, exported in memory.
+pub fn profiled_provider(
+    name: &str,
+) -> (
+    otel_profiling::Profiler,
+    std::path::PathBuf,
+    opentelemetry_sdk::trace::SdkTracerProvider,
+    opentelemetry_sdk::trace::InMemorySpanExporter,
+) {
+    let dir = std::env::temp_dir().join(format!("otel-profiling-{name}-{}", std::process::id()));
+    let profiler = otel_profiling::Profiler::builder()
+        .output_dir(&dir)
+        .start()
+        .expect("profiler");
+    let exporter = opentelemetry_sdk::trace::InMemorySpanExporter::default();
+    let provider = opentelemetry_sdk::trace::SdkTracerProvider::builder()
+        .with_span_processor(otel_profiling::CpuEvidenceProcessor::new(
+            opentelemetry_sdk::trace::SimpleSpanProcessor::new(exporter.clone()),
+        ))
+        .build();
+    (profiler, dir, provider, exporter)
+}

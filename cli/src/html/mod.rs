@@ -383,6 +383,7 @@ fn write_legend(out: &mut String) -> fmt::Result {
     writeln!(out, r#"<p class="legend">"#)?;
     for part in [
         Part::Cpu,
+        Part::Runqueue,
         Part::Blocked,
         Part::Queued,
         Part::Awaiting,
@@ -432,6 +433,7 @@ fn part_class(part: Part) -> &'static str {
         Part::Cpu => "cpu",
         Part::Blocked => "blocked",
         Part::Queued => "queued",
+        Part::Runqueue => "runqueue",
         Part::Awaiting => "awaiting",
         Part::OffCpu => "offcpu",
     }
@@ -450,6 +452,7 @@ fn verdict_class(verdict: Verdict) -> &'static str {
         Verdict::CpuBound => "cpu-bound",
         Verdict::BlockedInPoll => "blocked",
         Verdict::Queued => "queued",
+        Verdict::WaitingForCpu => "waiting-cpu",
         Verdict::Mixed => "mixed",
         Verdict::Waiting => "waiting",
     }
@@ -471,8 +474,9 @@ fn write_group(out: &mut String, index: usize, g: &SpanGroup, view: &GroupView) 
     write_bar(out, s)?;
     let active = if s.active.is_some() {
         format!(
-            "; active {}: blocked in poll {}, awaiting {}",
+            "; active {}: waiting for a CPU {}, blocked in poll {}, awaiting {}",
             ms(s.active_ns),
+            ms(s.runqueue_ns),
             ms(s.blocked_ns),
             ms(s.awaiting_ns)
         )

@@ -8,8 +8,9 @@ use std::borrow::Cow;
 use std::path::Path;
 
 use otel_profiling::{
-    CPU_SAMPLES_ATTRIBUTE, CPU_TIME_ATTRIBUTE, PROFILE_ID_ATTRIBUTE, WALL_ACTIVE_ATTRIBUTE,
-    WALL_QUEUED_ATTRIBUTE,
+    CGROUP_CPU_LIMIT_ATTRIBUTE, CGROUP_THROTTLED_ATTRIBUTE, CPU_SAMPLES_ATTRIBUTE,
+    CPU_TIME_ATTRIBUTE, PROFILE_ID_ATTRIBUTE, WALL_ACTIVE_ATTRIBUTE, WALL_QUEUED_ATTRIBUTE,
+    WALL_RUNQUEUE_ATTRIBUTE,
 };
 use serde::Deserialize;
 use serde_json::Value;
@@ -68,6 +69,15 @@ pub struct Span {
     /// `profiling.wall.queued_ns` (time the root's futures were woken but not yet polled,
     /// where a wrapper measured it), when the span carries it.
     pub wall_queued_ns: Option<u64>,
+    /// [`WALL_RUNQUEUE_ATTRIBUTE`]: runnable but not running inside the root, when the span
+    /// carries it.
+    pub wall_runqueue_ns: Option<u64>,
+    /// `profiling.cgroup.throttled_ns`: the container's CPU-quota throttling while the root
+    /// ran, when the span carries it.
+    pub cgroup_throttled_ns: Option<u64>,
+    /// `profiling.cgroup.cpu_limit`: the container's CPU limit, in thousandths of a CPU,
+    /// when the span carries it.
+    pub cgroup_cpu_limit_millicpus: Option<u64>,
     /// [`BUSY_NS_ATTRIBUTE`], when the span carries it.
     pub busy_ns: Option<u64>,
 }
@@ -270,6 +280,9 @@ fn convert(span: JsonSpan, service_version: Option<String>) -> Result<Span, Stri
         http_method: None,
         wall_active_ns: None,
         wall_queued_ns: None,
+        wall_runqueue_ns: None,
+        cgroup_throttled_ns: None,
+        cgroup_cpu_limit_millicpus: None,
         busy_ns: None,
     };
     let id = out.span_id;
@@ -292,6 +305,20 @@ fn convert(span: JsonSpan, service_version: Option<String>) -> Result<Span, Stri
             }
             WALL_QUEUED_ATTRIBUTE => {
                 out.wall_queued_ns = Some(attribute.unsigned().map_err(in_span)?);
+            }
+            WALL_RUNQUEUE_ATTRIBUTE => {
+                out.wall_runqueue_ns = Some(attribute.unsigned().map_err(in_span)?);
+            }
+            CGROUP_THROTTLED_ATTRIBUTE => {
+                out.cgroup_throttled_ns = Some(attribute.unsigned().map_err(in_span)?);
+            }
+            CGROUP_CPU_LIMIT_ATTRIBUTE => {
+                out.cgroup_cpu_limit_millicpus = attribute
+                    .value
+                    .get("doubleValue")
+                    .and_then(Value::as_f64)
+                    .filter(|cpus| cpus.is_finite() && *cpus > 0.0)
+                    .map(|cpus| (cpus * 1000.0).round() as u64);
             }
             // Written by another library: a malformed value is ignored, not fatal.
             BUSY_NS_ATTRIBUTE => out.busy_ns = attribute.unsigned().ok(),
@@ -320,6 +347,9 @@ mod tests {
             cpu_time_ns: None,
             wall_active_ns: None,
             wall_queued_ns: None,
+            wall_runqueue_ns: None,
+            cgroup_throttled_ns: None,
+            cgroup_cpu_limit_millicpus: None,
             busy_ns: None,
             http_route: Some("/report".into()),
             http_method: None,
@@ -372,6 +402,9 @@ mod tests {
                 http_method: None,
                 wall_active_ns: None,
                 wall_queued_ns: None,
+                wall_runqueue_ns: None,
+                cgroup_throttled_ns: None,
+                cgroup_cpu_limit_millicpus: None,
                 busy_ns: Some(1500),
             }]
         );
