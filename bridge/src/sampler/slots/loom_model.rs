@@ -54,6 +54,7 @@ fn owner(cell: *const SpanContextCell) -> Owner {
         cell,
         stack: StackBounds { lo: 0, hi: 0 },
         ring_capacity: 1,
+        cpu_ns: 0,
     }
 }
 
