@@ -347,7 +347,13 @@ pub(crate) struct RootTotals {
 /// slot, so threads of different roots never write the same counter.
 #[inline]
 pub(crate) fn add_active(raw: u128, ns: u64) -> bool {
-    add_tagged(&ROOTS, raw, ns, |slot| &slot.active, ACTIVE_NS_MASK, 0)
+    add_active_in(&ROOTS, raw, ns)
+}
+
+/// [`add_active`] into `roots`.
+#[inline]
+fn add_active_in(roots: &RootTable, raw: u128, ns: u64) -> bool {
+    add_tagged(roots, raw, ns, |slot| &slot.active, ACTIVE_NS_MASK, 0)
 }
 
 /// Adds `ns` of wall time one of the root's futures spent woken but not yet polled, and
@@ -368,8 +374,14 @@ pub(crate) fn add_queued(raw: u128, ns: u64) -> bool {
 /// run delay as measured. Same rules as [`add_active`]; called by the watchdog thread.
 #[inline]
 pub(crate) fn add_runqueue(raw: u128, ns: u64) -> bool {
+    add_runqueue_in(&ROOTS, raw, ns)
+}
+
+/// [`add_runqueue`] into `roots`.
+#[inline]
+fn add_runqueue_in(roots: &RootTable, raw: u128, ns: u64) -> bool {
     add_tagged(
-        &ROOTS,
+        roots,
         raw,
         ns,
         |slot| &slot.runqueue,

@@ -17,16 +17,21 @@
 //! (a span hook on another thread) adds under A's handle while the span processor ends A
 //! and starts B, with B's generation 65,536 past A's (the 16-bit tag of the active word
 //! then repeats, as after 32,767 reuses), so only the `adders` handshake keeps A's time
-//! out of B. A third takes a slot to its last generation (`u64::MAX`): its release retires
-//! it, the next root gets another slot, and neither the last handle nor one with the
-//! wrapped generation adds anything.
+//! out of B. A third does it for the watchdog, which adds both kinds at once: CPU time
+//! measured from the thread's clock (`add_cpu`, under the handlers' in-flight count) and
+//! run delay (`add_runqueue`, under `adders`, with the word's "measured" flag): neither
+//! A's CPU time nor its run delay, nor the flag, ever lands in B. A fourth takes a slot to
+//! its last generation (`u64::MAX`): its release retires it, the next root gets another
+//! slot, and neither the last handle nor one with the wrapped generation adds anything.
 
 use std::cell::Cell;
 
 use loom::sync::Arc;
 use loom::thread;
 
-use super::{add_tagged, record_in, CpuHandle, RootTable, SlotLists, ACTIVE_NS_MASK};
+use super::{
+    add_active_in, add_cpu_in, add_runqueue_in, record_in, CpuHandle, RootTable, SlotLists,
+};
 use crate::sync::Ordering;
 
 thread_local! {
@@ -34,11 +39,8 @@ thread_local! {
     static REUSED: Cell<usize> = const { Cell::new(0) };
     /// Executions of the adders model in which B got A's slot.
     static REUSED_BY_ADD: Cell<usize> = const { Cell::new(0) };
-}
-
-/// [`super::add_active`] into `roots`.
-fn add_active_in(roots: &RootTable, raw: u128, ns: u64) -> bool {
-    add_tagged(roots, raw, ns, |slot| &slot.active, ACTIVE_NS_MASK, 0)
+    /// Executions of the watchdog model in which B got A's slot.
+    static REUSED_BY_WATCHDOG: Cell<usize> = const { Cell::new(0) };
 }
 
 /// Sets the generation of the free (or limbo) slot `index` (the unit tests' shortcut
@@ -76,6 +78,45 @@ fn adder_and_span_processor() {
         u64::from(added) * 5,
         totals_a.active_ticks,
         "an add that reported success is in A's total, and only then"
+    );
+}
+
+fn watchdog_and_span_processor() {
+    let roots = Arc::new(RootTable::new());
+    let mut lists = SlotLists::default();
+    let a = lists.claim_in(&roots).expect("slot for A");
+    let watchdog = {
+        let roots = roots.clone();
+        // One run-delay tick of `run_delay::note`: the CPU the ledger gave, then the delay.
+        thread::spawn(move || {
+            add_cpu_in(&roots, a.to_raw(), 7);
+            add_runqueue_in(&roots, a.to_raw(), 3)
+        })
+    };
+    let totals_a = lists.release_in(&roots, a);
+    // As in the adders model: B's run-delay word gets A's tag.
+    set_generation(&roots, a.index, a.generation + 65_535);
+    let b = lists.claim_in(&roots).expect("slot for B");
+    if b.index == a.index {
+        REUSED_BY_WATCHDOG.with(|n| n.set(n.get() + 1));
+    }
+    let added = watchdog.join().expect("watchdog");
+    let totals_b = lists.release_in(&roots, b);
+    assert_eq!(
+        (totals_b.cpu_ns, totals_b.runqueue_ns),
+        (0, None),
+        "A's CPU time or run delay landed in B, which reused A's slot under the watchdog's add"
+    );
+    // The release's short wait for adds in flight may run out before the CPU lands.
+    assert!(
+        totals_a.cpu_ns == 0 || totals_a.cpu_ns == 7,
+        "A's CPU time counted twice or in part: {}",
+        totals_a.cpu_ns
+    );
+    assert_eq!(
+        totals_a.runqueue_ns,
+        added.then_some(3),
+        "a run-delay add that reported success is in A's total, and only then"
     );
 }
 
@@ -191,6 +232,30 @@ fn loom_root_slot_is_never_reused_under_an_add_in_progress() {
 fn loom_root_slot_without_the_adders_fence_is_reused_under_an_add() {
     crate::sync::without_fences(|| {
         crate::sync::check("root counters, adders, broken", 3, adder_and_span_processor)
+    });
+}
+
+#[test]
+fn loom_root_slot_is_never_reused_under_the_watchdogs_adds() {
+    crate::sync::check("root counters, watchdog", 6, watchdog_and_span_processor);
+    assert!(
+        REUSED_BY_WATCHDOG.with(Cell::get) > 0,
+        "no execution reused the slot: the model proves nothing"
+    );
+}
+
+/// The broken variant: without the fences of `add_cpu`, `add_tagged` and `release`, the
+/// watchdog's generation loads and the recycle's loads of the two counts can miss the
+/// other side's writes, and B gets A's CPU time or run delay.
+#[test]
+#[should_panic(expected = "landed in B")]
+fn loom_root_slot_without_the_fences_is_reused_under_the_watchdog() {
+    crate::sync::without_fences(|| {
+        crate::sync::check(
+            "root counters, watchdog, broken",
+            3,
+            watchdog_and_span_processor,
+        )
     });
 }
 
