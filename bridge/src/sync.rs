@@ -150,6 +150,22 @@ mod model {
         }
     }
 
+    /// Whether an atomic's stores run as swaps (off unless a model turns it on).
+    ///
+    /// loom 0.7.3 does not keep a plain store out of the span of a read-modify-write of
+    /// the same atomic by another thread (tokio-rs/loom#254): when the RMW runs first and
+    /// the store's thread has not seen its value, loom may place the store between the
+    /// RMW's read and its write in modification order, and a later load of the store's
+    /// thread may then return the RMW's value over its own store, which no execution of
+    /// the real program can (an RMW's write follows its read at once in modification
+    /// order, so the store comes after both). A `swap` in place of the store reads the
+    /// newest value first, so loom orders it after the RMW. The swap is stronger than the
+    /// store in one way only: it continues the release sequence of the store it reads, so
+    /// an acquire load of its value also synchronises with that store's thread. A model
+    /// that turns this on says why its property does not rest on that edge.
+    #[derive(Debug, Default)]
+    struct Stores(std::sync::atomic::AtomicBool);
+
     /// The common methods of loom's atomics, each ordering weakened to `Relaxed` once the
     /// instance's `relaxed` switch is on.
     macro_rules! forward {
@@ -179,6 +195,14 @@ mod model {
                 self.relaxed.store(true, Ordering::Relaxed);
             }
 
+            /// Every later store to this atomic is run as a `swap` with the store's
+            /// ordering: the workaround for loom's false report when a plain store races a
+            /// read-modify-write of the same atomic (see [`Stores`]).
+            #[cfg(test)]
+            pub(crate) fn stores_as_swaps_for_model(&self) {
+                self.stores.0.store(true, Ordering::Relaxed);
+            }
+
             #[track_caller]
             pub(crate) fn load(&self, order: Ordering) -> $value {
                 self.inner.load(self.order(order))
@@ -186,7 +210,12 @@ mod model {
 
             #[track_caller]
             pub(crate) fn store(&self, value: $value, order: Ordering) {
-                self.inner.store(value, self.order(order))
+                let order = self.order(order);
+                if self.stores.0.load(Ordering::Relaxed) {
+                    self.inner.swap(value, order);
+                } else {
+                    self.inner.store(value, order)
+                }
             }
 
             #[track_caller]
@@ -228,6 +257,7 @@ mod model {
             pub(crate) struct $name {
                 inner: loom::sync::atomic::$name,
                 relaxed: std::sync::atomic::AtomicBool,
+                stores: Stores,
                 dpor: Dpor,
             }
 
@@ -237,6 +267,7 @@ mod model {
                     $name {
                         inner: loom::sync::atomic::$name::new(value),
                         relaxed: std::sync::atomic::AtomicBool::new(false),
+                        stores: Stores::default(),
                         dpor: Dpor::new(),
                     }
                 }
@@ -269,6 +300,7 @@ mod model {
     pub(crate) struct AtomicBool {
         inner: loom::sync::atomic::AtomicBool,
         relaxed: std::sync::atomic::AtomicBool,
+        stores: Stores,
         dpor: Dpor,
     }
 
@@ -278,6 +310,7 @@ mod model {
             AtomicBool {
                 inner: loom::sync::atomic::AtomicBool::new(value),
                 relaxed: std::sync::atomic::AtomicBool::new(false),
+                stores: Stores::default(),
                 dpor: Dpor::new(),
             }
         }
@@ -290,6 +323,7 @@ mod model {
     pub(crate) struct AtomicPtr<T> {
         inner: loom::sync::atomic::AtomicPtr<T>,
         relaxed: std::sync::atomic::AtomicBool,
+        stores: Stores,
         dpor: Dpor,
     }
 
@@ -299,6 +333,7 @@ mod model {
             AtomicPtr {
                 inner: loom::sync::atomic::AtomicPtr::new(value),
                 relaxed: std::sync::atomic::AtomicBool::new(false),
+                stores: Stores::default(),
                 dpor: Dpor::new(),
             }
         }
