@@ -676,7 +676,7 @@ pub(crate) struct Owner {
 }
 
 #[cfg(all(test, loom))]
-mod loom_model;
+pub(super) mod loom_model;
 #[cfg(test)]
 mod tests {
     use super::*;
