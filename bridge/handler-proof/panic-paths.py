@@ -11,9 +11,7 @@ can be found. Build the binary without the check (it would not link) and with li
       cargo build -p otel-profiling-handler-proof --profile handler-proof
     bridge/handler-proof/panic-paths.py target/handler-proof/otel-profiling-handler-proof
 
-By default the walk stops at framehop's two calls (`unwind::framehop_next`,
-`unwind::framehop_unwind_frame`: outside the proof, see docs/signal-path.md);
-`--into-framehop` lists what is behind them. Calls that cannot unwind (`panic_nounwind*`,
+Calls that cannot unwind (`panic_nounwind*`,
 `panic_cannot_unwind`, the pointer checks: std's precondition checks in a build with debug
 assertions, the `extern "C"` boundaries' abort) are listed apart: the proof does not see
 them. A diagnostic for people (x86_64, binutils' `objdump` and `addr2line`); CI does not
@@ -26,7 +24,6 @@ import subprocess
 import sys
 
 ENTRY = "otel_profiling::sampler::handler::on_sigprof"
-BOUNDARIES = re.compile(r"otel_profiling::sampler::unwind::framehop_(next|unwind_frame)\b")
 PANICS = re.compile(
     r"core::panicking::|std::panicking::|unwrap_failed|expect_failed|slice_(start_|end_)?index"
     r"|index_order_fail|str_index_overflow|capacity_overflow|handle_alloc_error|handle_error"
@@ -83,20 +80,17 @@ def inlined_at(binary, address):
 
 
 def main():
-    args = [a for a in sys.argv[1:] if not a.startswith("--")]
+    args = sys.argv[1:]
     if len(args) != 1:
         sys.exit(__doc__)
-    binary, into_framehop = args[0], "--into-framehop" in sys.argv
+    binary = args[0]
     calls = functions(binary)
     if ENTRY not in calls:
         sys.exit(f"{ENTRY} is not in {binary}")
-    roots = [ENTRY] if not into_framehop else [f for f in calls if BOUNDARIES.search(f)]
-    seen, queue = set(roots), collections.deque(roots)
+    seen, queue = {ENTRY}, collections.deque([ENTRY])
     while queue:
         function = queue.popleft()
         if PANICS.search(function) or NOUNWIND.search(function):
-            continue
-        if BOUNDARIES.search(function) and not into_framehop:
             continue
         for _, callee in calls[function]:
             if callee not in seen:
@@ -105,9 +99,6 @@ def main():
     found = {"unwinding": 0, "not unwinding": 0}
     for function in sorted(seen):
         if PANICS.search(function) or NOUNWIND.search(function):
-            continue
-        if BOUNDARIES.search(function) and not into_framehop:
-            print(f"(stopped at {function}: outside the proof)")
             continue
         for address, callee in calls[function]:
             kind = "not unwinding" if NOUNWIND.search(callee) else "unwinding"

@@ -40,14 +40,18 @@ pub struct Concurrent {
 impl Concurrent {
     /// The activity during `spans`, from `samples`; `None` when no profile window with a
     /// time overlaps them.
-    pub fn during(spans: &[&Span], samples: &[Sample]) -> Option<Concurrent> {
+    pub fn during(
+        spans: &[&Span],
+        samples: &[Sample],
+        owners: &std::sync::Arc<crate::ownership::Ownership>,
+    ) -> Option<Concurrent> {
         let (windows, selected) = select(spans, samples);
         if windows.is_empty() {
             return None;
         }
         let mut cpu_ns = 0;
         let mut by_span: HashMap<&str, u64> = HashMap::new();
-        let mut functions = FunctionTotals::default();
+        let mut functions = FunctionTotals::with_owners(owners.clone());
         for sample in selected {
             cpu_ns += sample.cpu_ns;
             *by_span
@@ -213,7 +217,8 @@ mod tests {
                 (20, 30),
             ),
         ];
-        let c = Concurrent::during(&[&slow], &samples).expect("a window overlaps");
+        let c =
+            Concurrent::during(&[&slow], &samples, &Default::default()).expect("a window overlaps");
         assert_eq!((c.windows, c.window_ns, c.cpu_ns), (1, 10 * S, 18 * S));
         assert_eq!(
             c.by_span,
@@ -236,6 +241,9 @@ mod tests {
     fn no_overlapping_window_is_no_view() {
         let slow = span("000000000000000a", 40, 41);
         let samples = vec![sample(None, "f", 1, (10, 20))];
-        assert_eq!(Concurrent::during(&[&slow], &samples), None);
+        assert_eq!(
+            Concurrent::during(&[&slow], &samples, &Default::default()),
+            None
+        );
     }
 }

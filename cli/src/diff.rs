@@ -11,7 +11,7 @@ use std::path::{Path, PathBuf};
 use crate::dependencies::Dependencies;
 use crate::error::ReportError;
 use crate::format::{ms, ms_delta, ms_f, Table};
-use crate::functions::{FunctionCpu, FunctionTotals};
+use crate::functions::{is_address, FunctionCpu, FunctionTotals};
 use crate::input::{version_label, Input, Span};
 use crate::report::SpanGroup;
 use crate::split::{Part, TimeSplit};
@@ -51,6 +51,14 @@ pub struct VersionDiff {
     /// Up to [`TOP_GROWN`] functions whose CPU per request grew: by growth of self CPU
     /// (where the time is spent), then of total CPU (the callers on the way there).
     pub grown: Vec<FunctionDelta>,
+    /// The regression's cause in the user's code: the deepest function of the user's
+    /// code (not a runtime or library frame, never a bare address) whose total CPU per
+    /// request grew by at least half of the whole CPU growth per request — among those
+    /// the old side never ran, when there are any (new code is the change; what it calls
+    /// grew because of it). `None` when
+    /// the CPU did not grow or no such function exists. The headline names it: not the
+    /// leaf whose self time grew most (often a library's), nor the outermost frame.
+    pub cause: Option<FunctionDelta>,
     /// Functions on the new side's stacks that the old side never ran, holding at least
     /// [`NEW_FUNCTION_SHARE`] of the new side's CPU, by total CPU per request, most first
     /// (up to [`TOP_GROWN`]): new code paths, often the regression itself.
@@ -164,8 +172,18 @@ impl VersionDiff {
         from: &str,
         to: &str,
     ) -> Result<VersionDiff, ReportError> {
-        let input = Input::load(&[dir.to_path_buf()])?;
-        let spans = spans_named(&input, span_name)?;
+        VersionDiff::between_versions_in(&Input::load(&[dir.to_path_buf()])?, span_name, from, to)
+    }
+
+    /// [`between_versions`](Self::between_versions) over what was read into `input` (with
+    /// its [`Input::user_crates`], say).
+    pub fn between_versions_in(
+        input: &Input,
+        span_name: &str,
+        from: &str,
+        to: &str,
+    ) -> Result<VersionDiff, ReportError> {
+        let spans = spans_named(input, span_name)?;
         let versions: BTreeSet<&str> = spans
             .iter()
             .map(|s| version_label(s.service_version.as_deref()))
@@ -185,8 +203,8 @@ impl VersionDiff {
             }
             Ok(chosen)
         };
-        let before = side(from.to_owned(), &input, span_name, &of_version(from)?);
-        let after = side(to.to_owned(), &input, span_name, &of_version(to)?);
+        let before = side(from.to_owned(), input, span_name, &of_version(from)?);
+        let after = side(to.to_owned(), input, span_name, &of_version(to)?);
         Ok(VersionDiff::new(span_name, before, after))
     }
 
@@ -211,10 +229,27 @@ impl VersionDiff {
         after: &Path,
         span_name: &str,
     ) -> Result<VersionDiff, ReportError> {
-        let side_of = |dir: &Path| -> Result<(DiffSide, FunctionTotals), ReportError> {
-            let input = Input::load(&[dir.to_path_buf()])?;
-            let spans = spans_named(&input, span_name)?;
-            Ok(side(dir.display().to_string(), &input, span_name, &spans))
+        VersionDiff::between_inputs(
+            &Input::load(&[before.to_path_buf()])?,
+            &Input::load(&[after.to_path_buf()])?,
+            span_name,
+        )
+    }
+
+    /// [`between_dirs`](Self::between_dirs) over what was read into `before` and `after`
+    /// (each side labelled with its first directory).
+    pub fn between_inputs(
+        before: &Input,
+        after: &Input,
+        span_name: &str,
+    ) -> Result<VersionDiff, ReportError> {
+        let side_of = |input: &Input| -> Result<(DiffSide, FunctionTotals), ReportError> {
+            let spans = spans_named(input, span_name)?;
+            let label = input
+                .dirs
+                .first()
+                .map_or_else(String::new, |d| d.display().to_string());
+            Ok(side(label, input, span_name, &spans))
         };
         Ok(VersionDiff::new(
             span_name,
@@ -259,6 +294,36 @@ impl VersionDiff {
                 .then(a.function.cmp(&b.function))
         });
         new_functions.truncate(TOP_GROWN);
+        let growth = after.cpu_per_request_ns - before.cpu_per_request_ns;
+        let holders: Vec<&FunctionDelta> = grown
+            .iter()
+            .filter(|d| {
+                growth > 0.0
+                    && d.total_delta_ns() >= growth / 2.0
+                    && new.is_user(&d.function)
+                    && !is_address(&d.function)
+            })
+            .collect();
+        // A function the old side never ran is the change itself: the code below it (a
+        // serializer it calls more) grew because of it.
+        let new_holders: Vec<&FunctionDelta> = holders
+            .iter()
+            .copied()
+            .filter(|d| d.total_before_ns == 0.0)
+            .collect();
+        let cause = if new_holders.is_empty() {
+            holders
+        } else {
+            new_holders
+        }
+        .into_iter()
+        .max_by(|a, b| {
+            new.depth(&a.function)
+                .cmp(&new.depth(&b.function))
+                .then(a.total_delta_ns().total_cmp(&b.total_delta_ns()))
+                .then(b.function.cmp(&a.function))
+        })
+        .cloned();
         grown.sort_by(|a, b| {
             b.delta_ns()
                 .total_cmp(&a.delta_ns())
@@ -272,6 +337,7 @@ impl VersionDiff {
             before,
             after,
             grown,
+            cause,
             new_functions,
             parts,
         }
@@ -343,9 +409,16 @@ impl VersionDiff {
         }
         let (b, a) = (&self.before, &self.after);
         match p.part {
-            Part::Cpu => self.grown.first().map_or_else(String::new, |f| {
-                format!(" (most in {} {})", f.function, ms_delta(f.delta_ns()))
-            }),
+            Part::Cpu => match &self.cause {
+                Some(cause) => format!(
+                    " (in {}: its total CPU per request {})",
+                    cause.function,
+                    ms_delta(cause.total_delta_ns())
+                ),
+                None => self.grown.first().map_or_else(String::new, |f| {
+                    format!(" (most in {} {})", f.function, ms_delta(f.delta_ns()))
+                }),
+            },
             Part::Blocked => a
                 .blocking
                 .first()
@@ -470,7 +543,7 @@ fn side(
     spans: &[&Span],
 ) -> (DiffSide, FunctionTotals) {
     let by_id = input.samples_by_span_id();
-    let mut functions = FunctionTotals::default();
+    let mut functions = FunctionTotals::with_owners(input.ownership());
     let mut cpu_ns = 0u64;
     for sample in spans.iter().filter_map(|s| by_id.get(&s.span_id)).flatten() {
         cpu_ns += sample.cpu_ns;
@@ -774,6 +847,85 @@ mod tests {
         assert!(
             row.contains("80.00 ms (80%)") && row.contains(" - "),
             "{row}"
+        );
+    }
+
+    /// The headline names the deepest function of the user's code holding at least half
+    /// of the CPU growth: not the library leaf whose self time grew most, not the
+    /// outermost frames every sample passes through, never a bare address.
+    #[test]
+    fn the_headline_names_the_deepest_user_function_holding_half_the_growth() {
+        let stack = |id: u64, samples: u64, frames: &[&str]| Sample {
+            frames: frames.iter().rev().map(|f| Arc::from(*f)).collect(),
+            ..sample(id, samples)
+        };
+        let outer = ["app::main", "app::handle_report"];
+        let with = |tail: &[&'static str]| -> Vec<&'static str> {
+            outer.iter().copied().chain(tail.iter().copied()).collect()
+        };
+        let input = Input {
+            spans: vec![span(1, "1", 100, Some(100)), span(2, "2", 200, Some(200))],
+            samples: vec![
+                stack(1, 4, &with(&["app::render_rows"])),
+                stack(2, 4, &with(&["app::render_rows"])),
+                // 2.0 pages the report: 6 samples (60 ms) more under paginate_report, most
+                // of it in a map insert, a little in an unnamed address.
+                stack(
+                    2,
+                    5,
+                    &with(&[
+                        "app::paginate_report",
+                        "hashbrown::map::HashMap<K,V>::insert",
+                    ]),
+                ),
+                stack(2, 1, &with(&["app::paginate_report", "libc.so.6+0x96565"])),
+            ],
+            profile_files: 1,
+            span_files: 1,
+            period_ns: Some(10 * MS),
+            ..Input::default()
+        };
+        let diff = diff(&input);
+        let cause = diff.cause.as_ref().expect("a cause");
+        assert_eq!(cause.function, "app::paginate_report");
+        assert_eq!(cause.total_delta_ns(), 60.0 * MS as f64);
+        // The largest self growth is the library's leaf; the outer frames grew as much.
+        assert_eq!(
+            diff.grown[0].function,
+            "hashbrown::map::HashMap<K,V>::insert"
+        );
+        assert!(
+            diff.what_changed().contains(
+                "CPU +60.00 ms (in app::paginate_report: its total CPU per request +60.00 ms)"
+            ),
+            "{}",
+            diff.what_changed()
+        );
+        // No user function holds half: no cause, the largest self growth instead.
+        let spread = Input {
+            samples: vec![
+                stack(1, 4, &["app::a"]),
+                stack(2, 4, &["app::a"]),
+                stack(2, 2, &["app::b"]),
+                stack(2, 2, &["app::c"]),
+                stack(2, 2, &["app::d"]),
+            ],
+            ..input.clone()
+        };
+        assert_eq!(super::tests::diff(&spread).cause, None);
+        // A function new in 2 holding the growth is the cause, though a function it calls
+        // (deeper, run by both) grew by more than half too.
+        let paged = Input {
+            samples: vec![
+                stack(1, 4, &with(&["app::serialize"])),
+                stack(2, 10, &with(&["app::paged", "app::serialize"])),
+            ],
+            ..input.clone()
+        };
+        let paged = super::tests::diff(&paged);
+        assert_eq!(
+            paged.cause.as_ref().map(|c| c.function.as_str()),
+            Some("app::paged")
         );
     }
 

@@ -15,8 +15,17 @@ use crate::verdict::NoSamples;
 pub enum FlameSelection {
     /// The samples of one local root span, by its span id (16 hex digits).
     SpanId(String),
-    /// Every sample labelled with this span name or with the id of a span of this name.
+    /// Every sample labelled with this span name or with the id of a span of this name,
+    /// in every `service.version` (the subtitle names them when there are several).
     SpanName(String),
+    /// The samples labelled with the ids of the local roots of this name in one
+    /// `service.version` (`(none)` for spans of a resource without one).
+    SpanNameInVersion {
+        /// The span name (or `{method} {route}`).
+        name: String,
+        /// The `service.version`.
+        version: String,
+    },
 }
 
 /// The folded stacks of a selection, ready to draw.
@@ -55,7 +64,10 @@ impl FlameGraph {
     ) -> Result<FlameGraph, ReportError> {
         let (title, spans, samples) = match selection {
             FlameSelection::SpanId(id) => select_span_id(input, id)?,
-            FlameSelection::SpanName(name) => select_span_name(input, name)?,
+            FlameSelection::SpanName(name) => select_span_name(input, name, None)?,
+            FlameSelection::SpanNameInVersion { name, version } => {
+                select_span_name(input, name, Some(version))?
+            }
         };
         let mut stacks: BTreeMap<String, u64> = BTreeMap::new();
         let (mut count, mut cpu_ns) = (0, 0);
@@ -64,11 +76,17 @@ impl FlameGraph {
             count += sample.count;
             cpu_ns += sample.cpu_ns;
         }
-        let span_count = if spans == 1 {
+        let mut span_count = if spans.count == 1 {
             "1 span".to_owned()
         } else {
-            format!("{spans} spans")
+            format!("{} spans", spans.count)
         };
+        if !spans.merged_versions.is_empty() {
+            span_count += &format!(
+                " of versions {} merged (--service-version draws one)",
+                spans.merged_versions.join(", ")
+            );
+        }
         Ok(FlameGraph {
             subtitle: format!(
                 "{span_count}, {count} samples, {:.1} ms CPU",
@@ -168,7 +186,39 @@ fn fold(sample: &Sample) -> String {
         .join(";")
 }
 
-type Selected<'a> = (String, usize, Vec<&'a Sample>);
+/// The selection's title, how many spans it covers (and, merged, in which versions), and
+/// its samples.
+type Selected<'a> = (String, Spans, Vec<&'a Sample>);
+
+/// The spans a graph covers: how many, and their versions when more than one is merged.
+struct Spans {
+    count: usize,
+    merged_versions: Vec<String>,
+}
+
+impl Spans {
+    fn one() -> Spans {
+        Spans {
+            count: 1,
+            merged_versions: Vec::new(),
+        }
+    }
+
+    fn of(roots: &[&Span]) -> Spans {
+        let versions: std::collections::BTreeSet<&str> = roots
+            .iter()
+            .map(|s| version_label(s.service_version.as_deref()))
+            .collect();
+        Spans {
+            count: roots.len(),
+            merged_versions: if versions.len() > 1 {
+                versions.into_iter().map(str::to_owned).collect()
+            } else {
+                Vec::new()
+            },
+        }
+    }
+}
 
 /// The spans a selection names, with how to call them; errors as the selections' own.
 fn selected_spans<'a>(
@@ -184,21 +234,55 @@ fn selected_spans<'a>(
             }
         }
         FlameSelection::SpanName(name) => {
-            let roots: Vec<&Span> = input
-                .local_roots()
-                .into_iter()
-                .filter(|s| s.answers_to(name))
-                .collect();
-            if roots.is_empty() {
-                return Err(ReportError::UnknownSpanName {
-                    name: name.to_owned(),
-                    place: input.dirs.first().cloned().unwrap_or_default(),
-                    known: input.span_names(),
-                });
-            }
+            let roots = roots_named(input, name, None)?;
             Ok((format!("spans named {name}"), roots))
         }
+        FlameSelection::SpanNameInVersion { name, version } => {
+            let roots = roots_named(input, name, Some(version))?;
+            Ok((format!("spans named {name} [{version}]"), roots))
+        }
     }
+}
+
+/// The local roots answering to `name` (in `version`, when given); errors naming what
+/// exists when there are none.
+fn roots_named<'a>(
+    input: &'a Input,
+    name: &str,
+    version: Option<&str>,
+) -> Result<Vec<&'a Span>, ReportError> {
+    let named: Vec<&Span> = input
+        .local_roots()
+        .into_iter()
+        .filter(|s| s.answers_to(name))
+        .collect();
+    if named.is_empty() {
+        return Err(ReportError::UnknownSpanName {
+            name: name.to_owned(),
+            place: input.dirs.first().cloned().unwrap_or_default(),
+            known: input.span_names(),
+        });
+    }
+    let Some(version) = version else {
+        return Ok(named);
+    };
+    let in_version: Vec<&Span> = named
+        .iter()
+        .copied()
+        .filter(|s| version_label(s.service_version.as_deref()) == version)
+        .collect();
+    if in_version.is_empty() {
+        let available: std::collections::BTreeSet<String> = named
+            .iter()
+            .map(|s| version_label(s.service_version.as_deref()).to_owned())
+            .collect();
+        return Err(ReportError::UnknownVersion {
+            span_name: name.to_owned(),
+            version: version.to_owned(),
+            available: available.into_iter().collect(),
+        });
+    }
+    Ok(in_version)
 }
 
 /// Appended to "no samples" explanations: where to look instead.
@@ -233,7 +317,7 @@ fn select_span_id<'a>(input: &'a Input, id: &str) -> Result<Selected<'a>, Report
         (None, _) => format!("CPU of span {id}"),
     };
     if !samples.is_empty() {
-        return Ok((title, 1, samples));
+        return Ok((title, Spans::one(), samples));
     }
     let Some(span) = span else {
         return Err(ReportError::UnknownSpanId { id: id.to_string() });
@@ -273,34 +357,37 @@ fn local_root_of<'a>(input: &'a Input, span: &'a Span) -> Option<&'a Span> {
     None
 }
 
-fn select_span_name<'a>(input: &'a Input, name: &str) -> Result<Selected<'a>, ReportError> {
-    let roots: Vec<&Span> = input
-        .local_roots()
-        .into_iter()
-        .filter(|s| s.answers_to(name))
-        .collect();
+fn select_span_name<'a>(
+    input: &'a Input,
+    name: &str,
+    version: Option<&str>,
+) -> Result<Selected<'a>, ReportError> {
+    let roots = roots_named(input, name, version)?;
     let ids: HashSet<SpanId> = roots.iter().map(|s| s.span_id).collect();
     let samples: Vec<&Sample> = input
         .samples
         .iter()
         .filter(|s| {
-            s.span_name.as_deref() == Some(name) || s.span_id.is_some_and(|id| ids.contains(&id))
+            // A sample labelled with the name only carries no version: kept only when
+            // every version is drawn.
+            (version.is_none() && s.span_name.as_deref() == Some(name))
+                || s.span_id.is_some_and(|id| ids.contains(&id))
         })
         .collect();
-    let title = format!("CPU of spans named {name}");
+    let title = match version {
+        Some(version) => format!("CPU of spans named {name} [{version}]"),
+        None => format!("CPU of spans named {name}"),
+    };
     if !samples.is_empty() {
-        return Ok((title, roots.len(), samples));
-    }
-    if roots.is_empty() {
-        return Err(ReportError::UnknownSpanName {
-            name: name.to_owned(),
-            place: input.dirs.first().cloned().unwrap_or_default(),
-            known: input.span_names(),
-        });
+        return Ok((title, Spans::of(&roots), samples));
     }
     let sampling = input.sampling();
+    let selection = match version {
+        Some(version) => format!("spans named {name} [{version}]"),
+        None => format!("spans named {name}"),
+    };
     Err(ReportError::NoSamples {
-        selection: format!("spans named {name}"),
+        selection,
         reason: NoSamples::classify(&roots, sampling).explain(sampling) + CONCURRENT_HINT,
     })
 }

@@ -5,6 +5,7 @@ use std::collections::HashMap;
 use std::sync::Arc;
 
 use crate::input::Sample;
+use crate::ownership::Ownership;
 
 /// The frame name given to samples without a stack.
 pub const NO_STACK: &str = "[no stack]";
@@ -30,10 +31,25 @@ pub(crate) struct FunctionTotals {
     /// that of the library code it called, which is where a user can act on it.
     user_self_ns: HashMap<Arc<str>, u64>,
     /// CPU per library group of the innermost frame, when that frame is not the user's.
-    grouped_ns: HashMap<&'static str, u64>,
+    grouped_ns: HashMap<Arc<str>, u64>,
+    /// Whose code each frame is (the default: by name alone).
+    owners: Arc<Ownership>,
 }
 
 impl FunctionTotals {
+    /// Totals that tell the user's code from dependencies with `owners`.
+    pub(crate) fn with_owners(owners: Arc<Ownership>) -> FunctionTotals {
+        FunctionTotals {
+            owners,
+            ..FunctionTotals::default()
+        }
+    }
+
+    /// Whether `function` is the user's code.
+    pub(crate) fn is_user(&self, function: &str) -> bool {
+        self.owners.is_user(function)
+    }
+
     /// Adds one sample: its CPU counts as self time of its innermost frame and as total
     /// time of every function on its stack, once even when the function recurses.
     pub(crate) fn add(&mut self, sample: &Sample) {
@@ -54,10 +70,10 @@ impl FunctionTotals {
             let deepest = self.depth.entry(function.clone()).or_default();
             *deepest = (*deepest).max(depth);
         }
-        if let Some(group) = library_group(innermost) {
+        if let Some(group) = self.owners.group(innermost) {
             *self.grouped_ns.entry(group).or_default() += sample.cpu_ns;
         }
-        if let Some(user) = sample.frames.iter().find(|f| library_group(f).is_none()) {
+        if let Some(user) = sample.frames.iter().find(|f| self.owners.is_user(f)) {
             *self.user_self_ns.entry(user.clone()).or_default() += sample.cpu_ns;
         }
     }
@@ -65,6 +81,11 @@ impl FunctionTotals {
     /// Self CPU of `function`.
     pub(crate) fn self_ns(&self, function: &str) -> u64 {
         self.self_ns.get(function).copied().unwrap_or(0)
+    }
+
+    /// The deepest position `function` was seen at, from the outermost frame (0).
+    pub(crate) fn depth(&self, function: &str) -> usize {
+        self.depth.get(function).copied().unwrap_or(0)
     }
 
     /// Total CPU of `function`.
@@ -100,7 +121,7 @@ impl FunctionTotals {
         let user: HashMap<Arc<str>, u64> = self
             .total_ns
             .iter()
-            .filter(|(f, _)| library_group(f).is_none())
+            .filter(|(f, _)| self.owners.is_user(f))
             .map(|(f, &ns)| (f.clone(), ns))
             .collect();
         self.top(&user, n)
@@ -114,7 +135,7 @@ impl FunctionTotals {
             .iter()
             .filter(|(_, &ns)| ns > 0)
             .map(|(group, &ns)| FunctionCpu {
-                function: (*group).to_owned(),
+                function: group.to_string(),
                 cpu_ns: ns,
             })
             .collect();
@@ -252,9 +273,14 @@ pub fn library_group(frame: &str) -> Option<&'static str> {
     }
 }
 
+/// Whether `frame` is an unnamed address (`0x…`, or `file+0x…` where no symbol covers it).
+pub fn is_address(frame: &str) -> bool {
+    frame.starts_with("0x") || frame.contains("+0x")
+}
+
 /// The first path segment (the crate) of the path owning `frame`'s code; `None` for a
 /// name without a path (a C symbol, or an unnamed `file+0x…` address).
-fn owning_crate(frame: &str) -> Option<&str> {
+pub(crate) fn owning_crate(frame: &str) -> Option<&str> {
     let mut path = frame;
     while let Some(inner) = path.strip_prefix('<') {
         let inner = ["&mut ", "&", "*const ", "*mut ", "dyn ", "impl "]

@@ -5,12 +5,14 @@ pub mod pprof;
 
 use std::collections::{HashMap, HashSet};
 use std::path::{Path, PathBuf};
+use std::sync::Arc;
 
 pub use otlp::Span;
 pub use pprof::Sample;
 
 use crate::error::ReportError;
 use crate::ids::{SpanId, TraceId};
+use crate::ownership::Ownership;
 
 /// File name ending of the profile files (the local sink's).
 pub use otel_profiling::local_sink::CPU_PROFILE_SUFFIX as PROFILE_SUFFIX;
@@ -55,9 +57,19 @@ pub struct Input {
     pub span_files: usize,
     /// The largest sampling period of the profiles read, if any says.
     pub period_ns: Option<u64>,
+    /// The source file of each function the profiles name one for.
+    pub sources: HashMap<Arc<str>, Arc<str>>,
+    /// Crates to count as the user's code beside those the source files show (`--crate`).
+    pub user_crates: Vec<String>,
 }
 
 impl Input {
+    /// Whose code each frame is, from the profiles' source files and
+    /// [`user_crates`](Self::user_crates) (see [`crate::ownership`]).
+    pub fn ownership(&self) -> Arc<Ownership> {
+        Arc::new(Ownership::new(self.sources.clone(), &self.user_crates))
+    }
+
     /// Reads every `*_cpu.pb.gz` and `*_spans.jsonl` file of `dirs`.
     ///
     /// Fails on a missing directory, one holding neither kind of file, a corrupt profile
@@ -91,6 +103,7 @@ impl Input {
                     input.period_ns = input.period_ns.max(Some(profile.period_ns));
                 }
                 input.samples.extend(profile.samples);
+                input.sources.extend(profile.sources);
             }
             for path in &blocked {
                 input

@@ -39,6 +39,7 @@ pub mod functions;
 pub mod html;
 pub mod ids;
 pub mod input;
+pub mod ownership;
 pub mod report;
 pub mod split;
 pub mod stats;

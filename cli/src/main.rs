@@ -11,6 +11,7 @@ use clap::{ArgGroup, CommandFactory, Parser, Subcommand};
 use otel_profiling_cli::diff::VersionDiff;
 use otel_profiling_cli::flame::{FlameGraph, FlameSelection};
 use otel_profiling_cli::html::HtmlReport;
+use otel_profiling_cli::input::Input;
 use otel_profiling_cli::report::SpanReport;
 use otel_profiling_cli::ReportError;
 
@@ -35,6 +36,10 @@ enum Command {
         /// than your own code first with the rest grouped by crate.
         #[arg(long)]
         all_frames: bool,
+        /// A crate to count as your code, beside those detected from the binary's source
+        /// paths (repeatable; `-` and `_` alike).
+        #[arg(long = "crate", value_name = "NAME")]
+        crates: Vec<String>,
         /// Write the report as one self-contained HTML page to this file instead (the
         /// table with the CPU / blocked / awaiting split as bars, verdicts, a flame graph
         /// per endpoint and version, the version diffs); it opens from disk, no network.
@@ -52,6 +57,10 @@ enum Command {
         /// Span name.
         #[arg(long)]
         span_name: Option<String>,
+        /// With --span-name: only the spans of this service.version (else every version
+        /// is drawn, merged, and the subtitle lists them).
+        #[arg(long, requires = "span_name", value_name = "V")]
+        service_version: Option<String>,
         /// Where to write the SVG.
         #[arg(short, long)]
         output: PathBuf,
@@ -77,6 +86,10 @@ enum Command {
         /// The new service.version.
         #[arg(long, requires = "from")]
         to: Option<String>,
+        /// A crate to count as your code, beside those detected from the binary's source
+        /// paths (repeatable; `-` and `_` alike).
+        #[arg(long = "crate", value_name = "NAME")]
+        crates: Vec<String>,
     },
 }
 
@@ -96,6 +109,7 @@ fn run(command: Command) -> Result<(), ReportError> {
         Command::Report {
             dirs,
             all_frames,
+            crates,
             html: Some(path),
         } => {
             if all_frames {
@@ -104,7 +118,7 @@ fn run(command: Command) -> Result<(), ReportError> {
                     "--all-frames applies to the text report, not --html",
                 );
             }
-            let page = HtmlReport::from_dirs(&dirs)?;
+            let page = HtmlReport::from_input(&load(&dirs, crates)?);
             page.write_file(&path)?;
             let report = page.report();
             println!(
@@ -122,9 +136,10 @@ fn run(command: Command) -> Result<(), ReportError> {
         Command::Report {
             dirs,
             all_frames,
+            crates,
             html: None,
         } => {
-            let mut report = SpanReport::from_dirs(&dirs)?;
+            let mut report = SpanReport::from_input(&load(&dirs, crates)?);
             report.all_frames = all_frames;
             emit(&report)?;
         }
@@ -132,16 +147,20 @@ fn run(command: Command) -> Result<(), ReportError> {
             dir,
             span_id,
             span_name,
+            service_version,
             output,
             concurrent,
         } => {
-            let selection = match (span_id, span_name) {
-                (Some(id), _) => FlameSelection::SpanId(id),
-                (None, Some(name)) => FlameSelection::SpanName(name),
-                (None, None) => usage_error("flame", "give --span-id or --span-name"),
+            let selection = match (span_id, span_name, service_version) {
+                (Some(id), _, _) => FlameSelection::SpanId(id),
+                (None, Some(name), None) => FlameSelection::SpanName(name),
+                (None, Some(name), Some(version)) => {
+                    FlameSelection::SpanNameInVersion { name, version }
+                }
+                (None, None, _) => usage_error("flame", "give --span-id or --span-name"),
             };
             let graph = if concurrent {
-                let input = otel_profiling_cli::input::Input::load(&[dir])?;
+                let input = Input::load(&[dir])?;
                 FlameGraph::concurrent_from_input(&input, &selection)?
             } else {
                 FlameGraph::from_dirs(&[dir], &selection)?
@@ -159,18 +178,24 @@ fn run(command: Command) -> Result<(), ReportError> {
             span_name,
             from,
             to,
+            crates,
         } => {
             let diff = match (dirs.as_slice(), from, to) {
-                ([dir], Some(from), Some(to)) => {
-                    VersionDiff::between_versions(dir, &span_name, &from, &to)?
-                }
+                ([dir], Some(from), Some(to)) => VersionDiff::between_versions_in(
+                    &load(std::slice::from_ref(dir), crates)?,
+                    &span_name,
+                    &from,
+                    &to,
+                )?,
                 ([_], _, _) => usage_error(
                     "diff",
                     "with one directory, give --from and --to (the two service.version values)",
                 ),
-                ([before, after], None, None) => {
-                    VersionDiff::between_dirs(before, after, &span_name)?
-                }
+                ([before, after], None, None) => VersionDiff::between_inputs(
+                    &load(std::slice::from_ref(before), crates.clone())?,
+                    &load(std::slice::from_ref(after), crates)?,
+                    &span_name,
+                )?,
                 _ => usage_error(
                     "diff",
                     "give one directory with --from and --to, or two directories",
@@ -180,6 +205,13 @@ fn run(command: Command) -> Result<(), ReportError> {
         }
     }
     Ok(())
+}
+
+/// Reads `dirs`, counting `crates` as the user's code beside those detected.
+fn load(dirs: &[PathBuf], crates: Vec<String>) -> Result<Input, ReportError> {
+    let mut input = Input::load(dirs)?;
+    input.user_crates = crates;
+    Ok(input)
 }
 
 /// Writes `text` to standard output. A reader that stopped reading (`report | head`) is

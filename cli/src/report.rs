@@ -104,6 +104,13 @@ pub struct SpanGroup {
     /// CPU whose innermost frame is runtime or library code, per group (`tokio`, `std`,
     /// `libc`…; `function` is the group), most first.
     pub grouped: Vec<FunctionCpu>,
+    /// HTTP server spans with a method and no `http.route`: requests no route matched
+    /// (404s, paths outside the router). Not an endpoint of the service: the report lists
+    /// these groups in one line at its end, without advice.
+    pub unmatched_route: bool,
+    /// Spans that all carry tower-http's default name `request` and no route: every
+    /// endpoint falls into this one group.
+    pub unnamed_requests: bool,
 }
 
 /// A local root span that has no CPU sample.
@@ -149,6 +156,7 @@ impl SpanReport {
         let blocked_by_id = input.blocked_by_span_id();
         let roots = input.local_roots();
         let children = ChildIndex::new(&input.spans);
+        let owners = input.ownership();
         // By route when the span has one (see `Span::report_name`).
         let mut grouped: BTreeMap<(Cow<'_, str>, Option<&str>), Vec<&Span>> = BTreeMap::new();
         for span in &roots {
@@ -158,11 +166,17 @@ impl SpanReport {
                 .push(span);
         }
         let mut without_samples = Vec::new();
-        let groups = grouped
+        let mut groups: Vec<SpanGroup> = grouped
             .into_iter()
             .map(|((name, version), spans)| {
                 let name = name.as_ref();
-                for span in &spans {
+                // Requests no route matched are no endpoint: not listed span by span.
+                let listed = if unmatched_route(&spans) {
+                    &[][..]
+                } else {
+                    &spans[..]
+                };
+                for span in listed {
                     if !by_id.contains_key(&span.span_id) {
                         without_samples.push(SpanWithoutSamples {
                             name: name.to_owned(),
@@ -180,10 +194,13 @@ impl SpanReport {
                     sampling,
                     children: &children,
                     samples: &input.samples,
+                    owners: owners.clone(),
                 };
                 build_group(name, version, &spans, &sources)
             })
             .collect();
+        // Endpoints first; requests no route matched last (stable: by name within).
+        groups.sort_by_key(|g| g.unmatched_route);
         SpanReport {
             dirs: input.dirs.clone(),
             profile_files: input.profile_files,
@@ -223,6 +240,7 @@ impl SpanGroup {
             sampling: input.sampling(),
             children: &children,
             samples: &input.samples,
+            owners: input.ownership(),
         };
         build_group(name, version, spans, &sources)
     }
@@ -238,6 +256,8 @@ struct GroupSources<'a> {
     children: &'a ChildIndex<'a>,
     /// Every CPU sample (for the concurrent activity).
     samples: &'a [crate::input::Sample],
+    /// Whose code each frame is.
+    owners: std::sync::Arc<crate::ownership::Ownership>,
 }
 
 fn build_group(
@@ -255,7 +275,7 @@ fn build_group(
     let mut walls: Vec<u64> = spans.iter().map(|s| s.wall_ns()).collect();
     walls.sort_unstable();
     let wall_total_ns = walls.iter().sum::<u64>();
-    let mut functions = FunctionTotals::default();
+    let mut functions = FunctionTotals::with_owners(sources.owners.clone());
     let (mut profile_cpu_ns, mut profile_samples) = (0u64, 0u64);
     for sample in spans.iter().filter_map(|s| by_id.get(&s.span_id)).flatten() {
         profile_cpu_ns += sample.cpu_ns;
@@ -351,7 +371,7 @@ fn build_group(
         _ => (verdict, reason),
     };
     // Where it blocks: the watchdog's blocked stacks of these spans.
-    let mut blocked_functions = FunctionTotals::default();
+    let mut blocked_functions = FunctionTotals::with_owners(sources.owners.clone());
     let mut blocked_profile_ns = 0;
     for sample in spans
         .iter()
@@ -372,9 +392,15 @@ fn build_group(
     };
     let dependencies = Dependencies::of_roots(spans, children);
     let concurrent = (verdict != Verdict::CpuBound)
-        .then(|| Concurrent::during(spans, samples))
+        .then(|| Concurrent::during(spans, samples, &sources.owners))
         .flatten();
-    let reason = if verdict == Verdict::Waiting {
+    let unmatched_route = unmatched_route(spans);
+    let unnamed_requests = spans
+        .iter()
+        .all(|s| s.name == "request" && s.http_route.is_none());
+    let reason = if unmatched_route {
+        "requests no route matched (no http.route: 404s, paths outside the router)".to_owned()
+    } else if verdict == Verdict::Waiting {
         format!("{reason}; {}", waiting_on(&split, &dependencies))
     } else {
         reason
@@ -405,7 +431,16 @@ fn build_group(
         user_self: functions.top_user_self(TOP_FUNCTIONS),
         user_total: functions.top_user_total(TOP_FUNCTIONS),
         grouped: functions.grouped(),
+        unmatched_route,
+        unnamed_requests,
     }
+}
+
+/// HTTP server spans that name a method and no route: requests no route matched.
+fn unmatched_route(spans: &[&Span]) -> bool {
+    spans
+        .iter()
+        .all(|s| s.http_method.is_some() && s.http_route.is_none())
 }
 
 fn outside_spans(input: &Input, roots: &[&Span]) -> OutsideSpans {
@@ -454,13 +489,14 @@ impl fmt::Display for SpanReport {
             "CPU (PROFILE)",
             "CPU (ATTRS)",
             "CPU/WALL",
+            "CPU WAIT",
             "BLOCKED",
             "AWAITING",
             "VERDICT",
         ])
         .left_align(1)
-        .left_align(10);
-        for g in &self.groups {
+        .left_align(11);
+        for g in self.groups.iter().filter(|g| !g.unmatched_route) {
             table.row(vec![
                 g.name.clone(),
                 version_label(g.version.as_deref()).to_owned(),
@@ -470,15 +506,21 @@ impl fmt::Display for SpanReport {
                 ms(g.profile_cpu_ns),
                 g.attribute_cpu_ns.map_or_else(|| "-".to_owned(), ms),
                 format!("{:.2}", g.cpu_ratio),
+                if g.split.runqueue_measured {
+                    share_of_wall(g, g.split.runqueue_ns)
+                } else {
+                    "-".to_owned()
+                },
                 share_of_wall(g, g.split.blocked_ns),
                 share_of_wall(g, g.split.awaiting_ns),
                 g.verdict.to_string(),
             ]);
         }
         write!(f, "{table}")?;
-        for g in &self.groups {
+        for g in self.groups.iter().filter(|g| !g.unmatched_route) {
             write_group(f, g, self.all_frames)?;
         }
+        self.write_unmatched(f)?;
         self.write_without_samples(f)?;
         self.write_outside_spans(f)
     }
@@ -493,6 +535,16 @@ fn waiting_on(split: &TimeSplit, deps: &Dependencies) -> String {
     } else {
         split.off_cpu_ns
     };
+    describe_waiting(waiting_ns, deps)
+}
+
+/// Below this share of the waiting covered by child spans, they explain next to nothing
+/// and the advice is to instrument the call that takes the rest; at or above it, the
+/// report names the children and says how much no child covers, without advice (the rest
+/// may be time between the calls).
+const COVERED_ENOUGH_TO_NAME: f64 = 0.1;
+
+fn describe_waiting(waiting_ns: u64, deps: &Dependencies) -> String {
     let per_root = |ns: u64| ns as f64 / deps.roots.max(1) as f64 / 1e6;
     if deps.children.is_empty() {
         return format!(
@@ -507,6 +559,15 @@ fn waiting_on(split: &TimeSplit, deps: &Dependencies) -> String {
             deps.describe(3),
             per_root(covered),
             per_root(waiting_ns)
+        )
+    } else if covered as f64 >= COVERED_ENOUGH_TO_NAME * waiting_ns as f64 {
+        format!(
+            "waiting on a dependency: {}, covering {:.1} of its {:.1} ms per span off CPU; \
+             the other {:.1} ms are in no child span",
+            deps.describe(3),
+            per_root(covered),
+            per_root(waiting_ns),
+            per_root(waiting_ns - covered)
         )
     } else {
         format!(
@@ -528,6 +589,12 @@ fn share_of_wall(g: &SpanGroup, part: u64) -> String {
     }
 }
 
+/// What to do about server spans all named `request` (tower-http's default).
+pub const UNNAMED_REQUESTS_HINT: &str = "every span is named `request` with no http.route \
+     (tower-http's `TraceLayer::new_for_http()`), so all endpoints share this one row: \
+     `otel_profiling::axum::trace_layer()` names server spans `{method} {route}`, one row \
+     per endpoint";
+
 fn write_group(f: &mut fmt::Formatter<'_>, g: &SpanGroup, all_frames: bool) -> fmt::Result {
     writeln!(
         f,
@@ -537,6 +604,9 @@ fn write_group(f: &mut fmt::Formatter<'_>, g: &SpanGroup, all_frames: bool) -> f
         g.verdict,
         g.reason
     )?;
+    if g.unnamed_requests {
+        writeln!(f, "  hint: {UNNAMED_REQUESTS_HINT}")?;
+    }
     let attrs = match (g.attribute_cpu_ns, g.attribute_samples) {
         (Some(ns), samples) => format!(
             "{} in {} sample(s)",
@@ -652,6 +722,33 @@ fn write_group(f: &mut fmt::Formatter<'_>, g: &SpanGroup, all_frames: bool) -> f
 }
 
 impl SpanReport {
+    /// The groups of requests no route matched, in one line.
+    fn write_unmatched(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        let unmatched: Vec<String> = self
+            .groups
+            .iter()
+            .filter(|g| g.unmatched_route)
+            .map(|g| {
+                format!(
+                    "{}, {} ({} span(s), wall p50 {})",
+                    g.name,
+                    version_phrase(g.version.as_deref()),
+                    g.count,
+                    ms(g.wall_p50_ns)
+                )
+            })
+            .collect();
+        if unmatched.is_empty() {
+            return Ok(());
+        }
+        writeln!(
+            f,
+            "\nUnmatched routes (no http.route: 404s and other requests no route matched, not \
+             endpoints): {}",
+            unmatched.join(", ")
+        )
+    }
+
     fn write_without_samples(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         if self.without_samples.is_empty() {
             return Ok(());
@@ -730,4 +827,136 @@ fn version_phrase(version: Option<&str>) -> String {
         || "no service.version".to_owned(),
         |v| format!("version {v}"),
     )
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::dependencies::ChildCoverage;
+
+    /// A child span covering part of the waiting is named with what it leaves uncovered,
+    /// and no advice; only children that cover next to nothing (under 10 %) get "instrument
+    /// the dependency call that takes the rest".
+    #[test]
+    fn a_child_covering_part_of_a_wait_is_named_without_advice() {
+        const MS: u64 = 1_000_000;
+        let deps = |covered_ms: u64| Dependencies {
+            roots: 1,
+            children: vec![ChildCoverage {
+                name: "db.query".into(),
+                count: 1,
+                covered_ns: covered_ms * MS,
+            }],
+            covered_ns: covered_ms * MS,
+        };
+        let most = describe_waiting(238 * MS, &deps(122));
+        assert_eq!(
+            most,
+            "waiting on a dependency: 1 × db.query (122.0 ms), covering 122.0 of its 238.0 ms \
+             per span off CPU"
+        );
+        let part = describe_waiting(238 * MS, &deps(60));
+        assert_eq!(
+            part,
+            "waiting on a dependency: 1 × db.query (60.0 ms), covering 60.0 of its 238.0 ms \
+             per span off CPU; the other 178.0 ms are in no child span"
+        );
+        assert!(!part.contains("instrument"));
+        let little = describe_waiting(238 * MS, &deps(10));
+        assert!(
+            little.ends_with("instrument the dependency call that takes the rest"),
+            "{little}"
+        );
+        let none = describe_waiting(238 * MS, &Dependencies::default());
+        assert!(none.ends_with("instrument the dependency call"), "{none}");
+    }
+
+    /// "Your code" comes from the binary: the profiles' source paths make `sha2` (a
+    /// registry crate) a dependency and `svc` (a file of the user's) the user's code, also
+    /// for frames without a file of their own; `--crate` adds a crate.
+    #[test]
+    fn your_code_is_decided_from_the_source_paths_and_crate_flags() {
+        use crate::ids::{SpanId, TraceId};
+        use crate::input::Sample;
+        use std::sync::Arc;
+        const MS: u64 = 1_000_000;
+        let span = Span {
+            trace_id: TraceId::from(1u128),
+            span_id: SpanId::from(1u64),
+            parent_span_id: None,
+            parent_is_remote: false,
+            name: "GET /hash".into(),
+            start_unix_nano: 1_000 * MS,
+            end_unix_nano: 1_100 * MS,
+            service_version: Some("1".into()),
+            profile_id: Some(format!("{:016x}", 1)),
+            cpu_samples: None,
+            cpu_time_ns: None,
+            wall_active_ns: Some(100 * MS),
+            wall_queued_ns: None,
+            wall_runqueue_ns: None,
+            cgroup_throttled_ns: None,
+            cgroup_cpu_limit_millicpus: None,
+            busy_ns: None,
+            http_route: None,
+            http_method: None,
+        };
+        let sample = |frames: &[&str], n: u64| Sample {
+            frames: frames.iter().rev().map(|f| Arc::from(*f)).collect(),
+            cpu_ns: n * 10 * MS,
+            count: n,
+            span_id: Some(SpanId::from(1u64)),
+            trace_id: None,
+            span_name: None,
+            window: None,
+        };
+        let registry = "/u/.cargo/registry/src/index.crates.io-1/sha2-0.10.8/src/sha256.rs";
+        let mut input = Input {
+            spans: vec![span],
+            samples: vec![
+                sample(&["svc::main", "svc::hash_catalog", "sha2::compress256"], 6),
+                // Inlined without a file of its own: its crate decides.
+                sample(&["svc::main", "svc::hash_catalog", "sha2::schedule"], 2),
+                sample(&["svc::main", "vendored::fast_path"], 2),
+            ],
+            profile_files: 1,
+            span_files: 1,
+            period_ns: Some(10 * MS),
+            sources: [
+                ("svc::main", "/work/svc/src/main.rs"),
+                ("svc::hash_catalog", "/work/svc/src/catalog.rs"),
+                ("sha2::compress256", registry),
+            ]
+            .into_iter()
+            .map(|(f, p)| (Arc::from(f), Arc::from(p)))
+            .collect(),
+            ..Input::default()
+        };
+        let names = |list: &[FunctionCpu]| -> Vec<(String, u64)> {
+            list.iter()
+                .map(|f| (f.function.clone(), f.cpu_ns / MS))
+                .collect()
+        };
+        let report = SpanReport::from_input(&input);
+        let group = &report.groups[0];
+        // sha2 (a registry crate; it was "yours" by the built-in list) is grouped.
+        assert_eq!(
+            names(&group.user_self),
+            [
+                ("svc::hash_catalog".to_owned(), 80),
+                ("vendored::fast_path".to_owned(), 20)
+            ]
+        );
+        assert!(group
+            .grouped
+            .iter()
+            .any(|g| g.function == "sha2" && g.cpu_ns == 80 * MS));
+        // --crate sha2 counts it as the user's.
+        input.user_crates = vec!["sha2".into()];
+        let report = SpanReport::from_input(&input);
+        assert_eq!(
+            names(&report.groups[0].user_self)[0],
+            ("sha2::compress256".to_owned(), 60)
+        );
+    }
 }

@@ -244,16 +244,26 @@ impl NoSamples {
         }
         let mut walls: Vec<u64> = spans.iter().map(|s| s.wall_ns()).collect();
         walls.sort_unstable();
+        let wall: u64 = walls.iter().sum();
+        // The active time (the bridge's, else tracing-opentelemetry's) on every span.
+        let active: Option<u64> = spans.iter().map(|s| s.wall_active_ns.or(s.busy_ns)).sum();
+        let blocked = |active: u64| wall > 0 && active as f64 >= BLOCKED_RATIO * wall as f64;
+        // The sampling period limits the CPU evidence, not the active time, which is
+        // exact: threads inside the spans for two periods or more in all, with not one
+        // sample, were not computing (had they been, at least two samples were due), however
+        // short each span is.
+        if let Some(active) = active.filter(|&a| a >= sampling.too_short_ns()) {
+            return if blocked(active) {
+                NoSamples::BlockedInPoll
+            } else {
+                NoSamples::Waiting
+            };
+        }
         if percentile(&walls, 95.0) < sampling.too_short_ns() {
             return NoSamples::TooShort;
         }
-        // The active time (the bridge's, else tracing-opentelemetry's) on every span.
-        let active: Option<u64> = spans.iter().map(|s| s.wall_active_ns.or(s.busy_ns)).sum();
-        let wall: u64 = walls.iter().sum();
         match active {
-            Some(active) if wall > 0 && active as f64 >= BLOCKED_RATIO * wall as f64 => {
-                NoSamples::BlockedInPoll
-            }
+            Some(active) if blocked(active) => NoSamples::BlockedInPoll,
             _ => NoSamples::Waiting,
         }
     }
@@ -357,6 +367,60 @@ mod tests {
         );
         let busy = Verdict::runqueue_reason(0.3, 0.6, 600 * 1_000_000, 10 * 1_000_000, None);
         assert!(busy.contains("other work held the CPUs"), "{busy}");
+    }
+
+    /// Short spans with no samples: "too short" only while the threads' time inside
+    /// them adds up to less than two sampling periods; past that, the exact active time
+    /// decides (blocked in poll when they were inside for most of their wall time).
+    #[test]
+    fn short_blocked_spans_are_blocked_once_their_active_time_could_have_been_sampled() {
+        use crate::ids::{SpanId, TraceId};
+        const MS: u64 = 1_000_000;
+        let span = |id: u64, wall_us: u64, active_us: Option<u64>| Span {
+            trace_id: TraceId::from(u128::from(id)),
+            span_id: SpanId::from(id),
+            parent_span_id: None,
+            parent_is_remote: false,
+            name: "GET /x".into(),
+            start_unix_nano: id * 1_000 * MS,
+            end_unix_nano: id * 1_000 * MS + wall_us * 1_000,
+            service_version: None,
+            profile_id: Some(format!("{id:016x}")),
+            cpu_samples: None,
+            cpu_time_ns: None,
+            wall_active_ns: active_us.map(|a| a * 1_000),
+            wall_queued_ns: None,
+            wall_runqueue_ns: None,
+            cgroup_throttled_ns: None,
+            cgroup_cpu_limit_millicpus: None,
+            busy_ns: None,
+            http_route: None,
+            http_method: None,
+        };
+        let sampling = Sampling {
+            profiles_read: true,
+            period_ns: 10 * MS,
+        };
+        let blocked: Vec<Span> = (1..=3).map(|i| span(i, 15_600, Some(15_500))).collect();
+        let all: Vec<&Span> = blocked.iter().collect();
+        // 46.5 ms inside, not one sample: not computing.
+        assert_eq!(
+            NoSamples::classify(&all, sampling),
+            NoSamples::BlockedInPoll
+        );
+        // One such span (15.5 ms inside, under two periods) may simply have been missed.
+        assert_eq!(
+            NoSamples::classify(&all[..1], sampling),
+            NoSamples::TooShort
+        );
+        // Short spans mostly awaiting are waiting, not too short, once as much is known.
+        let awaiting: Vec<Span> = (1..=5).map(|i| span(i, 15_600, Some(5_000))).collect();
+        let all: Vec<&Span> = awaiting.iter().collect();
+        assert_eq!(NoSamples::classify(&all, sampling), NoSamples::Waiting);
+        // Without active time, the wall time's p95 decides as before.
+        let unknown: Vec<Span> = (1..=5).map(|i| span(i, 15_600, None)).collect();
+        let all: Vec<&Span> = unknown.iter().collect();
+        assert_eq!(NoSamples::classify(&all, sampling), NoSamples::TooShort);
     }
 
     #[test]

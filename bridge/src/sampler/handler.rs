@@ -18,18 +18,16 @@
 //! otherwise the sample keeps its pc only and counts in `low_stack`. The budget is the
 //! measured peak of the walk (`handler_stack_use_is_bounded` test) with a margin.
 //!
-//! **Panics.** The handler has no panic path outside framehop, and the build proves it.
-//! [`handle_signal`], the whole body after the `extern "C"` entry, carries `no_panic`
-//! under the feature `handler-no-panic-check`; `.ci/run` links it in the `handler-proof`
-//! profile (fat LTO, one codegen unit, `panic = "unwind"`, this crate's overflow checks and
-//! debug assertions on), so any panic path the optimiser could not remove from it, or from
-//! anything it calls, is an undefined symbol and fails the link; and a build with a
-//! deliberate panic path (`handler-no-panic-selftest`) must fail it. Indexing, arithmetic
-//! and `unwrap`s in reach are checked, saturating or wrapping, so a debug build cannot
-//! panic there either. Not covered: framehop's two calls (`unwind::framehop_next`,
-//! `unwind::framehop_unwind_frame`), whose CFI lookup and evaluation (framehop's and
-//! gimli's code) keep panic paths the optimiser cannot remove; each is an `extern "C"`
-//! function, so a panic there cannot unwind into the handler: it aborts the process.
+//! **Panics.** The handler has no panic path, and the build proves it.
+//! [`handle_signal`], the whole body after the `extern "C"` entry, stack walk included,
+//! carries `no_panic` under the feature `handler-no-panic-check`; `.ci/run` links it in the
+//! `handler-proof` profile (fat LTO, one codegen unit, `panic = "unwind"`, this crate's
+//! overflow checks and debug assertions on), so any panic path the optimiser could not
+//! remove from it, or from anything it calls, is an undefined symbol and fails the link;
+//! and a build with a deliberate panic path (`handler-no-panic-selftest`) must fail it.
+//! Indexing, arithmetic and `unwrap`s in reach are checked, saturating or wrapping, so a
+//! debug build cannot panic there either. The walk follows unwind rules compiled from the
+//! CFI when objects are loaded (`unwind/rules.rs`): no CFI is evaluated in the handler.
 //! See docs/signal-path.md, "No panic in the handler".
 //!
 //! Defence in depth, never the proof: the sampler installs, once, a panic hook in front of
@@ -55,14 +53,15 @@ use super::{SamplerError, SamplerState};
 use crate::root_cpu;
 
 /// Bytes of stack the interrupted thread must have left for the walk to run. Measured
-/// peak of the handler with a cold unwind cache, the kernel's signal frame included
-/// (`handler_stack_use_is_bounded`, x86_64 with AVX-512 state): 17.4 KB in release builds,
-/// 44.1 KB in unoptimised ones (framehop's temporaries are not folded); the budgets keep a
-/// margin, and the alternate stack the handler runs on holds more than twice either.
+/// peak of the handler, the kernel's signal frame included (`handler_stack_use_is_bounded`,
+/// x86_64 with AVX-512 state): 3.2 KB in release builds, 5.5 KB in unoptimised ones (the
+/// walk applies compiled rules: no CFI evaluation and its temporaries in the handler); the
+/// budgets keep a margin of more than twice, and the alternate stack the handler runs on
+/// holds many times either.
 pub(crate) const WALK_STACK_BUDGET: u64 = if cfg!(debug_assertions) {
-    64 * 1024
+    16 * 1024
 } else {
-    24 * 1024
+    8 * 1024
 };
 
 /// About where the stack pointer is now: the address of a local of this frame (the walk
@@ -173,9 +172,7 @@ extern "C" fn on_sigprof(_: libc::c_int, info: *mut libc::siginfo_t, ucontext: *
 
 /// Everything the handler does. Under the feature `handler-no-panic-check` (the CI's
 /// `handler-proof` build) `no_panic` makes any panic path left in this body, or in
-/// anything it calls, fail the link; framehop's two calls are `extern "C"` functions
-/// (`unwind::framehop_next`, `unwind::framehop_unwind_frame`), past which no panic can
-/// unwind and the proof does not look.
+/// anything it calls, the stack walk included, fail the link.
 ///
 /// # Safety
 /// Only as the `SIGPROF` handler, with the kernel's `siginfo` and `ucontext` arguments.
@@ -247,7 +244,7 @@ fn sample(state: &SamplerState, slot: &Slot, overrun: libc::c_int, ucontext: *mu
     if let Some(root) = &root {
         root_cpu::record(root.cpu_raw(), time);
     }
-    let (Some(ring), Some(cache)) = (slot.ring(), slot.cache()) else {
+    let Some(ring) = slot.ring() else {
         return;
     };
     // The ring's one producer: the slot accepted this signal only on its owner thread,
@@ -281,9 +278,8 @@ fn sample(state: &SamplerState, slot: &Slot, overrun: libc::c_int, ucontext: *mu
                 Some(left) if left >= WALK_STACK_BUDGET => {
                     // SAFETY: this is the SIGPROF handler on the thread that owns the
                     // slot (the slot accepted the signal only after comparing tids), so
-                    // `cache` is that thread's and `stack` its stack; SIGPROF is blocked
-                    // while the handler runs, so it does not nest.
-                    end = unsafe { unwind::walk(&regs, stack, cache, record) };
+                    // `stack` is its stack.
+                    end = unsafe { unwind::walk(&regs, stack, record) };
                 }
                 left => {
                     // Too close to the end of the stack for the walk's frames (or off

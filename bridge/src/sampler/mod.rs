@@ -28,11 +28,11 @@
 //! counted (`cpu_ledger`): under contention signals lag far behind the periods they
 //! stand for, and a root that ends first would lose them.
 //!
-//! Stacks are unwound with the `.eh_frame` call-frame information of every loaded object
-//! (framehop), so they are complete in ordinary release builds, which keep no frame
-//! pointers. The unwind tables are copied from memory at [`Sampler::start`] and again by
-//! [`refresh_modules`] after a `dlopen`/`dlclose`; see `unwind/mod.rs` for how a new unwinder
-//! is published to running handlers. On architectures other than x86_64 and aarch64 no
+//! Stacks are unwound with the `.eh_frame` call-frame information of every loaded object,
+//! so they are complete in ordinary release builds, which keep no frame pointers. The
+//! unwind tables are copied from memory and compiled into rules at [`Sampler::start`] and
+//! again by [`refresh_modules`] after a `dlopen`/`dlclose`; see `unwind/mod.rs` for how
+//! new rules are published to running handlers. On architectures other than x86_64 and aarch64 no
 //! stack is recorded.
 
 mod altstack;

@@ -63,18 +63,11 @@ pub(crate) enum Tables {
 #[derive(Debug)]
 pub(crate) struct UnwindTables {
     pub(crate) eh_frame_hdr_avma: u64,
-    /// `None` when the header has no binary-search table (then framehop indexes
-    /// `.eh_frame` itself when the module is built).
+    /// `None` when the header has no binary-search table (the compiler of unwind rules
+    /// reads every entry of `.eh_frame` anyway).
     pub(crate) eh_frame_hdr: Option<Vec<u8>>,
     pub(crate) eh_frame_avma: u64,
     pub(crate) eh_frame: Vec<u8>,
-}
-
-impl UnwindTables {
-    /// Bytes copied.
-    pub(crate) fn len(&self) -> usize {
-        self.eh_frame.len() + self.eh_frame_hdr.as_ref().map_or(0, Vec::len)
-    }
 }
 
 /// The result of one pass over the loaded objects.

@@ -16,7 +16,7 @@
 //! `SI_TIMER` signal, or a signal queued for a thread that has since let its slot go, is
 //! ignored and counted. Only the owner bumps the generation away from odd, on its own
 //! thread: a handler running on it has finished by then, and a later one reads the new
-//! generation. So the ring and unwind cache a handler uses belong to its thread alone.
+//! generation. So the ring a handler uses belongs to its thread alone.
 //!
 //! **Who touches what.** The owner writes the slot's fields while claiming it (before the
 //! generation is published with a release store) and never changes them while it is
@@ -27,11 +27,11 @@
 //! **Generations never repeat.** The value fits one pointer-sized `sigval` with the tag
 //! and the index, so the generation has 40 bits (the split is argued at [`TimerValue`]).
 //! Instead of wrapping, a slot whose generation reaches 2⁴⁰ (its 2³⁹th release) is
-//! retired once drained: it is never claimed again, its ring and unwind cache are freed,
+//! retired once drained: it is never claimed again, its ring is freed,
 //! and only the slot itself (a few hundred bytes) stays. So a value is never accepted by a
 //! later owner of its slot, however long a signal or a `Tracked` view kept it.
 //!
-//! **Memory.** A slot keeps its ring and unwind cache when it is recycled, so a new thread
+//! **Memory.** A slot keeps its ring when it is recycled, so a new thread
 //! usually claims a slot that is ready (no allocation, no page faults), and memory tracks
 //! the peak number of threads alive at once, not the number ever created.
 //!
@@ -53,7 +53,6 @@ use crate::sync::{
 use super::cpu_ledger::CpuLedger;
 use super::ring::Ring;
 use super::stack::StackBounds;
-use super::unwind::UnwindCache;
 use crate::never_freed::NeverFreed;
 use crate::span_context::SpanContextCell;
 
@@ -100,8 +99,6 @@ pub(crate) struct Slot {
     cell: AtomicPtr<SpanContextCell>,
     stack_lo: AtomicU64,
     stack_hi: AtomicU64,
-    /// Allocated at the slot's first claim and kept for every later owner.
-    cache: AtomicPtr<UnwindCache>,
     /// Replaced only while FREE (capacity change), never freed while LIVE or RETIRING.
     ring: AtomicPtr<Ring>,
     /// The owner's timer id + 1 (0: none).
@@ -130,7 +127,6 @@ impl Slot {
             cell: AtomicPtr::new(std::ptr::null_mut()),
             stack_lo: AtomicU64::new(0),
             stack_hi: AtomicU64::new(0),
-            cache: AtomicPtr::new(std::ptr::null_mut()),
             ring: AtomicPtr::new(std::ptr::null_mut()),
             timer: AtomicU64::new(0),
             in_handler: AtomicBool::new(false),
@@ -230,14 +226,6 @@ impl Slot {
         unsafe { self.ring.load(Ordering::Acquire).as_ref() }
     }
 
-    #[inline]
-    pub(crate) fn cache(&self) -> Option<&UnwindCache> {
-        // SAFETY: a cache is allocated once and freed only when its slot is retired
-        // (`put_back`), after the owner moved the generation away on its own thread: no
-        // handler that accepted the slot is still running then, and none accepts it again.
-        unsafe { self.cache.load(Ordering::Acquire).as_ref() }
-    }
-
     /// Whether a thread owns the slot and has a timer armed now.
     pub(crate) fn is_sampling(&self) -> bool {
         self.phase.load(Ordering::Acquire) == LIVE && self.timer.load(Ordering::Acquire) != 0
@@ -257,13 +245,6 @@ impl Slot {
             // forgets ids, see `reset_in_child`) and the swap hands it to one caller.
             unsafe { libc::timer_delete((raw - 1) as usize as libc::timer_t) };
         }
-    }
-
-    /// Gives the slot a cold unwind cache (the old one is leaked: a test helper).
-    #[cfg(test)]
-    pub(crate) fn replace_cache_for_test(&self) {
-        let cache = Box::into_raw(Box::new(UnwindCache::new()));
-        self.cache.store(cache, Ordering::Release);
     }
 }
 
@@ -469,7 +450,7 @@ impl SlotTable {
     }
 
     /// Claims a slot for the calling thread: a recycled one when there is one (its ring
-    /// and cache are reused), a new one otherwise. `None` when [`MAX_THREADS`] are
+    /// is reused), a new one otherwise. `None` when [`MAX_THREADS`] are
     /// registered.
     pub(crate) fn claim(&self, owner: Owner) -> Option<&'static Slot> {
         let slot = self.pop_free().or_else(|| self.fresh())?;
@@ -478,10 +459,6 @@ impl SlotTable {
         slot.stack_lo.store(owner.stack.lo, Ordering::Relaxed);
         slot.stack_hi.store(owner.stack.hi, Ordering::Relaxed);
         slot.cpu.reset(owner.cpu_ns);
-        if slot.cache.load(Ordering::Relaxed).is_null() {
-            let cache = Box::into_raw(Box::new(UnwindCache::new()));
-            slot.cache.store(cache, Ordering::Release);
-        }
         let ring = slot.ring.load(Ordering::Relaxed);
         // SAFETY: the slot is FREE and ours: no handler accepts it (even generation) and no
         // drainer reads it (drains skip FREE slots), so its ring is not replaced or freed
@@ -553,19 +530,13 @@ impl SlotTable {
             return;
         }
         slot.phase.store(RETIRED, Ordering::Release);
-        // Nothing reaches the ring or the cache of a retired slot again: free them. A ring
-        // whose role is still held (see `claim`) is leaked instead.
+        // Nothing reaches the ring of a retired slot again: free it, unless a role on it
+        // is still held (see `claim`); then it is leaked.
         let ring = slot.ring.swap(std::ptr::null_mut(), Ordering::AcqRel);
         // SAFETY: see above; the ring came from Box::into_raw.
         if unsafe { ring.as_ref() }.is_some_and(Ring::reset) {
             // SAFETY: no role on it is held, and nothing else can reach it.
             drop(unsafe { Box::from_raw(ring) });
-        }
-        let cache = slot.cache.swap(std::ptr::null_mut(), Ordering::AcqRel);
-        if !cache.is_null() {
-            // SAFETY: allocated by `claim` with Box::into_raw; only the owner's handler
-            // uses it, and the slot accepts no signal any more.
-            drop(unsafe { Box::from_raw(cache) });
         }
         self.retired.fetch_add(1, Ordering::Relaxed);
     }
@@ -635,12 +606,8 @@ impl SlotTable {
             slot.watching.store(0, Ordering::Relaxed);
             if let Some(ring) = slot.ring() {
                 // Fails only for a ring a parent thread was using at the fork; the next
-                // claim of the slot replaces it. That thread may also have been inside the
-                // unwinder, leaving the slot's cache half-written: forget the cache too
-                // (leaked, like the ring: only atomics here), so the claim builds a new one.
-                if !ring.reset() {
-                    slot.cache.store(std::ptr::null_mut(), Ordering::Relaxed);
-                }
+                // claim of the slot replaces it.
+                let _ = ring.reset();
             }
             let c = &slot.counters;
             for counter in [
@@ -654,7 +621,7 @@ impl SlotTable {
                 counter.store(0, Ordering::Relaxed);
             }
             if slot.generation.load(Ordering::Relaxed) >= RETIRED_AT {
-                // Used up (its ring and cache are leaked: only atomics here).
+                // Used up (its ring is leaked: only atomics here).
                 slot.phase.store(RETIRED, Ordering::Relaxed);
                 self.retired.fetch_add(1, Ordering::Relaxed);
                 continue;
@@ -725,7 +692,7 @@ mod tests {
     /// A slot's generation at the end of a timer value's 40 bits: its last owner's release
     /// retires it, so no later owner carries generation 1 (a value from 2³⁹ owners
     /// earlier) and neither that value nor the last owner's is ever accepted again; the
-    /// retired slot is never claimed and its ring and cache are freed. Also through the
+    /// retired slot is never claimed and its ring is freed. Also through the
     /// drain (a slot released with records left) and a fork. On a table of its own.
     #[test]
     fn a_slot_whose_generation_is_used_up_is_retired_never_reused() {
@@ -747,10 +714,7 @@ mod tests {
         table.release(last);
         assert_eq!(table.retired(), 1);
         assert_eq!(last.phase.load(Ordering::Relaxed), RETIRED);
-        assert!(
-            last.ring().is_none() && last.cache().is_none(),
-            "buffers freed"
-        );
+        assert!(last.ring().is_none(), "buffers freed");
         for stale in [value, early, TimerValue::new(index, 1)] {
             assert!(table.for_signal(stale).is_none(), "{stale:?}");
         }

@@ -14,8 +14,8 @@ pub(crate) struct Registers {
     pub(crate) pc: u64,
     /// The stack pointer at the interruption.
     pub(crate) sp: u64,
-    /// The frame pointer register (`rbp` / `x29`); framehop uses it only where the CFI
-    /// says the caller's value lives there, or for code without CFI.
+    /// The frame pointer register (`rbp` / `x29`); the walk uses it only where the CFI
+    /// computes the frame from it.
     pub(crate) fp: u64,
     /// The link register (`x30`): the return address of a leaf function that has not
     /// saved it yet.
@@ -108,10 +108,9 @@ impl StackReader {
             && addr.checked_add(8).is_some_and(|end| end <= self.hi)
     }
 
-    /// The word at `addr`, or `Err(())` (what framehop's `read_stack` expects) for any
-    /// address [`is_readable`](Self::is_readable) refuses. Async-signal-safe. framehop
-    /// calls it back from inside the handler's walk, past the boundary the handler's own
-    /// link-time proof stops at (`unwind::framehop_next`), so it carries its own.
+    /// The word at `addr`, or `Err(())` for any address
+    /// [`is_readable`](Self::is_readable) refuses. Async-signal-safe; in reach of the
+    /// handler's link-time proof, and carrying its own (it is the walk's one memory read).
     #[inline]
     #[cfg_attr(feature = "handler-no-panic-check", no_panic::no_panic)]
     pub(crate) fn read(&self, addr: u64) -> Result<u64, ()> {

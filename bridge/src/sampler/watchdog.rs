@@ -74,7 +74,7 @@ use std::time::{Duration, Instant};
 use super::ring::SampleRecord;
 use super::slots::{ForkSafeLock, Slot};
 use super::stack::Registers;
-use super::unwind::{self, OwnedCache, WalkEnd};
+use super::unwind::{self, WalkEnd};
 use crate::span_context::LocalRoot;
 
 /// Default time a thread must spend inside one poll, off-CPU, before its stack is taken.
@@ -683,7 +683,6 @@ pub(crate) struct Scanner {
     slots: Vec<&'static Slot>,
     cursor: usize,
     stack: Vec<u8>,
-    cache: OwnedCache,
     record: Box<SampleRecord>,
 }
 
@@ -697,7 +696,6 @@ impl Scanner {
             tick: 0,
             slots: Vec::new(),
             cursor: 0,
-            cache: OwnedCache::new(),
             record: Box::new(SampleRecord::EMPTY),
         }
     }
@@ -775,7 +773,7 @@ impl Scanner {
                 now,
                 threshold: u64::try_from(config.threshold.as_nanos()).unwrap_or(u64::MAX),
             };
-            look.examine(tracked, &mut self.stack, &mut self.cache, &mut self.record);
+            look.examine(tracked, &mut self.stack, &mut self.record);
         }
         if let Some(position) = capped_at {
             self.cursor = position;
@@ -803,13 +801,7 @@ struct Look<'a> {
 }
 
 impl Look<'_> {
-    fn examine(
-        &self,
-        tracked: &mut Tracked,
-        stack: &mut [u8],
-        cache: &mut OwnedCache,
-        record: &mut SampleRecord,
-    ) {
+    fn examine(&self, tracked: &mut Tracked, stack: &mut [u8], record: &mut SampleRecord) {
         let tid = self.slot.owner_tid();
         let Some(cpu) = thread_cpu_ns(tid) else {
             bump(&COUNTERS.read_failed);
@@ -855,7 +847,7 @@ impl Look<'_> {
         if self.now.saturating_sub(tracked.first_seen) < self.threshold {
             return;
         }
-        let Some(block) = self.capture(tid, cpu, stack, cache, record) else {
+        let Some(block) = self.capture(tid, cpu, stack, record) else {
             tracked.unattributed = tracked.unattributed.saturating_add(wall - ran);
             return;
         };
@@ -885,7 +877,6 @@ impl Look<'_> {
         tid: libc::pid_t,
         cpu: u64,
         stack: &mut [u8],
-        cache: &mut OwnedCache,
         record: &mut SampleRecord,
     ) -> Option<Block> {
         let call = match read_syscall(tid) {
@@ -942,7 +933,7 @@ impl Look<'_> {
             .chain(std::iter::once(0))
         {
             regs.fp = fp;
-            let end = unwind::walk_copy(&regs, copy, cache, record);
+            let end = unwind::walk_copy(&regs, copy, record);
             last_fp = Some(fp);
             if end == WalkEnd::Complete {
                 best = (fp, usize::from(record.depth), end);
@@ -956,7 +947,7 @@ impl Look<'_> {
             best.2
         } else {
             regs.fp = best.0;
-            unwind::walk_copy(&regs, copy, cache, record)
+            unwind::walk_copy(&regs, copy, record)
         };
         bump(&COUNTERS.captures);
         Some(Block {

@@ -67,6 +67,7 @@ fn input() -> Input {
         profile_files: 1,
         span_files: 1,
         period_ns: Some(10 * MS),
+        ..Input::default()
     }
 }
 
@@ -136,7 +137,7 @@ fn shows_split_verdicts_flame_graphs_and_the_version_diff() {
     assert!(
         page.contains(
             "<strong>What changed:</strong> wall p50 +100.00 ms (mean +100.00 ms per request): \
-             CPU +60.00 ms (most in paginate +60.00 ms), awaiting +30.00 ms (no child span \
+             CPU +60.00 ms (in paginate: its total CPU per request +60.00 ms), awaiting +30.00 ms (no child span \
              covers it: instrument the dependency call), blocked in poll +10.00 ms; verdict \
              mixed → CPU-bound"
         ),

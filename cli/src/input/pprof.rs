@@ -38,6 +38,8 @@ pub struct ProfileFile {
     pub period_ns: u64,
     /// Its samples.
     pub samples: Vec<Sample>,
+    /// The source file of each function that has one (from the function table).
+    pub sources: HashMap<Arc<str>, Arc<str>>,
 }
 
 /// Reads and resolves one gzipped (or plain) pprof file.
@@ -77,6 +79,12 @@ pub fn resolve_value(profile: &proto::Profile, value: &str) -> ProfileFile {
         .function
         .iter()
         .map(|f| (f.id, Arc::from(string(f.name))))
+        .collect();
+    let sources: HashMap<Arc<str>, Arc<str>> = profile
+        .function
+        .iter()
+        .filter(|f| !string(f.filename).is_empty() && !string(f.name).is_empty())
+        .map(|f| (Arc::from(string(f.name)), Arc::from(string(f.filename))))
         .collect();
     let locations: HashMap<u64, Vec<Arc<str>>> = profile
         .location
@@ -169,7 +177,11 @@ pub fn resolve_value(profile: &proto::Profile, value: &str) -> ProfileFile {
             sample
         })
         .collect();
-    ProfileFile { period_ns, samples }
+    ProfileFile {
+        period_ns,
+        samples,
+        sources,
+    }
 }
 
 #[cfg(test)]

@@ -348,7 +348,7 @@ const EXPECTED: Expected = Expected {
         "New in 2.0.0",
         // The diff's split: CPU 80 → 160 ms per request grew most, blocked and awaiting
         // 10 ms each.
-        "(mean +100.00 ms per request): CPU +80.00 ms (most in encode_json",
+        "(mean +100.00 ms per request): CPU +80.00 ms (in paginate: its total CPU",
     ],
 };
 

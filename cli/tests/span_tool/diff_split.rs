@@ -200,8 +200,8 @@ fn a_cpu_regression_is_named_first_with_the_function_that_grew() {
     println!("{text}");
     assert_eq!(
         what_changed(&text),
-        "wall p50 +80.00 ms (mean +80.00 ms per request): CPU +80.00 ms (most in price_rules \
-         +80.00 ms); verdict mixed → CPU-bound"
+        "wall p50 +80.00 ms (mean +80.00 ms per request): CPU +80.00 ms (in price_rules: its \
+         total CPU per request +80.00 ms); verdict mixed → CPU-bound"
     );
     assert_eq!(
         split_row(&text, V2),

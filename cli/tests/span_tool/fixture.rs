@@ -263,10 +263,12 @@ fn span_json(index: usize, s: &FixtureSpan) -> Value {
         };
     let mut attributes = match s.route {
         None => vec![json!({"key": "http.route", "value": {"stringValue": s.name}})],
-        Some((method_key, method, route)) => vec![
-            json!({"key": method_key, "value": {"stringValue": method}}),
-            json!({"key": "http.route", "value": {"stringValue": route}}),
-        ],
+        // An empty key or route leaves that attribute out.
+        Some((method_key, method, route)) => [(method_key, method), ("http.route", route)]
+            .into_iter()
+            .filter(|(key, value)| !key.is_empty() && !value.is_empty())
+            .map(|(key, value)| json!({"key": key, "value": {"stringValue": value}}))
+            .collect(),
     };
     if s.profile_id {
         attributes.push(json!({"key": "pyroscope.profile.id", "value": {"stringValue": s.id()}}));
@@ -444,6 +446,49 @@ pub fn spans_named_request_with_routes() -> tempfile::TempDir {
             };
             let mut span = span("request", Some(V1), id, 100, stacks);
             span.route = Some((key, method, route));
+            spans.push(span);
+            id += 1;
+        }
+    }
+    write(dir.path(), "2026-01-01T00-00-00.000Z", &spans, 0);
+    dir
+}
+
+/// A routed endpoint, requests no route matched, and spans left with tower-http's
+/// default name:
+///
+/// | span name | attributes | spans | wall (ms) | CPU per span |
+/// |---|---|---|---|---|
+/// | `GET /cpu` | `http.request.method`, `http.route` | 3 | 100 | 80 ms |
+/// | `GET` | `http.request.method` only (404s) | 4 | 1 | none |
+/// | `request` | neither | 3 | 100 | 80 ms |
+pub fn unmatched_and_unnamed_requests() -> tempfile::TempDir {
+    let dir = tempfile::tempdir().expect("tempdir");
+    let mut spans = Vec::new();
+    // (name, (method key, method, route), spans, wall ms, samples per span)
+    #[allow(clippy::type_complexity)]
+    let kinds: [(&str, (&str, &str, &str), u64, u64, u64); 3] = [
+        (
+            "GET /cpu",
+            ("http.request.method", "GET", "/cpu"),
+            3,
+            100,
+            8,
+        ),
+        ("GET", ("http.request.method", "GET", ""), 4, 1, 0),
+        ("request", ("", "", ""), 3, 100, 8),
+    ];
+    let mut id = 0x7000;
+    for (name, route, count, wall_ms, samples) in kinds {
+        for _ in 0..count {
+            let stacks = if samples > 0 {
+                vec![(CPU_WORK, samples)]
+            } else {
+                vec![]
+            };
+            let mut span = span(name, Some(V1), id, wall_ms, stacks);
+            span.route = Some(route);
+            span.active_ms = Some(wall_ms);
             spans.push(span);
             id += 1;
         }

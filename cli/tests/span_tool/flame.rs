@@ -62,6 +62,46 @@ fn flame_by_span_name_takes_every_span_and_name_only_samples() {
     results::check("flame_span_name.svg", &graph.to_svg().expect("svg"));
 }
 
+/// `flame --span-name --service-version`: one version's roots only (their ids; samples
+/// labelled with the name alone carry no version and stay out); without it the merge of
+/// versions is said in the subtitle; an absent version lists the ones there are.
+#[test]
+fn flame_by_span_name_in_one_version_draws_only_that_version() {
+    let in_version = |version: &str| {
+        graph(FlameSelection::SpanNameInVersion {
+            name: "GET /report".into(),
+            version: version.into(),
+        })
+    };
+    let new = in_version("2.0.0").expect("graph");
+    assert_eq!(new.title, "CPU of spans named GET /report [2.0.0]");
+    assert_eq!(new.samples, 4 * 16);
+    assert!(
+        new.subtitle.starts_with("4 spans, 64 samples"),
+        "{}",
+        new.subtitle
+    );
+    assert!(!new.folded.iter().any(|f| f.contains("legacy_encoder")));
+    let old = in_version("1.0.0").expect("graph");
+    assert_eq!(old.samples, 4 * 8);
+    assert_eq!(old.samples + new.samples + 2, 98);
+
+    let merged = graph(FlameSelection::SpanName("GET /report".into())).expect("graph");
+    assert!(
+        merged
+            .subtitle
+            .contains("of versions 1.0.0, 2.0.0 merged (--service-version draws one)"),
+        "{}",
+        merged.subtitle
+    );
+
+    let err = in_version("3.0.0").expect_err("no such version");
+    assert_eq!(
+        err.to_string(),
+        "no \"GET /report\" spans of service.version \"3.0.0\"; versions found: \"1.0.0\", \"2.0.0\""
+    );
+}
+
 #[test]
 fn inlined_frames_are_drawn_as_their_own_frames() {
     let graph = graph(FlameSelection::SpanName("GET /search".into())).expect("graph");

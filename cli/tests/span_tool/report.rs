@@ -320,7 +320,9 @@ fn display_is_a_readable_table() {
             "640.0 ms",
             "640.0 ms",
             "0.67",
-            // No active time on these spans: nothing to split off-CPU time by.
+            // No run delay measured, and no active time on these spans: nothing to split
+            // off-CPU time by.
+            "-",
             "-",
             "-",
             "CPU-bound"
@@ -542,4 +544,59 @@ fn blocked_in_poll_names_the_blocking_function_from_the_blocked_profile() {
     assert_eq!(sleep.profile_cpu_ns, 0);
     let cpu = report.group("GET /cpu", Some(V1)).expect("cpu");
     assert!(cpu.blocking.is_empty());
+}
+
+/// Requests no route matched (a method, no `http.route`: 404s) are no endpoint: their
+/// group sorts last and is one line at the report's end, without advice; spans all
+/// named `request` get the hint naming `otel_profiling::axum::trace_layer()`.
+#[test]
+fn unmatched_routes_come_last_in_one_line_and_request_spans_get_the_route_hint() {
+    let dir = fixture::unmatched_and_unnamed_requests();
+    let report = SpanReport::from_dirs(&[dir.path().to_path_buf()]).expect("report");
+    let names: Vec<(&str, bool)> = report
+        .groups
+        .iter()
+        .map(|g| (g.name.as_str(), g.unmatched_route))
+        .collect();
+    assert_eq!(
+        names,
+        [("GET /cpu", false), ("request", false), ("GET", true)]
+    );
+    let text = report.to_string();
+    assert!(
+        text.contains(
+            "\nUnmatched routes (no http.route: 404s and other requests no route matched, not \
+             endpoints): GET, version 1.0.0 (4 span(s), wall p50 1.0 ms)"
+        ),
+        "{text}"
+    );
+    // No section, no table row and no advice for them.
+    assert!(!text.contains("\nGET, version"), "{text}");
+    assert!(!text.contains("\nGET  "), "{text}");
+    assert!(!text.contains("instrument the dependency call"), "{text}");
+    assert!(!text.contains("Spans without CPU samples"), "{text}");
+    let request = text
+        .split("\nrequest, version 1.0.0:")
+        .nth(1)
+        .expect("the request group's section");
+    assert!(
+        request.contains(
+            "hint: every span is named `request` with no http.route (tower-http's \
+             `TraceLayer::new_for_http()`), so all endpoints share this one row: \
+             `otel_profiling::axum::trace_layer()` names server spans `{method} {route}`"
+        ),
+        "{text}"
+    );
+    // A routed group gets no such hint.
+    let cpu = text
+        .split("\nGET /cpu, version 1.0.0:")
+        .nth(1)
+        .expect("cpu section");
+    assert!(
+        !cpu.split("\nrequest")
+            .next()
+            .unwrap_or("")
+            .contains("hint:"),
+        "{text}"
+    );
 }

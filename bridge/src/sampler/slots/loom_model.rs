@@ -35,8 +35,8 @@ use crate::sampler::ring::Ring;
 use crate::sampler::stack::StackBounds;
 use crate::span_context::{LocalRoot, SpanContextCell};
 
-/// loom threads run on generator stacks of 32 KiB by default; a first claim builds an
-/// unwind cache.
+/// loom threads run on generator stacks of 32 KiB by default; the owners' claims, samples
+/// and releases get room to spare.
 const STACK: usize = 1 << 20;
 
 pub(in crate::sampler) fn spawn<T: Send + 'static>(
@@ -184,8 +184,8 @@ fn loom_slots_are_handed_out_once_and_stale_generations_refused() {
 fn loom_slots_with_a_relaxed_free_list_hand_a_slot_over_unordered() {
     crate::sync::check("slots, broken", 2, || {
         let table = table();
-        // A first registration (on a thread with room for the unwind cache it builds)
-        // gives the slot its ring, whose role flags also order one owner after the next.
+        // A first registration gives the slot its ring, whose role flags also order one
+        // owner after the next.
         let first = table.clone();
         spawn(move || first.release(first.claim(owner(std::ptr::null())).expect("a slot")))
             .join()

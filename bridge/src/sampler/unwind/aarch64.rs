@@ -1,42 +1,44 @@
-//! aarch64: framehop's aarch64 unwinder with pointer-authentication stripping, and the
-//! registers a signal context holds.
+//! aarch64: DWARF register numbers, the link register, pointer-authentication bits, and
+//! the registers a signal context holds.
 
-use framehop::{MustNotAllocateDuringUnwind, Unwinder};
-
+use super::rules::{Cfa, RuleArch};
 use super::Arch;
 use crate::sampler::stack::Registers;
 
-/// aarch64: registers `(lr, sp, fp)` (note the order), the pc passed separately. Return
-/// addresses signed with pointer authentication are stripped with a mask guessed from
-/// the highest known code address.
+/// aarch64: CFA from `sp`/`x29` rules, return address in `x30` (the link register) until
+/// a function saves it. Return addresses signed with pointer authentication are stripped
+/// with a mask derived from the highest known code address.
 #[cfg_attr(not(target_arch = "aarch64"), allow(dead_code))]
 pub(crate) struct Aarch64;
 
+impl RuleArch for Aarch64 {
+    const SP: gimli::Register = gimli::AArch64::SP;
+    const FP: gimli::Register = gimli::AArch64::X29;
+    const RA: gimli::Register = gimli::AArch64::X30;
+    const LINK_REGISTER: bool = true;
+
+    fn expression_cfa(_: &[u8]) -> Option<Cfa> {
+        None
+    }
+}
+
 impl Arch for Aarch64 {
-    type Unwinder = framehop::aarch64::UnwinderAarch64<Vec<u8>, MustNotAllocateDuringUnwind>;
-    type Regs = framehop::aarch64::UnwindRegsAarch64;
-    type Cache = framehop::aarch64::CacheAarch64<MustNotAllocateDuringUnwind>;
-    fn new_unwinder() -> Self::Unwinder {
-        Self::Unwinder::new()
+    /// Every bit up to the highest set bit of the highest code address: the signature
+    /// bits above it are cleared.
+    fn return_address_mask(max_code_address: u64) -> u64 {
+        u64::MAX
+            .checked_shr(max_code_address.leading_zeros())
+            .unwrap_or(0)
     }
-    fn new_cache() -> Self::Cache {
-        Self::Cache::new_in()
-    }
-    fn register_mask(unwinder: &Self::Unwinder) -> u64 {
-        framehop::aarch64::PtrAuthMask::from_max_known_address(unwinder.max_known_code_address()).0
-    }
-    fn regs(regs: &Registers, mask: u64) -> Self::Regs {
+    fn link_register(regs: &Registers) -> Option<u64> {
         #[cfg(target_arch = "aarch64")]
-        let lr = regs.lr;
+        return Some(regs.lr);
         // Never used off aarch64; kept compiling so the aarch64 path is type-checked here.
         #[cfg(not(target_arch = "aarch64"))]
-        let lr = 0;
-        Self::Regs::new_with_ptr_auth_mask(
-            framehop::aarch64::PtrAuthMask(mask),
-            lr,
-            regs.sp,
-            regs.fp,
-        )
+        {
+            let _ = regs;
+            Some(0)
+        }
     }
 }
 
@@ -57,25 +59,12 @@ pub(crate) fn registers(uc: &libc::ucontext_t) -> Option<Registers> {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::sampler::unwind::tests::build;
 
-    /// The aarch64 path builds and yields stripped registers (it cannot run here).
     #[test]
-    fn the_aarch64_unwinder_builds() {
-        let snapshot = build::<Aarch64>();
-        let mask = snapshot.register_mask;
-        assert_eq!(
-            mask,
-            u64::MAX >> snapshot.unwinder.max_known_code_address().leading_zeros()
-        );
-        let regs = Registers {
-            pc: 0x1000,
-            sp: 0x2000,
-            fp: 0x3000,
-            #[cfg(target_arch = "aarch64")]
-            lr: 0x4000,
-        };
-        let r = Aarch64::regs(&regs, mask);
-        assert_eq!((r.sp(), r.fp()), (0x2000, 0x3000));
+    fn signed_return_addresses_keep_only_their_address_bits() {
+        let mask = Aarch64::return_address_mask(0x0000_ffff_a000_0000);
+        assert_eq!(mask, 0x0000_ffff_ffff_ffff);
+        assert_eq!(0x002a_ffff_a000_1234 & mask, 0x0000_ffff_a000_1234);
+        assert_eq!(Aarch64::return_address_mask(0), 0);
     }
 }

@@ -1,78 +1,58 @@
-//! DWARF CFI stack unwinding in the signal handler, with framehop.
+//! DWARF CFI stack unwinding in the signal handler, from rules compiled ahead of it.
 //!
 //! ```text
 //!  non-signal context (start, registration, collector)     SIGPROF handler (thread T)
 //!  refresh(): dlpi_adds/subs changed?                      IN_FLIGHT += 1
-//!    └─ scan loaded objects, copy new .eh_frame(_hdr)      s = CURRENT.load()
-//!       clone unwinder, add/remove modules                 walk with s + T's own cache
-//!       CURRENT.swap(new) ─► old goes to `retired`         IN_FLIGHT -= 1
-//!       retired freed once IN_FLIGHT == 0 is seen
+//!    └─ scan loaded objects, copy new .eh_frame            s = CURRENT.load()
+//!       compile its rows into rules (`rules.rs`)           per frame: search s's rules,
+//!       CURRENT.swap(new) ─► old goes to `retired`           apply one, read ≤ 2 words
+//!       retired freed once IN_FLIGHT == 0 is seen          IN_FLIGHT -= 1
 //! ```
 //!
-//! **Publication and retirement.** The unwinder and the sorted code ranges it knows form
-//! one immutable [`Snapshot`], published through the `CURRENT` atomic pointer. The handler
-//! increments `IN_FLIGHT` *before* loading `CURRENT` and decrements it after its last use
-//! of the snapshot. A refresh swaps in the new snapshot and moves the old one to a
-//! `retired` list; retired snapshots are freed by a later refresh (or the same one) that
-//! observes `IN_FLIGHT == 0` after the swap. All four operations are `SeqCst`, so a zero
-//! read after the swap means every handler that could have loaded an old pointer has
+//! **Publication and retirement.** The compiled rules and the sorted code ranges they
+//! cover form one immutable [`Snapshot`], published through the `CURRENT` atomic pointer.
+//! The handler increments `IN_FLIGHT` *before* loading `CURRENT` and decrements it after
+//! its last use of the snapshot. A refresh swaps in the new snapshot and moves the old one
+//! to a `retired` list; retired snapshots are freed by a later refresh (or the same one)
+//! that observes `IN_FLIGHT == 0` after the swap. All four operations are `SeqCst`, so a
+//! zero read after the swap means every handler that could have loaded an old pointer has
 //! finished with it. The refresher never waits: if handlers are busy, retired snapshots
 //! just live until the next refresh. The current snapshot is kept for the life of the
 //! process (a stopped sampler's pending signals may still read it, and a restart reuses
 //! it after a cheap check).
 //!
-//! **In the handler** nothing allocates, locks or touches thread-locals: framehop runs
-//! with `MustNotAllocateDuringUnwind` and a per-thread cache made at registration; every
-//! stack read goes through `StackReader` (aligned, inside `[sp, stack top)`); the depth
-//! is capped at [`MAX_FRAMES`](crate::sampler::MAX_FRAMES); an address outside every
-//! known object ends the walk (framehop would otherwise guess with frame pointers, which
-//! release builds do not keep).
-//!
-//! **A thread's cache across snapshots.** framehop caches one unwind rule per slot
-//! (`address % 509`) and trusts an entry whose address and "module generation" match the
-//! unwinder's. That generation is a `u16` drawn from a process-wide counter which every
-//! `Unwinder::new`, `add_module` and effective `remove_module` of any framehop unwinder in
-//! the process advances, and which `clone` keeps. [`Snapshot::next`] clones the previous
-//! unwinder and removes and adds modules, so a snapshot carries the counter's value at its
-//! last module change. A cache filled under snapshot S would thus trust its entries again
-//! under a later snapshot S' whenever the counter advanced by a multiple of 65,536 between
-//! them: after 65,536 module changes by any framehop unwinder (here: a plugin `dlopen`ed
-//! and `dlclose`d 32,768 times with a refresh between), for every slot not overwritten since (a thread that was off-CPU
-//! across those refreshes keeps all of them). Such a rule describes code that was unmapped
-//! or replaced: the walk would read the wrong stack words (still bounds-checked) and record
-//! wrong frames. So every snapshot has a `u64` id that never repeats, a thread's cache
-//! records the id it was filled under, and the first walk under another snapshot overwrites
-//! every slot before using the cache ([`Snapshot::adopt`]). framehop has no call that
-//! clears a cache, and making a new one (33 KB, boxed) is not possible in the handler; the
-//! overwrite is one lookup per slot at an address in no module, for which framehop stores
-//! its fallback rule without reading the stack or allocating.
+//! **In the handler** nothing allocates, locks, touches thread-locals or can panic: per
+//! frame, a binary search of the object's code ranges and of its rules, and one rule
+//! applied with checked arithmetic (`rules::Rule::step`), reading at most two stack words
+//! through `StackReader` (aligned, inside `[sp, stack top)`); the depth is capped at
+//! [`MAX_FRAMES`](crate::sampler::MAX_FRAMES); an address outside every known object
+//! ends the walk. The CFI itself is evaluated when an object is loaded, outside the
+//! handler (see `rules.rs` for why). There is no per-thread state: a thread's first walk
+//! costs what every other does, and a new snapshot has nothing stale to flush.
 //!
 //! **Record format.** `frames[0]` is the interrupted pc; every later entry is a return
-//! address exactly as found (it points after the call: symbolizers look up `addr - 1`).
+//! address exactly as found (it points after the call: symbolizers look up `addr - 1`,
+//! and so does the walk, to find the caller's rule).
 //!
 //! **Limits.** Frames of code without call-frame information end the walk: JIT code,
 //! an object loaded since the last refresh (both counted as unknown pcs), a signal
-//! trampoline (only met when SIGPROF interrupts another signal handler), and, with
-//! `panic = "abort"`, the C `main` shim rustc emits without unwind tables (main-thread
-//! stacks then end at `main`, marked truncated; `-C force-unwind-tables=yes` avoids it).
-//! Measured on x86_64 (release): about 0.3 µs per warm walk of 13 frames, 30–40 µs for
-//! the first walk of a thread (cold cache); framehop in an unoptimised dev build is about
-//! ten times slower. A thread's first walk under a newly published snapshot also
-//! overwrites its cache: 509 lookups, about 70 µs in an unoptimised build.
+//! trampoline (only met when SIGPROF interrupts another signal handler), rows whose
+//! rules use what the walk does not follow (`rules.rs`), and, with `panic = "abort"`,
+//! the C `main` shim rustc emits without unwind tables (main-thread stacks then end at
+//! `main`, marked truncated; `-C force-unwind-tables=yes` avoids it).
 //!
 //! **Layout.** This file is the architecture-independent part: publication, the walk and
-//! its bounds checks, the thread caches. What differs per architecture (framehop's
-//! unwinder, cache and register types, and where the signal context keeps the
-//! registers) is in `x86_64.rs` and `aarch64.rs`, as framehop arranges its own; elsewhere
-//! `unwind/unsupported.rs` stands in for this module.
+//! its bounds checks. The rules and their compiler are in `rules.rs`; what differs per
+//! architecture (DWARF register numbers, the link register, pointer-authentication bits,
+//! where the signal context keeps the registers) is in `x86_64.rs` and `aarch64.rs`;
+//! elsewhere `unwind/unsupported.rs` stands in for this module.
 
-use std::cell::UnsafeCell;
 use std::ops::Range;
 use std::sync::atomic::{AtomicPtr, AtomicU64, AtomicUsize, Ordering};
-use std::sync::{Mutex, PoisonError, TryLockError};
+use std::sync::{Arc, Mutex, PoisonError, TryLockError};
 use std::time::{Duration, Instant};
 
-use framehop::{ExplicitModuleSectionInfo, FrameAddress, Module, Unwinder};
+use rules::{Frame, ModuleRules, RuleArch, Step};
 
 use super::modules::{self, LoadGeneration, LoadedObject, Tables};
 use super::ring::SampleRecord;
@@ -95,38 +75,35 @@ pub(crate) use aarch64::registers;
 #[cfg(target_arch = "x86_64")]
 pub(crate) use x86_64::registers;
 
-/// What one architecture contributes: its framehop unwinder, cache and registers.
-pub(crate) trait Arch {
-    type Unwinder: Unwinder<Module = Module<Vec<u8>>, UnwindRegs = Self::Regs, Cache = Self::Cache>
-        + Send
-        + Sync;
-    type Regs;
-    type Cache: Send;
-    fn new_unwinder() -> Self::Unwinder;
-    fn new_cache() -> Self::Cache;
-    /// Extra state derived from the known modules (the aarch64 pointer-auth mask).
-    fn register_mask(unwinder: &Self::Unwinder) -> u64;
-    fn regs(regs: &Registers, mask: u64) -> Self::Regs;
+mod rules;
+
+/// What one architecture contributes beyond its DWARF register numbers.
+pub(crate) trait Arch: RuleArch {
+    /// The bits of a return address that are address (aarch64 pointer authentication
+    /// signs the others), given the highest known code address.
+    fn return_address_mask(max_code_address: u64) -> u64;
+    /// The interrupted frame's link register, where the architecture has one.
+    fn link_register(regs: &Registers) -> Option<u64>;
 }
 
-/// An immutable set of known objects: the unwinder plus what the handler checks.
+/// An immutable set of known objects: their code ranges and compiled rules.
 pub(crate) struct Snapshot<A: Arch> {
-    /// Never repeats, and is never [`NO_SNAPSHOT`]; tags the thread caches that walked
-    /// with this snapshot (see [`Snapshot::adopt`]).
-    id: u64,
-    unwinder: A::Unwinder,
-    /// Code ranges of the objects added to `unwinder`, sorted by start.
+    /// Code ranges of the known objects, sorted by start.
     code: Vec<Range<u64>>,
-    /// The objects added to `unwinder`, for the next refresh's comparison.
+    /// `rules[i]`: the compiled rules of the object whose code is `code[i]`.
+    rules: Vec<Arc<ModuleRules>>,
+    /// The known objects, for the next refresh's comparison.
     objects: Vec<KnownObject>,
-    register_mask: u64,
+    /// See [`Arch::return_address_mask`].
+    return_mask: u64,
+    arch: std::marker::PhantomData<A>,
 }
 
 struct KnownObject {
     name: String,
     bias: u64,
     code: Range<u64>,
-    table_bytes: usize,
+    rules: Arc<ModuleRules>,
 }
 
 /// How a walk ended.
@@ -142,20 +119,21 @@ pub(crate) enum WalkEnd {
 }
 
 impl<A: Arch> Snapshot<A> {
-    /// Builds the next snapshot from a scan, reusing `previous`'s modules for the objects
-    /// it already had. `None` when the set of objects with unwind tables is unchanged.
+    /// Builds the next snapshot from a scan, reusing `previous`'s compiled rules for the
+    /// objects it already had. `None` when the set of objects with unwind tables is
+    /// unchanged.
     fn next(previous: Option<&Snapshot<A>>, scan: modules::Scan) -> Option<Snapshot<A>> {
-        let had = |o: &LoadedObject| {
-            previous.is_some_and(|p| {
+        let known = |o: &LoadedObject| {
+            previous.and_then(|p| {
                 p.objects
                     .iter()
-                    .any(|k| o.same_mapping(&k.name, k.bias, &k.code))
+                    .find(|k| o.same_mapping(&k.name, k.bias, &k.code))
             })
         };
         let kept = scan
             .objects
             .iter()
-            .filter(|o| matches!(o.tables, Tables::Known) && had(o))
+            .filter(|o| matches!(o.tables, Tables::Known) && known(o).is_some())
             .count();
         let added = scan
             .objects
@@ -165,263 +143,112 @@ impl<A: Arch> Snapshot<A> {
         if previous.is_some() && !added && kept == previous_len {
             return None;
         }
-        let mut unwinder = previous.map_or_else(A::new_unwinder, |p| p.unwinder.clone());
         let mut objects = Vec::with_capacity(scan.objects.len());
-        if let Some(previous) = previous {
-            for gone in previous.objects.iter().filter(|k| {
-                !scan
-                    .objects
-                    .iter()
-                    .any(|o| o.same_mapping(&k.name, k.bias, &k.code))
-            }) {
-                unwinder.remove_module(gone.code.start);
-            }
-        }
-        for object in scan.objects {
-            match object.tables {
-                Tables::Known => {
-                    if let Some(known) = previous.and_then(|p| {
-                        p.objects
-                            .iter()
-                            .find(|k| object.same_mapping(&k.name, k.bias, &k.code))
-                    }) {
-                        objects.push(KnownObject {
-                            name: object.name,
-                            bias: object.bias,
-                            code: object.code,
-                            table_bytes: known.table_bytes,
-                        });
-                    }
-                }
-                Tables::Copied(tables) => {
-                    let table_bytes = tables.len();
-                    unwinder.add_module(module(&object.name, object.bias, &object.code, tables));
-                    objects.push(KnownObject {
-                        name: object.name,
-                        bias: object.bias,
-                        code: object.code,
-                        table_bytes,
-                    });
-                }
-                Tables::Missing => {}
-            }
+        for object in &scan.objects {
+            let rules = match &object.tables {
+                Tables::Known => match known(object) {
+                    Some(k) => k.rules.clone(),
+                    None => continue,
+                },
+                Tables::Copied(tables) => Arc::new(ModuleRules::compile::<A>(tables, &object.code)),
+                Tables::Missing => continue,
+            };
+            objects.push(KnownObject {
+                name: object.name.clone(),
+                bias: object.bias,
+                code: object.code.clone(),
+                rules,
+            });
         }
         objects.sort_by_key(|k| k.code.start);
         let code = objects.iter().map(|k| k.code.clone()).collect();
-        let register_mask = A::register_mask(&unwinder);
+        let rules = objects.iter().map(|k| k.rules.clone()).collect();
+        let max_code_address = objects.iter().map(|k| k.code.end).max().unwrap_or(0);
         Some(Snapshot {
-            id: next_snapshot_id(),
-            unwinder,
             code,
+            rules,
             objects,
-            register_mask,
+            return_mask: A::return_address_mask(max_code_address),
+            arch: std::marker::PhantomData,
         })
+    }
+
+    /// The index of the known object whose code holds `addr`. Async-signal-safe.
+    #[inline]
+    fn object_of(&self, addr: u64) -> Option<usize> {
+        let i = self.code.partition_point(|r| r.start <= addr);
+        // The last range starting at or below `addr` (none when `i` is 0).
+        let last = i.checked_sub(1)?;
+        self.code
+            .get(last)
+            .is_some_and(|r| addr < r.end)
+            .then_some(last)
     }
 
     /// Whether `addr` is in the code of a known object.
     #[inline]
     fn is_code(&self, addr: u64) -> bool {
-        let i = self.code.partition_point(|r| r.start <= addr);
-        // The last range starting at or below `addr` (none when `i` is 0).
-        i.checked_sub(1)
-            .and_then(|last| self.code.get(last))
-            .is_some_and(|r| addr < r.end)
+        self.object_of(addr).is_some()
     }
 
+    /// Heap bytes of the compiled rules.
     fn table_bytes(&self) -> usize {
-        self.objects.iter().map(|k| k.table_bytes).sum()
-    }
-
-    /// Makes `cache` fit to unwind with this snapshot. A cache filled under another
-    /// snapshot may hold rules tagged with this unwinder's module generation for code that
-    /// has changed (see the module docs), so all its slots are overwritten first.
-    /// Async-signal-safe.
-    #[inline]
-    fn adopt(&self, cache: &mut ThreadCache<A>) {
-        if cache.filled_under != self.id {
-            if cache.filled_under != NO_SNAPSHOT {
-                self.overwrite_all_slots(cache);
-            }
-            cache.filled_under = self.id;
-        }
-    }
-
-    /// Looks up [`RULE_CACHE_SLOTS`] consecutive addresses, one per slot, that are in no
-    /// module: framehop stores its fallback rule for each, tagged with this unwinder's
-    /// generation, without reading the stack (the callback refuses every read anyway) or
-    /// allocating. Out of line: once per thread per published snapshot.
-    #[cold]
-    #[inline(never)]
-    fn overwrite_all_slots(&self, cache: &mut ThreadCache<A>) {
-        let nothing = Registers {
-            pc: 0,
-            sp: 0,
-            fp: 0,
-            #[cfg(target_arch = "aarch64")]
-            lr: 0,
-        };
-        for address in FLUSH_FROM..=u64::MAX {
-            let mut regs = A::regs(&nothing, self.register_mask);
-            // The result is the frame-pointer rule's, from a zero fp: no frame.
-            framehop_unwind_frame::<A>(
-                &self.unwinder,
-                FrameAddress::from_instruction_pointer(address),
-                &mut regs,
-                &mut cache.rules,
-            );
-        }
+        self.objects.iter().map(|k| k.rules.size().1).sum()
     }
 
     /// Unwinds from `regs` into `record` (entry 0, the pc, is already there).
-    /// Async-signal-safe.
+    /// Async-signal-safe and panic-free (checked indexing and arithmetic only).
     #[inline]
     fn walk(
         &self,
         regs: &Registers,
         mut read: impl FnMut(u64) -> Result<u64, ()>,
-        cache: &mut ThreadCache<A>,
         record: &mut SampleRecord,
     ) -> WalkEnd {
-        if !self.is_code(regs.pc) {
-            return WalkEnd::UnknownPc;
-        }
-        self.adopt(cache);
-        let mut frames = self.unwinder.iter_frames(
-            regs.pc,
-            A::regs(regs, self.register_mask),
-            &mut cache.rules,
-            &mut read,
-        );
-        // The first item is the interrupted pc itself.
-        if !matches!(framehop_next(&mut frames), Ok(Some(_))) {
-            return WalkEnd::Truncated;
-        }
-        let mut depth = 1;
+        let mut frame = Frame {
+            pc: regs.pc,
+            sp: regs.sp,
+            fp: regs.fp,
+        };
+        let mut link_register = A::link_register(regs);
+        // The interrupted instruction is looked up as is; a return address at the
+        // instruction before it (the call), which may end its function.
+        let mut lookup = regs.pc;
+        let mut depth = 1usize;
         let end = loop {
-            match framehop_next(&mut frames) {
-                Ok(Some(frame)) => {
-                    // Past `MAX_FRAMES` there is no entry left: truncated.
-                    let Some(entry) = record.frames.get_mut(depth) else {
-                        break WalkEnd::Truncated;
-                    };
-                    *entry = frame.address();
-                    depth += 1;
-                    if !self.is_code(frame.address_for_lookup()) {
-                        break WalkEnd::UnknownPc;
-                    }
-                }
-                Ok(None) => break WalkEnd::Complete,
-                Err(_) => break WalkEnd::Truncated,
+            let Some(object) = self.object_of(lookup) else {
+                break WalkEnd::UnknownPc;
+            };
+            let Some(rule) = self.rules.get(object).and_then(|r| r.rule_at(lookup)) else {
+                break WalkEnd::Truncated;
+            };
+            let caller = match rule.step(frame, link_register, &mut read) {
+                Step::Caller(caller) => caller,
+                Step::Outermost => break WalkEnd::Complete,
+                Step::Stuck => break WalkEnd::Truncated,
+            };
+            let return_address = caller.pc & self.return_mask;
+            // A zero return address ends the chain (some start routines leave one).
+            if return_address == 0 {
+                break WalkEnd::Complete;
             }
+            // Past `MAX_FRAMES` there is no entry left: truncated.
+            let Some(entry) = record.frames.get_mut(depth) else {
+                break WalkEnd::Truncated;
+            };
+            *entry = return_address;
+            depth += 1;
+            frame = Frame {
+                pc: return_address,
+                ..caller
+            };
+            link_register = None;
+            lookup = return_address - 1;
         };
         record.depth = depth as u16;
         end
     }
 }
-
-// framehop's two calls in the signal handler, each behind an abort-on-unwind boundary.
-//
-// framehop and gimli keep panic paths (indexing, `unwrap`, `unreachable!`) in their CFI
-// lookup and evaluation that the optimiser cannot remove, so the handler's link-time
-// proof (`handler::handle_signal`, feature `handler-no-panic-check`) cannot cover them.
-// An `extern "C"` function cannot unwind: a panic inside one aborts the process at its
-// boundary, as a panic anywhere in the handler did before (its entry is `extern "C"` too).
-// So the proof covers everything the handler does around these two calls, including the
-// walk's bookkeeping, and names exactly what it leaves out: these two functions. The
-// stack reads framehop calls back (`StackReader::read`) carry their own proof.
-
-/// framehop's next frame of a walk; `Err(())` for its errors. No unwinding crosses this
-/// boundary (see above).
-#[allow(improper_ctypes_definitions)] // Rust to Rust: the boundary is only for unwinding
-#[inline(never)]
-extern "C" fn framehop_next<U, F>(
-    frames: &mut framehop::UnwindIterator<'_, '_, '_, U, F>,
-) -> Result<Option<FrameAddress>, ()>
-where
-    U: Unwinder,
-    F: FnMut(u64) -> Result<u64, ()>,
-{
-    frames.next().map_err(|_| ())
-}
-
-/// framehop's lookup of one address with a stack that reads nothing (the cache overwrite
-/// of [`Snapshot::adopt`]); the result is not needed. No unwinding crosses this boundary.
-#[allow(improper_ctypes_definitions)] // Rust to Rust: the boundary is only for unwinding
-#[inline(never)]
-extern "C" fn framehop_unwind_frame<A: Arch>(
-    unwinder: &A::Unwinder,
-    address: FrameAddress,
-    regs: &mut A::Regs,
-    cache: &mut A::Cache,
-) {
-    let _ = unwinder.unwind_frame(address, regs, cache, &mut |_| Err(()));
-}
-
-/// framehop's module for one object. Addresses in the file (SVMA) are runtime
-/// addresses (AVMA) minus the load bias; `base_svma` is 0 for ELF.
-fn module(
-    name: &str,
-    bias: u64,
-    code: &Range<u64>,
-    tables: modules::UnwindTables,
-) -> Module<Vec<u8>> {
-    let svma = |avma: u64, len: usize| avma - bias..avma - bias + len as u64;
-    let hdr_len = tables.eh_frame_hdr.as_ref().map_or(0, Vec::len);
-    let info = ExplicitModuleSectionInfo {
-        base_svma: 0,
-        text_svma: Some(code.start - bias..code.end - bias),
-        eh_frame_svma: Some(svma(tables.eh_frame_avma, tables.eh_frame.len())),
-        eh_frame: Some(tables.eh_frame),
-        eh_frame_hdr_svma: Some(svma(tables.eh_frame_hdr_avma, hdr_len)),
-        eh_frame_hdr: tables.eh_frame_hdr,
-        ..Default::default()
-    };
-    let name = if name.is_empty() { "[exe]" } else { name };
-    Module::new(name.to_owned(), code.clone(), bias, info)
-}
-
-/// A thread's framehop cache (about 33 KB, allocated here, at registration).
-pub(crate) struct UnwindCache(UnsafeCell<ThreadCache<Native>>);
-
-impl UnwindCache {
-    pub(crate) fn new() -> UnwindCache {
-        UnwindCache(UnsafeCell::new(ThreadCache::new()))
-    }
-}
-
-/// framehop's rule cache and the snapshot its rules were computed with.
-struct ThreadCache<A: Arch> {
-    rules: A::Cache,
-    /// The [`Snapshot::id`] of the rules in `rules`; [`NO_SNAPSHOT`] while it holds none.
-    filled_under: u64,
-}
-
-impl<A: Arch> ThreadCache<A> {
-    fn new() -> ThreadCache<A> {
-        ThreadCache {
-            rules: A::new_cache(),
-            filled_under: NO_SNAPSHOT,
-        }
-    }
-}
-
-/// No snapshot has this id: a cache filled under it is empty.
-const NO_SNAPSHOT: u64 = 0;
-/// The next [`Snapshot::id`]. A `u64` counting up from 1 does not wrap.
-static SNAPSHOT_IDS: AtomicU64 = AtomicU64::new(NO_SNAPSHOT + 1);
-
-fn next_snapshot_id() -> u64 {
-    SNAPSHOT_IDS.fetch_add(1, Ordering::Relaxed)
-}
-
-/// framehop 0.16 keeps a cache's rules in this many slots, slot `address % 509` (the
-/// private `CACHE_ENTRY_COUNT` of its `rule_cache.rs`); the test
-/// `a_new_snapshot_replaces_every_cached_rule` fails if that changes.
-const RULE_CACHE_SLOTS: u64 = 509;
-/// The first of the [`RULE_CACHE_SLOTS`] consecutive addresses (one per slot) that
-/// [`Snapshot::adopt`] looks up. They lie in the kernel's half of the address space on
-/// x86_64 and aarch64, so in no loaded object and no module of any snapshot.
-const FLUSH_FROM: u64 = u64::MAX - (RULE_CACHE_SLOTS - 1);
 
 /// The published snapshot; owned by the publisher (a `Box` turned raw).
 static CURRENT: AtomicPtr<Snapshot<Native>> = AtomicPtr::new(std::ptr::null_mut());
@@ -590,17 +417,11 @@ pub(crate) fn publisher_is_free() -> bool {
 /// return addresses, innermost first; sets `depth` and `truncated`. Async-signal-safe.
 ///
 /// # Safety
-/// Only from the `SIGPROF` handler of the thread that owns `cache` and whose stack
-/// `stack` describes; the handler must not nest (SIGPROF is blocked while it runs).
-///
-/// Never inlined: on a cache miss framehop's CFI evaluation keeps several KB of
-/// temporaries, which must live in this frame (entered only after the handler checked the
-/// stack headroom), not in the handler's own.
+/// Only from the `SIGPROF` handler of the thread whose stack `stack` describes.
 #[inline(never)]
 pub(crate) unsafe fn walk(
     regs: &Registers,
     stack: StackBounds,
-    cache: &UnwindCache,
     record: &mut SampleRecord,
 ) -> WalkEnd {
     record.frames[0] = regs.pc;
@@ -615,12 +436,7 @@ pub(crate) unsafe fn walk(
             // refresher sees IN_FLIGHT back at zero, which needs our decrement below.
             let end = match unsafe { snapshot.as_ref() } {
                 None => WalkEnd::Truncated,
-                Some(snapshot) => {
-                    // SAFETY: the caller guarantees this thread's handler is the cache's
-                    // only user and does not nest, so this is the only reference to it.
-                    let cache = unsafe { &mut *cache.0.get() };
-                    snapshot.walk(regs, |addr| reader.read(addr), cache, record)
-                }
+                Some(snapshot) => snapshot.walk(regs, |addr| reader.read(addr), record),
             };
             IN_FLIGHT.fetch_sub(1, Ordering::SeqCst);
             end
@@ -630,27 +446,12 @@ pub(crate) unsafe fn walk(
     end
 }
 
-/// A framehop cache owned by one ordinary thread (the blocked-thread watchdog), for
-/// [`walk_copy`].
-pub(crate) struct OwnedCache(Box<ThreadCache<Native>>);
-
-impl OwnedCache {
-    pub(crate) fn new() -> OwnedCache {
-        OwnedCache(Box::new(ThreadCache::new()))
-    }
-}
-
 /// Fills `record` like [`walk`], from another thread's registers and a copy of its stack:
 /// `copy` holds the bytes that were at `[regs.sp, regs.sp + copy.len())`. Every read
 /// is served from the copy, so nothing of the other thread is touched. Not for signal
 /// handlers (it holds `IN_FLIGHT` like one, so a refresh never frees the snapshot under
 /// it).
-pub(crate) fn walk_copy(
-    regs: &Registers,
-    copy: &[u8],
-    cache: &mut OwnedCache,
-    record: &mut SampleRecord,
-) -> WalkEnd {
+pub(crate) fn walk_copy(regs: &Registers, copy: &[u8], record: &mut SampleRecord) -> WalkEnd {
     record.frames[0] = regs.pc;
     record.depth = 1;
     let base = regs.sp;
@@ -668,7 +469,7 @@ pub(crate) fn walk_copy(
     // seen at zero after it was retired.
     let end = match unsafe { snapshot.as_ref() } {
         None => WalkEnd::Truncated,
-        Some(snapshot) => snapshot.walk(regs, read, &mut cache.0, record),
+        Some(snapshot) => snapshot.walk(regs, read, record),
     };
     IN_FLIGHT.fetch_sub(1, Ordering::SeqCst);
     record.truncated = end != WalkEnd::Complete;
@@ -689,6 +490,7 @@ pub(crate) fn is_known_code(addr: u64) -> bool {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use std::cell::UnsafeCell;
     use std::sync::PoisonError;
 
     pub(super) fn build<A: Arch>() -> Snapshot<A> {
@@ -733,7 +535,7 @@ mod tests {
             name: "gone.so".into(),
             bias: 1 << 40,
             code: (1 << 40)..(1 << 40) + 4096,
-            table_bytes: 0,
+            rules: Arc::default(),
         });
         let next = Snapshot::next(Some(&fewer), scan).expect("a removal is a change");
         assert!(!next.objects.iter().any(|k| k.name == "gone.so"));
@@ -743,7 +545,6 @@ mod tests {
     /// State for the `SIGUSR1` handler below (one test thread raises it on itself).
     struct Probe {
         stack: StackBounds,
-        cache: UnwindCache,
         record: UnsafeCell<SampleRecord>,
         end: UnsafeCell<Option<WalkEnd>>,
         nanos: AtomicU64,
@@ -764,7 +565,7 @@ mod tests {
         // and this handler does not nest; `record`/`end` are read only after `raise`.
         unsafe {
             let regs = Registers::from_ucontext(ucontext).expect("registers");
-            let end = walk(&regs, probe.stack, &probe.cache, &mut *probe.record.get());
+            let end = walk(&regs, probe.stack, &mut *probe.record.get());
             *probe.end.get() = Some(end);
         }
         probe
@@ -808,14 +609,13 @@ mod tests {
     }
 
     /// A walk from a real signal frame (the handler interrupts `raise` in libc) reaches
-    /// the callers and ends cleanly; prints the time per walk, cold and warm cache.
+    /// the callers and ends cleanly; prints the time per walk, the first and the rest.
     #[test]
     #[inline(never)] // keep its own frame in release builds (checked below)
     fn walks_from_a_signal_handler() {
         refresh(Wait::Upto(Duration::from_secs(5)));
         let probe = Box::new(Probe {
             stack: StackBounds::current().expect("stack"),
-            cache: UnwindCache::new(),
             record: UnsafeCell::new(SampleRecord::EMPTY),
             end: UnsafeCell::new(None),
             nanos: AtomicU64::new(0),
@@ -924,160 +724,298 @@ mod tests {
         assert!(reads > 0);
     }
 
-    /// A function whose first instruction the wrap test below unwinds from.
-    #[inline(never)]
-    fn an_entry_point() -> u64 {
-        std::hint::black_box(3)
+    /// Stacks captured by a signal at random points of a varied workload, for the
+    /// comparison with framehop below.
+    #[cfg(target_arch = "x86_64")]
+    mod captured {
+        use super::*;
+        use std::sync::atomic::AtomicUsize;
+
+        pub(super) const CAPTURES: usize = 400;
+        pub(super) const STACK_COPY: usize = 64 * 1024;
+
+        pub(super) struct Capture {
+            pub(super) regs: Registers,
+            pub(super) len: usize,
+            pub(super) bytes: Box<[u8]>,
+        }
+
+        pub(super) struct Captures {
+            pub(super) stack: StackBounds,
+            pub(super) slots: Vec<UnsafeCell<Capture>>,
+            pub(super) taken: AtomicUsize,
+        }
+
+        // SAFETY: each slot is written once by the handler (claimed through `taken`) and
+        // read by the test only after the capture thread stopped and joined.
+        unsafe impl Sync for Captures {}
+
+        pub(super) static TARGET: AtomicPtr<Captures> = AtomicPtr::new(std::ptr::null_mut());
+
+        pub(super) extern "C" fn on_signal(
+            _: libc::c_int,
+            _: *mut libc::siginfo_t,
+            ucontext: *mut libc::c_void,
+        ) {
+            // SAFETY: the test keeps the captures alive while the signal may come.
+            let Some(captures) = (unsafe { TARGET.load(Ordering::SeqCst).as_ref() }) else {
+                return;
+            };
+            let i = captures.taken.fetch_add(1, Ordering::SeqCst);
+            let Some(slot) = captures.slots.get(i) else {
+                return;
+            };
+            // SAFETY: the kernel's context; slot `i` is this handler's alone.
+            unsafe {
+                let Some(regs) = Registers::from_ucontext(ucontext) else {
+                    return;
+                };
+                let capture = &mut *slot.get();
+                let top = captures
+                    .stack
+                    .hi
+                    .min(regs.sp.saturating_add(STACK_COPY as u64));
+                let len = top.saturating_sub(regs.sp) as usize;
+                if regs.sp >= captures.stack.lo && len <= capture.bytes.len() {
+                    std::ptr::copy_nonoverlapping(
+                        regs.sp as *const u8,
+                        capture.bytes.as_mut_ptr(),
+                        len,
+                    );
+                    capture.len = len;
+                    capture.regs = regs;
+                }
+            }
+        }
+
+        /// Code of many shapes (std's sorting, formatting, maps, closures, recursion).
+        #[inline(never)]
+        pub(super) fn workload(round: u64) -> u64 {
+            fn fib(n: u64) -> u64 {
+                if n < 2 {
+                    n
+                } else {
+                    std::hint::black_box(fib(n - 1)) + fib(n - 2)
+                }
+            }
+            let mut words: Vec<String> = (0..200)
+                .map(|i| format!("w{}", (i * 7919 + round) % 1000))
+                .collect();
+            words.sort();
+            let map: std::collections::BTreeMap<_, _> = words
+                .iter()
+                .enumerate()
+                .map(|(i, w)| (w.clone(), i))
+                .collect();
+            let hashed: std::collections::HashMap<_, _> =
+                map.iter().map(|(k, v)| (v, k.len())).collect();
+            fib(18)
+                + hashed.values().sum::<usize>() as u64
+                + words.iter().map(|w| w.len() as u64).sum::<u64>()
+        }
     }
 
-    /// framehop tags cached rules with a `u16` module generation drawn from a
-    /// process-wide counter. Once that counter has gone round, an unwinder with other
-    /// modules can carry the generation a thread's cache was filled under: its cached
-    /// rules must not be used for the new snapshot.
+    /// The compiled rules walk real stacks frame for frame as framehop does (it evaluates
+    /// the CFI at every frame): stacks captured by a signal at random instructions of a
+    /// varied workload, walked from copies by both. framehop guesses with frame pointers
+    /// where there is no CFI, the rules end the walk there: only then may they stop
+    /// earlier, and never in this test's own code.
+    #[cfg(target_arch = "x86_64")]
     #[test]
-    fn a_wrapped_module_generation_does_not_revive_stale_rules() {
-        // Where the two rules for `an_entry_point`'s first instruction find the return
-        // address: its CFI says `[sp]` (or `lr` on aarch64); the frame-pointer rule that
-        // framehop uses for addresses in no module says `[fp + 8]`.
-        const BY_CFI: u64 = 0x1111_1110;
-        const BY_FP: u64 = 0x2222_2220;
-        let pc = an_entry_point as *const () as usize as u64;
-        let words: [u64; 8] = [BY_CFI, 0, 0, 0, 0, BY_FP, 0, 0];
-        let base = words.as_ptr() as u64;
-        let bounds = StackBounds {
-            lo: base,
-            hi: base + 64,
-        };
-        let regs = Registers {
-            pc,
-            sp: base,
-            fp: base + 32,
-            #[cfg(target_arch = "aarch64")]
-            lr: BY_CFI,
-        };
-        let walk = |snapshot: &Snapshot<Native>, cache: &mut ThreadCache<Native>| {
-            let mut record = SampleRecord::EMPTY;
-            record.frames[0] = pc;
-            record.depth = 1;
-            let reader = bounds.reader_from(base).expect("sp in bounds");
-            snapshot.walk(&regs, |addr| reader.read(addr), cache, &mut record);
-            record.frames().to_vec()
-        };
+    fn compiled_rules_walk_captured_stacks_as_framehop_does() {
+        use captured::*;
+        use framehop::Unwinder as _;
 
-        // Snapshot `a` knows this binary; a thread's cache learns `pc`'s rule from it.
-        let a = build::<Native>();
-        assert!(a.is_code(pc));
-        let mut thread_cache = ThreadCache::new();
-        assert_eq!(walk(&a, &mut thread_cache), [pc, BY_CFI]);
-
-        // Make unwinders until one has `a`'s generation (a full wrap of the counter). A second cache tells: an address looked up under `a` hits only for
-        // an unwinder with `a`'s generation. Other tests make unwinders meanwhile, so a
-        // wrap may step over it; then the next wrap is tried.
-        let probe_at = FrameAddress::from_instruction_pointer(u64::MAX - 4096);
-        let no_regs = Registers {
-            pc: 0,
-            sp: 0,
-            fp: 0,
-            #[cfg(target_arch = "aarch64")]
-            lr: 0,
-        };
-        let mut probe = Native::new_cache();
-        let look_up = |unwinder: &<Native as Arch>::Unwinder, probe: &mut _| {
-            let mut regs = Native::regs(&no_regs, 0);
-            let _ = unwinder.unwind_frame(probe_at, &mut regs, probe, &mut |_| Err(()));
-        };
-        look_up(&a.unwinder, &mut probe);
-        let mut made = 0u64;
-        let twin = loop {
-            let candidate = Native::new_unwinder();
-            made += 1;
-            let hits = probe.stats().hit_count;
-            look_up(&candidate, &mut probe);
-            if probe.stats().hit_count > hits {
-                break candidate;
-            }
-            assert!(made < 8 << 16, "no unwinder with a's generation in {made}");
-            // The miss replaced the probe's entry; put `a`'s back.
-            look_up(&a.unwinder, &mut probe);
-        };
-        eprintln!("an unwinder with a's module generation after {made} new ones");
-
-        // Snapshot `b`: the same code ranges, but no modules, so framehop's rule for
-        // `pc` is the frame-pointer one.
-        let b = Snapshot::<Native> {
-            id: next_snapshot_id(),
-            unwinder: twin,
-            code: a.code.clone(),
-            objects: Vec::new(),
-            register_mask: a.register_mask,
-        };
-        assert_eq!(walk(&b, &mut ThreadCache::new()), [pc, BY_FP]);
-        assert_eq!(
-            walk(&b, &mut thread_cache),
-            [pc, BY_FP],
-            "a rule cached under snapshot a was used for snapshot b"
+        let signal = libc::SIGRTMIN() + 5;
+        let captures = Box::new(Captures {
+            stack: StackBounds::current().expect("stack"),
+            slots: (0..CAPTURES)
+                .map(|_| {
+                    UnsafeCell::new(Capture {
+                        regs: Registers {
+                            pc: 0,
+                            sp: 0,
+                            fp: 0,
+                        },
+                        len: 0,
+                        bytes: vec![0; STACK_COPY].into_boxed_slice(),
+                    })
+                })
+                .collect(),
+            taken: AtomicUsize::new(0),
+        });
+        TARGET.store(
+            &*captures as *const Captures as *mut Captures,
+            Ordering::SeqCst,
         );
-    }
+        // SAFETY: installing an SA_SIGINFO handler for a signal no other test uses.
+        unsafe {
+            let mut action: libc::sigaction = std::mem::zeroed();
+            action.sa_sigaction = on_signal
+                as extern "C" fn(libc::c_int, *mut libc::siginfo_t, *mut libc::c_void)
+                as usize;
+            action.sa_flags = libc::SA_SIGINFO | libc::SA_RESTART;
+            libc::sigemptyset(&mut action.sa_mask);
+            assert_eq!(libc::sigaction(signal, &action, std::ptr::null_mut()), 0);
+        }
+        // SAFETY: pthread_self has no preconditions.
+        let me = unsafe { libc::pthread_self() } as usize;
+        let done = std::sync::Arc::new(std::sync::atomic::AtomicBool::new(false));
+        let kicker = {
+            let done = done.clone();
+            std::thread::spawn(move || {
+                while !done.load(Ordering::SeqCst) {
+                    // SAFETY: the test thread lives until this thread is joined.
+                    unsafe { libc::pthread_kill(me as libc::pthread_t, signal) };
+                    std::thread::sleep(Duration::from_micros(700));
+                }
+            })
+        };
+        let deadline = Instant::now() + Duration::from_secs(20);
+        let mut round = 0;
+        while captures.taken.load(Ordering::SeqCst) < CAPTURES && Instant::now() < deadline {
+            std::hint::black_box(workload(round));
+            round += 1;
+        }
+        done.store(true, Ordering::SeqCst);
+        kicker.join().expect("kicker");
+        TARGET.store(std::ptr::null_mut(), Ordering::SeqCst);
 
-    /// Adopting a new snapshot leaves no slot of the cache holding an earlier rule, even
-    /// one tagged with the new unwinder's generation (a clone keeps it); adopting the same
-    /// snapshot again keeps the rules. Also checks [`RULE_CACHE_SLOTS`] against framehop.
-    #[test]
-    fn a_new_snapshot_replaces_every_cached_rule() {
-        let no_regs = Registers {
-            pc: 0,
-            sp: 0,
-            fp: 0,
-            #[cfg(target_arch = "aarch64")]
-            lr: 0,
-        };
-        let first = Snapshot::<Native> {
-            id: next_snapshot_id(),
-            unwinder: Native::new_unwinder(),
-            code: Vec::new(),
-            objects: Vec::new(),
-            register_mask: 0,
-        };
-        let second = Snapshot::<Native> {
-            id: next_snapshot_id(),
-            unwinder: first.unwinder.clone(),
-            code: Vec::new(),
-            objects: Vec::new(),
-            register_mask: 0,
-        };
-        let look_up = |cache: &mut ThreadCache<Native>, addresses: Range<u64>| {
-            let hits = cache.rules.stats().hit_count;
-            for address in addresses {
-                let mut regs = Native::regs(&no_regs, 0);
-                let _ = first.unwinder.unwind_frame(
-                    FrameAddress::from_instruction_pointer(address),
-                    &mut regs,
-                    &mut cache.rules,
-                    &mut |_| Err(()),
-                );
+        // Both unwinders over the same objects.
+        let compile_start = Instant::now();
+        let ours = build::<Native>();
+        let compile_took = compile_start.elapsed();
+        let mut theirs = framehop::x86_64::UnwinderX86_64::<Vec<u8>>::new();
+        for object in modules::scan(&|_, _, _| false).objects {
+            let Tables::Copied(tables) = object.tables else {
+                continue;
+            };
+            let svma = |avma: u64, len: usize| avma - object.bias..avma - object.bias + len as u64;
+            let hdr_len = tables.eh_frame_hdr.as_ref().map_or(0, Vec::len);
+            let info = framehop::ExplicitModuleSectionInfo {
+                base_svma: 0,
+                text_svma: Some(object.code.start - object.bias..object.code.end - object.bias),
+                eh_frame_svma: Some(svma(tables.eh_frame_avma, tables.eh_frame.len())),
+                eh_frame: Some(tables.eh_frame),
+                eh_frame_hdr_svma: Some(svma(tables.eh_frame_hdr_avma, hdr_len)),
+                eh_frame_hdr: tables.eh_frame_hdr,
+                ..Default::default()
+            };
+            theirs.add_module(framehop::Module::new(
+                object.name.clone(),
+                object.code.clone(),
+                object.bias,
+                info,
+            ));
+        }
+        let mut cache = framehop::x86_64::CacheX86_64::<_>::new();
+        let test_code = workload as *const () as usize as u64;
+        let (mut compared, mut equal, mut frames, mut earlier) = (0, 0, 0, Vec::new());
+        let (mut ours_ns, mut theirs_ns) = (0u128, 0u128);
+        let taken = captures.taken.load(Ordering::SeqCst).min(CAPTURES);
+        for slot in &captures.slots[..taken] {
+            // SAFETY: the handler is uninstalled from TARGET and the kicker joined.
+            let capture = unsafe { &*slot.get() };
+            if capture.len == 0 {
+                continue;
             }
-            cache.rules.stats().hit_count - hits
-        };
-        let mut cache = ThreadCache::new();
-        first.adopt(&mut cache);
-        // Four addresses per slot; the last of each stays.
-        let slots = RULE_CACHE_SLOTS;
-        look_up(&mut cache, 0x1000..0x1000 + 4 * slots);
-        let last = 0x1000 + 3 * slots..0x1000 + 4 * slots;
-        assert_eq!(look_up(&mut cache, last.clone()), slots, "all cached");
-        first.adopt(&mut cache);
-        assert_eq!(look_up(&mut cache, last.clone()), slots, "kept");
-        let start = Instant::now();
-        second.adopt(&mut cache);
-        let took = start.elapsed();
-        assert_eq!(look_up(&mut cache, last), 0, "a rule survived the flush");
-        // More slots than RULE_CACHE_SLOTS would keep some of an earlier, wider fill.
-        look_up(&mut cache, 0x10_0000..0x10_0000 + 8 * slots);
-        let cached = (0x10_0000..0x10_0000 + 8 * slots)
-            .rev()
-            .filter(|&a| look_up(&mut cache, a..a + 1) == 1)
-            .count();
-        assert_eq!(cached as u64, slots, "framehop's rule cache changed size");
-        eprintln!("replacing every cached rule took {took:?}");
+            let copy = &capture.bytes[..capture.len];
+            let base = capture.regs.sp;
+            let read = |addr: u64| -> Result<u64, ()> {
+                let at = usize::try_from(addr.checked_sub(base).ok_or(())?).map_err(|_| ())?;
+                let word = copy.get(at..at + 8).ok_or(())?;
+                Ok(u64::from_ne_bytes(word.try_into().map_err(|_| ())?))
+            };
+            let mut record = SampleRecord::EMPTY;
+            record.frames[0] = capture.regs.pc;
+            record.depth = 1;
+            // Walked twice like framehop below; the second walk is timed.
+            let _ = ours.walk(&capture.regs, read, &mut record.clone());
+            let started = Instant::now();
+            let end = ours.walk(&capture.regs, read, &mut record);
+            ours_ns += started.elapsed().as_nanos();
+            let mine = record.frames().to_vec();
+            let mut reference = Vec::new();
+            let mut read = read;
+            // framehop with the cache warm from this stack's first walk, as in a
+            // thread's steady state.
+            for pass in 0..2 {
+                let started = Instant::now();
+                let mut iter = theirs.iter_frames(
+                    capture.regs.pc,
+                    framehop::x86_64::UnwindRegsX86_64::new(
+                        capture.regs.pc,
+                        capture.regs.sp,
+                        capture.regs.fp,
+                    ),
+                    &mut cache,
+                    &mut read,
+                );
+                let mut n = 0;
+                while let Ok(Some(_)) = iter.next() {
+                    n += 1;
+                    if n == mine.len() {
+                        break;
+                    }
+                }
+                if pass == 1 {
+                    theirs_ns += started.elapsed().as_nanos();
+                }
+            }
+            let mut iter = theirs.iter_frames(
+                capture.regs.pc,
+                framehop::x86_64::UnwindRegsX86_64::new(
+                    capture.regs.pc,
+                    capture.regs.sp,
+                    capture.regs.fp,
+                ),
+                &mut cache,
+                &mut read,
+            );
+            while let Ok(Some(frame)) = iter.next() {
+                reference.push(frame.address());
+                if reference.len() == mine.len().max(crate::sampler::MAX_FRAMES)
+                    || !ours.is_code(frame.address_for_lookup())
+                {
+                    break;
+                }
+            }
+            compared += 1;
+            frames += mine.len();
+            assert!(
+                reference.starts_with(&mine),
+                "walks differ at pc {:#x} ({end:?}):\n ours   {mine:x?}\n theirs {reference:x?}",
+                capture.regs.pc
+            );
+            if mine == reference {
+                equal += 1;
+            } else {
+                // Ours stopped where framehop went on by frame pointers: never inside the
+                // workload's own frames (they have CFI).
+                assert_eq!(end, WalkEnd::Truncated, "{mine:x?} / {reference:x?}");
+                let last = *mine.last().expect("a frame");
+                earlier.push(function_of(last.saturating_sub(1)));
+                assert_ne!(last, test_code);
+            }
+        }
+        let (rows, bytes): (usize, usize) = ours
+            .objects
+            .iter()
+            .map(|k| k.rules.size())
+            .fold((0, 0), |(r, b), (r2, b2)| (r + r2, b + b2));
+        eprintln!(
+            "{compared} captured stacks ({frames} frames): {equal} walked exactly as framehop \
+             does; {} ended where framehop guessed by frame pointers ({earlier:?}); rules: \
+             {rows} rows, {bytes} bytes, compiled in {compile_took:?}; walk time {:.2} us per \
+             stack, framehop's with a warm cache {:.2} us",
+            earlier.len(),
+            ours_ns as f64 / compared.max(1) as f64 / 1e3,
+            theirs_ns as f64 / compared.max(1) as f64 / 1e3,
+        );
+        assert!(compared >= CAPTURES / 2, "only {compared} stacks captured");
+        assert!(
+            equal * 10 >= compared * 9,
+            "{equal} of {compared} walked as framehop does"
+        );
     }
 }

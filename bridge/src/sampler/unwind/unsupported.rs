@@ -1,4 +1,4 @@
-//! Architectures without a framehop unwinder: the handler records at most the
+//! Architectures without an unwinder here: the handler records at most the
 //! interrupted pc, marked truncated, and there are no unwind tables to load.
 #![allow(dead_code)] // the same items as `unwind/mod.rs`, not all of them used here
 
@@ -18,14 +18,6 @@ pub(crate) enum WalkEnd {
 pub(crate) enum Wait {
     No,
     Upto(Duration),
-}
-
-pub(crate) struct UnwindCache;
-
-impl UnwindCache {
-    pub(crate) fn new() -> UnwindCache {
-        UnwindCache
-    }
 }
 
 /// No registers are read: the context layout is not verified here, so the record stays
@@ -54,33 +46,15 @@ pub(crate) fn after_fork_in_child() {}
 /// # Safety
 /// None needed here; `unsafe` to match the unwinding version.
 #[inline]
-pub(crate) unsafe fn walk(
-    regs: &Registers,
-    _: StackBounds,
-    _: &UnwindCache,
-    record: &mut SampleRecord,
-) -> WalkEnd {
+pub(crate) unsafe fn walk(regs: &Registers, _: StackBounds, record: &mut SampleRecord) -> WalkEnd {
     record.frames[0] = regs.pc;
     record.depth = 1;
     record.truncated = true;
     WalkEnd::Truncated
 }
 
-pub(crate) struct OwnedCache;
-
-impl OwnedCache {
-    pub(crate) fn new() -> OwnedCache {
-        OwnedCache
-    }
-}
-
 /// Records only the blocked pc.
-pub(crate) fn walk_copy(
-    regs: &Registers,
-    _: &[u8],
-    _: &mut OwnedCache,
-    record: &mut SampleRecord,
-) -> WalkEnd {
+pub(crate) fn walk_copy(regs: &Registers, _: &[u8], record: &mut SampleRecord) -> WalkEnd {
     record.frames[0] = regs.pc;
     record.depth = 1;
     record.truncated = true;

@@ -525,12 +525,7 @@ fn a_slot_reclaimed_between_the_read_and_the_look_pushes_nothing() {
             threshold: 0,
         };
         let mut scanner = Scanner::new(WatchdogConfig::default());
-        look.examine(
-            &mut tracked,
-            &mut scanner.stack,
-            &mut scanner.cache,
-            &mut scanner.record,
-        );
+        look.examine(&mut tracked, &mut scanner.stack, &mut scanner.record);
         go_on.wait();
         let same_slot = second.join().expect("second owner");
         let mut pushed = Vec::new();

@@ -1,0 +1,231 @@
+//! Whose code a frame is: the user's, or a dependency's (a crate from the Cargo registry
+//! or a git checkout, the toolchain's library, C libraries), decided from the binary
+//! itself where the profiles carry source paths.
+//!
+//! With source paths (the bridge writes each function's file from the line tables): a
+//! file under the Cargo registry (`…/registry/src/<index>/<crate>-<version>/`), a git
+//! checkout (`…/git/checkouts/<repo>-<hash>/<rev>/`) or the toolchain's library
+//! (`/rustc/<hash>/library/<crate>/`, `…/rustlib/src/rust/library/<crate>/`) is a
+//! dependency, grouped by its crate; any other file is the user's (the executable's crate
+//! and the workspace's others, path dependencies too), and so is every crate whose
+//! functions have such files. A frame without a file is the user's when the crate of its
+//! qualified name is one of those (or given with `--crate`), a dependency when it is a
+//! crate seen only under dependency paths, and otherwise classified by name as before
+//! ([`library_group`]: known runtime and library families, C library functions).
+
+use std::collections::{BTreeSet, HashMap};
+use std::sync::Arc;
+
+use crate::functions::{library_group, owning_crate, NO_STACK};
+
+/// The user's crates and each function's source file, for one set of profiles.
+#[derive(Clone, Debug, Default)]
+pub struct Ownership {
+    /// Source file per function name (from the profiles' function table).
+    sources: HashMap<Arc<str>, Arc<str>>,
+    /// Crates that are the user's: those with functions in user files, and `--crate`.
+    user_crates: BTreeSet<String>,
+    /// Crates seen only in dependency files.
+    dependency_crates: BTreeSet<String>,
+    /// Crates named with `--crate`: the user's whatever their files say.
+    named: BTreeSet<String>,
+}
+
+impl Ownership {
+    /// From the functions' source files and the crates the user names (`--crate`).
+    pub fn new(sources: HashMap<Arc<str>, Arc<str>>, extra_user_crates: &[String]) -> Ownership {
+        let named: BTreeSet<String> = extra_user_crates
+            .iter()
+            .map(|c| c.replace('-', "_"))
+            .collect();
+        let mut user_crates = named.clone();
+        let mut dependency_crates = BTreeSet::new();
+        for (function, file) in &sources {
+            let Some(krate) = owning_crate(function) else {
+                continue;
+            };
+            match dependency_crate(file) {
+                None => {
+                    user_crates.insert(krate.to_owned());
+                }
+                Some(_) => {
+                    dependency_crates.insert(krate.to_owned());
+                }
+            }
+        }
+        dependency_crates.retain(|c| !user_crates.contains(c));
+        Ownership {
+            sources,
+            user_crates,
+            dependency_crates,
+            named,
+        }
+    }
+
+    /// The group a frame's code belongs to (a crate or family name: `tokio`, `sha2`,
+    /// `std`, `libc`…), or `None` for the user's own code.
+    pub fn group(&self, frame: &str) -> Option<Arc<str>> {
+        let frame = frame.trim();
+        if frame == NO_STACK {
+            return Some(Arc::from(NO_STACK));
+        }
+        if owning_crate(frame).is_some_and(|krate| self.named.contains(krate)) {
+            return None;
+        }
+        if let Some(file) = self.sources.get(frame) {
+            return dependency_crate(file).map(|krate| family_or(&krate));
+        }
+        if let Some(krate) = owning_crate(frame) {
+            if self.user_crates.contains(krate) {
+                return None;
+            }
+            if self.dependency_crates.contains(krate) {
+                return Some(family_or(krate));
+            }
+        }
+        library_group(frame).map(Arc::from)
+    }
+
+    /// Whether `frame` is the user's code.
+    pub fn is_user(&self, frame: &str) -> bool {
+        self.group(frame).is_none()
+    }
+
+    /// The crates taken as the user's.
+    pub fn user_crates(&self) -> impl Iterator<Item = &str> {
+        self.user_crates.iter().map(String::as_str)
+    }
+}
+
+/// The family a crate belongs to (`tokio_util` → `tokio`), else the crate itself.
+fn family_or(krate: &str) -> Arc<str> {
+    let probe = format!("{krate}::x");
+    Arc::from(library_group(&probe).unwrap_or(krate))
+}
+
+/// The crate of a dependency's source file, `None` for a file of the user's.
+pub fn dependency_crate(file: &str) -> Option<String> {
+    let file = file.replace('\\', "/");
+    // Cargo registry: …/registry/src/<index>/<crate>-<version>/…
+    if let Some(rest) = after(&file, "/registry/src/") {
+        let dir = rest.split('/').nth(1)?;
+        return Some(strip_version(dir));
+    }
+    // git dependencies: …/git/checkouts/<repo>-<hash>/<rev>/…
+    if let Some(rest) = after(&file, "/git/checkouts/") {
+        let dir = rest.split('/').next()?;
+        let repo = dir.rsplit_once('-').map_or(dir, |(name, _)| name);
+        return Some(repo.replace('-', "_"));
+    }
+    // The toolchain's library: /rustc/<hash>/library/<crate>/… or
+    // …/lib/rustlib/src/rust/library/<crate>/…
+    for marker in ["/rustlib/src/rust/library/", "/library/"] {
+        if let Some(rest) = after(&file, marker) {
+            if marker == "/library/" && !file.starts_with("/rustc/") {
+                continue;
+            }
+            let krate = rest.split('/').next()?;
+            return Some(krate.to_owned());
+        }
+    }
+    None
+}
+
+fn after<'a>(file: &'a str, marker: &str) -> Option<&'a str> {
+    file.find(marker).map(|at| &file[at + marker.len()..])
+}
+
+/// `sha2-0.10.8` → `sha2`, `tokio-util-0.7.1` → `tokio_util`.
+fn strip_version(dir: &str) -> String {
+    let name = match dir.rfind('-') {
+        Some(at) if dir[at + 1..].starts_with(|c: char| c.is_ascii_digit()) => &dir[..at],
+        _ => dir,
+    };
+    name.replace('-', "_")
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn dependency_paths_name_their_crate_and_other_paths_are_the_users() {
+        let cases = [
+            (
+                "/home/u/.cargo/registry/src/index.crates.io-1949cf8c6b5b557f/sha2-0.10.8/src/sha256/soft.rs",
+                Some("sha2"),
+            ),
+            (
+                "/home/u/.cargo/registry/src/index.crates.io-6f17d22bba15001f/tokio-util-0.7.11/src/codec.rs",
+                Some("tokio_util"),
+            ),
+            (
+                "/home/u/.cargo/git/checkouts/my-lib-3a9f1c2d/1b2c3d4/src/lib.rs",
+                Some("my_lib"),
+            ),
+            (
+                "/rustc/59807616e1fa2540724bfbac14d7976d7e4a3860/library/core/src/num/mod.rs",
+                Some("core"),
+            ),
+            (
+                "/home/u/.rustup/toolchains/stable-x86_64-unknown-linux-gnu/lib/rustlib/src/rust/library/std/src/thread/mod.rs",
+                Some("std"),
+            ),
+            ("/work/svc/src/catalog.rs", None),
+            ("src/main.rs", None),
+            ("/work/library/src/lib.rs", None),
+        ];
+        for (file, krate) in cases {
+            assert_eq!(dependency_crate(file).as_deref(), krate, "{file}");
+        }
+    }
+
+    #[test]
+    fn the_binary_decides_whose_code_a_frame_is() {
+        let sources: HashMap<Arc<str>, Arc<str>> = [
+            ("svc::catalog::hash_catalog", "/work/svc/src/catalog.rs"),
+            ("svc_model::Item::price", "/work/model/src/lib.rs"),
+            (
+                "sha2::sha256::compress256",
+                "/u/.cargo/registry/src/index.crates.io-1/sha2-0.10.8/src/sha256.rs",
+            ),
+            (
+                "itoa::Buffer::format",
+                "/u/.cargo/registry/src/index.crates.io-1/itoa-1.0.11/src/lib.rs",
+            ),
+        ]
+        .into_iter()
+        .map(|(f, p)| (Arc::from(f), Arc::from(p)))
+        .collect();
+        let owners = Ownership::new(sources, &["extra-crate".to_owned()]);
+        // By file.
+        assert!(owners.is_user("svc::catalog::hash_catalog"));
+        assert!(owners.is_user("svc_model::Item::price"));
+        assert_eq!(
+            owners.group("sha2::sha256::compress256").as_deref(),
+            Some("sha2")
+        );
+        // Without a file, by the crate of its name: the user's crates, the dependencies
+        // seen, --crate, then the built-in families.
+        assert!(owners.is_user("svc::main"));
+        assert!(owners.is_user("svc::catalog::{closure#0}"));
+        assert_eq!(
+            owners.group("sha2::sha256::schedule").as_deref(),
+            Some("sha2")
+        );
+        assert_eq!(owners.group("itoa::fmt").as_deref(), Some("itoa"));
+        assert!(owners.is_user("extra_crate::f"));
+        assert_eq!(
+            owners.group("tokio::runtime::park").as_deref(),
+            Some("tokio")
+        );
+        assert_eq!(
+            owners.group("close").as_deref(),
+            None.or(library_group("close"))
+        );
+        // No files at all: the name rules alone, as before.
+        let none = Ownership::default();
+        assert_eq!(none.group("sha2::x").as_deref(), library_group("sha2::x"));
+        assert!(none.is_user("handle_report"));
+    }
+}
