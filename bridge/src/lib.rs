@@ -51,6 +51,8 @@ pub mod pprof;
 mod record;
 pub mod sampler;
 mod setup;
+// The protocols' atomics: `std`'s, or loom's under `--cfg loom` (the models).
+mod sync;
 
 // Public paths from before the folders, and short crate-internal ones.
 pub(crate) use collector::symbolize;

@@ -33,22 +33,25 @@
 //! again (it costs one slot's memory), so no generation is ever handed out twice.
 //!
 //! **Reuse.** A released slot is reused only after `IN_FLIGHT == 0` was observed after its
-//! release (all four operations `SeqCst`): a handler that read the old generation before
+//! release (all four operations `SeqCst`, and a `fence(SeqCst)` between the store and the
+//! load on each side, the form loom checks): a handler that read the old generation before
 //! the release has finished by then, so it can never add into the next root's counters.
-//! Active and queued time (added by span hooks on any thread, see [`add_active`]) follow
-//! the same rule on the slot's own `adders` count, so the check of the full generation
-//! and the add it allows are never split by a reuse.
+//! The watchdog's CPU adds ([`add_cpu`]) count themselves in flight as handlers do.
+//! Active, queued and run-delay time (added by span hooks on any thread, see
+//! [`add_active`], and by the watchdog, [`add_runqueue`]) follow the same rule on the
+//! slot's own `adders` count (with a fence after the count, and the release's), so the
+//! check of the full generation and the add it allows are never split by a reuse.
 //! Free and limbo lists live in the caller's shards (the evidence table), under locks it
 //! already holds; nothing here locks.
 
-use std::sync::atomic::{AtomicU32, AtomicU64, AtomicUsize, Ordering};
+use crate::sync::{fence, spin_loop, AtomicU32, AtomicU64, AtomicUsize, Ordering};
 
 use crate::never_freed::NeverFreed;
 
-/// Slots per chunk.
-const CHUNK: usize = 256;
+/// Slots per chunk (a model's table needs a few: loom's cost grows with its atomics).
+const CHUNK: usize = if cfg!(loom) { 4 } else { 256 };
 /// Chunks at most: 4,194,304 local roots alive at once (a chunk is 12 KiB).
-const MAX_CHUNKS: usize = 16_384;
+const MAX_CHUNKS: usize = if cfg!(loom) { 4 } else { 16_384 };
 
 /// One root's counters.
 struct Slot {
@@ -78,7 +81,7 @@ struct Slot {
 }
 
 impl Slot {
-    const fn new() -> Slot {
+    fn new() -> Slot {
         Slot {
             generation: AtomicU64::new(0),
             samples: AtomicU64::new(0),
@@ -90,6 +93,10 @@ impl Slot {
         }
     }
 }
+
+/// Spins `release` waits at most for a handler in flight (a model explores both outcomes,
+/// the wait ending and running out, in fewer).
+const RELEASE_SPINS: usize = if cfg!(loom) { 3 } else { 1000 };
 
 /// Bits of [`Slot::active`] holding nanoseconds.
 const ACTIVE_NS_BITS: u32 = 48;
@@ -104,15 +111,42 @@ fn active_tag(generation: u64) -> u64 {
     (generation & 0xffff) << ACTIVE_NS_BITS
 }
 
-static TABLE: NeverFreed<Slot, CHUNK, MAX_CHUNKS> = NeverFreed::new();
-/// Handlers between their generation check and their last counter update.
-static IN_FLIGHT: AtomicUsize = AtomicUsize::new(0);
-/// Samples whose root had already ended.
-static STALE: AtomicU64 = AtomicU64::new(0);
-/// Active-time adds whose root had already ended.
-static STALE_ACTIVE: AtomicU64 = AtomicU64::new(0);
-/// Slots retired because their generation would have wrapped.
-static RETIRED: AtomicU64 = AtomicU64::new(0);
+/// The counters and what handlers and releases share: the process has one ([`ROOTS`],
+/// which the functions of this module use), a model builds its own.
+pub(crate) struct RootTable {
+    slots: NeverFreed<Slot, CHUNK, MAX_CHUNKS>,
+    /// Handlers between their generation check and their last counter update.
+    in_flight: AtomicUsize,
+    /// Samples whose root had already ended.
+    stale: AtomicU64,
+    /// Active-time adds whose root had already ended.
+    stale_active: AtomicU64,
+    /// Slots retired because their generation would have wrapped.
+    retired: AtomicU64,
+}
+
+impl RootTable {
+    crate::sync::const_fn! {
+        pub(crate) fn new() -> RootTable {
+            RootTable {
+                slots: NeverFreed::new(),
+                in_flight: AtomicUsize::new(0),
+                stale: AtomicU64::new(0),
+                stale_active: AtomicU64::new(0),
+                retired: AtomicU64::new(0),
+            }
+        }
+    }
+
+    fn slot(&self, index: u32) -> Option<&'static Slot> {
+        self.slots.get(index)
+    }
+}
+
+crate::sync::lazy_static_value! {
+    /// The process's counters.
+    static ROOTS: RootTable = RootTable::new();
+}
 
 /// Names one root's counters: slot index and generation. `Copy`, no address.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
@@ -143,10 +177,6 @@ impl CpuHandle {
     }
 }
 
-fn slot(index: u32) -> Option<&'static Slot> {
-    TABLE.get(index)
-}
-
 /// Why a slot could not be had.
 #[derive(Debug)]
 pub(crate) struct TableFull;
@@ -161,16 +191,24 @@ pub(crate) struct SlotLists {
 impl SlotLists {
     /// Moves the slots of limbo that nothing can still add to under their old generation
     /// to the free list; true if it moved any.
+    #[cfg(test)]
     fn recycle(&mut self) -> bool {
+        self.recycle_in(&ROOTS)
+    }
+
+    /// [`SlotLists::recycle`] from `roots`.
+    fn recycle_in(&mut self, roots: &RootTable) -> bool {
         // Every slot in limbo was released before these loads (all SeqCst): a handler or an
         // adder that counts itself in after them reads the new generation.
-        if IN_FLIGHT.load(Ordering::SeqCst) != 0 {
+        if roots.in_flight.load(Ordering::SeqCst) != 0 {
             return false;
         }
         let before = self.free.len();
         let free = &mut self.free;
         self.limbo.retain(|&index| {
-            let quiet = slot(index).is_none_or(|s| s.adders.load(Ordering::SeqCst) == 0);
+            let quiet = roots
+                .slot(index)
+                .is_none_or(|s| s.adders.load(Ordering::SeqCst) == 0);
             if quiet {
                 free.push(index);
             }
@@ -181,14 +219,19 @@ impl SlotLists {
 
     /// Claims a slot with zeroed counters for a new root.
     pub(crate) fn claim(&mut self) -> Result<CpuHandle, TableFull> {
+        self.claim_in(&ROOTS)
+    }
+
+    /// [`SlotLists::claim`] from `roots`.
+    fn claim_in(&mut self, roots: &RootTable) -> Result<CpuHandle, TableFull> {
         if self.free.is_empty() && !self.limbo.is_empty() {
-            self.recycle();
+            self.recycle_in(roots);
         }
         let index = match self.free.pop() {
             Some(index) => index,
-            None => TABLE.fresh(|_| Slot::new()).ok_or(TableFull)?.0,
+            None => roots.slots.fresh(|_| Slot::new()).ok_or(TableFull)?.0,
         };
-        let slot = slot(index).ok_or(TableFull)?;
+        let slot = roots.slot(index).ok_or(TableFull)?;
         slot.samples.store(0, Ordering::Relaxed);
         slot.time_ns.store(0, Ordering::Relaxed);
         // Even (free) and below u64::MAX: a slot whose next release would wrap is retired.
@@ -208,7 +251,12 @@ impl SlotLists {
     /// under the same handle are not counted. A slot whose generation wraps to 0 here is
     /// retired: never listed again, so no later root gets a generation seen before.
     pub(crate) fn release(&mut self, handle: CpuHandle) -> RootTotals {
-        let Some(slot) = slot(handle.index) else {
+        self.release_in(&ROOTS, handle)
+    }
+
+    /// [`SlotLists::release`] into `roots`.
+    fn release_in(&mut self, roots: &RootTable, handle: CpuHandle) -> RootTotals {
+        let Some(slot) = roots.slot(handle.index) else {
             return RootTotals::default();
         };
         if slot
@@ -223,6 +271,12 @@ impl SlotLists {
         {
             return RootTotals::default();
         }
+        // The store-load order of the reuse rule, stated as fences (loom checks them; it
+        // takes SeqCst accesses for AcqRel), paired with the ones in `record` and
+        // `add_cpu` and the one in `add_tagged`: a handler, a CPU add or an adder that read
+        // the old generation is counted in flight (in `adders`) for every later load,
+        // `recycle`'s included.
+        fence(Ordering::SeqCst);
         // Closes the active word to adds under the old tag, and takes its total.
         let closed = active_tag(handle.generation.wrapping_add(1));
         let active = slot.active.swap(closed, Ordering::SeqCst);
@@ -230,11 +284,11 @@ impl SlotLists {
         let runqueue = slot.runqueue.swap(closed, Ordering::SeqCst);
         // A handler that passed the generation check just before the release may still be
         // adding: wait for it a little (handlers are short), without ever blocking long.
-        for _ in 0..1000 {
-            if IN_FLIGHT.load(Ordering::SeqCst) == 0 {
+        for _ in 0..RELEASE_SPINS {
+            if roots.in_flight.load(Ordering::SeqCst) == 0 {
                 break;
             }
-            std::hint::spin_loop();
+            spin_loop();
         }
         let totals = RootTotals {
             samples: slot.samples.load(Ordering::Relaxed),
@@ -244,7 +298,7 @@ impl SlotLists {
             runqueue_ns: (runqueue & QUEUED_MEASURED != 0).then_some(runqueue & QUEUED_NS_MASK),
         };
         if handle.generation.wrapping_add(1) == 0 {
-            RETIRED.fetch_add(1, Ordering::Relaxed);
+            roots.retired.fetch_add(1, Ordering::Relaxed);
         } else {
             self.limbo.push(handle.index);
         }
@@ -255,7 +309,7 @@ impl SlotLists {
 /// Slots retired because their generation would have wrapped (see the module docs).
 #[cfg(test)]
 pub(crate) fn retired() -> u64 {
-    RETIRED.load(Ordering::Relaxed)
+    ROOTS.retired.load(Ordering::Relaxed)
 }
 
 /// Sets the generation of the slot `index`, which must be free or in limbo (even): tests
@@ -263,7 +317,8 @@ pub(crate) fn retired() -> u64 {
 #[cfg(test)]
 fn set_generation(index: u32, generation: u64) {
     assert_eq!(generation & 1, 0, "a free slot's generation is even");
-    slot(index)
+    ROOTS
+        .slot(index)
         .expect("allocated")
         .generation
         .store(generation, Ordering::SeqCst);
@@ -292,7 +347,13 @@ pub(crate) struct RootTotals {
 /// slot, so threads of different roots never write the same counter.
 #[inline]
 pub(crate) fn add_active(raw: u128, ns: u64) -> bool {
-    add_tagged(raw, ns, |slot| &slot.active, ACTIVE_NS_MASK, 0)
+    add_active_in(&ROOTS, raw, ns)
+}
+
+/// [`add_active`] into `roots`.
+#[inline]
+fn add_active_in(roots: &RootTable, raw: u128, ns: u64) -> bool {
+    add_tagged(roots, raw, ns, |slot| &slot.active, ACTIVE_NS_MASK, 0)
 }
 
 /// Adds `ns` of wall time one of the root's futures spent woken but not yet polled, and
@@ -300,6 +361,7 @@ pub(crate) fn add_active(raw: u128, ns: u64) -> bool {
 #[inline]
 pub(crate) fn add_queued(raw: u128, ns: u64) -> bool {
     add_tagged(
+        &ROOTS,
         raw,
         ns,
         |slot| &slot.queued,
@@ -312,7 +374,14 @@ pub(crate) fn add_queued(raw: u128, ns: u64) -> bool {
 /// run delay as measured. Same rules as [`add_active`]; called by the watchdog thread.
 #[inline]
 pub(crate) fn add_runqueue(raw: u128, ns: u64) -> bool {
+    add_runqueue_in(&ROOTS, raw, ns)
+}
+
+/// [`add_runqueue`] into `roots`.
+#[inline]
+fn add_runqueue_in(roots: &RootTable, raw: u128, ns: u64) -> bool {
     add_tagged(
+        roots,
         raw,
         ns,
         |slot| &slot.runqueue,
@@ -332,6 +401,7 @@ pub(crate) fn add_runqueue(raw: u128, ns: u64) -> bool {
 /// finds the generation moved: the full 64 bits decide, not the word's 16-bit tag.
 #[inline]
 fn add_tagged(
+    roots: &RootTable,
     raw: u128,
     ns: u64,
     word: impl Fn(&Slot) -> &AtomicU64,
@@ -341,17 +411,20 @@ fn add_tagged(
     let Some(handle) = CpuHandle::from_raw(raw) else {
         return false;
     };
-    let Some(slot) = slot(handle.index) else {
+    let Some(slot) = roots.slot(handle.index) else {
         return false;
     };
     slot.adders.fetch_add(1, Ordering::SeqCst);
+    // Paired with the fence in `release`: a release that this add's generation load
+    // misses sees it in `adders` when it recycles the slot.
+    fence(Ordering::SeqCst);
     let added = slot.generation.load(Ordering::SeqCst) == handle.generation
         && add_to(word(slot), active_tag(handle.generation), ns, mask, flags);
     // Release: the add above happens before a claim that sees the count back at zero
     // zeroes the word for the next owner.
     slot.adders.fetch_sub(1, Ordering::Release);
     if !added {
-        STALE_ACTIVE.fetch_add(1, Ordering::Relaxed);
+        roots.stale_active.fetch_add(1, Ordering::Relaxed);
     }
     added
 }
@@ -376,64 +449,82 @@ fn add_to(word: &AtomicU64, tag: u64, ns: u64, mask: u64, flags: u64) -> bool {
 /// Active-time adds refused because their root had already ended (work that went on
 /// under a root after its span closed, such as a detached task).
 pub(crate) fn stale_active() -> u64 {
-    STALE_ACTIVE.load(Ordering::Relaxed)
+    ROOTS.stale_active.load(Ordering::Relaxed)
 }
 
 /// Counts one sample standing for `time_ns` of CPU under `raw` (a [`CpuHandle::to_raw`]).
 /// Async-signal-safe: atomics only, and every memory access is to a never-freed slot.
 #[inline]
 pub(crate) fn record(raw: u128, time_ns: u64) {
+    record_in(&ROOTS, raw, time_ns);
+}
+
+/// [`record`] into `roots`.
+#[inline]
+fn record_in(roots: &RootTable, raw: u128, time_ns: u64) {
     if raw == 0 {
         return;
     }
     let Some(handle) = CpuHandle::from_raw(raw) else {
-        STALE.fetch_add(1, Ordering::Relaxed);
+        roots.stale.fetch_add(1, Ordering::Relaxed);
         return;
     };
-    IN_FLIGHT.fetch_add(1, Ordering::SeqCst);
-    match slot(handle.index) {
+    roots.in_flight.fetch_add(1, Ordering::SeqCst);
+    // Paired with the fence in `release`: a release that this handler's generation load
+    // misses sees the handler in flight.
+    fence(Ordering::SeqCst);
+    match roots.slot(handle.index) {
         Some(slot) if slot.generation.load(Ordering::SeqCst) == handle.generation => {
             // fetch_add wraps, it never panics.
             slot.samples.fetch_add(1, Ordering::Relaxed);
             slot.time_ns.fetch_add(time_ns, Ordering::Relaxed);
         }
         _ => {
-            STALE.fetch_add(1, Ordering::Relaxed);
+            roots.stale.fetch_add(1, Ordering::Relaxed);
         }
     }
-    IN_FLIGHT.fetch_sub(1, Ordering::SeqCst);
+    roots.in_flight.fetch_sub(1, Ordering::SeqCst);
 }
 
 /// Adds `ns` of CPU time measured outside a sample (the watchdog's reading of a thread's
 /// CPU clock, see `sampler::cpu_ledger`) to the root `raw`: its CPU total, not its sample
 /// count. Same rules as [`record`].
 pub(crate) fn add_cpu(raw: u128, ns: u64) {
+    add_cpu_in(&ROOTS, raw, ns);
+}
+
+/// [`add_cpu`] into `roots`.
+fn add_cpu_in(roots: &RootTable, raw: u128, ns: u64) {
     if raw == 0 || ns == 0 {
         return;
     }
     let Some(handle) = CpuHandle::from_raw(raw) else {
         return;
     };
-    IN_FLIGHT.fetch_add(1, Ordering::SeqCst);
-    if let Some(slot) = slot(handle.index) {
+    roots.in_flight.fetch_add(1, Ordering::SeqCst);
+    // Paired with the fence in `release`, as in `record`.
+    fence(Ordering::SeqCst);
+    if let Some(slot) = roots.slot(handle.index) {
         if slot.generation.load(Ordering::SeqCst) == handle.generation {
             slot.time_ns.fetch_add(ns, Ordering::Relaxed);
         }
     }
-    IN_FLIGHT.fetch_sub(1, Ordering::SeqCst);
+    roots.in_flight.fetch_sub(1, Ordering::SeqCst);
 }
 
 /// Samples taken under a root that had already ended (a kept or leaked `LocalRoot`);
 /// they were not counted for any span.
 pub(crate) fn stale_handles() -> u64 {
-    STALE.load(Ordering::Relaxed)
+    ROOTS.stale.load(Ordering::Relaxed)
 }
 
 /// In a forked child only the forking thread exists, and it is not in a handler.
 pub(crate) fn after_fork_in_child() {
-    IN_FLIGHT.store(0, Ordering::Relaxed);
+    ROOTS.in_flight.store(0, Ordering::Relaxed);
 }
 
+#[cfg(all(test, loom))]
+mod loom_model;
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -628,7 +719,7 @@ mod tests {
     fn a_slot_is_not_reused_while_an_add_is_in_progress() {
         let mut lists = SlotLists::default();
         let a = lists.claim().expect("slot");
-        let s = slot(a.index).expect("allocated");
+        let s = ROOTS.slot(a.index).expect("allocated");
         // An adder that read the generation just before the release.
         s.adders.fetch_add(1, Ordering::SeqCst);
         lists.release(a);

@@ -16,7 +16,7 @@
 //! Writes are eight relaxed stores and two fences that compile to nothing on x86-64: no
 //! allocation, no lock, no syscall.
 
-use std::sync::atomic::{fence, AtomicU32, AtomicU64, Ordering};
+use crate::sync::{fence, AtomicU32, AtomicU64, Ordering};
 
 use opentelemetry::trace::{SpanId, TraceFlags, TraceId};
 
@@ -148,17 +148,19 @@ pub(crate) struct SpanContextCell {
 }
 
 impl SpanContextCell {
-    /// An empty record ("no span").
-    pub(crate) const fn new() -> SpanContextCell {
-        SpanContextCell {
-            seq: AtomicU64::new(0),
-            name: AtomicU32::new(0),
-            flags: AtomicU32::new(0),
-            span_id: AtomicU64::new(0),
-            trace_hi: AtomicU64::new(0),
-            trace_lo: AtomicU64::new(0),
-            cpu_hi: AtomicU64::new(0),
-            cpu_lo: AtomicU64::new(0),
+    crate::sync::const_fn! {
+        /// An empty record ("no span").
+        pub(crate) fn new() -> SpanContextCell {
+            SpanContextCell {
+                seq: AtomicU64::new(0),
+                name: AtomicU32::new(0),
+                flags: AtomicU32::new(0),
+                span_id: AtomicU64::new(0),
+                trace_hi: AtomicU64::new(0),
+                trace_lo: AtomicU64::new(0),
+                cpu_hi: AtomicU64::new(0),
+                cpu_lo: AtomicU64::new(0),
+            }
         }
     }
 
@@ -227,6 +229,13 @@ impl SpanContextCell {
         self.seq.store(seq.wrapping_add(2), Ordering::Release);
     }
 
+    /// [`SpanContextCell::write`], for the models of other modules' protocols (the
+    /// watchdog's handshake with a slot's release).
+    #[cfg(all(test, loom))]
+    pub(crate) fn write_for_model(&self, root: Option<LocalRoot>) {
+        self.write(root);
+    }
+
     /// Sets the sequence (tests: next to its wrap, 2⁶³ writes being out of reach).
     #[cfg(test)]
     pub(crate) fn set_sequence(&self, seq: u64) {
@@ -258,7 +267,11 @@ impl Default for SpanContextCell {
 thread_local! {
     // `const` initialisation and no `Drop`: access is a plain TLS offset, never a lazy-init
     // call, so the signal handler may touch it, and the memory lives as long as the thread.
+    #[cfg(not(loom))]
     static CELL: SpanContextCell = const { SpanContextCell::new() };
+    // loom's atomics are built at run time (and no model reaches this thread-local).
+    #[cfg(loom)]
+    static CELL: SpanContextCell = SpanContextCell::new();
 }
 
 /// The local root span running on the calling thread, as a sample taken now would see it.
@@ -348,6 +361,8 @@ impl Drop for SpanContextGuard {
 }
 
 pub(crate) mod active;
+#[cfg(all(test, loom))]
+mod loom_model;
 pub(crate) mod scopes;
 #[cfg(test)]
 mod tests;

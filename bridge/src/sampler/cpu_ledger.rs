@@ -26,7 +26,7 @@
 //! watchdog period otherwise): CPU time since the last charge before the stretch began is
 //! lent to it, and CPU time after its last charge goes to whatever the thread holds next.
 
-use std::sync::atomic::{AtomicU64, Ordering};
+use crate::sync::{AtomicU64, Ordering};
 
 /// One thread slot's ledger. Reset by the slot's owner when it claims the slot (before
 /// its timer is armed); moved forward by the owner's handler and by the watchdog.
@@ -91,6 +91,8 @@ pub(crate) fn thread_cpu_ns() -> Option<u64> {
     Some(secs.saturating_mul(1_000_000_000).saturating_add(nanos))
 }
 
+#[cfg(all(test, loom))]
+mod loom_model;
 #[cfg(test)]
 mod tests {
     use super::*;

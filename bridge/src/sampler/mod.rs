@@ -328,28 +328,32 @@ pub(crate) struct SamplerState {
     registration_pause: std::sync::Mutex<Option<std::sync::mpsc::Receiver<()>>>,
 }
 
-/// The process's sampler state (see [`SamplerState`]).
-static SAMPLER: SamplerState = SamplerState::new();
+crate::sync::lazy_static_value! {
+    /// The process's sampler state (see [`SamplerState`]).
+    static SAMPLER: SamplerState = SamplerState::new();
+}
 
 impl SamplerState {
-    pub(crate) const fn new() -> SamplerState {
-        SamplerState {
-            enabled: AtomicBool::new(false),
-            period_ns: AtomicU64::new(0),
-            foreign: AtomicU64::new(0),
-            slots: SlotTable::new(),
-            run_state: AtomicU64::new(0),
-            epoch: AtomicU64::new(0),
-            frequency_hz: AtomicU32::new(0),
-            ring_capacity: AtomicUsize::new(0),
-            drained: AtomicU64::new(0),
-            blocked: AtomicU64::new(0),
-            replaced: AtomicU64::new(0),
-            replaced_seen: AtomicBool::new(false),
-            start_stop: ForkSafeLock::new(),
-            panic_guard: Once::new(),
-            #[cfg(test)]
-            registration_pause: std::sync::Mutex::new(None),
+    crate::sync::const_fn! {
+        pub(crate) fn new() -> SamplerState {
+            SamplerState {
+                enabled: AtomicBool::new(false),
+                period_ns: AtomicU64::new(0),
+                foreign: AtomicU64::new(0),
+                slots: SlotTable::new(),
+                run_state: AtomicU64::new(0),
+                epoch: AtomicU64::new(0),
+                frequency_hz: AtomicU32::new(0),
+                ring_capacity: AtomicUsize::new(0),
+                drained: AtomicU64::new(0),
+                blocked: AtomicU64::new(0),
+                replaced: AtomicU64::new(0),
+                replaced_seen: AtomicBool::new(false),
+                start_stop: ForkSafeLock::new(),
+                panic_guard: Once::new(),
+                #[cfg(test)]
+                registration_pause: std::sync::Mutex::new(None),
+            }
         }
     }
 

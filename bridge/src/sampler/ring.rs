@@ -6,8 +6,7 @@
 //! preallocated slot and one release store: no allocation, no lock. A full ring refuses
 //! the record and the caller counts the drop.
 
-use std::cell::UnsafeCell;
-use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
+use crate::sync::{AtomicBool, AtomicUsize, Ordering, UnsafeCell};
 
 use crate::span_context::LocalRoot;
 
@@ -173,7 +172,7 @@ impl Producer<'_> {
         // (acquire on tail: it finished reading it before it moved tail past it); `self` is
         // the ring's only producer (the `producing` flag) and `&mut self` keeps this
         // reference unique while `fill` runs.
-        fill(unsafe { &mut *slot.get() });
+        slot.with_mut(|record| fill(unsafe { &mut *record }));
         ring.head.store(head.wrapping_add(1), Ordering::Release);
         true
     }
@@ -205,7 +204,7 @@ impl Consumer<'_> {
             // SAFETY: the slot is inside [tail, head): the producer finished it (acquire on
             // head) and will not touch it until tail moves past it; `self` is the ring's
             // only consumer (the `consuming` flag), so nobody moves tail meanwhile.
-            f(unsafe { &*slot.get() });
+            slot.with(|record| f(unsafe { &*record }));
             tail = tail.wrapping_add(1);
             ring.tail.store(tail, Ordering::Release);
             n += 1;
@@ -220,6 +219,8 @@ impl Drop for Consumer<'_> {
     }
 }
 
+#[cfg(all(test, loom))]
+pub(super) mod loom_model;
 #[cfg(test)]
 mod tests {
     use super::*;

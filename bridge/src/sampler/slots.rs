@@ -45,8 +45,9 @@
 //! (`SamplerState`), the one static the signal handler reads; a [`SlotTable`] is a plain
 //! value, so tests of the free list, the drain and the read handshake build their own.
 
-use std::sync::atomic::{
-    AtomicBool, AtomicI32, AtomicPtr, AtomicU32, AtomicU64, AtomicU8, Ordering,
+use crate::sync::{
+    fence, spin_loop, yield_now, AtomicBool, AtomicI32, AtomicPtr, AtomicU32, AtomicU64, AtomicU8,
+    Ordering,
 };
 
 use super::cpu_ledger::CpuLedger;
@@ -55,8 +56,8 @@ use super::stack::StackBounds;
 use crate::never_freed::NeverFreed;
 use crate::span_context::SpanContextCell;
 
-/// Slots per chunk.
-const CHUNK: usize = 64;
+/// Slots per chunk (a model's table needs a few: loom's cost grows with its atomics).
+const CHUNK: usize = if cfg!(loom) { 4 } else { 64 };
 /// Chunks at most: 65,536 threads registered at once.
 const MAX_CHUNKS: usize = 1024;
 /// Most slots the table can hold.
@@ -168,7 +169,8 @@ impl Slot {
     ///
     /// The record is a thread-local of the owner, freed when it exits. A handshake keeps it
     /// alive for the read: this counts itself into `watching`, then checks the generation;
-    /// `release` bumps the generation, then waits until `watching` is zero (all SeqCst).
+    /// `release` bumps the generation, then waits until `watching` is zero (all SeqCst, with
+    /// a `fence(SeqCst)` between the store and the load on each side, the form loom checks).
     /// Whichever goes second sees the other: either this finds the generation changed and
     /// reads nothing, or the owner waits the few nanoseconds of the read before exiting.
     pub(crate) fn read_cell_if_owned(
@@ -176,6 +178,9 @@ impl Slot {
         generation: u64,
     ) -> Option<(u64, Option<crate::span_context::LocalRoot>)> {
         self.watching.fetch_add(1, Ordering::SeqCst);
+        // The store-load order of the handshake, stated as fences (loom checks them; it
+        // takes SeqCst accesses for AcqRel), paired with the one in `release`.
+        fence(Ordering::SeqCst);
         let result = if self.generation.load(Ordering::SeqCst) == generation && generation & 1 == 1
         {
             // SAFETY: the owner of `generation` still holds the slot, so its thread (and
@@ -265,7 +270,13 @@ pub(crate) struct TimerValue(u64);
 const TAG: u64 = 0xb7;
 const TAG_SHIFT: u32 = 56;
 const INDEX_SHIFT: u32 = GENERATION_BITS;
-const _: () = assert!(MAX_THREADS == 1 << (TAG_SHIFT - INDEX_SHIFT));
+// The index field holds every index, and no more (a loom build's table is smaller: its
+// chunks are, see `CHUNK`).
+const _: () = assert!(if cfg!(loom) {
+    MAX_THREADS <= 1 << (TAG_SHIFT - INDEX_SHIFT)
+} else {
+    MAX_THREADS == 1 << (TAG_SHIFT - INDEX_SHIFT)
+});
 
 impl TimerValue {
     fn new(index: u32, generation: u64) -> TimerValue {
@@ -302,8 +313,10 @@ pub(crate) struct ForkSafeLock(AtomicBool);
 pub(crate) struct ForkSafeGuard<'a>(&'a ForkSafeLock);
 
 impl ForkSafeLock {
-    pub(crate) const fn new() -> ForkSafeLock {
-        ForkSafeLock(AtomicBool::new(false))
+    crate::sync::const_fn! {
+        pub(crate) fn new() -> ForkSafeLock {
+            ForkSafeLock(AtomicBool::new(false))
+        }
     }
 
     pub(crate) fn lock(&self) -> ForkSafeGuard<'_> {
@@ -312,7 +325,7 @@ impl ForkSafeLock {
             .compare_exchange_weak(false, true, Ordering::Acquire, Ordering::Relaxed)
             .is_err()
         {
-            std::thread::yield_now();
+            yield_now();
         }
         ForkSafeGuard(self)
     }
@@ -365,12 +378,14 @@ pub(crate) struct SlotTable {
 }
 
 impl SlotTable {
-    pub(crate) const fn new() -> SlotTable {
-        SlotTable {
-            slots: NeverFreed::new(),
-            free_head: AtomicU64::new(0),
-            draining: ForkSafeLock::new(),
-            retired: AtomicU64::new(0),
+    crate::sync::const_fn! {
+        pub(crate) fn new() -> SlotTable {
+            SlotTable {
+                slots: NeverFreed::new(),
+                free_head: AtomicU64::new(0),
+                draining: ForkSafeLock::new(),
+                retired: AtomicU64::new(0),
+            }
         }
     }
 
@@ -480,6 +495,8 @@ impl SlotTable {
         slot.delete_timer();
         // Odd → even: a signal still queued for this thread finds a generation mismatch.
         slot.generation.fetch_add(1, Ordering::SeqCst);
+        // Paired with the fence in `read_cell_if_owned`.
+        fence(Ordering::SeqCst);
         // A watchdog read of this thread's record that began before the bump ends first
         // (see `read_cell_if_owned`): it holds no lock and makes no syscall.
         let mut spins = 0u32;
@@ -487,9 +504,9 @@ impl SlotTable {
             // A reader preempted inside its read would otherwise be spun against.
             spins += 1;
             if spins < 64 {
-                std::hint::spin_loop();
+                spin_loop();
             } else {
-                std::thread::yield_now();
+                yield_now();
             }
         }
         if let Some(_drain) = self.draining.try_lock() {
@@ -625,6 +642,8 @@ pub(crate) struct Owner {
     pub(crate) cpu_ns: u64,
 }
 
+#[cfg(all(test, loom))]
+pub(super) mod loom_model;
 #[cfg(test)]
 mod tests {
     use super::*;

@@ -289,10 +289,12 @@ struct Pending {
 // thread, see `after_fork_in_child`).
 unsafe impl Sync for Pending {}
 
-static PENDING: Pending = Pending {
-    lock: ForkSafeLock::new(),
-    records: UnsafeCell::new(Vec::new()),
-};
+crate::sync::lazy_static_value! {
+    static PENDING: Pending = Pending {
+        lock: ForkSafeLock::new(),
+        records: UnsafeCell::new(Vec::new()),
+    };
+}
 
 impl Pending {
     fn with<R>(&self, f: impl FnOnce(&mut Vec<BlockedRecord>) -> R) -> R {

@@ -1,0 +1,265 @@
+//! loom model of the root counters' reuse rule (`docs/signal-path.md`, "Proof").
+//!
+//! A handler (a thread of its own: it runs on whichever thread worked for the root, not on
+//! the thread that ends it) records one sample under root A's handle, while the span
+//! processor ends A, starts root B (on A's slot when the in-flight count allows it) and
+//! ends B. Properties:
+//!
+//! * a slot is never reused while a handler that read the old generation is in flight: the
+//!   sample never lands in B's counters;
+//! * the sample is counted at most once: for A, or as stale (or for nobody, when the
+//!   release's short wait for handlers in flight ran out before it landed in A's counters).
+//!
+//! The model checks that B does reuse A's slot in some executions, so the first property
+//! is not vacuous.
+//!
+//! A second model does the same for active time and the slot's `adders` count: an adder
+//! (a span hook on another thread) adds under A's handle while the span processor ends A
+//! and starts B, with B's generation 65,536 past A's (the 16-bit tag of the active word
+//! then repeats, as after 32,767 reuses), so only the `adders` handshake keeps A's time
+//! out of B. A third does it for the watchdog, which adds both kinds at once: CPU time
+//! measured from the thread's clock (`add_cpu`, under the handlers' in-flight count) and
+//! run delay (`add_runqueue`, under `adders`, with the word's "measured" flag): neither
+//! A's CPU time nor its run delay, nor the flag, ever lands in B. A fourth takes a slot to
+//! its last generation (`u64::MAX`): its release retires it, the next root gets another
+//! slot, and neither the last handle nor one with the wrapped generation adds anything.
+
+use std::cell::Cell;
+
+use loom::sync::Arc;
+use loom::thread;
+
+use super::{
+    add_active_in, add_cpu_in, add_runqueue_in, record_in, CpuHandle, RootTable, SlotLists,
+};
+use crate::sync::Ordering;
+
+thread_local! {
+    /// Executions in which B got A's slot (loom runs a model on its test's thread).
+    static REUSED: Cell<usize> = const { Cell::new(0) };
+    /// Executions of the adders model in which B got A's slot.
+    static REUSED_BY_ADD: Cell<usize> = const { Cell::new(0) };
+    /// Executions of the watchdog model in which B got A's slot.
+    static REUSED_BY_WATCHDOG: Cell<usize> = const { Cell::new(0) };
+}
+
+/// Sets the generation of the free (or limbo) slot `index` (the unit tests' shortcut
+/// past many reuses).
+fn set_generation(roots: &RootTable, index: u32, generation: u64) {
+    roots
+        .slot(index)
+        .expect("allocated")
+        .generation
+        .store(generation, Ordering::SeqCst);
+}
+
+fn adder_and_span_processor() {
+    let roots = Arc::new(RootTable::new());
+    let mut lists = SlotLists::default();
+    let a = lists.claim_in(&roots).expect("slot for A");
+    let adder = {
+        let roots = roots.clone();
+        thread::spawn(move || add_active_in(&roots, a.to_raw(), 5))
+    };
+    let totals_a = lists.release_in(&roots, a);
+    // 32,767 reuses later: B's generation is A's + 65,536, its word's tag A's.
+    set_generation(&roots, a.index, a.generation + 65_535);
+    let b = lists.claim_in(&roots).expect("slot for B");
+    if b.index == a.index {
+        REUSED_BY_ADD.with(|n| n.set(n.get() + 1));
+    }
+    let added = adder.join().expect("adder");
+    let totals_b = lists.release_in(&roots, b);
+    assert_eq!(
+        totals_b.active_ticks, 0,
+        "A's active time landed in B, which reused A's slot while the add was in progress"
+    );
+    assert_eq!(
+        u64::from(added) * 5,
+        totals_a.active_ticks,
+        "an add that reported success is in A's total, and only then"
+    );
+}
+
+fn watchdog_and_span_processor() {
+    let roots = Arc::new(RootTable::new());
+    let mut lists = SlotLists::default();
+    let a = lists.claim_in(&roots).expect("slot for A");
+    let watchdog = {
+        let roots = roots.clone();
+        // One run-delay tick of `run_delay::note`: the CPU the ledger gave, then the delay.
+        thread::spawn(move || {
+            add_cpu_in(&roots, a.to_raw(), 7);
+            add_runqueue_in(&roots, a.to_raw(), 3)
+        })
+    };
+    let totals_a = lists.release_in(&roots, a);
+    // As in the adders model: B's run-delay word gets A's tag.
+    set_generation(&roots, a.index, a.generation + 65_535);
+    let b = lists.claim_in(&roots).expect("slot for B");
+    if b.index == a.index {
+        REUSED_BY_WATCHDOG.with(|n| n.set(n.get() + 1));
+    }
+    let added = watchdog.join().expect("watchdog");
+    let totals_b = lists.release_in(&roots, b);
+    assert_eq!(
+        (totals_b.cpu_ns, totals_b.runqueue_ns),
+        (0, None),
+        "A's CPU time or run delay landed in B, which reused A's slot under the watchdog's add"
+    );
+    // The release's short wait for adds in flight may run out before the CPU lands.
+    assert!(
+        totals_a.cpu_ns == 0 || totals_a.cpu_ns == 7,
+        "A's CPU time counted twice or in part: {}",
+        totals_a.cpu_ns
+    );
+    assert_eq!(
+        totals_a.runqueue_ns,
+        added.then_some(3),
+        "a run-delay add that reported success is in A's total, and only then"
+    );
+}
+
+fn wrap_and_retire() {
+    let roots = Arc::new(RootTable::new());
+    let mut lists = SlotLists::default();
+    let first = lists.claim_in(&roots).expect("slot");
+    lists.release_in(&roots, first);
+    // 2⁶³ − 1 reuses later: the next owner has the last generation.
+    set_generation(&roots, first.index, u64::MAX - 1);
+    let last = lists.claim_in(&roots).expect("slot");
+    assert_eq!((last.index, last.generation), (first.index, u64::MAX));
+    let worker = {
+        let roots = roots.clone();
+        thread::spawn(move || {
+            record_in(&roots, last.to_raw(), 10);
+            add_active_in(&roots, last.to_raw(), 4)
+        })
+    };
+    let totals = lists.release_in(&roots, last);
+    assert_eq!(
+        roots.retired.load(Ordering::Relaxed),
+        1,
+        "retired at the wrap"
+    );
+    let next = lists.claim_in(&roots).expect("slot");
+    assert_ne!(
+        next.index, first.index,
+        "a retired slot is handed out again"
+    );
+    worker.join().expect("worker");
+    let wrapped = CpuHandle {
+        index: first.index,
+        generation: 1,
+    };
+    for stale in [last, first, wrapped] {
+        record_in(&roots, stale.to_raw(), 10);
+        assert!(
+            !add_active_in(&roots, stale.to_raw(), 1),
+            "a stale add counted"
+        );
+    }
+    assert!(totals.samples <= 1 && totals.active_ticks <= 4);
+    assert_eq!(
+        lists.release_in(&roots, next),
+        super::RootTotals::default(),
+        "the next root got another's counts"
+    );
+}
+
+fn handler_and_span_processor() {
+    let roots = Arc::new(RootTable::new());
+    let mut lists = SlotLists::default();
+    let a = lists.claim_in(&roots).expect("slot for A");
+    let handler = {
+        let roots = roots.clone();
+        thread::spawn(move || record_in(&roots, a.to_raw(), 10))
+    };
+    let totals_a = lists.release_in(&roots, a);
+    let b = lists.claim_in(&roots).expect("slot for B");
+    if b.index == a.index {
+        REUSED.with(|n| n.set(n.get() + 1));
+    }
+    handler.join().expect("handler");
+    let totals_b = lists.release_in(&roots, b);
+    assert_eq!(
+        (totals_b.samples, totals_b.cpu_ns),
+        (0, 0),
+        "A's sample landed in B, which reused A's slot while the handler was in flight"
+    );
+    let stale = roots.stale.load(Ordering::Relaxed);
+    assert!(
+        totals_a.samples + stale <= 1,
+        "the sample was counted twice"
+    );
+}
+
+#[test]
+fn loom_root_slot_is_never_reused_under_a_handler_in_flight() {
+    crate::sync::check("root counters", 8, handler_and_span_processor);
+    assert!(
+        REUSED.with(Cell::get) > 0,
+        "no execution reused the slot: the model proves nothing"
+    );
+}
+
+/// The broken variant: without the two `fence(SeqCst)` the handler's generation load and
+/// the release's in-flight load can both miss the other side's write (loom, like the
+/// hardware, lets the store-load pair reorder), and B's counters get A's sample.
+#[test]
+#[should_panic(expected = "A's sample landed in B")]
+fn loom_root_slot_without_the_fences_is_reused_under_a_handler() {
+    crate::sync::without_fences(|| {
+        crate::sync::check("root counters, broken", 3, handler_and_span_processor)
+    });
+}
+
+#[test]
+fn loom_root_slot_is_never_reused_under_an_add_in_progress() {
+    crate::sync::check("root counters, adders", 8, adder_and_span_processor);
+    assert!(
+        REUSED_BY_ADD.with(Cell::get) > 0,
+        "no execution reused the slot: the model proves nothing"
+    );
+}
+
+/// The broken variant: without the fences of `add_tagged` and `release` (no handler runs
+/// in this model, so no other fence is in play) the adder's generation load and the
+/// recycle's `adders` load can both miss the other side's write, and B, whose tag is A's,
+/// gets A's active time.
+#[test]
+#[should_panic(expected = "A's active time landed in B")]
+fn loom_root_slot_without_the_adders_fence_is_reused_under_an_add() {
+    crate::sync::without_fences(|| {
+        crate::sync::check("root counters, adders, broken", 3, adder_and_span_processor)
+    });
+}
+
+#[test]
+fn loom_root_slot_is_never_reused_under_the_watchdogs_adds() {
+    crate::sync::check("root counters, watchdog", 6, watchdog_and_span_processor);
+    assert!(
+        REUSED_BY_WATCHDOG.with(Cell::get) > 0,
+        "no execution reused the slot: the model proves nothing"
+    );
+}
+
+/// The broken variant: without the fences of `add_cpu`, `add_tagged` and `release`, the
+/// watchdog's generation loads and the recycle's loads of the two counts can miss the
+/// other side's writes, and B gets A's CPU time or run delay.
+#[test]
+#[should_panic(expected = "landed in B")]
+fn loom_root_slot_without_the_fences_is_reused_under_the_watchdog() {
+    crate::sync::without_fences(|| {
+        crate::sync::check(
+            "root counters, watchdog, broken",
+            3,
+            watchdog_and_span_processor,
+        )
+    });
+}
+
+#[test]
+fn loom_root_slot_retires_at_its_wrap() {
+    crate::sync::check("root counters, wrap", 8, wrap_and_retire);
+}
