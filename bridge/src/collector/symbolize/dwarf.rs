@@ -386,6 +386,11 @@ struct Inlined<'a> {
 pub(super) struct Found {
     pub(super) frames: Vec<FrameLine>,
     pub(super) location: Option<(Option<Arc<str>>, Option<u32>)>,
+    /// The out-of-line function (the last frame) has a bare Rust name (see
+    /// `qualify`): the symbol table should name it.
+    pub(super) bare_function: bool,
+    /// The crate of the compile unit, from its name (Rust units).
+    pub(super) unit_crate: Option<Arc<str>>,
 }
 
 impl<'d, 'a> Pass<'d, 'a> {
@@ -465,6 +470,11 @@ impl<'d, 'a> Pass<'d, 'a> {
         (self.touch)(2 * header.length_including_self() as u64 + PAGES_PER_UNIT);
         let parsed = self.dwarf.unit(header).ok()?;
         let unit_ref = gimli::UnitRef::new(self.dwarf, &parsed);
+        let rust = lang == Some(gimli::DW_LANG_Rust);
+        let unit_crate: Option<Arc<str>> = parsed
+            .name
+            .filter(|_| rust)
+            .and_then(|n| super::qualify::crate_of_unit(&n.to_string_lossy()).map(&mut *intern));
         let mut answers: Vec<Answer<'a>> =
             (0..addresses.len()).map(|_| Answer::default()).collect();
         self.functions(unit_ref, addresses, &mut answers);
@@ -491,19 +501,24 @@ impl<'d, 'a> Pass<'d, 'a> {
             let mut at = location.clone();
             let mut push = |name: Option<Slice<'a>>,
                             at: &Option<(Option<Arc<str>>, Option<u32>)>,
+                            inlined: bool,
                             intern: &mut dyn FnMut(&str) -> Arc<str>| {
                 let Some(name) = name else { return };
                 let raw = name.to_string_lossy();
                 let name = super::demangle(&raw, lang);
                 let (file, line) = at.clone().unwrap_or((None, None));
+                // A bare inlined Rust name gets its crate (no symbol names it).
+                let qualified = (rust && inlined)
+                    .then(|| super::qualify::inlined(&name, file.as_deref(), unit_crate.as_deref()))
+                    .flatten();
                 frames.push(FrameLine {
-                    function: intern(&name),
+                    function: intern(qualified.as_deref().unwrap_or(&name)),
                     file,
                     line,
                 });
             };
             for inlined in function.inlined.iter().rev() {
-                push(inlined.name, &at, intern);
+                push(inlined.name, &at, true, intern);
                 let call_file = match (inlined.call_file, &unit_ref.line_program) {
                     (Some(f), Some(_)) => file(f, intern),
                     _ => None,
@@ -513,8 +528,17 @@ impl<'d, 'a> Pass<'d, 'a> {
                     (inlined.call_line != 0).then_some(inlined.call_line),
                 ));
             }
-            push(function.name, &at, intern);
-            found[p] = Found { frames, location };
+            push(function.name, &at, false, intern);
+            let bare_function = rust
+                && frames
+                    .last()
+                    .is_some_and(|f| super::qualify::is_bare(&f.function));
+            found[p] = Found {
+                frames,
+                location,
+                bare_function,
+                unit_crate: unit_crate.clone(),
+            };
         }
         Some(answered)
     }

@@ -47,6 +47,7 @@
 
 mod dwarf;
 mod mapped;
+mod qualify;
 
 use std::borrow::Cow;
 use std::collections::{HashMap, HashSet};
@@ -437,6 +438,28 @@ impl FileNames {
                     }
                     None => vec![unknown(path, address)],
                 }
+            } else if found.bare_function {
+                // `line-tables-only`: the out-of-line function's full path is its
+                // symbol's (see `qualify`); without one, its unit's crate.
+                let symbols = file.symbols.get_or_insert_with(|| {
+                    let symbols = SymbolTable::parse(&object, data);
+                    file.mapped.release();
+                    symbols
+                });
+                let mut frames = found.frames;
+                if let Some(last) = frames.last_mut() {
+                    let named = match symbols.containing(address, data) {
+                        Some(symbol) => Some(demangle(symbol, None).into_owned()),
+                        None => found
+                            .unit_crate
+                            .as_deref()
+                            .map(|krate| format!("{krate}::{}", last.function)),
+                    };
+                    if let Some(named) = named {
+                        last.function = intern(&named);
+                    }
+                }
+                frames
             } else {
                 found.frames
             };
@@ -897,5 +920,141 @@ mod tests {
         let mut symbolizer = Symbolizer::new();
         let frame = symbolizer.frame(0x10, false);
         assert_eq!(&*frame.lines[0].function, "0x10");
+    }
+
+    /// Builds the names fixture (`bridge/tests/fixtures/names`, one registry dependency)
+    /// in release with `debug = <debug>`, and names every address of its out-of-line
+    /// `catalog::hash_catalog`: the innermost-first function names of each.
+    fn fixture_names(debug: &str, extra: &[(&str, &str)]) -> Option<Vec<Vec<String>>> {
+        let Some(cargo) = std::env::var_os("CARGO") else {
+            eprintln!("skipped: CARGO is not set (not run by cargo test)");
+            return None;
+        };
+        let manifest =
+            Path::new(env!("CARGO_MANIFEST_DIR")).join("tests/fixtures/names/Cargo.toml");
+        let variant: String = extra.iter().map(|(k, v)| format!("-{k}={v}")).collect();
+        let target = std::env::temp_dir().join(format!(
+            "otel-profiling-names-fixture-{debug}{}",
+            variant.to_lowercase()
+        ));
+        let status = std::process::Command::new(cargo)
+            .args([
+                "build",
+                "--release",
+                "--quiet",
+                "--locked",
+                "--manifest-path",
+            ])
+            .arg(&manifest)
+            .arg("--target-dir")
+            .arg(&target)
+            .env("CARGO_PROFILE_RELEASE_DEBUG", debug)
+            .envs(extra.iter().copied())
+            .env_remove("RUSTFLAGS")
+            .status()
+            .expect("cargo runs");
+        assert!(status.success(), "the fixture builds with debug = {debug}");
+        let exe = target.join("release/names-fixture");
+        let data = std::fs::read(&exe).expect("the fixture binary");
+        let elf = object::File::parse(&*data).expect("ELF");
+        use object::{Object as _, ObjectSymbol as _};
+        let (start, size) = elf
+            .symbols()
+            .find(|s| {
+                s.name()
+                    .is_ok_and(|n| demangle(n, None).ends_with("catalog::hash_catalog"))
+            })
+            .map(|s| (s.address(), s.size()))
+            .expect("hash_catalog's symbol");
+        assert!(size > 0);
+        let mut symbolizer = Symbolizer::new();
+        map_only(&mut symbolizer, &FileKey::at(&exe), 0, start..start + size);
+        let addresses: Vec<u64> = (start..start + size).collect();
+        symbolizer.prepare(addresses.iter().map(|&a| (a, false)));
+        Some(
+            addresses
+                .iter()
+                .map(|&a| {
+                    symbolizer
+                        .frame(a, false)
+                        .lines
+                        .iter()
+                        .map(|l| l.function.to_string())
+                        .collect()
+                })
+                .collect(),
+        )
+    }
+
+    /// Names under every common `debug` setting of the release profile: the out-of-line
+    /// function always has its module path (DWARF linkage names, else the symbol table);
+    /// where debug info has inlined frames, none is bare — under `line-tables-only` (the
+    /// README's recommendation), whose DWARF keeps only bare names, they read
+    /// `<crate>::<name>` (the user's crate from the compile unit, `itoa` from its registry
+    /// path); `debug = 0` and `strip = "debuginfo"` have no inline information at all, and
+    /// split debug info (`split-debuginfo = "packed" | "unpacked"`) is not read yet, so
+    /// there only the out-of-line names are checked.
+    #[test]
+    fn names_carry_their_paths_under_every_debug_setting() {
+        let settings: [(&str, &[(&str, &str)]); 7] = [
+            ("line-tables-only", &[]),
+            ("limited", &[]),
+            ("full", &[]),
+            ("0", &[]),
+            ("full", &[("CARGO_PROFILE_RELEASE_STRIP", "debuginfo")]),
+            (
+                "line-tables-only",
+                &[("CARGO_PROFILE_RELEASE_SPLIT_DEBUGINFO", "packed")],
+            ),
+            (
+                "line-tables-only",
+                &[("CARGO_PROFILE_RELEASE_SPLIT_DEBUGINFO", "unpacked")],
+            ),
+        ];
+        for (debug, extra) in settings {
+            let Some(stacks) = fixture_names(debug, extra) else {
+                return;
+            };
+            let debug = format!("{debug} {extra:?}");
+            let mut names = std::collections::BTreeSet::new();
+            for lines in &stacks {
+                assert_eq!(
+                    lines.last().map(String::as_str),
+                    Some("names_fixture::catalog::hash_catalog"),
+                    "debug = {debug}: {lines:?}"
+                );
+                names.extend(lines.iter().cloned());
+            }
+            let bare: Vec<&String> = names.iter().filter(|n| qualify::is_bare(n)).collect();
+            assert!(
+                bare.is_empty(),
+                "debug = {debug}: bare names {bare:?} of {names:?}"
+            );
+            let inlined = stacks.iter().filter(|l| l.len() > 1).count();
+            if debug.starts_with('0') || debug.contains("debuginfo") {
+                assert_eq!(inlined, 0, "no inline information without debug info");
+            } else if debug.contains("SPLIT") {
+                // Split debug info (`.dwp` / `.dwo` beside the binary) is not read yet:
+                // the symbol table names the out-of-line function, inlined frames are lost.
+            } else {
+                assert!(
+                    names.iter().any(|n| n.ends_with("digest")),
+                    "debug = {debug}: the user's inlined function: {names:?}"
+                );
+                assert!(
+                    names.iter().any(|n| n.starts_with("itoa::")),
+                    "debug = {debug}: the registry crate's inlined code: {names:?}"
+                );
+            }
+            eprintln!(
+                "debug = {debug}: {} addresses, {inlined} with inlined frames, {} names: {:?}",
+                stacks.len(),
+                names.len(),
+                names
+                    .iter()
+                    .filter(|n| n.contains("digest") || n.starts_with("itoa::"))
+                    .collect::<Vec<_>>()
+            );
+        }
     }
 }
