@@ -16,6 +16,8 @@
 use std::collections::{BTreeSet, HashMap};
 use std::sync::Arc;
 
+use otel_profiling_pprof::source::dependency_crate;
+
 use crate::functions::{library_group, owning_crate, NO_STACK};
 
 /// The user's crates and each function's source file, for one set of profiles.
@@ -103,82 +105,9 @@ fn family_or(krate: &str) -> Arc<str> {
     Arc::from(library_group(&probe).unwrap_or(krate))
 }
 
-/// The crate of a dependency's source file, `None` for a file of the user's.
-pub fn dependency_crate(file: &str) -> Option<String> {
-    let file = file.replace('\\', "/");
-    // Cargo registry: …/registry/src/<index>/<crate>-<version>/…
-    if let Some(rest) = after(&file, "/registry/src/") {
-        let dir = rest.split('/').nth(1)?;
-        return Some(strip_version(dir));
-    }
-    // git dependencies: …/git/checkouts/<repo>-<hash>/<rev>/…
-    if let Some(rest) = after(&file, "/git/checkouts/") {
-        let dir = rest.split('/').next()?;
-        let repo = dir.rsplit_once('-').map_or(dir, |(name, _)| name);
-        return Some(repo.replace('-', "_"));
-    }
-    // The toolchain's library: /rustc/<hash>/library/<crate>/… or
-    // …/lib/rustlib/src/rust/library/<crate>/…
-    for marker in ["/rustlib/src/rust/library/", "/library/"] {
-        if let Some(rest) = after(&file, marker) {
-            if marker == "/library/" && !file.starts_with("/rustc/") {
-                continue;
-            }
-            let krate = rest.split('/').next()?;
-            return Some(krate.to_owned());
-        }
-    }
-    None
-}
-
-fn after<'a>(file: &'a str, marker: &str) -> Option<&'a str> {
-    file.find(marker).map(|at| &file[at + marker.len()..])
-}
-
-/// `sha2-0.10.8` → `sha2`, `tokio-util-0.7.1` → `tokio_util`.
-fn strip_version(dir: &str) -> String {
-    let name = match dir.rfind('-') {
-        Some(at) if dir[at + 1..].starts_with(|c: char| c.is_ascii_digit()) => &dir[..at],
-        _ => dir,
-    };
-    name.replace('-', "_")
-}
-
 #[cfg(test)]
 mod tests {
     use super::*;
-
-    #[test]
-    fn dependency_paths_name_their_crate_and_other_paths_are_the_users() {
-        let cases = [
-            (
-                "/home/u/.cargo/registry/src/index.crates.io-1949cf8c6b5b557f/sha2-0.10.8/src/sha256/soft.rs",
-                Some("sha2"),
-            ),
-            (
-                "/home/u/.cargo/registry/src/index.crates.io-6f17d22bba15001f/tokio-util-0.7.11/src/codec.rs",
-                Some("tokio_util"),
-            ),
-            (
-                "/home/u/.cargo/git/checkouts/my-lib-3a9f1c2d/1b2c3d4/src/lib.rs",
-                Some("my_lib"),
-            ),
-            (
-                "/rustc/59807616e1fa2540724bfbac14d7976d7e4a3860/library/core/src/num/mod.rs",
-                Some("core"),
-            ),
-            (
-                "/home/u/.rustup/toolchains/stable-x86_64-unknown-linux-gnu/lib/rustlib/src/rust/library/std/src/thread/mod.rs",
-                Some("std"),
-            ),
-            ("/work/svc/src/catalog.rs", None),
-            ("src/main.rs", None),
-            ("/work/library/src/lib.rs", None),
-        ];
-        for (file, krate) in cases {
-            assert_eq!(dependency_crate(file).as_deref(), krate, "{file}");
-        }
-    }
 
     #[test]
     fn the_binary_decides_whose_code_a_frame_is() {

@@ -876,30 +876,15 @@ mod tests {
     /// for frames without a file of their own; `--crate` adds a crate.
     #[test]
     fn your_code_is_decided_from_the_source_paths_and_crate_flags() {
-        use crate::ids::{SpanId, TraceId};
+        use crate::ids::SpanId;
         use crate::input::Sample;
         use std::sync::Arc;
         const MS: u64 = 1_000_000;
         let span = Span {
-            trace_id: TraceId::from(1u128),
-            span_id: SpanId::from(1u64),
-            parent_span_id: None,
-            parent_is_remote: false,
             name: "GET /hash".into(),
-            start_unix_nano: 1_000 * MS,
-            end_unix_nano: 1_100 * MS,
             service_version: Some("1".into()),
-            profile_id: Some(format!("{:016x}", 1)),
-            cpu_samples: None,
-            cpu_time_ns: None,
             wall_active_ns: Some(100 * MS),
-            wall_queued_ns: None,
-            wall_runqueue_ns: None,
-            cgroup_throttled_ns: None,
-            cgroup_cpu_limit_millicpus: None,
-            busy_ns: None,
-            http_route: None,
-            http_method: None,
+            ..Span::test_root(1, 1_000 * MS, 1_100 * MS)
         };
         let sample = |frames: &[&str], n: u64| Sample {
             frames: frames.iter().rev().map(|f| Arc::from(*f)).collect(),

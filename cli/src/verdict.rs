@@ -374,28 +374,10 @@ mod tests {
     /// decides (blocked in poll when they were inside for most of their wall time).
     #[test]
     fn short_blocked_spans_are_blocked_once_their_active_time_could_have_been_sampled() {
-        use crate::ids::{SpanId, TraceId};
         const MS: u64 = 1_000_000;
         let span = |id: u64, wall_us: u64, active_us: Option<u64>| Span {
-            trace_id: TraceId::from(u128::from(id)),
-            span_id: SpanId::from(id),
-            parent_span_id: None,
-            parent_is_remote: false,
-            name: "GET /x".into(),
-            start_unix_nano: id * 1_000 * MS,
-            end_unix_nano: id * 1_000 * MS + wall_us * 1_000,
-            service_version: None,
-            profile_id: Some(format!("{id:016x}")),
-            cpu_samples: None,
-            cpu_time_ns: None,
             wall_active_ns: active_us.map(|a| a * 1_000),
-            wall_queued_ns: None,
-            wall_runqueue_ns: None,
-            cgroup_throttled_ns: None,
-            cgroup_cpu_limit_millicpus: None,
-            busy_ns: None,
-            http_route: None,
-            http_method: None,
+            ..Span::test_root(id, id * 1_000 * MS, id * 1_000 * MS + wall_us * 1_000)
         };
         let sampling = Sampling {
             profiles_read: true,

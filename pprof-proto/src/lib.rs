@@ -9,6 +9,7 @@
 #![warn(missing_docs, unreachable_pub)]
 
 mod proto;
+pub mod source;
 pub mod split;
 
 use std::io::{self, Read, Write};

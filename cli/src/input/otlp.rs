@@ -111,6 +111,35 @@ impl Span {
     }
 }
 
+/// A local root span for unit tests: span and trace id `id`, no version, a profile id,
+/// no attributes but its times.
+#[cfg(test)]
+impl Span {
+    pub(crate) fn test_root(id: u64, start_unix_nano: u64, end_unix_nano: u64) -> Span {
+        Span {
+            trace_id: TraceId::from(u128::from(id)),
+            span_id: SpanId::from(id),
+            parent_span_id: None,
+            parent_is_remote: false,
+            name: "GET /x".into(),
+            start_unix_nano,
+            end_unix_nano,
+            service_version: None,
+            profile_id: Some(format!("{id:016x}")),
+            cpu_samples: None,
+            cpu_time_ns: None,
+            wall_active_ns: None,
+            wall_queued_ns: None,
+            wall_runqueue_ns: None,
+            cgroup_throttled_ns: None,
+            cgroup_cpu_limit_millicpus: None,
+            busy_ns: None,
+            http_route: None,
+            http_method: None,
+        }
+    }
+}
+
 #[derive(Deserialize)]
 #[serde(rename_all = "camelCase")]
 struct Request {

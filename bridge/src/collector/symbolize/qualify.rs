@@ -34,38 +34,6 @@ pub(super) fn crate_of_unit(unit_name: &str) -> Option<&str> {
     (!krate.is_empty()).then_some(krate)
 }
 
-/// The crate of a dependency's source file (Cargo registry, git checkout, toolchain
-/// library); `None` for any other file.
-pub(super) fn crate_of_dependency_file(file: &str) -> Option<String> {
-    if let Some(rest) = after(file, "/registry/src/") {
-        // …/registry/src/<index>/<crate>-<version>/…
-        let dir = rest.split('/').nth(1)?;
-        let name = match dir.rfind('-') {
-            Some(at) if dir[at + 1..].starts_with(|c: char| c.is_ascii_digit()) => &dir[..at],
-            _ => dir,
-        };
-        return Some(name.replace('-', "_"));
-    }
-    if let Some(rest) = after(file, "/git/checkouts/") {
-        // …/git/checkouts/<repo>-<hash>/<rev>/…
-        let dir = rest.split('/').next()?;
-        let repo = dir.rsplit_once('-').map_or(dir, |(name, _)| name);
-        return Some(repo.replace('-', "_"));
-    }
-    let library = if file.starts_with("/rustc/") {
-        after(file, "/library/")
-    } else {
-        after(file, "/rustlib/src/rust/library/")
-    };
-    library
-        .and_then(|rest| rest.split('/').next())
-        .map(str::to_owned)
-}
-
-fn after<'a>(file: &'a str, marker: &str) -> Option<&'a str> {
-    file.find(marker).map(|at| &file[at + marker.len()..])
-}
-
 /// An inlined frame's name: `<crate>::<name>` when `name` is bare and a crate is known
 /// (its file's, else the unit's), else `name` as it is.
 pub(super) fn inlined(name: &str, file: Option<&str>, unit_crate: Option<&str>) -> Option<String> {
@@ -73,7 +41,7 @@ pub(super) fn inlined(name: &str, file: Option<&str>, unit_crate: Option<&str>) 
         return None;
     }
     let krate = file
-        .and_then(crate_of_dependency_file)
+        .and_then(otel_profiling_pprof::source::dependency_crate)
         .or_else(|| unit_crate.map(str::to_owned))?;
     Some(format!("{krate}::{name}"))
 }
@@ -89,26 +57,6 @@ mod tests {
             Some("heldout_workload")
         );
         assert_eq!(crate_of_unit("src/lib.rs"), None);
-        assert_eq!(
-            crate_of_dependency_file(
-                "/root/.cargo/registry/src/index.crates.io-1949cf8c6b5b557f/sha2-0.10.8/src/sha256/soft.rs"
-            )
-            .as_deref(),
-            Some("sha2")
-        );
-        assert_eq!(
-            crate_of_dependency_file("/rustc/5980761/library/core/src/iter/range.rs").as_deref(),
-            Some("core")
-        );
-        assert_eq!(
-            crate_of_dependency_file("/u/.cargo/git/checkouts/tiny-http-1a2b3c/4d5e6f/src/lib.rs")
-                .as_deref(),
-            Some("tiny_http")
-        );
-        assert_eq!(
-            crate_of_dependency_file("/work/svc/src/library/mod.rs"),
-            None
-        );
         let unit = Some("svc");
         let dep = "/r/.cargo/registry/src/i-1/sha2-0.10.8/src/sha256.rs";
         assert_eq!(
