@@ -39,24 +39,42 @@ const PAGES_PER_UNIT: u64 = 16 << 10;
 /// The DWARF sections of an object, borrowed from its mapping; `None` without
 /// `.debug_info` or with a section that cannot be read in place (compressed).
 pub(super) fn load<'a>(object: &object::File<'a>) -> Option<Dwarf<'a>> {
-    use object::{Object, ObjectSection};
+    use object::Object;
     object.section_by_name(".debug_info")?;
+    gimli::Dwarf::load(sections(object, false)).ok()
+}
+
+/// Reads section `id` of `object` in place: its `.dwo` name in a split file (`dwo`), a
+/// missing section as empty, a compressed one as an error.
+fn sections<'o, 'a>(
+    object: &'o object::File<'a>,
+    dwo: bool,
+) -> impl FnMut(gimli::SectionId) -> Result<Slice<'a>, gimli::Error> + 'o {
+    use object::{Object, ObjectSection};
     let endian = if object.is_little_endian() {
         gimli::RunTimeEndian::Little
     } else {
         gimli::RunTimeEndian::Big
     };
-    gimli::Dwarf::load(|id| -> Result<Slice<'a>, ()> {
-        let data = match object.section_by_name(id.name()) {
+    move |id| {
+        let name = if dwo { id.dwo_name() } else { Some(id.name()) };
+        let data = match name.and_then(|n| object.section_by_name(n)) {
             Some(section) => match section.uncompressed_data() {
                 Ok(std::borrow::Cow::Borrowed(data)) => data,
-                _ => return Err(()),
+                _ => return Err(gimli::Error::Io),
             },
             None => &[],
         };
         Ok(gimli::EndianSlice::new(data, endian))
-    })
-    .ok()
+    }
+}
+
+/// Where the entries of a file's skeleton units are (`split-debuginfo`): its DWARF
+/// package, else each unit's `.dwo` file.
+pub(super) struct SplitSource<'a> {
+    pub(super) files: &'a super::split::SplitFiles,
+    /// The binary's `.dwp` path.
+    pub(super) package: std::path::PathBuf,
 }
 
 /// The compile units of a file and the addresses they cover. Kept per file between
@@ -192,6 +210,19 @@ impl UnitIndex {
             Err(i) => self.units.get(i - 1),
         }
     }
+}
+
+/// `DW_AT_language` of the unit's root entry.
+fn root_language(unit: UnitRef<'_, '_>) -> Option<gimli::DwLang> {
+    let mut entries = unit.entries_raw(None).ok()?;
+    let abbrev = entries.read_abbreviation().ok()??;
+    for spec in abbrev.attributes() {
+        let attr = entries.read_attribute(*spec).ok()?;
+        if let (gimli::DW_AT_language, AttributeValue::Language(l)) = (attr.name(), attr.value()) {
+            return Some(l);
+        }
+    }
+    None
 }
 
 /// The ranges a compile unit covers, into `out`; returns its language.
@@ -359,6 +390,9 @@ pub(super) struct Pass<'d, 'a> {
     referred: HashMap<usize, Rc<Unit<'a>>>,
     /// Told about how many bytes of the file each unit read takes.
     touch: &'d dyn Fn(u64),
+    split: Option<SplitSource<'a>>,
+    /// The DWARF package, read on the first skeleton unit; `Some(None)`: there is none.
+    package: Option<Option<gimli::DwarfPackage<Slice<'a>>>>,
 }
 
 /// What one unit says about an address.
@@ -398,12 +432,15 @@ impl<'d, 'a> Pass<'d, 'a> {
         dwarf: &'d Dwarf<'a>,
         index: &'d UnitIndex,
         touch: &'d dyn Fn(u64),
+        split: Option<SplitSource<'a>>,
     ) -> Pass<'d, 'a> {
         Pass {
             dwarf,
             index,
             referred: HashMap::new(),
             touch,
+            split,
+            package: None,
         }
     }
 
@@ -460,7 +497,7 @@ impl<'d, 'a> Pass<'d, 'a> {
         intern: &mut dyn FnMut(&str) -> Arc<str>,
     ) -> Option<Vec<bool>> {
         let entry = self.index.units.get(unit)?;
-        let lang = entry.lang;
+        let mut lang = entry.lang;
         let header = self
             .dwarf
             .debug_info
@@ -469,15 +506,30 @@ impl<'d, 'a> Pass<'d, 'a> {
         // Its entries, and a line program of about the same size.
         (self.touch)(2 * header.length_including_self() as u64 + PAGES_PER_UNIT);
         let parsed = self.dwarf.unit(header).ok()?;
+        // A skeleton unit keeps its ranges and line program here; its entries (functions,
+        // inlined calls, language, name) are in the split unit. Without that file, the
+        // symbol table names its addresses.
+        let split = match parsed.dwo_id {
+            Some(id) => self.split_unit(&parsed, id),
+            None => None,
+        };
         let unit_ref = gimli::UnitRef::new(self.dwarf, &parsed);
+        let entries_ref = match &split {
+            Some((dwarf, unit)) => {
+                lang = lang.or_else(|| root_language(gimli::UnitRef::new(dwarf, unit)));
+                gimli::UnitRef::new(dwarf, unit)
+            }
+            None => unit_ref,
+        };
         let rust = lang == Some(gimli::DW_LANG_Rust);
-        let unit_crate: Option<Arc<str>> = parsed
+        let unit_crate: Option<Arc<str>> = entries_ref
             .name
             .filter(|_| rust)
             .and_then(|n| super::qualify::crate_of_unit(&n.to_string_lossy()).map(&mut *intern));
         let mut answers: Vec<Answer<'a>> =
             (0..addresses.len()).map(|_| Answer::default()).collect();
-        self.functions(unit_ref, addresses, &mut answers);
+        self.functions(entries_ref, addresses, &mut answers);
+        // Line information (rows, and the files inlined calls name) is the skeleton's.
         rows(unit_ref, addresses, &mut answers);
 
         let mut files: HashMap<u64, Option<Arc<str>>> = HashMap::new();
@@ -541,6 +593,59 @@ impl<'d, 'a> Pass<'d, 'a> {
             };
         }
         Some(answered)
+    }
+
+    /// The split unit of skeleton `skeleton` (`id` its DWO id), from the DWARF package,
+    /// else from the `.dwo` file it names; `None` if neither has it.
+    fn split_unit(
+        &mut self,
+        skeleton: &Unit<'a>,
+        id: gimli::DwoId,
+    ) -> Option<(Dwarf<'a>, Unit<'a>)> {
+        let source = self.split.as_ref()?;
+        let parent = self.dwarf;
+        let package = self.package.get_or_insert_with(|| {
+            let bytes = source.files.bytes(&source.package)?;
+            let object = object::File::parse(bytes).ok()?;
+            let empty = gimli::EndianSlice::new(
+                &[][..],
+                gimli::Reader::endian(gimli::Section::reader(&parent.debug_info)),
+            );
+            gimli::DwarfPackage::load(sections(&object, true), empty).ok()
+        });
+        let (dwarf, path) = match package
+            .as_ref()
+            .and_then(|p| p.find_cu(id, parent).ok().flatten())
+        {
+            Some(dwarf) => (dwarf, source.package.clone()),
+            None => {
+                let name = skeleton.dwo_name().ok()??;
+                let name = parent.attr_string(skeleton, name).ok()?;
+                // A relative name is relative to the unit's directory; an absolute one
+                // replaces it (what `PathBuf::push` does).
+                let mut path = skeleton
+                    .comp_dir
+                    .map(|d| std::path::PathBuf::from(d.to_string_lossy().as_ref()))
+                    .unwrap_or_default();
+                path.push(name.to_string_lossy().as_ref());
+                let object = object::File::parse(source.files.bytes(&path)?).ok()?;
+                let mut dwarf = gimli::Dwarf::load(sections(&object, true)).ok()?;
+                dwarf.make_dwo(parent);
+                (dwarf, path)
+            }
+        };
+        let header = dwarf.units().next().ok()??;
+        source.files.touch(
+            &path,
+            2 * header.length_including_self() as u64 + PAGES_PER_UNIT,
+        );
+        let mut unit = dwarf.unit(header).ok()?;
+        // A stale `.dwo` or package (rebuilt binary) has other ids: its names are not ours.
+        if unit.dwo_id != Some(id) {
+            return None;
+        }
+        unit.copy_relocated_attributes(skeleton);
+        Some((dwarf, unit))
     }
 
     /// One walk over the unit's entries: for each address, the subprogram covering it and
@@ -723,6 +828,8 @@ impl<'d, 'a> Pass<'d, 'a> {
         }
         match reference {
             AttributeValue::UnitRef(offset) => self.entry_name(unit, offset, limit),
+            // A split unit's references stay within it; `index` is the binary's.
+            AttributeValue::DebugInfoRef(_) if !std::ptr::eq(unit.dwarf, self.dwarf) => None,
             AttributeValue::DebugInfoRef(target) => {
                 let position = self.index.units.partition_point(|u| u.offset <= target.0);
                 let entry = self.index.unit_at(target.0)?;

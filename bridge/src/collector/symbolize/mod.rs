@@ -48,6 +48,7 @@
 mod dwarf;
 mod mapped;
 mod qualify;
+mod split;
 
 use std::borrow::Cow;
 use std::collections::{HashMap, HashSet};
@@ -59,6 +60,9 @@ use std::sync::Arc;
 use crate::pprof::{FrameLine, SymbolizedFrame};
 use crate::sampler::modules::{self, LoadGeneration, LoadedObject};
 use mapped::{Mapped, SymbolTable};
+
+/// Where the main executable is read from.
+const SELF_EXE: &str = "/proc/self/exe";
 
 /// A file's identity on disk: a library rebuilt at the same path is another file.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
@@ -142,7 +146,7 @@ impl ModuleMap {
             // The loader names the main executable "". Its name is the path it was run
             // from; its bytes are those of the running image, which the kernel keeps.
             let path = std::env::current_exe().ok()?;
-            (path, PathBuf::from("/proc/self/exe"))
+            (path, PathBuf::from(SELF_EXE))
         } else if object.name.starts_with("linux-vdso") || object.name.starts_with("linux-gate") {
             (PathBuf::from(VDSO), PathBuf::from(VDSO))
         } else {
@@ -188,6 +192,8 @@ struct FileDebug {
     index: dwarf::UnitIndex,
     /// Read the first time an address is not named by debug info.
     symbols: Option<SymbolTable>,
+    /// The `.dwp` / `.dwo` files its skeleton units led to.
+    split: split::SplitFiles,
 }
 
 impl FileDebug {
@@ -217,6 +223,7 @@ impl FileDebug {
             mapped,
             index,
             symbols: None,
+            split: split::SplitFiles::default(),
         })
     }
 }
@@ -299,6 +306,17 @@ impl Symbolizer {
                 file.name_all(key, addresses);
             }
         }
+    }
+
+    /// The main executable's path, once it was read for names, if it has no debug info
+    /// (`debug = 0`, `strip = "debuginfo"`): its inlined functions then count in the
+    /// functions they were inlined into, and no profile can say otherwise.
+    pub(crate) fn executable_without_debug_info(&self) -> Option<&Path> {
+        self.files.iter().find_map(|(key, names)| {
+            let debug = names.debug.as_ref()?.as_ref()?;
+            (key.read_from == Path::new(SELF_EXE) && debug.index.is_empty())
+                .then_some(key.path.as_path())
+        })
     }
 
     /// Symbolizes one sampled frame. `return_address` is true for every frame but the
@@ -413,7 +431,12 @@ impl FileNames {
         let touch = |bytes| file.mapped.touch(bytes);
         let found = match &dwarf {
             Some(d) if !file.index.is_empty() => {
-                dwarf::Pass::new(d, &file.index, &touch).resolve(&addresses, &mut intern)
+                let split = dwarf::SplitSource {
+                    files: &file.split,
+                    package: split::package_path(&key.path),
+                };
+                dwarf::Pass::new(d, &file.index, &touch, Some(split))
+                    .resolve(&addresses, &mut intern)
             }
             _ => vec![dwarf::Found::default(); addresses.len()],
         };
@@ -465,6 +488,7 @@ impl FileNames {
             };
             names.insert(address, Arc::from(lines));
         }
+        file.split.between_passes();
     }
 }
 
@@ -991,12 +1015,12 @@ mod tests {
     /// where debug info has inlined frames, none is bare — under `line-tables-only` (the
     /// README's recommendation), whose DWARF keeps only bare names, they read
     /// `<crate>::<name>` (the user's crate from the compile unit, `itoa` from its registry
-    /// path); `debug = 0` and `strip = "debuginfo"` have no inline information at all, and
-    /// split debug info (`split-debuginfo = "packed" | "unpacked"`) is not read yet, so
-    /// there only the out-of-line names are checked.
+    /// path); `debug = 0` and `strip = "debuginfo"` have no inline information at all; split
+    /// debug info (`split-debuginfo = "packed" | "unpacked"`: the entries in a `.dwp` or in
+    /// `.dwo` files) names as the same setting unsplit does.
     #[test]
     fn names_carry_their_paths_under_every_debug_setting() {
-        let settings: [(&str, &[(&str, &str)]); 7] = [
+        let settings: [(&str, &[(&str, &str)]); 8] = [
             ("line-tables-only", &[]),
             ("limited", &[]),
             ("full", &[]),
@@ -1010,11 +1034,18 @@ mod tests {
                 "line-tables-only",
                 &[("CARGO_PROFILE_RELEASE_SPLIT_DEBUGINFO", "unpacked")],
             ),
+            (
+                "limited",
+                &[("CARGO_PROFILE_RELEASE_SPLIT_DEBUGINFO", "packed")],
+            ),
         ];
+        // Names and inlined count of each unsplit build, by `debug`.
+        let mut plain = std::collections::HashMap::new();
         for (debug, extra) in settings {
             let Some(stacks) = fixture_names(debug, extra) else {
                 return;
             };
+            let level = debug;
             let debug = format!("{debug} {extra:?}");
             let mut names = std::collections::BTreeSet::new();
             for lines in &stacks {
@@ -1034,8 +1065,12 @@ mod tests {
             if debug.starts_with('0') || debug.contains("debuginfo") {
                 assert_eq!(inlined, 0, "no inline information without debug info");
             } else if debug.contains("SPLIT") {
-                // Split debug info (`.dwp` / `.dwo` beside the binary) is not read yet:
-                // the symbol table names the out-of-line function, inlined frames are lost.
+                // The same code as the plain `line-tables-only` build, its entries read
+                // from the `.dwp` / `.dwo` files: the same names, as often inlined.
+                let (plain_names, plain_inlined) =
+                    plain.get(level).expect("the unsplit build comes first");
+                assert_eq!(&names, plain_names, "debug = {debug}");
+                assert_eq!(inlined, *plain_inlined, "debug = {debug}");
             } else {
                 assert!(
                     names.iter().any(|n| n.ends_with("digest")),
@@ -1045,6 +1080,9 @@ mod tests {
                     names.iter().any(|n| n.starts_with("itoa::")),
                     "debug = {debug}: the registry crate's inlined code: {names:?}"
                 );
+            }
+            if extra.is_empty() {
+                plain.insert(level, (names.clone(), inlined));
             }
             eprintln!(
                 "debug = {debug}: {} addresses, {inlined} with inlined frames, {} names: {:?}",
