@@ -59,15 +59,34 @@ pub struct Input {
     pub period_ns: Option<u64>,
     /// The source file of each function the profiles name one for.
     pub sources: HashMap<Arc<str>, Arc<str>>,
+    /// Executables whose profiles say they have no debug info, each once.
+    pub without_debug_info: std::collections::BTreeSet<String>,
     /// Crates to count as the user's code beside those the source files show (`--crate`).
     pub user_crates: Vec<String>,
 }
 
 impl Input {
     /// Whose code each frame is, from the profiles' source files and
-    /// [`user_crates`](Self::user_crates) (see [`crate::ownership`]).
+    /// [`user_crates`](Self::user_crates) (see [`crate::ownership`]); for an executable
+    /// without debug info, from the crates of its `main` functions.
     pub fn ownership(&self) -> Arc<Ownership> {
-        Arc::new(Ownership::new(self.sources.clone(), &self.user_crates))
+        let owners = Ownership::new(self.sources.clone(), &self.user_crates);
+        if self.without_debug_info.is_empty() || !self.sources.is_empty() {
+            return Arc::new(owners);
+        }
+        // No source files: the crates whose `main` ran are the user's.
+        let mains: std::collections::BTreeSet<String> = self
+            .samples
+            .iter()
+            .flat_map(|s| s.frames.iter())
+            .filter_map(|f| {
+                let krate = f.strip_suffix("::main")?;
+                let plain =
+                    !krate.is_empty() && krate.chars().all(|c| c.is_alphanumeric() || c == '_');
+                (plain && crate::functions::library_group(f).is_none()).then(|| krate.to_owned())
+            })
+            .collect();
+        Arc::new(owners.entry_crates_only(mains))
     }
 
     /// Reads every `*_cpu.pb.gz` and `*_spans.jsonl` file of `dirs`.
@@ -104,6 +123,7 @@ impl Input {
                 }
                 input.samples.extend(profile.samples);
                 input.sources.extend(profile.sources);
+                input.without_debug_info.extend(profile.without_debug_info);
             }
             for path in &blocked {
                 input

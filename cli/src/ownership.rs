@@ -31,6 +31,9 @@ pub struct Ownership {
     dependency_crates: BTreeSet<String>,
     /// Crates named with `--crate`: the user's whatever their files say.
     named: BTreeSet<String>,
+    /// No source files to go by (an executable without debug info): a crate neither
+    /// named nor an entry crate is a dependency.
+    entry_crates_only: bool,
 }
 
 impl Ownership {
@@ -61,7 +64,18 @@ impl Ownership {
             user_crates,
             dependency_crates,
             named,
+            entry_crates_only: false,
         }
+    }
+
+    /// For profiles of an executable without debug info (no source files): the crates of
+    /// its `main` functions (`svc::main`) are the user's, beside `--crate`, and every other
+    /// crate is a dependency, rather than guessed from its name.
+    pub fn entry_crates_only(mut self, entry_crates: impl IntoIterator<Item = String>) -> Self {
+        let before = self.user_crates.len();
+        self.user_crates.extend(entry_crates);
+        self.entry_crates_only = self.user_crates.len() > before || !self.named.is_empty();
+        self
     }
 
     /// The group a frame's code belongs to (a crate or family name: `tokio`, `sha2`,
@@ -81,7 +95,7 @@ impl Ownership {
             if self.user_crates.contains(krate) {
                 return None;
             }
-            if self.dependency_crates.contains(krate) {
+            if self.dependency_crates.contains(krate) || self.entry_crates_only {
                 return Some(family_or(krate));
             }
         }
@@ -156,5 +170,27 @@ mod tests {
         let none = Ownership::default();
         assert_eq!(none.group("sha2::x").as_deref(), library_group("sha2::x"));
         assert!(none.is_user("handle_report"));
+    }
+
+    #[test]
+    fn without_source_files_the_crate_of_main_is_the_users() {
+        let guessed = Ownership::new(HashMap::new(), &[]);
+        assert!(
+            guessed.is_user("<u64 as itoa::Unsigned>::fmt"),
+            "by name: unknown"
+        );
+        let owners = Ownership::new(HashMap::new(), &["extra-crate".to_owned()])
+            .entry_crates_only(["svc".to_owned()]);
+        assert!(owners.is_user("svc::catalog::hash_catalog"));
+        assert!(owners.is_user("extra_crate::helper"));
+        assert_eq!(
+            owners.group("<u64 as itoa::Unsigned>::fmt").as_deref(),
+            Some("itoa")
+        );
+        assert_eq!(
+            owners.group("tokio::runtime::park").as_deref(),
+            Some("tokio")
+        );
+        assert_eq!(owners.group("__memcpy_avx").as_deref(), Some("libc"));
     }
 }

@@ -42,6 +42,9 @@ pub struct SpanReport {
     pub without_samples: Vec<SpanWithoutSamples>,
     /// CPU samples not tied to any local root span read.
     pub outside_spans: OutsideSpans,
+    /// Executables without debug info (`debug = 0`, stripped): the report says once
+    /// that their inlined functions count in their callers.
+    pub without_debug_info: Vec<String>,
     /// Whether the text form lists every frame (`--all-frames`) rather than the user's
     /// own code first with the runtime and libraries grouped.
     pub all_frames: bool,
@@ -209,6 +212,7 @@ impl SpanReport {
             groups,
             without_samples,
             outside_spans: outside_spans(input, &roots),
+            without_debug_info: input.without_debug_info.iter().cloned().collect(),
             all_frames: false,
         }
     }
@@ -522,7 +526,8 @@ impl fmt::Display for SpanReport {
         }
         self.write_unmatched(f)?;
         self.write_without_samples(f)?;
-        self.write_outside_spans(f)
+        self.write_outside_spans(f)?;
+        self.write_without_debug_info(f)
     }
 }
 
@@ -722,6 +727,22 @@ fn write_group(f: &mut fmt::Formatter<'_>, g: &SpanGroup, all_frames: bool) -> f
 }
 
 impl SpanReport {
+    /// Once, when a profiled executable has no debug info.
+    fn write_without_debug_info(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        if self.without_debug_info.is_empty() {
+            return Ok(());
+        }
+        writeln!(
+            f,
+            "\nNo inline information: {} has no debug info (`debug = 0` or stripped), so \
+             functions inlined into others count as those others here, and your code is \
+             the crate of `main` (name others with `--crate`). Build with \
+             `[profile.release] debug = \"line-tables-only\"` to see them \
+             (docs/build-settings.md).",
+            self.without_debug_info.join(", ")
+        )
+    }
+
     /// The groups of requests no route matched, in one line.
     fn write_unmatched(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         let unmatched: Vec<String> = self

@@ -18,6 +18,11 @@ use prost::Message;
 
 pub use proto::{Function, Label, Line, Location, Mapping, Profile, Sample, ValueType};
 
+/// How a profile's comment begins when the executable it names has no debug info
+/// (`debug = 0`, stripped); the executable's path follows. Its inlined functions are then
+/// counted in their callers, which the span report says once.
+pub const NO_INLINE_INFO_COMMENT: &str = "otel-profiling: no debug info, so no inlined frames, in ";
+
 /// Serialized, gzip-compressed profile bytes (what Pyroscope and `go tool pprof` read).
 pub fn encode_gzip(profile: &proto::Profile) -> io::Result<Vec<u8>> {
     let raw = profile.encode_to_vec();

@@ -505,6 +505,13 @@ impl State {
                 .chain(blocked.keys())
                 .flat_map(|(frames, _)| frames.iter().enumerate().map(|(i, &a)| (a, i > 0))),
         );
+        let no_debug_info = symbolizer.executable_without_debug_info().map(|exe| {
+            format!(
+                "{}{}",
+                crate::pprof::proto::NO_INLINE_INFO_COMMENT,
+                exe.display()
+            )
+        });
         let mut names: HashMap<SpanName, Arc<str>> = HashMap::new();
         let mut stack = Vec::new();
         let mut name_stack = |frames: &[u64], stack: &mut Vec<_>| {
@@ -514,6 +521,9 @@ impl State {
             }
         };
         let mut cpu = ProfileBuilder::new(self.period_ns, start, duration);
+        if let Some(note) = &no_debug_info {
+            cpu.comment(note.clone());
+        }
         let mut samples = 0u64;
         for ((frames, key), count) in counts {
             name_stack(&frames, &mut stack);

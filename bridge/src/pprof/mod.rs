@@ -103,6 +103,7 @@ pub struct ProfileBuilder {
     has_filenames: bool,
     has_line_numbers: bool,
     has_inline_frames: bool,
+    comments: Vec<String>,
 }
 
 /// A deduplicated sample: values are multiplied by the period only in `build`.
@@ -144,6 +145,7 @@ impl ProfileBuilder {
             has_filenames: false,
             has_line_numbers: false,
             has_inline_frames: false,
+            comments: Vec::new(),
         }
     }
 
@@ -153,6 +155,12 @@ impl ProfileBuilder {
             blocked: true,
             ..ProfileBuilder::new(1, start, duration)
         }
+    }
+
+    /// Adds a free-form comment (the profile's `comment` field; `go tool pprof -comments`
+    /// prints them).
+    pub fn comment(&mut self, text: impl Into<String>) {
+        self.comments.push(text.into());
     }
 
     /// Adds `count` samples of `stack` (innermost frame first) carrying `labels`.
@@ -322,6 +330,7 @@ impl ProfileBuilder {
             has_line_numbers: self.has_line_numbers,
             has_inline_frames: self.has_inline_frames,
         };
+        let comment = self.comments.iter().map(|c| strings.intern(c)).collect();
         proto::Profile {
             sample_type,
             sample,
@@ -335,7 +344,7 @@ impl ProfileBuilder {
             duration_nanos: self.duration_nanos,
             period_type: Some(period_type),
             period: self.period_ns,
-            comment: Vec::new(),
+            comment,
             default_sample_type: 0,
             doc_url: 0,
         }

@@ -40,6 +40,9 @@ pub struct ProfileFile {
     pub samples: Vec<Sample>,
     /// The source file of each function that has one (from the function table).
     pub sources: HashMap<Arc<str>, Arc<str>>,
+    /// Executables the profile says have no debug info (see
+    /// [`proto::NO_INLINE_INFO_COMMENT`]): their inlined functions count in their callers.
+    pub without_debug_info: Vec<String>,
 }
 
 /// Reads and resolves one gzipped (or plain) pprof file.
@@ -177,10 +180,17 @@ pub fn resolve_value(profile: &proto::Profile, value: &str) -> ProfileFile {
             sample
         })
         .collect();
+    let without_debug_info = profile
+        .comment
+        .iter()
+        .filter_map(|&c| string(c).strip_prefix(proto::NO_INLINE_INFO_COMMENT))
+        .map(str::to_owned)
+        .collect();
     ProfileFile {
         period_ns,
         samples,
         sources,
+        without_debug_info,
     }
 }
 
