@@ -1,6 +1,6 @@
 //! Flame graphs (SVG, drawn by `inferno`) of the CPU samples of one span or one span name.
 
-use std::collections::{BTreeMap, HashSet};
+use std::collections::{BTreeMap, BTreeSet, HashSet};
 use std::io::Write;
 use std::path::PathBuf;
 
@@ -41,6 +41,9 @@ pub struct FlameGraph {
     pub samples: u64,
     /// CPU time drawn, nanoseconds.
     pub cpu_ns: u64,
+    /// The frames (as folded) that are the user's code (see [`crate::ownership`]; the
+    /// input's `--crate` names count): drawn in blue, the rest in the usual warm colours.
+    pub user_frames: BTreeSet<String>,
 }
 
 impl FlameGraph {
@@ -99,6 +102,7 @@ impl FlameGraph {
                 .collect(),
             samples: count,
             cpu_ns,
+            user_frames: user_frames(input, &samples),
         })
     }
 
@@ -147,12 +151,18 @@ impl FlameGraph {
                 .collect(),
             samples: count,
             cpu_ns,
+            user_frames: user_frames(input, &samples),
         })
     }
 
     /// Draws the SVG into `out`.
     pub fn write_svg(&self, out: impl Write) -> Result<(), ReportError> {
+        let mut colours = inferno::flamegraph::color::PaletteMap::default();
+        for frame in &self.user_frames {
+            colours.insert(frame, user_colour(frame));
+        }
         let mut options = inferno::flamegraph::Options::default();
+        options.palette_map = Some(&mut colours);
         options.title = self.title.clone();
         options.subtitle = Some(self.subtitle.clone());
         options.count_name = "ns CPU".to_owned();
@@ -169,6 +179,33 @@ impl FlameGraph {
         String::from_utf8(out).map_err(|e| {
             ReportError::Flamegraph(std::io::Error::new(std::io::ErrorKind::InvalidData, e))
         })
+    }
+}
+
+/// The frames of `samples` that are the user's code, as [`fold`] writes them.
+fn user_frames(input: &Input, samples: &[&Sample]) -> BTreeSet<String> {
+    let owners = input.ownership();
+    let mut seen: BTreeSet<&str> = BTreeSet::new();
+    let mut user = BTreeSet::new();
+    for frame in samples.iter().flat_map(|s| s.frames.iter()) {
+        if seen.insert(frame) && owners.is_user(frame) {
+            user.insert(frame.replace(';', ","));
+        }
+    }
+    user
+}
+
+/// A blue for the user's frame `name`, its shade from the name (stable across runs), so
+/// that neighbouring frames stay apart.
+fn user_colour(name: &str) -> inferno::flamegraph::color::Color {
+    let hash = name.bytes().fold(0xcbf2_9ce4_8422_2325u64, |h, b| {
+        (h ^ u64::from(b)).wrapping_mul(0x100_0000_01b3)
+    });
+    let shade = (hash % 60) as u8;
+    inferno::flamegraph::color::Color {
+        r: 60 + shade / 2,
+        g: 120 + shade,
+        b: 220,
     }
 }
 

@@ -69,6 +69,10 @@ enum Command {
         /// (for spans with none: unsampled, too short, or not computing).
         #[arg(long)]
         concurrent: bool,
+        /// Count this crate as your code (drawn in blue) beside those detected from the
+        /// source paths (repeatable; `-` and `_` alike).
+        #[arg(long = "crate", value_name = "NAME")]
+        crates: Vec<String>,
     },
     /// One span name, per request, in two versions (one directory, --from/--to) or in two
     /// directories: each version's CPU / blocked in poll / queued / awaiting split and
@@ -150,6 +154,7 @@ fn run(command: Command) -> Result<(), ReportError> {
             service_version,
             output,
             concurrent,
+            crates,
         } => {
             let selection = match (span_id, span_name, service_version) {
                 (Some(id), _, _) => FlameSelection::SpanId(id),
@@ -159,11 +164,11 @@ fn run(command: Command) -> Result<(), ReportError> {
                 }
                 (None, None, _) => usage_error("flame", "give --span-id or --span-name"),
             };
+            let input = load(&[dir], crates)?;
             let graph = if concurrent {
-                let input = Input::load(&[dir])?;
                 FlameGraph::concurrent_from_input(&input, &selection)?
             } else {
-                FlameGraph::from_dirs(&[dir], &selection)?
+                FlameGraph::from_input(&input, &selection)?
             };
             write_svg(&graph, &output)?;
             println!(

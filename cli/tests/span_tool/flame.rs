@@ -194,3 +194,65 @@ fn concurrent_activity_is_drawn_for_a_span_without_samples_and_labelled_as_such(
     let cpu = report.group("GET /cpu", Some(fixture::V1)).expect("cpu");
     assert!(cpu.concurrent.is_none());
 }
+
+/// The fill of the first frame titled `name` in `svg`.
+fn fill_of<'s>(svg: &'s str, name: &str) -> &'s str {
+    let at = svg
+        .find(&format!("<title>{name} ("))
+        .unwrap_or_else(|| panic!("{name} is drawn"));
+    let rest = &svg[at..];
+    let fill = rest.find("fill=\"").expect("a fill") + "fill=\"".len();
+    let end = rest[fill..].find('"').expect("closing quote");
+    &rest[fill..fill + end]
+}
+
+/// The user's code is blue (`rgb(…,…,220)`), dependencies keep the warm palette; a
+/// dependency named with `--crate` (`Input::user_crates`) counts as the user's.
+#[test]
+fn flame_draws_the_users_code_in_blue_and_crate_adds_to_it() {
+    use otel_profiling_cli::input::Input;
+    let dir = fixture::both_versions();
+    let mut input = Input::load(&[dir.path().to_path_buf()]).expect("input");
+    let selection = FlameSelection::SpanId("0000000000002000".into());
+    let mut extra = input
+        .samples
+        .iter()
+        .find(|s| {
+            s.span_id
+                .is_some_and(|id| id.to_string() == "0000000000002000")
+        })
+        .expect("a sample of the span")
+        .clone();
+    extra.frames = [
+        "tokio::runtime::park",
+        "extra_crate::poll",
+        "handle_report",
+        "main",
+    ]
+    .map(std::sync::Arc::from)
+    .to_vec();
+    input.samples.push(extra);
+    input.sources.insert(
+        "extra_crate::poll".into(),
+        "/home/u/.cargo/registry/src/index.crates.io-1949cf8c6b5b557f/extra-crate-1.0.0/src/lib.rs"
+            .into(),
+    );
+    let graph = FlameGraph::from_input(&input, &selection).expect("graph");
+    assert!(graph.user_frames.contains("handle_report"));
+    assert!(!graph.user_frames.contains("extra_crate::poll"));
+    assert!(!graph.user_frames.contains("tokio::runtime::park"));
+    let svg = graph.to_svg().expect("svg");
+    assert!(
+        fill_of(&svg, "handle_report").ends_with(",220)"),
+        "{}",
+        fill_of(&svg, "handle_report")
+    );
+    assert!(!fill_of(&svg, "extra_crate::poll").ends_with(",220)"));
+
+    input.user_crates = vec!["extra-crate".to_owned()];
+    let graph = FlameGraph::from_input(&input, &selection).expect("graph");
+    assert!(graph.user_frames.contains("extra_crate::poll"));
+    let svg = graph.to_svg().expect("svg");
+    assert!(fill_of(&svg, "extra_crate::poll").ends_with(",220)"));
+    assert!(!fill_of(&svg, "tokio::runtime::park").ends_with(",220)"));
+}
