@@ -5,17 +5,18 @@
 /// The crate of a dependency's source file: under the Cargo registry
 /// (`…/registry/src/<index>/<crate>-<version>/`), a git checkout
 /// (`…/git/checkouts/<repo>-<hash>/<rev>/`) or the toolchain's library
-/// (`/rustc/<hash>/library/<crate>/`, `…/rustlib/src/rust/library/<crate>/`); `None` for
+/// (`/rustc/<hash>/library/<crate>/`, `…/rustlib/src/rust/library/<crate>/`, and its own
+/// dependencies under `/rust/deps/<crate>-<version>/`); `None` for
 /// any other file (the user's). `-` in crate names reads as `_`.
 pub fn dependency_crate(file: &str) -> Option<String> {
     let file = file.replace('\\', "/");
     if let Some(rest) = after(&file, "/registry/src/") {
-        let dir = rest.split('/').nth(1)?;
-        let name = match dir.rfind('-') {
-            Some(at) if dir[at + 1..].starts_with(|c: char| c.is_ascii_digit()) => &dir[..at],
-            _ => dir,
-        };
-        return Some(name.replace('-', "_"));
+        return Some(versioned_crate(rest.split('/').nth(1)?));
+    }
+    // The toolchain library's own registry dependencies (hashbrown, …) as the Rust
+    // distribution builds them: `/rust/deps/<crate>-<version>/`.
+    if let Some(rest) = file.strip_prefix("/rust/deps/") {
+        return Some(versioned_crate(rest.split('/').next()?));
     }
     if let Some(rest) = after(&file, "/git/checkouts/") {
         let dir = rest.split('/').next()?;
@@ -32,6 +33,15 @@ pub fn dependency_crate(file: &str) -> Option<String> {
         .map(str::to_owned)
 }
 
+/// `tokio_util` of `tokio-util-0.7.11`.
+fn versioned_crate(dir: &str) -> String {
+    let name = match dir.rfind('-') {
+        Some(at) if dir[at + 1..].starts_with(|c: char| c.is_ascii_digit()) => &dir[..at],
+        _ => dir,
+    };
+    name.replace('-', "_")
+}
+
 fn after<'a>(file: &'a str, marker: &str) -> Option<&'a str> {
     file.find(marker).map(|at| &file[at + marker.len()..])
 }
@@ -43,6 +53,7 @@ mod tests {
     #[test]
     fn dependency_paths_name_their_crate_and_other_paths_are_the_users() {
         let cases = [
+            ("/rust/deps/hashbrown-0.16.1/src/raw/mod.rs", Some("hashbrown")),
             (
                 "/home/u/.cargo/registry/src/index.crates.io-1949cf8c6b5b557f/sha2-0.10.8/src/sha256/soft.rs",
                 Some("sha2"),
