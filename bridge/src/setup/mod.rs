@@ -620,7 +620,31 @@ pub fn resource_series_labels(attributes: &[(String, String)]) -> Vec<(String, S
 
 /// Everything running. Dropping it stops sampling, writes the last profile, uploads what
 /// is queued and flushes spans, each bounded by the shutdown timeout.
+///
+/// Keep it for the life of the service. A guard dropped at once — `init()?;` as a
+/// statement, the way `tracing_subscriber::fmt().init()` is called — would stop
+/// everything before the first sample, so it is a compiler warning (`unused_must_use`)
+/// whose message says to keep it:
+///
+/// ```compile_fail
+/// #![deny(unused_must_use)]
+/// fn main() -> Result<(), otel_profiling::SetupError> {
+///     otel_profiling::Telemetry::builder().service_name("svc").init()?;
+///     Ok(())
+/// }
+/// ```
+///
+/// ```no_run
+/// #![deny(unused_must_use)]
+/// fn main() -> Result<(), otel_profiling::SetupError> {
+///     let _telemetry = otel_profiling::Telemetry::builder().service_name("svc").init()?;
+///     // … the service runs here; `_telemetry` is dropped (and flushed) when main returns.
+///     Ok(())
+/// }
+/// ```
 #[derive(Debug)]
+#[must_use = "dropping the guard stops profiling and span export at once: keep it for the \
+              life of the service (`let _telemetry = ….init()?;`)"]
 pub struct TelemetryGuard {
     provider: SdkTracerProvider,
     profiler: Option<Profiler>,

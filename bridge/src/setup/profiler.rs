@@ -213,6 +213,7 @@ impl ProfilerBuilder {
 /// # Ok::<(), otel_profiling::ProfilerError>(())
 /// ```
 #[derive(Debug)]
+#[must_use = "dropping the profiler stops sampling at once: keep it for as long as you profile"]
 pub struct Profiler {
     /// `None` when switched off, or when another profiler's watchdog serves the process.
     watchdog: Option<Watchdog>,
