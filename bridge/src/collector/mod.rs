@@ -114,6 +114,16 @@ impl Default for CollectorConfig {
     }
 }
 
+/// Said once when spans were created (or samples taken) and no span ever reached the
+/// hooks.
+pub(crate) const NO_SPANS_WARNING: &str = "otel-profiling: CPU samples were taken or spans \
+    created, but no span has reached otel-profiling's layer, so no sample can name a span. \
+    Most often a filter in front of the layer drops every span: an `EnvFilter` or level \
+    filter on the whole subscriber (RUST_LOG=warn, say) hides `info` spans from every layer. \
+    Put the filter on the fmt layer only \
+    (`fmt::layer().with_filter(EnvFilter::from_default_env())`), or let the spans' level \
+    through.";
+
 /// The collector's live counters, updated by its thread (read them through
 /// [`Collector::stats`]).
 #[derive(Debug, Default)]
@@ -209,6 +219,8 @@ impl Collector {
             counts: HashMap::new(),
             blocked: HashMap::new(),
             interval_start: SystemTime::now(),
+            span_check_done: false,
+            span_callsites_before: false,
             symbolizer: None,
             health: HealthLog::default(),
         };
@@ -361,6 +373,10 @@ struct State {
     /// Blocked-in-poll looks: (blocks, blocked nanoseconds) by (stack, labels).
     blocked: HashMap<(Box<[u64]>, LabelKey), BlockedTotals>,
     interval_start: SystemTime,
+    /// Whether some span reached the hooks was checked (and warned about if not).
+    span_check_done: bool,
+    /// Span callsites had been registered when the last interval ended.
+    span_callsites_before: bool,
     /// Created on first use, so starting costs nothing.
     symbolizer: Option<Symbolizer>,
     health: HealthLog,
@@ -547,6 +563,19 @@ impl State {
             .symbolize_nanos_max
             .fetch_max(naming, Ordering::Relaxed);
         // Nothing ran on a sampled thread (nothing blocked): no file, no upload.
+        if !self.span_check_done {
+            // Once: samples, or spans created an interval ago, and no span ever reached
+            // the hooks (a span's callsite is registered just before the span is made,
+            // hence the interval's grace).
+            let tried = crate::span_context::span_callsite_seen();
+            if crate::span_context::span_seen() {
+                self.span_check_done = true;
+            } else if samples > 0 || self.span_callsites_before {
+                self.span_check_done = true;
+                eprintln!("{NO_SPANS_WARNING}");
+            }
+            self.span_callsites_before = tried;
+        }
         if samples > 0 {
             self.export(ProfileKind::Cpu, cpu, start, duration, samples);
             self.stats

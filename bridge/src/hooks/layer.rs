@@ -202,11 +202,15 @@ where
     }
 
     fn register_callsite(&self, metadata: &'static Metadata<'static>) -> Interest {
+        if metadata.is_span() {
+            crate::span_context::note_span_callsite();
+        }
         self.tokio.register(metadata);
         Interest::always()
     }
 
     fn on_new_span(&self, attrs: &Attributes<'_>, id: &Id, ctx: Context<'_, S>) {
+        crate::span_context::note_span_seen();
         if let Some(wake) = self.tokio.spawned(attrs.metadata()) {
             if let Some(span) = ctx.span(id) {
                 // `replace`: a second `ProfilingLayer` in the subscriber must not panic.
@@ -267,6 +271,7 @@ where
             None => {
                 let generation = cached.generation();
                 let Some(span) = ctx.span(id) else { return };
+                crate::span_context::note_span_seen();
                 let root = self.label_of(&span);
                 if tokio {
                     if let Some(wake) = span.extensions().get::<TaskWake>() {

@@ -41,11 +41,47 @@ pub struct LocalRoot {
     cpu: u128,
 }
 
+/// Whether any span reached the crate's hooks (a span's first enter in the layer, or a
+/// root built for the plain OpenTelemetry API). The collector warns once when samples
+/// arrive and none did: a filter in front of the layer drops every span.
+static SPAN_SEEN: std::sync::atomic::AtomicBool = std::sync::atomic::AtomicBool::new(false);
+
+/// Notes that a span reached the hooks: one relaxed load once set (called where a span
+/// or root is resolved, not on every switch).
+#[inline]
+pub(crate) fn note_span_seen() {
+    use std::sync::atomic::Ordering::Relaxed;
+    if !SPAN_SEEN.load(Relaxed) {
+        SPAN_SEEN.store(true, Relaxed);
+    }
+}
+
+/// Whether the layer was asked about a span callsite (it is, before any filter decides).
+static SPAN_CALLSITE_SEEN: std::sync::atomic::AtomicBool =
+    std::sync::atomic::AtomicBool::new(false);
+
+/// Notes that code created (or tried to create) a span: the layer's `register_callsite`,
+/// once per callsite.
+pub(crate) fn note_span_callsite() {
+    SPAN_CALLSITE_SEEN.store(true, std::sync::atomic::Ordering::Relaxed);
+}
+
+/// Whether [`note_span_callsite`] was ever called in this process.
+pub(crate) fn span_callsite_seen() -> bool {
+    SPAN_CALLSITE_SEEN.load(std::sync::atomic::Ordering::Relaxed)
+}
+
+/// Whether [`note_span_seen`] was ever called in this process.
+pub(crate) fn span_seen() -> bool {
+    SPAN_SEEN.load(std::sync::atomic::Ordering::Relaxed)
+}
+
 impl LocalRoot {
     /// A root with ids (a sampled trace), with the trace flags [`TraceFlags::SAMPLED`]
     /// (`01`); give it its span's own flags with [`with_trace_flags`](Self::with_trace_flags).
     /// Invalid (all-zero) ids count as absent.
     pub fn new(span_id: SpanId, trace_id: TraceId, name: Option<SpanName>) -> LocalRoot {
+        note_span_seen();
         LocalRoot {
             span_id: u64::from_be_bytes(span_id.to_bytes()),
             trace_id: u128::from_be_bytes(trace_id.to_bytes()),
@@ -91,6 +127,7 @@ impl LocalRoot {
 
     /// A root known only by name (an unsampled trace).
     pub fn name_only(name: SpanName) -> LocalRoot {
+        note_span_seen();
         LocalRoot {
             span_id: 0,
             trace_id: 0,
