@@ -15,12 +15,9 @@ use std::time::Duration;
 use opentelemetry::trace::{TraceContextExt as _, Tracer as _, TracerProvider as _};
 use otel_profiling::{ProfilingContext, CGROUP_CPU_LIMIT_ATTRIBUTE, CGROUP_THROTTLED_ATTRIBUTE};
 
-/// Says the test was skipped, straight to the standard error stream (the harness captures
-/// only what the print macros write).
+/// Says the test was skipped (see `support/skip.rs`).
 fn skipped(why: &str) {
-    let line = format!("SKIPPED cgroup_throttle: {why}\n");
-    // SAFETY: writing a buffer we own to fd 2.
-    unsafe { libc::write(2, line.as_ptr().cast(), line.len()) };
+    common::skip::skipped("cgroup_throttle", why);
 }
 
 /// The v1 `cpu` hierarchy's mount point, from /proc/self/mountinfo.

@@ -93,7 +93,7 @@ fn decode_with_python(request: &[u8], n: usize) -> Option<serde_json::Value> {
         Err(e) => {
             let msg = format!("python3 not runnable: {e}");
             assert!(!required(), "{msg}; OTEL_PROFILING_REQUIRE_PYTHON_OTLP=1");
-            eprintln!("note: SKIPPED the Python OTLP decode check ({msg})");
+            common::skip::skipped("the Python OTLP decode check", &msg);
             return None;
         }
     };
@@ -104,10 +104,12 @@ fn decode_with_python(request: &[u8], n: usize) -> Option<serde_json::Value> {
             "{stderr}OTEL_PROFILING_REQUIRE_PYTHON_OTLP=1: install it with \
              python3 -m pip install 'opentelemetry-proto==1.45.2'"
         );
-        eprintln!(
-            "note: SKIPPED the Python OTLP decode check ({}); \
-             python3 -m pip install 'opentelemetry-proto==1.45.2' to run it, as CI does",
-            stderr.trim()
+        common::skip::skipped(
+            "the Python OTLP decode check",
+            &format!(
+                "{}; python3 -m pip install 'opentelemetry-proto==1.45.2' to run it, as CI does",
+                stderr.trim()
+            ),
         );
         return None;
     }

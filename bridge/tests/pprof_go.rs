@@ -189,3 +189,32 @@ fn go_tool_pprof_reads_functions_inlining_values_and_span_labels() {
         );
     }
 }
+
+/// A skipped check shows in a plain `cargo test` (no `--nocapture`): the skip line gets
+/// past the harness's capture of a passing test. The test binary runs itself, with the
+/// Go check switched off.
+#[test]
+fn a_skipped_check_is_visible_without_nocapture() {
+    if std::env::var_os("OTEL_PROFILING_SKIP_GO").is_some() {
+        common::skip::skipped(
+            "a_skipped_check_is_visible_without_nocapture",
+            "OTEL_PROFILING_SKIP_GO is set",
+        );
+        return;
+    }
+    let out = std::process::Command::new(std::env::current_exe().expect("test binary"))
+        .args([
+            "--exact",
+            "go_tool_pprof_reads_functions_inlining_values_and_span_labels",
+        ])
+        .env("OTEL_PROFILING_SKIP_GO", "1")
+        .env_remove("OTEL_PROFILING_REQUIRE_GO")
+        .output()
+        .expect("the test binary runs");
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert!(out.status.success(), "{stderr}");
+    assert!(
+        stderr.contains("SKIPPED the go tool pprof check: OTEL_PROFILING_SKIP_GO=1"),
+        "the skip is visible: stderr was {stderr:?}"
+    );
+}

@@ -10,6 +10,8 @@
 
 #[path = "../../bridge/tests/support/golden.rs"]
 mod golden;
+#[path = "../../bridge/tests/support/skip.rs"]
+mod skip;
 
 use std::path::{Path, PathBuf};
 use std::process::Command;
@@ -157,11 +159,7 @@ fn peak_rss_kib(stdout: &str) -> Option<u64> {
 #[test]
 fn the_report_names_the_users_code_under_every_build_setting() {
     let Some(cargo) = std::env::var_os("CARGO") else {
-        // Not run by `cargo test`: visible beside the harness's output, not captured.
-        let _ = std::io::Write::write_all(
-            &mut std::io::stderr(),
-            b"SKIPPED build_settings: CARGO is not set (not run by cargo test)\n",
-        );
+        skip::skipped("build_settings", "CARGO is not set (not run by cargo test)");
         return;
     };
     let target = Path::new(env!("CARGO_TARGET_TMPDIR")).join("build-settings-fixture");

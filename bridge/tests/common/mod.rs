@@ -1,6 +1,9 @@
 //! Helpers shared by the test binaries that run the (process-wide) profiler.
+
 #![allow(dead_code)] // each test binary uses its own subset
 
+#[path = "../support/skip.rs"]
+pub mod skip;
 use std::sync::{Mutex, MutexGuard};
 use std::time::{Duration, Instant};
 
@@ -30,7 +33,7 @@ pub fn thread_cpu_time() -> Duration {
 /// `go` a failure instead. `OTEL_PROFILING_SKIP_GO=1` skips it even where Go exists.
 pub fn go_available() -> bool {
     if std::env::var_os("OTEL_PROFILING_SKIP_GO").is_some_and(|v| v == "1") {
-        eprintln!("note: OTEL_PROFILING_SKIP_GO=1: not checking with go tool pprof");
+        skip::skipped("the go tool pprof check", "OTEL_PROFILING_SKIP_GO=1");
         return false;
     }
     let err = match std::process::Command::new("go").arg("version").output() {
@@ -47,9 +50,9 @@ pub fn go_available() -> bool {
              golang-go) to read the profiles with go tool pprof"
         );
     }
-    eprintln!(
-        "note: SKIPPED the go tool pprof check ({err}); install Go (apt-get install golang-go) \
-         to run it, as CI does"
+    skip::skipped(
+        "the go tool pprof check",
+        &format!("{err}; install Go (apt-get install golang-go) to run it, as CI does"),
     );
     false
 }

@@ -8,7 +8,7 @@
 //! `$CHROMIUM` names the browser binary when it is neither `chromium` nor
 //! `chromium-browser` on the `PATH`.
 
-use std::io::{Read, Write};
+use std::io::Read;
 use std::path::{Path, PathBuf};
 use std::process::{Command, Stdio};
 use std::time::{Duration, Instant};
@@ -55,12 +55,12 @@ fn chromium() -> Option<PathBuf> {
              install chromium) or set CHROMIUM to its binary, to check the HTML report in a browser"
         );
     }
-    // Straight to the process's stderr: libtest would capture `eprintln!` of a passing test,
-    // and the skip must be visible in the README's plain `cargo test`.
-    let _ = writeln!(
-        std::io::stderr(),
-        "note: SKIPPED the headless browser check of the HTML report ({err}); install Chromium \
-         (apt-get install chromium) or set CHROMIUM to run it, as CI does"
+    crate::skip::skipped(
+        "the headless browser check of the HTML report",
+        &format!(
+            "{err}; install Chromium (apt-get install chromium) or set CHROMIUM to run it, as \
+             CI does"
+        ),
     );
     None
 }

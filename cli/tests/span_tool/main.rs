@@ -13,3 +13,5 @@ mod flame;
 mod golden;
 mod report;
 mod results;
+#[path = "../../../bridge/tests/support/skip.rs"]
+mod skip;
