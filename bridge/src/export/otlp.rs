@@ -53,7 +53,29 @@ impl fmt::Debug for GrpcSpanExporter {
 impl GrpcSpanExporter {
     /// Connects (lazily) to `endpoint`, e.g. `http://localhost:4317`.
     pub fn new(endpoint: &str) -> Result<GrpcSpanExporter, OtlpExporterError> {
-        use opentelemetry_otlp::WithExportConfig;
+        GrpcSpanExporter::with_settings(endpoint, &[], None)
+    }
+
+    /// [`new`](Self::new), sending `headers` as request metadata and giving each export
+    /// `timeout` (the exporter's default, 10 s, when `None`). A header that is not valid
+    /// gRPC metadata is an error naming it.
+    pub fn with_settings(
+        endpoint: &str,
+        headers: &[(String, String)],
+        timeout: Option<std::time::Duration>,
+    ) -> Result<GrpcSpanExporter, OtlpExporterError> {
+        use opentelemetry_otlp::{WithExportConfig, WithTonicConfig};
+        let mut metadata = tonic::metadata::MetadataMap::new();
+        for (name, value) in headers {
+            let key =
+                tonic::metadata::MetadataKey::from_bytes(name.to_ascii_lowercase().as_bytes())
+                    .map_err(|e| {
+                        OtlpExporterError::Build(format!("header {name:?}: {e}").into())
+                    })?;
+            let value = tonic::metadata::MetadataValue::try_from(value.as_str())
+                .map_err(|e| OtlpExporterError::Build(format!("header {name:?}: {e}").into()))?;
+            metadata.insert(key, value);
+        }
         let runtime = tokio::runtime::Builder::new_multi_thread()
             .worker_threads(1)
             .thread_name("otel-profiling-otlp-grpc")
@@ -69,9 +91,14 @@ impl GrpcSpanExporter {
             .map_err(OtlpExporterError::Runtime)?;
         let inner = {
             let _entered = runtime.enter();
-            opentelemetry_otlp::SpanExporter::builder()
+            let mut builder = opentelemetry_otlp::SpanExporter::builder()
                 .with_tonic()
                 .with_endpoint(endpoint)
+                .with_metadata(metadata);
+            if let Some(timeout) = timeout {
+                builder = builder.with_timeout(timeout);
+            }
+            builder
                 .build()
                 .map_err(|e| OtlpExporterError::Build(Box::new(e)))?
         };

@@ -32,20 +32,6 @@ impl Source {
             Source::Env => "PYROSCOPE_SERVER_ADDRESS",
         }
     }
-
-    fn otlp_endpoint(self) -> &'static str {
-        match self {
-            Source::Builder => "otlp.endpoint",
-            Source::Env => "OTEL_EXPORTER_OTLP_ENDPOINT",
-        }
-    }
-
-    fn otlp_protocol(self) -> &'static str {
-        match self {
-            Source::Builder => "otlp.protocol",
-            Source::Env => "OTEL_EXPORTER_OTLP_PROTOCOL",
-        }
-    }
 }
 
 /// The backend features compiled into a build.
@@ -115,13 +101,13 @@ pub(super) fn check(
                 // endpoint that was set.
                 return Err(match source {
                     Source::Env => disabled(
-                        source.otlp_endpoint(),
+                        target.endpoint_field(),
                         &target.endpoint,
                         "otlp-http",
                         "OTLP span export over http/protobuf, the default OTEL_EXPORTER_OTLP_PROTOCOL",
                     ),
                     Source::Builder => disabled(
-                        source.otlp_protocol(),
+                        target.protocol_field(),
                         "http/protobuf",
                         "otlp-http",
                         "OTLP span export over HTTP",
@@ -129,11 +115,11 @@ pub(super) fn check(
                 });
             }
             OtlpProtocol::HttpProtobuf => {
-                check_tls(compiled, source.otlp_endpoint(), &target.endpoint)?
+                check_tls(compiled, target.endpoint_field(), &target.endpoint)?
             }
             OtlpProtocol::Grpc if !compiled.otlp_grpc => {
                 return Err(disabled(
-                    source.otlp_protocol(),
+                    target.protocol_field(),
                     "grpc",
                     "otlp-grpc",
                     "OTLP span export over gRPC",
@@ -271,19 +257,22 @@ fn not_compiled(
 fn with_otlp_http(
     provider: TracerProviderBuilder,
     target: &OtlpTarget,
-    source: Source,
+    _: Source,
     scope: ProfileIdScope,
 ) -> Result<(TracerProviderBuilder, Arc<SpanExportStats>), SetupError> {
-    use opentelemetry_otlp::WithExportConfig;
-    let exporter = opentelemetry_otlp::SpanExporter::builder()
+    use opentelemetry_otlp::{WithExportConfig, WithHttpConfig};
+    let mut builder = opentelemetry_otlp::SpanExporter::builder()
         .with_http()
         .with_protocol(opentelemetry_otlp::Protocol::HttpBinary)
         .with_endpoint(target.traces_url())
-        .build()
-        .map_err(|e| SetupError::OtlpSpans {
-            field: source.otlp_endpoint(),
-            source: crate::export::otlp::OtlpExporterError::Build(Box::new(e)),
-        })?;
+        .with_headers(target.headers.iter().cloned().collect());
+    if let Some(timeout) = target.timeout {
+        builder = builder.with_timeout(timeout);
+    }
+    let exporter = builder.build().map_err(|e| SetupError::OtlpSpans {
+        field: target.endpoint_field(),
+        source: crate::export::otlp::OtlpExporterError::Build(Box::new(e)),
+    })?;
     Ok(add_span_exporter(
         provider,
         exporter,
@@ -295,12 +284,12 @@ fn with_otlp_http(
 #[cfg(not(feature = "otlp-http"))]
 fn with_otlp_http(
     _: TracerProviderBuilder,
-    _: &OtlpTarget,
-    source: Source,
+    target: &OtlpTarget,
+    _: Source,
     _: ProfileIdScope,
 ) -> Result<(TracerProviderBuilder, Arc<SpanExportStats>), SetupError> {
     Err(not_compiled(
-        source.otlp_protocol(),
+        target.protocol_field(),
         "http/protobuf",
         "otlp-http",
         "OTLP span export over HTTP",
@@ -311,28 +300,30 @@ fn with_otlp_http(
 fn with_otlp_grpc(
     provider: TracerProviderBuilder,
     target: &OtlpTarget,
-    source: Source,
+    _: Source,
     scope: ProfileIdScope,
 ) -> Result<(TracerProviderBuilder, Arc<SpanExportStats>), SetupError> {
-    let exporter =
-        crate::export::otlp::GrpcSpanExporter::new(&target.traces_url()).map_err(|error| {
-            SetupError::OtlpSpans {
-                field: source.otlp_endpoint(),
-                source: error,
-            }
-        })?;
+    let exporter = crate::export::otlp::GrpcSpanExporter::with_settings(
+        &target.traces_url(),
+        &target.headers,
+        target.timeout,
+    )
+    .map_err(|error| SetupError::OtlpSpans {
+        field: target.endpoint_field(),
+        source: error,
+    })?;
     Ok(add_span_exporter(provider, exporter, "otlp (grpc)", scope))
 }
 
 #[cfg(not(feature = "otlp-grpc"))]
 fn with_otlp_grpc(
     _: TracerProviderBuilder,
-    _: &OtlpTarget,
-    source: Source,
+    target: &OtlpTarget,
+    _: Source,
     _: ProfileIdScope,
 ) -> Result<(TracerProviderBuilder, Arc<SpanExportStats>), SetupError> {
     Err(not_compiled(
-        source.otlp_protocol(),
+        target.protocol_field(),
         "grpc",
         "otlp-grpc",
         "OTLP span export over gRPC",
@@ -386,10 +377,7 @@ mod tests {
     };
 
     fn otlp(endpoint: &str, protocol: OtlpProtocol) -> OtlpTarget {
-        OtlpTarget {
-            endpoint: endpoint.into(),
-            protocol,
-        }
+        OtlpTarget::new(endpoint, protocol)
     }
 
     fn pyroscope(server: &str) -> PyroscopeConfig {

@@ -4,8 +4,13 @@
 //! |---|---|---|
 //! | `OTEL_SERVICE_NAME` | service name (wins over `PYROSCOPE_APPLICATION_NAME`) | non-empty text |
 //! | `OTEL_RESOURCE_ATTRIBUTES` | resource attributes | `key=value,key2=value2` (values percent-decoded) |
-//! | `OTEL_EXPORTER_OTLP_ENDPOINT` | OTLP receiver for traces (Tempo) | `http(s)://host:port` |
-//! | `OTEL_EXPORTER_OTLP_PROTOCOL` | OTLP protocol | `http/protobuf` (default) or `grpc` |
+//! | `OTEL_EXPORTER_OTLP_ENDPOINT` | OTLP receiver for traces (Tempo); `/v1/traces` is appended for HTTP | `http(s)://host:port` |
+//! | `OTEL_EXPORTER_OTLP_TRACES_ENDPOINT` | the traces URL itself, used as given (wins over the generic endpoint) | `http://localhost:4318/v1/traces` |
+//! | `OTEL_EXPORTER_OTLP_PROTOCOL`, `OTEL_EXPORTER_OTLP_TRACES_PROTOCOL` | OTLP protocol (the signal's own wins) | `http/protobuf` (default) or `grpc` |
+//! | `OTEL_EXPORTER_OTLP_HEADERS`, `OTEL_EXPORTER_OTLP_TRACES_HEADERS` | headers of span export requests (the signal's own wins) | `name=value,name2=value2` (values percent-decoded) |
+//! | `OTEL_EXPORTER_OTLP_TIMEOUT`, `OTEL_EXPORTER_OTLP_TRACES_TIMEOUT` | span export timeout (the signal's own wins; default 10 s) | whole milliseconds |
+//! | `OTEL_TRACES_EXPORTER` | `none`: spans are exported nowhere (local files included) | `otlp` (default) or `none` |
+//! | `OTEL_SDK_DISABLED` | `true`: no span exported, no profiler started, nothing written | `true` or `false` |
 //! | `PYROSCOPE_SERVER_ADDRESS` | Pyroscope server for profiles | `http(s)://host:port` |
 //! | `PYROSCOPE_APPLICATION_NAME` | service name when `OTEL_SERVICE_NAME` is unset | non-empty text |
 //! | `PYROSCOPE_BASIC_AUTH_USER`, `PYROSCOPE_BASIC_AUTH_PASSWORD` | basic auth (both or neither) | text |
@@ -81,23 +86,56 @@ pub enum OtlpProtocol {
 
 /// Where traces go.
 #[derive(Clone, Debug, PartialEq, Eq)]
+#[non_exhaustive]
 pub struct OtlpTarget {
-    /// Base endpoint, e.g. `http://localhost:4318` (HTTP) or `http://localhost:4317` (gRPC).
+    /// Base endpoint, e.g. `http://localhost:4318` (HTTP) or `http://localhost:4317`
+    /// (gRPC); or, from `OTEL_EXPORTER_OTLP_TRACES_ENDPOINT`, the traces URL itself.
     pub endpoint: String,
     /// Transport.
     pub protocol: OtlpProtocol,
+    /// Request headers (`OTEL_EXPORTER_OTLP_TRACES_HEADERS`, else `_HEADERS`).
+    pub headers: Vec<(String, String)>,
+    /// Export timeout (`OTEL_EXPORTER_OTLP_TRACES_TIMEOUT`, else `_TIMEOUT`, in ms);
+    /// `None`: the exporter's default (10 s).
+    pub timeout: Option<Duration>,
+    /// `endpoint` is the signal's own URL: used as given, no `/v1/traces` appended.
+    signal_endpoint: bool,
+    /// The variables (or builder fields) the endpoint and protocol came from, for errors.
+    fields: (&'static str, &'static str),
 }
 
 impl OtlpTarget {
-    /// The URL the exporter is given: for HTTP the signal path `/v1/traces` is appended
-    /// (a programmatic endpoint is used verbatim by `opentelemetry-otlp`).
+    /// A base endpoint set in code ([`Telemetry::otlp`](crate::Telemetry::otlp)).
+    pub fn new(endpoint: impl Into<String>, protocol: OtlpProtocol) -> OtlpTarget {
+        OtlpTarget {
+            endpoint: endpoint.into(),
+            protocol,
+            headers: Vec::new(),
+            timeout: None,
+            signal_endpoint: false,
+            fields: ("otlp.endpoint", "otlp.protocol"),
+        }
+    }
+
+    /// The URL the exporter is given: for HTTP the signal path `/v1/traces` is appended to
+    /// a base endpoint; a signal-specific one is used as given (the OpenTelemetry spec).
     pub fn traces_url(&self) -> String {
         match self.protocol {
-            OtlpProtocol::HttpProtobuf => {
+            OtlpProtocol::HttpProtobuf if !self.signal_endpoint => {
                 format!("{}/v1/traces", self.endpoint.trim_end_matches('/'))
             }
-            OtlpProtocol::Grpc => self.endpoint.clone(),
+            _ => self.endpoint.clone(),
         }
+    }
+
+    /// The variable or builder field the endpoint came from.
+    pub(crate) fn endpoint_field(&self) -> &'static str {
+        self.fields.0
+    }
+
+    /// The variable or builder field the protocol came from.
+    pub(crate) fn protocol_field(&self) -> &'static str {
+        self.fields.1
     }
 }
 
@@ -149,8 +187,13 @@ pub struct EnvConfig {
     pub service_name: Option<String>,
     /// `OTEL_RESOURCE_ATTRIBUTES`, in order.
     pub resource_attributes: Vec<(String, String)>,
-    /// `OTEL_EXPORTER_OTLP_ENDPOINT` / `_PROTOCOL`.
+    /// `OTEL_EXPORTER_OTLP_TRACES_{ENDPOINT,PROTOCOL,HEADERS,TIMEOUT}`, each falling back
+    /// to the generic `OTEL_EXPORTER_OTLP_*`.
     pub otlp: Option<OtlpTarget>,
+    /// `OTEL_TRACES_EXPORTER=none`: spans are exported nowhere (not to local files either).
+    pub traces_disabled: bool,
+    /// `OTEL_SDK_DISABLED=true`: no span exported and no profiler started.
+    pub sdk_disabled: bool,
     /// `PYROSCOPE_SERVER_ADDRESS`, `PYROSCOPE_BASIC_AUTH_*`, `PYROSCOPE_AUTH_TOKEN` and
     /// `PYROSCOPE_TENANT_ID`, read straight into the exporter's settings (the application
     /// name is the service name read here; [`Telemetry::build`](crate::Telemetry::build)
@@ -195,37 +238,12 @@ impl EnvConfig {
         if let Some(v) = get("OTEL_RESOURCE_ATTRIBUTES") {
             config.resource_attributes = parse_resource_attributes(&v)?;
         }
-        if let Some(endpoint) = get("OTEL_EXPORTER_OTLP_ENDPOINT") {
-            let protocol = match get("OTEL_EXPORTER_OTLP_PROTOCOL").as_deref() {
-                None | Some("http/protobuf") => OtlpProtocol::HttpProtobuf,
-                Some("grpc") => OtlpProtocol::Grpc,
-                Some(other) => {
-                    return Err(ConfigError::new(
-                        "OTEL_EXPORTER_OTLP_PROTOCOL",
-                        "unsupported protocol",
-                        other,
-                        "`http/protobuf` or `grpc`",
-                    ))
-                }
-            };
-            config.otlp = Some(OtlpTarget {
-                endpoint: parse_url(
-                    "OTEL_EXPORTER_OTLP_ENDPOINT",
-                    &endpoint,
-                    otlp_url_example(protocol),
-                )?,
-                protocol,
-            });
-        } else if let Some(protocol) = get("OTEL_EXPORTER_OTLP_PROTOCOL") {
-            if protocol != "http/protobuf" && protocol != "grpc" {
-                return Err(ConfigError::new(
-                    "OTEL_EXPORTER_OTLP_PROTOCOL",
-                    "unsupported protocol",
-                    &protocol,
-                    "`http/protobuf` or `grpc`",
-                ));
-            }
-        }
+        config.otlp = otlp_traces_from(&get)?;
+        config.traces_disabled = traces_exporter_none(&get)?;
+        config.sdk_disabled = match get("OTEL_SDK_DISABLED") {
+            None => false,
+            Some(v) => parse_bool("OTEL_SDK_DISABLED", &v)?,
+        };
         let user = get("PYROSCOPE_BASIC_AUTH_USER");
         let password = get("PYROSCOPE_BASIC_AUTH_PASSWORD");
         let token = get("PYROSCOPE_AUTH_TOKEN");
@@ -367,6 +385,132 @@ impl EnvConfig {
 }
 
 /// `OTEL_EXPORTER_OTLP_PROFILES_*` with the generic fallbacks.
+/// The traces target: the signal-specific variables, each falling back to the generic
+/// one, as the OpenTelemetry specification defines them.
+fn otlp_traces_from(
+    get: &dyn Fn(&str) -> Option<String>,
+) -> Result<Option<OtlpTarget>, ConfigError> {
+    let pick = |specific: &'static str, generic: &'static str| match get(specific) {
+        Some(v) => Some((specific, v)),
+        None => get(generic).map(|v| (generic, v)),
+    };
+    let (protocol_field, protocol) = match pick(
+        "OTEL_EXPORTER_OTLP_TRACES_PROTOCOL",
+        "OTEL_EXPORTER_OTLP_PROTOCOL",
+    ) {
+        Some((field, v)) => (field, Some(v)),
+        None => ("OTEL_EXPORTER_OTLP_PROTOCOL", None),
+    };
+    let protocol = match protocol.as_deref().map(str::trim) {
+        None | Some("http/protobuf") => OtlpProtocol::HttpProtobuf,
+        Some("grpc") => OtlpProtocol::Grpc,
+        Some(other) => {
+            return Err(ConfigError::new(
+                protocol_field,
+                "unsupported protocol",
+                other,
+                "`http/protobuf` or `grpc`",
+            ))
+        }
+    };
+    let headers = match pick(
+        "OTEL_EXPORTER_OTLP_TRACES_HEADERS",
+        "OTEL_EXPORTER_OTLP_HEADERS",
+    ) {
+        Some((field, v)) => parse_headers(field, &v)?,
+        None => Vec::new(),
+    };
+    let timeout = match pick(
+        "OTEL_EXPORTER_OTLP_TRACES_TIMEOUT",
+        "OTEL_EXPORTER_OTLP_TIMEOUT",
+    ) {
+        Some((field, v)) => Some(parse_timeout_ms(field, &v)?),
+        None => None,
+    };
+    let (endpoint_field, endpoint, signal_endpoint) =
+        match get("OTEL_EXPORTER_OTLP_TRACES_ENDPOINT") {
+            Some(v) => ("OTEL_EXPORTER_OTLP_TRACES_ENDPOINT", v, true),
+            None => match get("OTEL_EXPORTER_OTLP_ENDPOINT") {
+                Some(v) => ("OTEL_EXPORTER_OTLP_ENDPOINT", v, false),
+                None => return Ok(None),
+            },
+        };
+    let example = if signal_endpoint {
+        otlp_traces_url_example(protocol)
+    } else {
+        otlp_url_example(protocol)
+    };
+    Ok(Some(OtlpTarget {
+        endpoint: parse_url(endpoint_field, &endpoint, example)?,
+        protocol,
+        headers,
+        timeout,
+        signal_endpoint,
+        fields: (endpoint_field, protocol_field),
+    }))
+}
+
+/// `OTEL_TRACES_EXPORTER`: `otlp` (the default) or `none`; any other exporter is an
+/// error, never silently replaced by local files.
+fn traces_exporter_none(get: &dyn Fn(&str) -> Option<String>) -> Result<bool, ConfigError> {
+    let Some(v) = get("OTEL_TRACES_EXPORTER") else {
+        return Ok(false);
+    };
+    match v.trim().to_ascii_lowercase().as_str() {
+        "otlp" => Ok(false),
+        "none" => Ok(true),
+        _ => Err(ConfigError::new(
+            "OTEL_TRACES_EXPORTER",
+            "unsupported span exporter",
+            &v,
+            "`otlp` or `none`",
+        )),
+    }
+}
+
+/// An OpenTelemetry boolean: `true` or `false`, case-insensitive (anything else is an
+/// error here, not a silent `false`).
+fn parse_bool(field: &'static str, value: &str) -> Result<bool, ConfigError> {
+    match value.trim().to_ascii_lowercase().as_str() {
+        "true" => Ok(true),
+        "false" => Ok(false),
+        _ => Err(ConfigError::new(
+            field,
+            "not a boolean",
+            value,
+            "`true` or `false`",
+        )),
+    }
+}
+
+/// An OTLP timeout: whole milliseconds, as the specification defines it.
+fn parse_timeout_ms(field: &'static str, value: &str) -> Result<Duration, ConfigError> {
+    value
+        .trim()
+        .parse::<u64>()
+        .ok()
+        .filter(|ms| *ms > 0)
+        .map(Duration::from_millis)
+        .ok_or_else(|| {
+            ConfigError::new(
+                field,
+                "not a timeout",
+                value,
+                "whole milliseconds, e.g. 10000",
+            )
+        })
+}
+
+/// The accepted form of a signal-specific traces endpoint.
+fn otlp_traces_url_example(protocol: OtlpProtocol) -> &'static str {
+    match protocol {
+        OtlpProtocol::HttpProtobuf => {
+            "the full http:// or https:// URL, used as given, e.g. http://localhost:4318/v1/traces"
+        }
+        OtlpProtocol::Grpc => "an http:// or https:// URL, e.g. http://localhost:4317",
+    }
+}
+
 fn otlp_profiles_from(
     get: &dyn Fn(&str) -> Option<String>,
     service_name: &str,

@@ -200,14 +200,14 @@ impl Telemetry {
 
     /// Sends traces over OTLP to `endpoint` (e.g. `http://localhost:4318`).
     pub fn otlp(mut self, endpoint: &str, protocol: OtlpProtocol) -> Result<Self, SetupError> {
-        self.otlp = Some(OtlpTarget {
-            endpoint: crate::config::parse_url(
+        self.otlp = Some(OtlpTarget::new(
+            crate::config::parse_url(
                 "otlp.endpoint",
                 endpoint,
                 crate::config::otlp_url_example(protocol),
             )?,
             protocol,
-        });
+        ));
         Ok(self)
     }
 
@@ -365,6 +365,28 @@ impl Telemetry {
                 .or(self.env.output_dir.as_deref()),
         );
         let timeout = self.shutdown_timeout.unwrap_or(Duration::from_secs(5));
+        if self.env.sdk_disabled {
+            // OTEL_SDK_DISABLED=true: spans are still created (the layers stay cheap
+            // no-ops for labels), nothing is exported, no profiler runs.
+            if !self.quiet.or(self.env.quiet).unwrap_or(false) {
+                eprintln!(
+                    "otel-profiling: OTEL_SDK_DISABLED=true: no spans are exported and no \
+                     profiler is started"
+                );
+            }
+            return Ok(TelemetryGuard {
+                provider: SdkTracerProvider::builder().with_resource(resource).build(),
+                profiler: None,
+                pyroscope_stats: None,
+                otlp_profiles_stats: None,
+                span_stats: Arc::new(SpanExportStats::default()),
+                spans_file: None,
+                unsampled: self.unsampled,
+                timeout,
+                service_name,
+                pid: std::process::id(),
+            });
+        }
         let otlp = self.otlp_target();
         let (pyroscope, otlp_profiles) = self.profile_targets()?;
         // Before anything starts: a backend compiled out is an error, never ignored.
@@ -422,6 +444,8 @@ impl Telemetry {
             Some((target, source)) => {
                 (provider, span_stats) = backends::with_otlp(provider, target, source, self.scope)?
             }
+            // OTEL_TRACES_EXPORTER=none: spans go nowhere; the profiles are unaffected.
+            None if self.env.traces_disabled => span_stats = Arc::new(SpanExportStats::default()),
             None => {
                 let exporter =
                     LocalSpanExporter::new(&dir).map_err(|source| SetupError::LocalSpanFile {

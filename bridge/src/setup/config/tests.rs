@@ -438,3 +438,105 @@ fn credentials_in_a_url_are_refused_without_being_shown() {
         Ok("https://h:4040/prefix")
     );
 }
+
+/// The traces variables as the specification defines them: a signal-specific endpoint is
+/// the URL itself (before, `OTEL_EXPORTER_OTLP_TRACES_ENDPOINT` was ignored and spans went
+/// to local files); each signal-specific variable wins over the generic one.
+#[test]
+fn traces_variables_are_read_with_their_generic_fallbacks() {
+    let c = env(&[(
+        "OTEL_EXPORTER_OTLP_TRACES_ENDPOINT",
+        "https://otlp.example.com/custom/traces",
+    )])
+    .expect("ok");
+    let otlp = c.otlp.expect("the traces endpoint alone configures OTLP");
+    assert_eq!(otlp.traces_url(), "https://otlp.example.com/custom/traces");
+    assert_eq!(otlp.endpoint_field(), "OTEL_EXPORTER_OTLP_TRACES_ENDPOINT");
+
+    let c = env(&[
+        ("OTEL_EXPORTER_OTLP_ENDPOINT", "http://collector:4318"),
+        ("OTEL_EXPORTER_OTLP_TRACES_ENDPOINT", "http://tempo:4317"),
+        ("OTEL_EXPORTER_OTLP_PROTOCOL", "http/protobuf"),
+        ("OTEL_EXPORTER_OTLP_TRACES_PROTOCOL", "grpc"),
+        ("OTEL_EXPORTER_OTLP_HEADERS", "x-generic=1"),
+        (
+            "OTEL_EXPORTER_OTLP_TRACES_HEADERS",
+            "authorization=Bearer%20t",
+        ),
+        ("OTEL_EXPORTER_OTLP_TIMEOUT", "20000"),
+        ("OTEL_EXPORTER_OTLP_TRACES_TIMEOUT", "3000"),
+    ])
+    .expect("ok");
+    let otlp = c.otlp.expect("otlp");
+    assert_eq!(otlp.traces_url(), "http://tempo:4317");
+    assert_eq!(otlp.protocol, OtlpProtocol::Grpc);
+    assert_eq!(
+        otlp.headers,
+        [("authorization".to_owned(), "Bearer t".to_owned())]
+    );
+    assert_eq!(otlp.timeout, Some(Duration::from_secs(3)));
+
+    let c = env(&[
+        ("OTEL_EXPORTER_OTLP_ENDPOINT", "http://collector:4318"),
+        ("OTEL_EXPORTER_OTLP_HEADERS", "x-generic=1"),
+        ("OTEL_EXPORTER_OTLP_TIMEOUT", "20000"),
+    ])
+    .expect("ok");
+    let otlp = c.otlp.expect("otlp");
+    assert_eq!(otlp.traces_url(), "http://collector:4318/v1/traces");
+    assert_eq!(otlp.headers, [("x-generic".to_owned(), "1".to_owned())]);
+    assert_eq!(otlp.timeout, Some(Duration::from_secs(20)));
+
+    assert_eq!(
+        err_field(&[("OTEL_EXPORTER_OTLP_TRACES_ENDPOINT", "tempo:4318")]),
+        "OTEL_EXPORTER_OTLP_TRACES_ENDPOINT"
+    );
+    assert_eq!(
+        err_field(&[
+            ("OTEL_EXPORTER_OTLP_ENDPOINT", "http://t:4318"),
+            ("OTEL_EXPORTER_OTLP_TRACES_PROTOCOL", "http/json")
+        ]),
+        "OTEL_EXPORTER_OTLP_TRACES_PROTOCOL"
+    );
+    assert_eq!(
+        err_field(&[
+            ("OTEL_EXPORTER_OTLP_ENDPOINT", "http://t:4318"),
+            ("OTEL_EXPORTER_OTLP_TRACES_TIMEOUT", "5s")
+        ]),
+        "OTEL_EXPORTER_OTLP_TRACES_TIMEOUT"
+    );
+}
+
+#[test]
+fn traces_exporter_and_sdk_disabled() {
+    assert!(!env(&[]).expect("ok").traces_disabled);
+    assert!(
+        !env(&[("OTEL_TRACES_EXPORTER", "otlp")])
+            .expect("ok")
+            .traces_disabled
+    );
+    assert!(
+        env(&[("OTEL_TRACES_EXPORTER", "None")])
+            .expect("ok")
+            .traces_disabled
+    );
+    // An exporter this crate has not is an error, not local files in its place.
+    assert_eq!(
+        err_field(&[("OTEL_TRACES_EXPORTER", "zipkin")]),
+        "OTEL_TRACES_EXPORTER"
+    );
+    assert!(
+        env(&[("OTEL_SDK_DISABLED", "TRUE")])
+            .expect("ok")
+            .sdk_disabled
+    );
+    assert!(
+        !env(&[("OTEL_SDK_DISABLED", "false")])
+            .expect("ok")
+            .sdk_disabled
+    );
+    assert_eq!(
+        err_field(&[("OTEL_SDK_DISABLED", "yes")]),
+        "OTEL_SDK_DISABLED"
+    );
+}
