@@ -194,6 +194,10 @@ pub struct EnvConfig {
     pub traces_disabled: bool,
     /// `OTEL_SDK_DISABLED=true`: no span exported and no profiler started.
     pub sdk_disabled: bool,
+    /// Variables under this crate's prefixes that it does not read (typos, settings not
+    /// applied): setup names each once. Only [`EnvConfig::from_env`] fills it (a lookup
+    /// cannot list the names).
+    pub(crate) notes: Vec<super::env_names::EnvNote>,
     /// `PYROSCOPE_SERVER_ADDRESS`, `PYROSCOPE_BASIC_AUTH_*`, `PYROSCOPE_AUTH_TOKEN` and
     /// `PYROSCOPE_TENANT_ID`, read straight into the exporter's settings (the application
     /// name is the service name read here; [`Telemetry::build`](crate::Telemetry::build)
@@ -225,7 +229,13 @@ pub struct EnvConfig {
 impl EnvConfig {
     /// Reads the process environment.
     pub fn from_env() -> Result<EnvConfig, ConfigError> {
-        EnvConfig::from_lookup(|name| std::env::var(name).ok())
+        let mut config = EnvConfig::from_lookup(|name| std::env::var(name).ok())?;
+        let names: Vec<String> = std::env::vars_os()
+            .filter(|(_, value)| !value.is_empty())
+            .filter_map(|(name, _)| name.into_string().ok())
+            .collect();
+        config.notes = super::env_names::check(names.iter().map(String::as_str));
+        Ok(config)
     }
 
     /// Reads variables through `lookup` (for tests and embedding).

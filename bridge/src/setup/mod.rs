@@ -45,6 +45,7 @@ use crate::{
 
 mod backends;
 pub mod config;
+mod env_names;
 pub(crate) mod profiler;
 
 use backends::{Compiled, Source};
@@ -391,6 +392,13 @@ impl Telemetry {
         let (pyroscope, otlp_profiles) = self.profile_targets()?;
         // Before anything starts: a backend compiled out is an error, never ignored.
         backends::check(Compiled::THIS_BUILD, otlp, pyroscope)?;
+        // Variables under our prefixes that nothing reads: one line each, saying where the
+        // data goes instead when that is local files.
+        let local = (otlp.is_none() && !self.env.traces_disabled)
+            || (pyroscope.is_none() && otlp_profiles.is_none());
+        for note in &self.env.notes {
+            eprintln!("{}", note.line(local.then_some(dir.as_path())));
+        }
         // The thread context, with the process context readers need first.
         let thread_context = self.thread_context.or(self.env.thread_context);
         if thread_context.unwrap_or(true) {
