@@ -360,11 +360,11 @@ impl Telemetry {
                     .map(|(k, v)| KeyValue::new(k.clone(), v.clone())),
             )
             .build();
-        let dir = output_dir(
-            self.output_dir
-                .as_deref()
-                .or(self.env.output_dir.as_deref()),
-        );
+        let explicit_dir = self
+            .output_dir
+            .as_deref()
+            .or(self.env.output_dir.as_deref());
+        let dir = output_dir(explicit_dir);
         let timeout = self.shutdown_timeout.unwrap_or(Duration::from_secs(5));
         if self.env.sdk_disabled {
             // OTEL_SDK_DISABLED=true: spans are still created (the layers stay cheap
@@ -394,8 +394,24 @@ impl Telemetry {
         backends::check(Compiled::THIS_BUILD, otlp, pyroscope)?;
         // Variables under our prefixes that nothing reads: one line each, saying where the
         // data goes instead when that is local files.
-        let local = (otlp.is_none() && !self.env.traces_disabled)
-            || (pyroscope.is_none() && otlp_profiles.is_none());
+        let spans_local = otlp.is_none() && !self.env.traces_disabled;
+        let profiles_local = pyroscope.is_none() && otlp_profiles.is_none();
+        // A default directory that cannot be written (a read-only root file system, a
+        // working directory the service may not write) costs the local files, not the
+        // service; a directory the user named still fails setup, naming it.
+        let mut local_ok = true;
+        if explicit_dir.is_none() && (spans_local || profiles_local) {
+            if let Err(error) = probe_writable(&dir) {
+                eprintln!(
+                    "otel-profiling: the default output directory {} cannot be written \
+                     ({error}): no local profile or span files. Set OTEL_PROFILING_OUTPUT_DIR \
+                     to a writable directory, or configure a backend.",
+                    dir.display()
+                );
+                local_ok = false;
+            }
+        }
+        let local = (spans_local || profiles_local) && local_ok;
         for note in &self.env.notes {
             eprintln!("{}", note.line(local.then_some(dir.as_path())));
         }
@@ -414,6 +430,9 @@ impl Telemetry {
 
         // Profiles: Pyroscope if configured, else local files.
         let mut profiler = Profiler::builder().output_dir(&dir);
+        if !local_ok {
+            profiler = profiler.local_files(false);
+        }
         if let Some(hz) = self.frequency_hz.or(self.env.sample_rate_hz) {
             profiler = profiler.frequency_hz(hz);
         }
@@ -452,8 +471,11 @@ impl Telemetry {
             Some((target, source)) => {
                 (provider, span_stats) = backends::with_otlp(provider, target, source, self.scope)?
             }
-            // OTEL_TRACES_EXPORTER=none: spans go nowhere; the profiles are unaffected.
-            None if self.env.traces_disabled => span_stats = Arc::new(SpanExportStats::default()),
+            // OTEL_TRACES_EXPORTER=none (or no writable default directory): spans go
+            // nowhere; the profiles are unaffected.
+            None if self.env.traces_disabled || !local_ok => {
+                span_stats = Arc::new(SpanExportStats::default())
+            }
             None => {
                 let exporter =
                     LocalSpanExporter::new(&dir).map_err(|source| SetupError::LocalSpanFile {
@@ -648,6 +670,14 @@ pub fn resource_series_labels(attributes: &[(String, String)]) -> Vec<(String, S
         }
     }
     labels
+}
+
+/// Whether files can be made in `dir` (creating it): a probe file made and removed.
+fn probe_writable(dir: &Path) -> std::io::Result<()> {
+    std::fs::create_dir_all(dir)?;
+    let probe = dir.join(format!(".otel-profiling-probe-{}", std::process::id()));
+    std::fs::File::create(&probe)?;
+    std::fs::remove_file(&probe)
 }
 
 /// Everything running. Dropping it stops sampling, writes the last profile, uploads what
