@@ -20,6 +20,7 @@ use super::log_limiter::LogLimiter;
 /// Counters of one span exporter.
 #[derive(Debug, Default)]
 pub struct SpanExportStats {
+    spans_ended: AtomicU64,
     batches_sent: AtomicU64,
     spans_sent: AtomicU64,
     batches_failed: AtomicU64,
@@ -40,6 +41,9 @@ pub struct SpanExportSnapshot {
     pub batches_failed: u64,
     /// Spans in them.
     pub spans_failed: u64,
+    /// Spans handed to the exporter's batch processor (sampled spans that ended): those
+    /// neither sent nor failed are still queued, or were lost at shutdown.
+    pub spans_ended: u64,
 }
 
 impl SpanExportStats {
@@ -50,7 +54,13 @@ impl SpanExportStats {
             spans_sent: self.spans_sent.load(Ordering::Relaxed),
             batches_failed: self.batches_failed.load(Ordering::Relaxed),
             spans_failed: self.spans_failed.load(Ordering::Relaxed),
+            spans_ended: self.spans_ended.load(Ordering::Relaxed),
         }
+    }
+
+    /// One more span handed to the batch processor.
+    pub(crate) fn note_ended(&self) {
+        self.spans_ended.fetch_add(1, Ordering::Relaxed);
     }
 
     /// The last export error, if any export failed.
@@ -94,16 +104,17 @@ impl SpanExportStats {
 #[derive(Debug)]
 pub struct CountingSpanExporter<E> {
     inner: E,
-    what: &'static str,
+    what: Arc<str>,
     stats: Arc<SpanExportStats>,
 }
 
 impl<E: SpanExporter> CountingSpanExporter<E> {
-    /// Wraps `inner`; `what` names it in log lines (e.g. `"otlp http://…/v1/traces"`).
-    pub fn new(inner: E, what: &'static str) -> CountingSpanExporter<E> {
+    /// Wraps `inner`; `what` names it, and where it sends, in log lines (e.g.
+    /// `"otlp http/protobuf to http://…/v1/traces"`).
+    pub fn new(inner: E, what: impl Into<Arc<str>>) -> CountingSpanExporter<E> {
         CountingSpanExporter {
             inner,
-            what,
+            what: what.into(),
             stats: Arc::default(),
         }
     }
@@ -122,10 +133,10 @@ impl<E: SpanExporter> SpanExporter for CountingSpanExporter<E> {
         let spans = batch.len();
         let export = self.inner.export(batch);
         let stats = self.stats.clone();
-        let what = self.what;
+        let what = self.what.clone();
         async move {
             let result = export.await;
-            stats.record(what, spans, &result);
+            stats.record(&what, spans, &result);
             result
         }
     }

@@ -6,7 +6,9 @@
 use std::sync::Arc;
 use std::time::Duration;
 
-use opentelemetry_sdk::trace::{BatchSpanProcessor, SpanExporter, TracerProviderBuilder};
+use opentelemetry_sdk::trace::{
+    BatchSpanProcessor, SpanExporter, SpanProcessor, TracerProviderBuilder,
+};
 
 use super::SetupError;
 use crate::collector::ProfileSink;
@@ -217,16 +219,52 @@ pub(super) fn otlp_profiles_sink(
 pub(super) fn add_span_exporter(
     provider: TracerProviderBuilder,
     exporter: impl SpanExporter + 'static,
-    what: &'static str,
+    what: String,
     scope: ProfileIdScope,
 ) -> (TracerProviderBuilder, Arc<SpanExportStats>) {
     let exporter = CountingSpanExporter::new(exporter, what);
     let stats = exporter.stats();
-    let provider = provider.with_span_processor(
-        CpuEvidenceProcessor::new(BatchSpanProcessor::builder(exporter).build())
-            .with_profile_id(scope),
-    );
+    let batch = CountEnded {
+        inner: BatchSpanProcessor::builder(exporter).build(),
+        stats: stats.clone(),
+    };
+    let provider =
+        provider.with_span_processor(CpuEvidenceProcessor::new(batch).with_profile_id(scope));
     (provider, stats)
+}
+
+/// Counts the spans handed to the batch processor, so that what it never exported (still
+/// queued when the shutdown timeout ran out) is known: ended − sent − failed.
+#[derive(Debug)]
+struct CountEnded<P> {
+    inner: P,
+    stats: Arc<SpanExportStats>,
+}
+
+impl<P: SpanProcessor> SpanProcessor for CountEnded<P> {
+    fn on_start(&self, span: &mut opentelemetry_sdk::trace::Span, cx: &opentelemetry::Context) {
+        self.inner.on_start(span, cx);
+    }
+
+    fn on_end(&self, span: opentelemetry_sdk::trace::SpanData) {
+        self.stats.note_ended();
+        self.inner.on_end(span);
+    }
+
+    fn force_flush(&self) -> opentelemetry_sdk::error::OTelSdkResult {
+        self.inner.force_flush()
+    }
+
+    fn shutdown_with_timeout(
+        &self,
+        timeout: std::time::Duration,
+    ) -> opentelemetry_sdk::error::OTelSdkResult {
+        self.inner.shutdown_with_timeout(timeout)
+    }
+
+    fn set_resource(&mut self, resource: &opentelemetry_sdk::Resource) {
+        self.inner.set_resource(resource);
+    }
 }
 
 /// Adds the OTLP exporter for `target` (set through `source`) to `provider`.
@@ -276,7 +314,7 @@ fn with_otlp_http(
     Ok(add_span_exporter(
         provider,
         exporter,
-        "otlp (http/protobuf)",
+        format!("otlp http/protobuf to {}", target.traces_url()),
         scope,
     ))
 }
@@ -312,7 +350,12 @@ fn with_otlp_grpc(
         field: target.endpoint_field(),
         source: error,
     })?;
-    Ok(add_span_exporter(provider, exporter, "otlp (grpc)", scope))
+    Ok(add_span_exporter(
+        provider,
+        exporter,
+        format!("otlp grpc to {}", target.traces_url()),
+        scope,
+    ))
 }
 
 #[cfg(not(feature = "otlp-grpc"))]

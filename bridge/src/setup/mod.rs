@@ -386,6 +386,7 @@ impl Telemetry {
                 timeout,
                 service_name,
                 pid: std::process::id(),
+                destinations: Destinations::default(),
             });
         }
         let otlp = self.otlp_target();
@@ -483,11 +484,23 @@ impl Telemetry {
                         source,
                     })?;
                 spans_file = Some(exporter.path().to_path_buf());
+                let what = format!("local span file {}", exporter.path().display());
                 (provider, span_stats) =
-                    backends::add_span_exporter(provider, exporter, "local span file", self.scope);
+                    backends::add_span_exporter(provider, exporter, what, self.scope);
             }
         }
         let provider = provider.build();
+        let destinations = Destinations {
+            spans: match (otlp, &spans_file) {
+                (Some((target, _)), _) => target.traces_url(),
+                (None, Some(file)) => file.display().to_string(),
+                (None, None) => "nowhere".to_owned(),
+            },
+            pyroscope: pyroscope.map(|(target, _)| target.server_address.clone()),
+            otlp_profiles: otlp_profiles
+                .as_ref()
+                .map(|(target, _)| target.endpoint.clone()),
+        };
         let profiler = profiler.start()?;
         if !self.quiet.or(self.env.quiet).unwrap_or(false) {
             let spans_dir = spans_file.as_deref().and_then(Path::parent);
@@ -511,6 +524,7 @@ impl Telemetry {
             timeout,
             service_name,
             pid: std::process::id(),
+            destinations,
         })
     }
 
@@ -719,6 +733,16 @@ pub struct TelemetryGuard {
     service_name: String,
     /// The process that set it up (a forked child's copy shuts nothing down).
     pid: u32,
+    /// Where each exporter sends, for what the shutdown line says was lost.
+    destinations: Destinations,
+}
+
+/// Where the exporters send (URLs, or the local span file).
+#[derive(Debug, Default)]
+struct Destinations {
+    spans: String,
+    pyroscope: Option<String>,
+    otlp_profiles: Option<String>,
 }
 
 /// Health counters of the whole pipeline: a snapshot ([`TelemetryGuard::stats`]).
@@ -805,10 +829,75 @@ impl Drop for TelemetryGuard {
             std::mem::forget(self.provider.clone());
             return;
         }
-        if let Some(profiler) = self.profiler.take() {
-            profiler.shutdown(self.timeout);
+        // One timeout for everything: the spans flush on a thread of their own while the
+        // profiler writes and uploads its last profiles (one after the other, each with the
+        // whole timeout, took twice it against a backend that never answers).
+        let profiler = self.profiler.take();
+        let provider = &self.provider;
+        let timeout = self.timeout;
+        std::thread::scope(|scope| {
+            let spans = std::thread::Builder::new()
+                .name("otel-profiling-shutdown".into())
+                .spawn_scoped(scope, move || {
+                    let _ = provider.shutdown_with_timeout(timeout);
+                });
+            if let Some(profiler) = profiler {
+                profiler.shutdown(timeout);
+            }
+            match spans {
+                Ok(spans) => {
+                    let _ = spans.join();
+                }
+                // No thread to spare: the spans get what is left of the timeout.
+                Err(_) => {
+                    let _ = provider.shutdown_with_timeout(timeout / 2);
+                }
+            }
+        });
+        if let Some(line) = self.losses() {
+            eprintln!("{line}");
         }
-        let _ = self.provider.shutdown_with_timeout(self.timeout);
+    }
+}
+
+impl TelemetryGuard {
+    /// One line on what the exporters lost over the guard's life (failed, dropped, or still
+    /// queued at shutdown), naming where it was going; `None` when nothing was lost.
+    fn losses(&self) -> Option<String> {
+        let mut lost = Vec::new();
+        let spans = self.span_stats.snapshot();
+        let unsent = spans
+            .spans_ended
+            .saturating_sub(spans.spans_sent + spans.spans_failed);
+        if spans.spans_failed + unsent > 0 {
+            lost.push(format!(
+                "{} span(s) to {} ({} in failed batches, {unsent} never sent)",
+                spans.spans_failed + unsent,
+                self.destinations.spans,
+                spans.spans_failed
+            ));
+        }
+        for (stats, to) in [
+            (&self.pyroscope_stats, &self.destinations.pyroscope),
+            (&self.otlp_profiles_stats, &self.destinations.otlp_profiles),
+        ] {
+            let (Some(stats), Some(to)) = (stats, to) else {
+                continue;
+            };
+            let s = stats.snapshot();
+            let profiles = s.profiles_failed + s.profiles_dropped + s.profiles_queued;
+            if profiles > 0 {
+                lost.push(format!("{profiles} profile(s) to {to}"));
+            }
+        }
+        (!lost.is_empty()).then(|| {
+            format!(
+                "otel-profiling: not exported (failed, dropped, or still queued when the {} ms \
+                 shutdown timeout ran out): {}",
+                self.timeout.as_millis(),
+                lost.join("; ")
+            )
+        })
     }
 }
 
