@@ -8,7 +8,9 @@ use std::collections::BTreeMap;
 use std::fmt;
 use std::time::{Duration, Instant};
 
-use otel_profiling::{CPU_TIME_ATTRIBUTE, PROFILE_ID_ATTRIBUTE, WALL_ACTIVE_ATTRIBUTE};
+use otel_profiling::{
+    CPU_TIME_ATTRIBUTE, PROFILE_ID_ATTRIBUTE, WALL_ACTIVE_ATTRIBUTE, WALL_RUNQUEUE_ATTRIBUTE,
+};
 
 use crate::clients::{FlameGraph, PyroscopeClient, SpanProfileQuery, TempoClient, TraceSpan};
 use crate::recorder::RecordedOp;
@@ -178,6 +180,29 @@ pub fn classify(wall_ms: f64, cpu_ms: f64) -> (Verdict, String) {
     } else {
         (Verdict::Mixed, format!("CPU/wall {ratio:.2}: mixed"))
     }
+}
+
+/// [`classify`] of the time the span's threads could run: its run delay (runnable, not
+/// running: another process held the CPUs, `profiling.wall.runqueue_ns`) is left out of
+/// the wall time, so a CPU-heavy span on a busy machine still reads CPU-bound.
+pub fn classify_runnable(wall_ms: f64, cpu_ms: f64, runqueue_ms: f64) -> (Verdict, String) {
+    if runqueue_ms <= 0.0 {
+        return classify(wall_ms, cpu_ms);
+    }
+    let runnable = (wall_ms - runqueue_ms).max(cpu_ms).max(MIN_JUDGED_WALL_MS);
+    let (verdict, reason) = classify(runnable, cpu_ms);
+    (
+        verdict,
+        format!("{reason} (of {wall_ms:.0} ms, {runqueue_ms:.0} ms waiting for a CPU left out)"),
+    )
+}
+
+/// A span's `profiling.wall.runqueue_ns`, in ms (0 when absent).
+fn runqueue_ms(span: &TraceSpan) -> f64 {
+    span.attributes
+        .get(WALL_RUNQUEUE_ATTRIBUTE)
+        .and_then(|v| v.parse::<f64>().ok())
+        .map_or(0.0, |ns| ns / 1e6)
 }
 
 fn ms(ns: i64) -> f64 {
@@ -448,8 +473,8 @@ pub fn check_cpu_vs_io(
     };
     let (cpu_wall, cpu_cpu) = (spans[0].wall_ms(), ms(cpu_graph.total));
     let (io_wall, io_cpu) = (spans[1].wall_ms(), ms(io_graph.total));
-    let (cpu_verdict, cpu_reason) = classify(cpu_wall, cpu_cpu);
-    let (io_verdict, io_reason) = classify(io_wall, io_cpu);
+    let (cpu_verdict, cpu_reason) = classify_runnable(cpu_wall, cpu_cpu, runqueue_ms(&spans[0]));
+    let (io_verdict, io_reason) = classify_runnable(io_wall, io_cpu, runqueue_ms(&spans[1]));
     let mut cpu_ev = evidence(cpu_op, Some(&spans[0]), Some(&cpu_graph), &[known_function]);
     cpu_ev
         .notes
@@ -604,8 +629,10 @@ pub fn classify_time(span: &TraceSpan) -> Option<(TimeVerdict, String)> {
     if wall <= 0.0 {
         return None;
     }
-    let blocked = (active - cpu).max(0.0).min(wall - cpu.min(wall));
-    let awaiting = (wall - cpu.min(wall) - blocked).max(0.0);
+    // Run delay is part of the active time, not blocked (docs/elapsed-time.md).
+    let runqueue = runqueue_ms(span);
+    let blocked = (active - cpu - runqueue).max(0.0).min(wall - cpu.min(wall));
+    let awaiting = (wall - cpu.min(wall) - blocked - runqueue).max(0.0);
     let shares = format!(
         "wall {wall:.0} ms: CPU {cpu:.0} ms, blocked in poll {blocked:.0} ms, awaiting {awaiting:.0} ms"
     );

@@ -20,7 +20,7 @@ use otel_profiling::pprof::{FrameLine, ProfileBuilder, SampleLabels, SymbolizedF
 use otel_profiling::PROFILE_ID_ATTRIBUTE;
 use otel_profiling_integration_tests::checklist::{
     check_blocked_in_poll, check_control, check_cpu_vs_io, check_profile_link, check_recorded,
-    classify, record_all, Backends, Recordings, Verdict,
+    classify, classify_runnable, record_all, Backends, Recordings, Verdict,
 };
 use otel_profiling_integration_tests::clients::{to_hex, OtlpClient, SpanProfileQuery, TraceSpan};
 use otel_profiling_integration_tests::recorder::{
@@ -169,6 +169,19 @@ fn an_empty_profile_for_a_slow_span_is_waiting_never_fast() {
     assert_eq!(classify(800.0, 200.0).0, Verdict::Mixed);
     assert_eq!(classify(800.0, 500.0).0, Verdict::CpuBound);
     assert_eq!(classify(5.0, 0.0).0, Verdict::TooShort);
+}
+
+/// The CI failure this guards: a 200 ms CPU-heavy span stretched to 400 ms by another
+/// process on the CPUs read "CPU/wall 0.50: mixed". Its run delay (runnable, not running)
+/// is left out of the wall; a sleeping span stays waiting.
+#[test]
+fn run_delay_does_not_turn_a_cpu_heavy_span_into_mixed() {
+    assert_eq!(classify(420.0, 200.0).0, Verdict::Mixed);
+    let (verdict, reason) = classify_runnable(420.0, 200.0, 210.0);
+    assert_eq!(verdict, Verdict::CpuBound, "{reason}");
+    assert!(reason.contains("210 ms waiting for a CPU"), "{reason}");
+    assert_eq!(classify_runnable(403.0, 0.0, 1.0).0, Verdict::Waiting);
+    assert_eq!(classify_runnable(800.0, 200.0, 0.0), classify(800.0, 200.0));
 }
 
 // ---- Each check fails when what it checks is broken ----
