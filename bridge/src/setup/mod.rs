@@ -143,6 +143,7 @@ impl std::fmt::Debug for SetupError {
 pub struct Telemetry {
     env: EnvConfig,
     service_name: Option<String>,
+    default_service_name: Option<String>,
     resource: Vec<(String, String)>,
     tags: Vec<(String, String)>,
     otlp: Option<OtlpTarget>,
@@ -181,9 +182,27 @@ impl Telemetry {
         }
     }
 
-    /// The service name (`service.name`, and `service_name` on profiles).
+    /// The service name (`service.name`, and `service_name` on profiles), whatever the
+    /// environment says (code wins, as in the OpenTelemetry SDK). To leave the operator
+    /// the choice, use [`default_service_name`](Self::default_service_name).
     pub fn service_name(mut self, name: impl Into<String>) -> Self {
         self.service_name = Some(name.into());
+        self
+    }
+
+    /// The service name used only when the environment names none: neither
+    /// `OTEL_SERVICE_NAME`, `PYROSCOPE_APPLICATION_NAME` nor a `service.name` in
+    /// `OTEL_RESOURCE_ATTRIBUTES` is set (else `unknown_service`, as the SDK has it).
+    ///
+    /// ```no_run
+    /// // `checkout` unless the deployment sets OTEL_SERVICE_NAME (say, `checkout-canary`).
+    /// let _telemetry = otel_profiling::Telemetry::from_env()?
+    ///     .default_service_name("checkout")
+    ///     .init()?;
+    /// # Ok::<(), otel_profiling::SetupError>(())
+    /// ```
+    pub fn default_service_name(mut self, name: impl Into<String>) -> Self {
+        self.default_service_name = Some(name.into());
         self
     }
 
@@ -344,10 +363,21 @@ impl Telemetry {
     /// Starts everything and returns the guard; compose [`TelemetryGuard::layer`] into
     /// your own subscriber.
     pub fn build(self) -> Result<TelemetryGuard, SetupError> {
+        // Code, then OTEL_SERVICE_NAME / PYROSCOPE_APPLICATION_NAME, then a `service.name`
+        // resource attribute, then the code's default, then the SDK's `unknown_service`.
         let service_name = self
             .service_name
             .clone()
             .or_else(|| self.env.service_name.clone())
+            .or_else(|| {
+                self.env
+                    .resource_attributes
+                    .iter()
+                    .rev()
+                    .find(|(k, _)| k == "service.name")
+                    .map(|(_, v)| v.clone())
+            })
+            .or_else(|| self.default_service_name.clone())
             .unwrap_or_else(|| "unknown_service".to_string());
         let mut attributes: Vec<(String, String)> = self.env.resource_attributes.clone();
         attributes.extend(self.resource.iter().cloned());
@@ -904,6 +934,53 @@ impl TelemetryGuard {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    /// The service name: code, then the environment (`OTEL_SERVICE_NAME`, then a
+    /// `service.name` resource attribute), then `default_service_name`, then
+    /// `unknown_service`. Under OTEL_SDK_DISABLED, so nothing starts.
+    #[test]
+    fn default_service_name_yields_to_the_environment() {
+        let name = |vars: &[(&str, &str)], code: Option<&str>, default: Option<&str>| {
+            let mut vars = vars.to_vec();
+            vars.push(("OTEL_SDK_DISABLED", "true"));
+            let env = EnvConfig::from_lookup(|name| {
+                vars.iter()
+                    .find(|(k, _)| *k == name)
+                    .map(|(_, v)| v.to_string())
+            })
+            .expect("valid variables");
+            let mut telemetry = Telemetry::from_env_config(env).quiet(true);
+            if let Some(code) = code {
+                telemetry = telemetry.service_name(code);
+            }
+            if let Some(default) = default {
+                telemetry = telemetry.default_service_name(default);
+            }
+            telemetry.build().expect("setup").service_name().to_owned()
+        };
+        assert_eq!(name(&[], None, Some("dflt")), "dflt");
+        assert_eq!(
+            name(&[("OTEL_SERVICE_NAME", "svc")], None, Some("dflt")),
+            "svc"
+        );
+        assert_eq!(
+            name(&[("PYROSCOPE_APPLICATION_NAME", "app")], None, Some("dflt")),
+            "app"
+        );
+        assert_eq!(
+            name(
+                &[("OTEL_RESOURCE_ATTRIBUTES", "service.name=res,team=a")],
+                None,
+                Some("dflt")
+            ),
+            "res"
+        );
+        assert_eq!(
+            name(&[("OTEL_SERVICE_NAME", "svc")], Some("code"), Some("dflt")),
+            "code"
+        );
+        assert_eq!(name(&[], None, None), "unknown_service");
+    }
 
     /// The profile type id Grafana must query is what the profiles really are: the series
     /// name, then the pprof sample type and period type.
