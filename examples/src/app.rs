@@ -52,12 +52,10 @@ pub fn main_from_env() -> Result<(), Box<dyn Error>> {
         None => service::calibrate_rows(Duration::from_millis(100)),
     };
 
-    let mut telemetry = otel_profiling::Telemetry::from_env()?
-        .resource_attribute("service.version", version.clone());
-    if var("OTEL_SERVICE_NAME").is_none() && var("PYROSCOPE_APPLICATION_NAME").is_none() {
-        telemetry = telemetry.service_name("report-service");
-    }
-    let telemetry = telemetry.init()?;
+    let telemetry = otel_profiling::Telemetry::from_env()?
+        .default_service_name("report-service")
+        .resource_attribute("service.version", version.clone())
+        .init()?;
 
     let runtime = tokio::runtime::Builder::new_multi_thread()
         .worker_threads(2)

@@ -4,7 +4,7 @@ use axum::Router;
 
 fn main() -> Result<(), Box<dyn std::error::Error>> {
     let telemetry = otel_profiling::Telemetry::from_env()?
-        .service_name("catalog")
+        .default_service_name("catalog")
         .init()?; // global tracing subscriber + tracer provider; local files by default
     let runtime = tokio::runtime::Builder::new_multi_thread()
         .on_thread_start(otel_profiling::sampler::tokio_on_thread_start())
