@@ -10,8 +10,7 @@ use std::collections::HashSet;
 use std::time::{Duration, Instant};
 
 use opentelemetry_proto::tonic::collector::trace::v1::ExportTraceServiceRequest;
-use otel_profiling::config::OtlpProtocol;
-use otel_profiling::export::pyroscope::PyroscopeAuth;
+use otel_profiling::config::{EnvConfig, OtlpProtocol};
 use otel_profiling::test_support::push_v1::PushRequest;
 use otel_profiling::Telemetry;
 use prost::Message;
@@ -45,21 +44,28 @@ fn traces_and_profiles_reach_their_receivers_with_the_same_span_id() {
     let otlp = receiver();
     let pyroscope = receiver();
     let (otlp_url, pyro_url) = (otlp.url(), pyroscope.url());
-    let telemetry = Telemetry::builder()
+    // Pyroscope from the environment, as an operator sets it (the agents' variables, the
+    // Java agent's forms for labels and extra headers); OTLP from code.
+    let vars = [
+        ("PYROSCOPE_SERVER_ADDRESS", pyro_url.as_str()),
+        ("PYROSCOPE_BASIC_AUTH_USER", "u"),
+        ("PYROSCOPE_BASIC_AUTH_PASSWORD", "p"),
+        ("PYROSCOPE_TENANT_ID", "tenant-1"),
+        ("PYROSCOPE_LABELS", "region=eu-west-1"),
+        ("PYROSCOPE_HTTP_HEADERS", r#"{"X-Extra": "from-env"}"#),
+    ];
+    let env = EnvConfig::from_lookup(|name| {
+        vars.iter()
+            .find(|(k, _)| *k == name)
+            .map(|(_, v)| v.to_string())
+    })
+    .expect("valid variables");
+    let telemetry = Telemetry::from_env_config(env)
         .service_name("checkout")
         .resource_attribute("service.version", "2.0.1")
         .resource_attribute("deployment.environment", "test")
         .otlp(&otlp_url, OtlpProtocol::HttpProtobuf)
         .expect("otlp url")
-        .pyroscope(
-            &pyro_url,
-            Some(PyroscopeAuth::Basic {
-                user: "u".into(),
-                password: "p".into(),
-            }),
-            Some("tenant-1".into()),
-        )
-        .expect("pyroscope url")
         .frequency_hz(250)
         .upload_interval(Duration::from_millis(500))
         .build()
@@ -114,6 +120,11 @@ fn traces_and_profiles_reach_their_receivers_with_the_same_span_id() {
     for req in &pushes {
         assert_eq!(req.path, "/push.v1.PusherService/Push");
         assert_eq!(req.header("x-scope-orgid"), Some("tenant-1"));
+        assert_eq!(
+            req.header("x-extra"),
+            Some("from-env"),
+            "PYROSCOPE_HTTP_HEADERS"
+        );
         assert!(req
             .header("authorization")
             .is_some_and(|a| a.starts_with("Basic ")));
@@ -130,6 +141,7 @@ fn traces_and_profiles_reach_their_receivers_with_the_same_span_id() {
             assert_eq!(label("service_name"), Some("checkout"));
             assert_eq!(label("service_version"), Some("2.0.1"));
             assert_eq!(label("deployment_environment"), Some("test"));
+            assert_eq!(label("region"), Some("eu-west-1"), "PYROSCOPE_LABELS");
             for sample in &series.samples {
                 let profile = otel_profiling_pprof::decode(&sample.raw_profile).expect("pprof");
                 let s = |i: i64| profile.string_table[i as usize].clone();

@@ -16,6 +16,8 @@
 //! | `PYROSCOPE_BASIC_AUTH_USER`, `PYROSCOPE_BASIC_AUTH_PASSWORD` | basic auth (both or neither) | text |
 //! | `PYROSCOPE_AUTH_TOKEN` | bearer token (instead of basic auth) | text |
 //! | `PYROSCOPE_TENANT_ID` | `X-Scope-OrgID` header | text |
+//! | `PYROSCOPE_LABELS` | static series labels on every profile | `key=value,key2=value2` |
+//! | `PYROSCOPE_HTTP_HEADERS` | extra headers of Pyroscope pushes | a JSON object, `{"X-Header": "value"}` |
 //! | `PYROSCOPE_SAMPLE_RATE` | samples per second | integer 1–1000 |
 //! | `PYROSCOPE_UPLOAD_INTERVAL` | profile length, at least 100 ms | `10s`, `500ms`, `1m`, `2h` or whole seconds (`10`); no space before the unit (`10 s` is rejected, as Go's `time.ParseDuration` that Pyroscope's own agents use rejects it) |
 //! | `OTEL_PROFILING_OUTPUT_DIR` | local files directory (no backend configured); default `$CARGO_TARGET_DIR/otel-profiling` when `CARGO_TARGET_DIR` is set, else `target/otel-profiling` (see [`crate::local_sink`]) | a path |
@@ -203,6 +205,9 @@ pub struct EnvConfig {
     /// name is the service name read here; [`Telemetry::build`](crate::Telemetry::build)
     /// sets it and the series labels from the service name and resource in use).
     pub pyroscope: Option<PyroscopeConfig>,
+    /// `PYROSCOPE_LABELS`: static series labels on every profile (`key=value,…`, the
+    /// Pyroscope Java agent's form), before those set in code.
+    pub profile_labels: Vec<(String, String)>,
     /// `PYROSCOPE_SAMPLE_RATE`.
     pub sample_rate_hz: Option<u32>,
     /// `PYROSCOPE_UPLOAD_INTERVAL`.
@@ -284,6 +289,13 @@ impl EnvConfig {
                 }
             };
         let tenant_id = get("PYROSCOPE_TENANT_ID");
+        let http_headers = match get("PYROSCOPE_HTTP_HEADERS") {
+            Some(v) => parse_json_headers("PYROSCOPE_HTTP_HEADERS", &v)?,
+            None => Vec::new(),
+        };
+        if let Some(v) = get("PYROSCOPE_LABELS") {
+            config.profile_labels = parse_labels("PYROSCOPE_LABELS", &v)?;
+        }
         match get("PYROSCOPE_SERVER_ADDRESS") {
             Some(server) => {
                 let server = parse_url("PYROSCOPE_SERVER_ADDRESS", &server, PYROSCOPE_URL_EXAMPLE)?;
@@ -291,9 +303,10 @@ impl EnvConfig {
                 let mut pyroscope = PyroscopeConfig::new(server, application);
                 pyroscope.auth = auth;
                 pyroscope.tenant_id = tenant_id;
+                pyroscope.headers = http_headers;
                 config.pyroscope = Some(pyroscope);
             }
-            None if auth.is_some() || tenant_id.is_some() => {
+            None if auth.is_some() || tenant_id.is_some() || !http_headers.is_empty() => {
                 return Err(ConfigError::new(
                     "PYROSCOPE_SERVER_ADDRESS",
                     "missing while Pyroscope credentials or tenant are set",
@@ -476,6 +489,47 @@ fn traces_exporter_none(get: &dyn Fn(&str) -> Option<String>) -> Result<bool, Co
             "`otlp` or `none`",
         )),
     }
+}
+
+/// `PYROSCOPE_HTTP_HEADERS`: a JSON object of string values, as the Pyroscope agents read
+/// it (`{"X-Header": "value"}`).
+fn parse_json_headers(
+    field: &'static str,
+    value: &str,
+) -> Result<Vec<(String, String)>, ConfigError> {
+    const EXPECTED: &str =
+        "a JSON object of header names to string values, e.g. {\"X-Header\": \"value\"}";
+    // Values are often secrets: never echoed.
+    let invalid = |problem| ConfigError::new(field, problem, "***", EXPECTED);
+    let object: serde_json::Map<String, serde_json::Value> =
+        serde_json::from_str(value).map_err(|_| invalid("not a JSON object"))?;
+    object
+        .into_iter()
+        .map(|(name, value)| match value {
+            serde_json::Value::String(v) if !name.trim().is_empty() => Ok((name, v)),
+            _ => Err(invalid(
+                "a header without a name or with a value that is not a string",
+            )),
+        })
+        .collect()
+}
+
+/// `PYROSCOPE_LABELS`: comma-separated `key=value` pairs.
+fn parse_labels(field: &'static str, value: &str) -> Result<Vec<(String, String)>, ConfigError> {
+    value
+        .split(',')
+        .map(str::trim)
+        .filter(|pair| !pair.is_empty())
+        .map(|pair| match pair.split_once('=') {
+            Some((k, v)) if !k.trim().is_empty() => Ok((k.trim().to_owned(), v.trim().to_owned())),
+            _ => Err(ConfigError::new(
+                field,
+                "not key=value pairs",
+                value,
+                "comma-separated key=value pairs, e.g. region=eu-west-1,team=checkout",
+            )),
+        })
+        .collect()
 }
 
 /// An OpenTelemetry boolean: `true` or `false`, case-insensitive (anything else is an

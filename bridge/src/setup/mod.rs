@@ -482,6 +482,8 @@ impl Telemetry {
         let mut pyroscope_stats = None;
         if let Some((target, _)) = pyroscope {
             let mut labels = resource_series_labels(&attributes);
+            // PYROSCOPE_LABELS, then the code's tags (a later name replaces an earlier one).
+            labels.extend(self.env.profile_labels.iter().cloned());
             labels.extend(self.tags.iter().cloned());
             let (sink, stats) = backends::pyroscope_sink(target, &service_name, labels, timeout)?;
             pyroscope_stats = Some(stats);

@@ -540,3 +540,46 @@ fn traces_exporter_and_sdk_disabled() {
         "OTEL_SDK_DISABLED"
     );
 }
+
+/// `PYROSCOPE_LABELS` and `PYROSCOPE_HTTP_HEADERS` in the Pyroscope Java agent's forms.
+#[test]
+fn pyroscope_labels_and_http_headers() {
+    let c = env(&[
+        ("PYROSCOPE_SERVER_ADDRESS", "http://pyroscope:4040"),
+        ("PYROSCOPE_LABELS", "region=eu-west-1, team=checkout"),
+        (
+            "PYROSCOPE_HTTP_HEADERS",
+            r#"{"X-Scope-OrgID": "tenant-a", "X-Token": "s3cret"}"#,
+        ),
+    ])
+    .expect("ok");
+    assert_eq!(
+        c.profile_labels,
+        [
+            ("region".to_owned(), "eu-west-1".to_owned()),
+            ("team".to_owned(), "checkout".to_owned())
+        ]
+    );
+    let headers = &c.pyroscope.expect("pyroscope").headers;
+    assert!(headers.contains(&("X-Token".to_owned(), "s3cret".to_owned())));
+    assert_eq!(headers.len(), 2);
+
+    assert_eq!(
+        err_field(&[("PYROSCOPE_LABELS", "region")]),
+        "PYROSCOPE_LABELS"
+    );
+    let e = env(&[
+        ("PYROSCOPE_SERVER_ADDRESS", "http://pyroscope:4040"),
+        ("PYROSCOPE_HTTP_HEADERS", "X-Token: s3cret"),
+    ])
+    .expect_err("not JSON");
+    assert_eq!(e.field, "PYROSCOPE_HTTP_HEADERS");
+    assert!(
+        !e.to_string().contains("s3cret"),
+        "a secret in an error: {e}"
+    );
+    assert_eq!(
+        err_field(&[("PYROSCOPE_HTTP_HEADERS", r#"{"X-Token": "t"}"#)]),
+        "PYROSCOPE_SERVER_ADDRESS"
+    );
+}
