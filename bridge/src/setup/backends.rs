@@ -423,6 +423,18 @@ mod tests {
         OtlpTarget::new(endpoint, protocol)
     }
 
+    /// The target the environment `vars` give (it knows which variables it came from).
+    fn otlp_env(vars: &[(&str, &str)]) -> OtlpTarget {
+        crate::config::EnvConfig::from_lookup(|name| {
+            vars.iter()
+                .find(|(k, _)| *k == name)
+                .map(|(_, v)| v.to_string())
+        })
+        .expect("valid variables")
+        .otlp
+        .expect("an OTLP target")
+    }
+
     fn pyroscope(server: &str) -> PyroscopeConfig {
         PyroscopeConfig::new(server, "checkout")
     }
@@ -449,13 +461,21 @@ mod tests {
     fn a_backend_compiled_out_is_refused_naming_the_setting_and_the_feature() {
         let grpc = otlp("http://tempo:4317", OtlpProtocol::Grpc);
         let http = otlp("http://tempo:4318", OtlpProtocol::HttpProtobuf);
-        let https = otlp("https://tempo:4318", OtlpProtocol::HttpProtobuf);
+        let grpc_env = otlp_env(&[
+            ("OTEL_EXPORTER_OTLP_ENDPOINT", "http://tempo:4317"),
+            ("OTEL_EXPORTER_OTLP_PROTOCOL", "grpc"),
+        ]);
+        let http_env = otlp_env(&[("OTEL_EXPORTER_OTLP_ENDPOINT", "http://tempo:4318")]);
+        let https_env = otlp_env(&[(
+            "OTEL_EXPORTER_OTLP_TRACES_ENDPOINT",
+            "https://tempo:4318/v1/traces",
+        )]);
         let pyro = pyroscope("http://pyroscope:4040");
         let pyros = pyroscope("https://pyroscope:4040");
         let cases: [Case; 9] = [
             (
                 Compiled { otlp_grpc: false, ..ALL },
-                Some((&grpc, Source::Env)),
+                Some((&grpc_env, Source::Env)),
                 None,
                 "OTEL_EXPORTER_OTLP_PROTOCOL=grpc needs the otel-profiling feature \"otlp-grpc\"",
             ),
@@ -467,7 +487,7 @@ mod tests {
             ),
             (
                 Compiled { otlp_http: false, ..ALL },
-                Some((&http, Source::Env)),
+                Some((&http_env, Source::Env)),
                 None,
                 "OTEL_EXPORTER_OTLP_ENDPOINT=http://tempo:4318 needs the otel-profiling feature \"otlp-http\"",
             ),
@@ -479,9 +499,9 @@ mod tests {
             ),
             (
                 Compiled { tls: false, ..ALL },
-                Some((&https, Source::Env)),
+                Some((&https_env, Source::Env)),
                 None,
-                "OTEL_EXPORTER_OTLP_ENDPOINT=https://tempo:4318 needs the otel-profiling feature \"tls\"",
+                "OTEL_EXPORTER_OTLP_TRACES_ENDPOINT=https://tempo:4318/v1/traces needs the otel-profiling feature \"tls\"",
             ),
             (
                 Compiled { pyroscope: false, ..ALL },
@@ -504,7 +524,7 @@ mod tests {
             // Pyroscope is checked first, whichever is also wrong.
             (
                 Compiled { pyroscope: false, otlp_grpc: false, ..ALL },
-                Some((&grpc, Source::Env)),
+                Some((&grpc_env, Source::Env)),
                 Some((&pyro, Source::Env)),
                 "PYROSCOPE_SERVER_ADDRESS=http://pyroscope:4040 needs the otel-profiling feature \"pyroscope\"",
             ),
