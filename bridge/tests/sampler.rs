@@ -111,10 +111,14 @@ fn config_errors_name_the_field() {
 fn a_second_sampler_is_refused_and_a_restart_works() {
     let _turn = common::turn();
     let first = Sampler::start(SamplerConfig::default()).expect("first");
-    assert!(matches!(
-        Sampler::start(SamplerConfig::default()),
-        Err(SamplerError::AlreadyRunning)
-    ));
+    let second = Sampler::start(SamplerConfig::default());
+    assert!(matches!(second, Err(SamplerError::AlreadyRunning)));
+    // Says what the user did and what to do, not the mechanism.
+    let message = second.expect_err("refused").to_string();
+    assert!(
+        message.contains("already set up in this process") && message.contains("set it up once"),
+        "{message}"
+    );
     drop(first);
     let again = Sampler::start(SamplerConfig::default()).expect("restart after stop");
     again.register_current_thread().expect("register");

@@ -94,7 +94,11 @@ pub enum SamplerError {
     #[error("sampler.drain_period must be between 1 ms and 60 s, got {0:?}")]
     InvalidDrainPeriod(Duration),
     /// A sampler is already running in this process.
-    #[error("a CPU sampler is already running in this process; stop it before starting another")]
+    #[error(
+        "profiling is already set up in this process (a second `Telemetry::build`/`init`, \
+         `Profiler::start` or `Sampler::start` while the first still runs): set it up once, \
+         at the start of `main`, and keep its guard; drop the first before starting another"
+    )]
     AlreadyRunning,
     /// Another profiler owns `SIGPROF`.
     #[error(
