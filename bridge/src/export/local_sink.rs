@@ -23,7 +23,7 @@ use std::ffi::OsString;
 use std::fs::{File, OpenOptions};
 use std::io::{self, Write};
 use std::path::{Path, PathBuf};
-use std::sync::{Mutex, PoisonError};
+use std::sync::{Arc, Mutex, PoisonError};
 use std::time::SystemTime;
 
 use opentelemetry_proto::tonic::collector::trace::v1::ExportTraceServiceRequest;
@@ -33,6 +33,7 @@ use opentelemetry_sdk::error::{OTelSdkError, OTelSdkResult};
 use opentelemetry_sdk::trace::{SpanData, SpanExporter};
 use opentelemetry_sdk::Resource;
 
+use super::local_budget::LocalBudget;
 use crate::collector::{EncodedProfile, ProfileSink};
 
 /// The environment variable that overrides the default output directory.
@@ -125,6 +126,7 @@ fn civil_from_days(z: i64) -> (i64, u32, u32) {
 #[derive(Debug)]
 pub struct LocalProfileSink {
     dir: PathBuf,
+    budget: Option<Arc<LocalBudget>>,
 }
 
 impl LocalProfileSink {
@@ -132,7 +134,13 @@ impl LocalProfileSink {
     pub fn new(dir: impl Into<PathBuf>) -> io::Result<LocalProfileSink> {
         let dir = dir.into();
         std::fs::create_dir_all(&dir)?;
-        Ok(LocalProfileSink { dir })
+        Ok(LocalProfileSink { dir, budget: None })
+    }
+
+    /// Keeps the directory within `budget` (see [`LocalBudget`]).
+    pub fn with_budget(mut self, budget: Arc<LocalBudget>) -> LocalProfileSink {
+        self.budget = Some(budget);
+        self
     }
 
     /// The directory written to.
@@ -163,6 +171,9 @@ impl ProfileSink for LocalProfileSink {
             timeline_stamp(profile.start),
             profile.kind.file_suffix()
         );
+        if let Some(budget) = &self.budget {
+            budget.make_room(profile.gzip_pprof.len() as u64, None);
+        }
         // Write then rename, so a reader never sees half a file.
         let tmp = self.dir.join(format!(".{name}.tmp"));
         std::fs::write(&tmp, &profile.gzip_pprof)?;
@@ -170,12 +181,50 @@ impl ProfileSink for LocalProfileSink {
     }
 }
 
+/// A new span file's path in `dir`, named by now; after `previous`, one whose name sorts
+/// after it (the budget removes oldest first by name): within the same millisecond, the
+/// next one is waited for (rotation happens once per an eighth of the bound).
+fn span_file_path(dir: &Path, previous: Option<&Path>) -> PathBuf {
+    for _ in 0..20 {
+        let path = dir.join(format!(
+            "{}{SPANS_SUFFIX}",
+            timeline_stamp(SystemTime::now())
+        ));
+        match previous {
+            Some(previous) if path.as_path() <= previous => {
+                std::thread::sleep(std::time::Duration::from_millis(1));
+            }
+            _ => return path,
+        }
+    }
+    // The clock went back: a name right after the previous one (`~` sorts after `_`).
+    let previous = previous
+        .and_then(|p| p.file_name())
+        .and_then(|n| n.to_str());
+    let stem = previous
+        .and_then(|n| n.strip_suffix(SPANS_SUFFIX))
+        .unwrap_or("span-file");
+    dir.join(format!("{stem}~{SPANS_SUFFIX}"))
+}
+
 /// A span exporter writing OTLP JSON lines into `<start>_spans.jsonl`.
 #[derive(Debug)]
 pub struct LocalSpanExporter {
+    dir: PathBuf,
+    /// The first span file (later ones, after rotation, are named by their own start).
     path: PathBuf,
-    file: Mutex<Option<File>>,
+    file: Mutex<SpanFile>,
     resource: ResourceAttributesWithSchema,
+    budget: Option<Arc<LocalBudget>>,
+}
+
+/// The span file being appended to.
+#[derive(Debug)]
+struct SpanFile {
+    path: PathBuf,
+    file: Option<File>,
+    /// Bytes in it.
+    written: u64,
 }
 
 impl LocalSpanExporter {
@@ -183,36 +232,62 @@ impl LocalSpanExporter {
     /// the exporter was created.
     pub fn new(dir: impl AsRef<Path>) -> io::Result<LocalSpanExporter> {
         std::fs::create_dir_all(dir.as_ref())?;
-        let path = dir.as_ref().join(format!(
-            "{}{SPANS_SUFFIX}",
-            timeline_stamp(SystemTime::now())
-        ));
+        let path = span_file_path(dir.as_ref(), None);
         Ok(LocalSpanExporter {
-            path,
-            file: Mutex::new(None),
+            dir: dir.as_ref().to_path_buf(),
+            path: path.clone(),
+            file: Mutex::new(SpanFile {
+                path,
+                file: None,
+                written: 0,
+            }),
             resource: ResourceAttributesWithSchema::from(&Resource::builder_empty().build()),
+            budget: None,
         })
     }
 
-    /// The file written to.
+    /// Keeps the directory within `budget`, rotating the span file at an eighth of it (see
+    /// [`LocalBudget`]).
+    pub fn with_budget(mut self, budget: Arc<LocalBudget>) -> LocalSpanExporter {
+        self.budget = Some(budget);
+        self
+    }
+
+    /// The first file written to (with a budget, later lines may go to newer files).
     pub fn path(&self) -> &Path {
         &self.path
     }
 
     fn write_line(&self, line: &[u8]) -> io::Result<()> {
-        let mut file = self.file.lock().unwrap_or_else(PoisonError::into_inner);
-        if file.is_none() {
-            *file = Some(
-                OpenOptions::new()
-                    .create(true)
-                    .append(true)
-                    .open(&self.path)?,
-            );
+        let mut state = self.file.lock().unwrap_or_else(PoisonError::into_inner);
+        let incoming = line.len() as u64;
+        if let Some(budget) = &self.budget {
+            if let Some(limit) = budget.span_file_limit() {
+                if state.written > 0 && state.written + incoming > limit {
+                    // Rotate: the full file becomes one the budget may remove.
+                    let path = span_file_path(&self.dir, Some(&state.path));
+                    *state = SpanFile {
+                        path,
+                        file: None,
+                        written: 0,
+                    };
+                }
+            }
+            budget.make_room(incoming, Some(&state.path));
         }
-        match file.as_mut() {
+        if state.file.is_none() {
+            let file = OpenOptions::new()
+                .create(true)
+                .append(true)
+                .open(&state.path)?;
+            state.file = Some(file);
+        }
+        match state.file.as_mut() {
             Some(f) => {
                 f.write_all(line)?;
-                f.flush()
+                f.flush()?;
+                state.written += incoming;
+                Ok(())
             }
             None => Err(io::Error::other("span file not open")),
         }
@@ -231,7 +306,7 @@ impl SpanExporter for LocalSpanExporter {
             .map_err(|e| OTelSdkError::InternalFailure(format!("encoding spans as JSON: {e}")))?;
         line.push(b'\n');
         self.write_line(&line).map_err(|e| {
-            OTelSdkError::InternalFailure(format!("writing {}: {e}", self.path.display()))
+            OTelSdkError::InternalFailure(format!("writing spans into {}: {e}", self.dir.display()))
         })
     }
 

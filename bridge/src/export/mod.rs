@@ -1,5 +1,6 @@
 //! Shipping profiles and traces to the real backends.
 
+pub mod local_budget;
 pub mod local_sink;
 mod log_limiter;
 pub mod otlp;

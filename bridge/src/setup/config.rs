@@ -21,6 +21,7 @@
 //! | `PYROSCOPE_SAMPLE_RATE` | samples per second | integer 1–1000 |
 //! | `PYROSCOPE_UPLOAD_INTERVAL` | profile length, at least 100 ms | `10s`, `500ms`, `1m`, `2h` or whole seconds (`10`); no space before the unit (`10 s` is rejected, as Go's `time.ParseDuration` that Pyroscope's own agents use rejects it) |
 //! | `OTEL_PROFILING_OUTPUT_DIR` | local files directory (no backend configured); default `$CARGO_TARGET_DIR/otel-profiling` when `CARGO_TARGET_DIR` is set, else `target/otel-profiling` (see [`crate::local_sink`]) | a path |
+//! | `OTEL_PROFILING_OUTPUT_MAX_BYTES` | bound on our files in the local directory, oldest removed first (default 256 MiB) | bytes, or `64KiB`, `256MiB`, `1GiB`; `0` for no bound |
 //! | `OTEL_PROFILING_BLOCKED_THRESHOLD` | how long a thread must be held inside one poll of a span, off-CPU in a system call, before its stack goes into the blocked-in-poll profile (default 10ms; see `docs/blocked-in-poll.md`) | `10ms`, `50ms`, `1s` (1 ms to 60 s), or `off` (no watchdog) |
 //! | `OTEL_PROFILING_PROFILES_EXPORTER` | where profiles go: Pyroscope's push API, OTLP profiles, or both. Unset: `otlp` when `OTEL_EXPORTER_OTLP_PROFILES_ENDPOINT` is set (`both` if `PYROSCOPE_SERVER_ADDRESS` is set too), else Pyroscope when configured | `pyroscope`, `otlp` or `both` |
 //! | `OTEL_EXPORTER_OTLP_PROFILES_ENDPOINT` | OTLP profiles receiver, used as given; else `OTEL_EXPORTER_OTLP_ENDPOINT` + `/v1development/profiles` (HTTP) | `http://localhost:4040/v1development/profiles` (Pyroscope), `http://localhost:4318/v1development/profiles` (Collector) |
@@ -214,6 +215,8 @@ pub struct EnvConfig {
     pub upload_interval: Option<Duration>,
     /// `OTEL_PROFILING_OUTPUT_DIR`.
     pub output_dir: Option<PathBuf>,
+    /// `OTEL_PROFILING_OUTPUT_MAX_BYTES`: the bound on the local directory (0: none).
+    pub output_max_bytes: Option<u64>,
     /// `OTEL_PROFILING_QUIET`: no stderr line saying where local files go.
     pub quiet: Option<bool>,
     /// `OTEL_PROFILING_BLOCKED_THRESHOLD`: `Some(None)` for `off`.
@@ -359,6 +362,17 @@ impl EnvConfig {
             });
         }
         config.output_dir = output_dir_variable(|name| lookup(name).map(OsString::from));
+        if let Some(v) = get("OTEL_PROFILING_OUTPUT_MAX_BYTES") {
+            config.output_max_bytes =
+                Some(crate::export::local_budget::parse_bytes(&v).ok_or_else(|| {
+                    ConfigError::new(
+                        "OTEL_PROFILING_OUTPUT_MAX_BYTES",
+                        "not a size",
+                        &v,
+                        "bytes, or with a KiB, MiB or GiB suffix (`512MiB`); 0 for no bound",
+                    )
+                })?);
+        }
         let service = config.service_name.as_deref().unwrap_or("unknown_service");
         config.otlp_profiles = otlp_profiles_from(&get, service)?;
         config.profiles_exporter = match get("OTEL_PROFILING_PROFILES_EXPORTER") {

@@ -7,6 +7,7 @@
 /// Read by this crate (see [`crate::config`]), and the test suite's own switches.
 const READ: &[&str] = &[
     "OTEL_PROFILING_OUTPUT_DIR",
+    "OTEL_PROFILING_OUTPUT_MAX_BYTES",
     "OTEL_PROFILING_BLOCKED_THRESHOLD",
     "OTEL_PROFILING_PROFILES_EXPORTER",
     "OTEL_PROFILING_QUIET",

@@ -34,6 +34,7 @@ use tracing_subscriber::registry::LookupSpan;
 use tracing_subscriber::Layer;
 
 use crate::config::{ConfigError, EnvConfig, OtlpProtocol, OtlpTarget, ProfilesExporter};
+use crate::export::local_budget::{LocalBudget, DEFAULT_OUTPUT_MAX_BYTES};
 use crate::export::otlp::OtlpExporterError;
 use crate::export::otlp_profiles::OtlpProfilesConfig;
 use crate::export::pyroscope::{PyroscopeAuth, PyroscopeConfig, PyroscopeError, PyroscopeStats};
@@ -153,6 +154,7 @@ pub struct Telemetry {
     frequency_hz: Option<u32>,
     interval: Option<Duration>,
     output_dir: Option<PathBuf>,
+    output_max_bytes: Option<u64>,
     quiet: Option<bool>,
     span_name_label: Option<bool>,
     trace_id_label: Option<bool>,
@@ -305,6 +307,14 @@ impl Telemetry {
         self
     }
 
+    /// The bound on this crate's profile and span files in the local directory, earlier
+    /// runs' included: the oldest go first, and the span file is rotated at an eighth of
+    /// it (`0`: no bound). Default: `OTEL_PROFILING_OUTPUT_MAX_BYTES`, else 256 MiB.
+    pub fn output_max_bytes(mut self, bytes: u64) -> Self {
+        self.output_max_bytes = Some(bytes);
+        self
+    }
+
     /// Whether to leave out the one stderr line [`build`](Self::build) prints when profiles
     /// or spans go to local files (`otel-profiling: writing profiles and spans to <dir>`).
     /// Default: `OTEL_PROFILING_QUIET`, else false.
@@ -417,6 +427,7 @@ impl Telemetry {
                 service_name,
                 pid: std::process::id(),
                 destinations: Destinations::default(),
+                budget: None,
             });
         }
         let otlp = self.otlp_target();
@@ -459,8 +470,16 @@ impl Telemetry {
         }
         backends::check_otlp_profiles(Compiled::THIS_BUILD, otlp_profiles.as_ref())?;
 
+        let budget = Arc::new(LocalBudget::new(
+            &dir,
+            self.output_max_bytes
+                .or(self.env.output_max_bytes)
+                .unwrap_or(DEFAULT_OUTPUT_MAX_BYTES),
+        ));
         // Profiles: Pyroscope if configured, else local files.
-        let mut profiler = Profiler::builder().output_dir(&dir);
+        let mut profiler = Profiler::builder()
+            .output_dir(&dir)
+            .local_budget(budget.clone());
         if !local_ok {
             profiler = profiler.local_files(false);
         }
@@ -510,11 +529,12 @@ impl Telemetry {
                 span_stats = Arc::new(SpanExportStats::default())
             }
             None => {
-                let exporter =
-                    LocalSpanExporter::new(&dir).map_err(|source| SetupError::LocalSpanFile {
+                let exporter = LocalSpanExporter::new(&dir)
+                    .map_err(|source| SetupError::LocalSpanFile {
                         dir: dir.clone(),
                         source,
-                    })?;
+                    })?
+                    .with_budget(budget.clone());
                 spans_file = Some(exporter.path().to_path_buf());
                 let what = format!("local span file {}", exporter.path().display());
                 (provider, span_stats) =
@@ -557,6 +577,7 @@ impl Telemetry {
             service_name,
             pid: std::process::id(),
             destinations,
+            budget: Some(budget),
         })
     }
 
@@ -767,6 +788,8 @@ pub struct TelemetryGuard {
     pid: u32,
     /// Where each exporter sends, for what the shutdown line says was lost.
     destinations: Destinations,
+    /// The bound on the local directory, when files go there.
+    budget: Option<Arc<LocalBudget>>,
 }
 
 /// Where the exporters send (URLs, or the local span file).
@@ -790,6 +813,11 @@ pub struct HealthStats {
     /// Span export counters (OTLP or the local span file): batches and spans sent and
     /// failed. Failures are also logged, the first at once, then at most once a minute.
     pub spans: SpanExportSnapshot,
+    /// Local profile and span files removed to keep the directory within
+    /// `OTEL_PROFILING_OUTPUT_MAX_BYTES` (the first removal is also said on stderr).
+    pub local_files_removed: u64,
+    /// Their bytes.
+    pub local_bytes_removed: u64,
 }
 
 impl TelemetryGuard {
@@ -836,6 +864,8 @@ impl TelemetryGuard {
             pyroscope: self.pyroscope_stats.as_ref().map(|s| s.snapshot()),
             otlp_profiles: self.otlp_profiles_stats.as_ref().map(|s| s.snapshot()),
             spans: self.span_stats.snapshot(),
+            local_files_removed: self.budget.as_ref().map_or(0, |b| b.removed().0),
+            local_bytes_removed: self.budget.as_ref().map_or(0, |b| b.removed().1),
         }
     }
 

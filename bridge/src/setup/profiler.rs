@@ -66,6 +66,8 @@ pub struct ProfilerBuilder {
     output_dir: Option<PathBuf>,
     sinks: Vec<Box<dyn ProfileSink>>,
     local_files: Option<bool>,
+    /// The bound on the local directory (from `Telemetry`, shared with its span file).
+    budget: Option<std::sync::Arc<crate::export::local_budget::LocalBudget>>,
     /// `None`: the default watchdog; `Some(None)`: switched off.
     blocked: Option<Option<WatchdogConfig>>,
 }
@@ -156,6 +158,15 @@ impl ProfilerBuilder {
         self
     }
 
+    /// Keeps the local directory within `budget` (shared with the setup's span file).
+    pub(crate) fn local_budget(
+        mut self,
+        budget: std::sync::Arc<crate::export::local_budget::LocalBudget>,
+    ) -> Self {
+        self.budget = Some(budget);
+        self
+    }
+
     /// Starts sampling (the calling thread is registered) and the collector thread.
     pub fn start(mut self) -> Result<Profiler, ProfilerError> {
         if self.collector.interval < Duration::from_millis(100) {
@@ -166,10 +177,13 @@ impl ProfilerBuilder {
         let mut output = None;
         if self.local_files.unwrap_or(self.sinks.is_empty()) {
             let dir = output_dir(self.output_dir.as_deref());
-            let sink = LocalProfileSink::new(&dir).map_err(|source| ProfilerError::Io {
+            let mut sink = LocalProfileSink::new(&dir).map_err(|source| ProfilerError::Io {
                 what: format!("creating the output directory {}", dir.display()),
                 source,
             })?;
+            if let Some(budget) = self.budget.take() {
+                sink = sink.with_budget(budget);
+            }
             self.sinks.push(Box::new(sink));
             output = Some(dir);
         }
