@@ -26,7 +26,7 @@
 //!
 //! Cargo features, all default-on: `pyroscope` (push profiles), `otlp-http` and `otlp-grpc`
 //! (export spans), `tls` (`https://` for the HTTP ones). Without them profiles and spans go
-//! to local files only ([`local_sink`]); see the README's "In your project".
+//! to local files only ([`local_sink`]); see docs/features.md.
 //!
 //! Labels are always the thread's *local root* span: the span whose id Grafana's link
 //! queries. Unsampled traces keep only the root's name by default ([`UnsampledTraces`]).
@@ -38,7 +38,13 @@
 #[doc = include_str!("../../README.md")]
 pub struct ReadmeDoctests;
 
-// The data path, one folder per stage (see the README's layout table):
+/// The one-call setup's complete service and composed subscriber (`docs/setup.md`), compiled
+/// as doc tests like the README's blocks.
+#[cfg(doctest)]
+#[doc = include_str!("../../docs/setup.md")]
+pub struct SetupDoctests;
+
+// The data path, one folder per stage (see the layout table in docs/developing.md):
 //
 //   hooks (span start/enter/exit/end) ─► record (per-thread span record) ◄─ sampler
 //   (signal handler) ─► collector (symbolize, aggregate) ─► pprof ─► export (Pyroscope,

@@ -19,7 +19,7 @@
 //! Each backend is a default-on cargo feature (`pyroscope`, `otlp-http`, `otlp-grpc`,
 //! `tls`); configuring one the build leaves out fails [`Telemetry::build`] with
 //! [`SetupError::FeatureDisabled`], naming the setting and the feature. Drop the guard
-//! after the async runtime has shut down (the README's complete `main` says why).
+//! after the async runtime has shut down (the complete `main` in docs/setup.md says why).
 
 use std::path::{Path, PathBuf};
 use std::sync::Arc;

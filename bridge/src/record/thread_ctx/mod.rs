@@ -34,7 +34,7 @@
 //!
 //! The symbol is in `.dynsym` only if the executable is linked with
 //! `-Wl,--export-dynamic-symbol=otel_thread_ctx_v1` (a library's build script cannot
-//! add that for its dependents; the README shows the `.cargo/config.toml` line). Without
+//! add that for its dependents; docs/thread-context.md shows the `.cargo/config.toml` line). Without
 //! it, readers that fall back to `.symtab` (the OpenTelemetry eBPF profiler does) still
 //! find it in binaries that are not stripped. See `docs/thread-context.md` for the
 //! format, the sources, and the out-of-process reader test.
