@@ -44,9 +44,14 @@ fn traces_and_profiles_reach_their_receivers_with_the_same_span_id() {
     let otlp = receiver();
     let pyroscope = receiver();
     let (otlp_url, pyro_url) = (otlp.url(), pyroscope.url());
-    // Pyroscope from the environment, as an operator sets it (the agents' variables, the
-    // Java agent's forms for labels and extra headers); OTLP from code.
+    // Everything from the environment, as an operator sets it: the traces endpoint used as
+    // given, gzip, a header; Pyroscope with the agents' variables (the Java agent's forms
+    // for labels and extra headers).
+    let traces_url = format!("{otlp_url}/v1/traces");
     let vars = [
+        ("OTEL_EXPORTER_OTLP_TRACES_ENDPOINT", traces_url.as_str()),
+        ("OTEL_EXPORTER_OTLP_COMPRESSION", "gzip"),
+        ("OTEL_EXPORTER_OTLP_TRACES_HEADERS", "x-otlp=from-env"),
         ("PYROSCOPE_SERVER_ADDRESS", pyro_url.as_str()),
         ("PYROSCOPE_BASIC_AUTH_USER", "u"),
         ("PYROSCOPE_BASIC_AUTH_PASSWORD", "p"),
@@ -64,8 +69,6 @@ fn traces_and_profiles_reach_their_receivers_with_the_same_span_id() {
         .service_name("checkout")
         .resource_attribute("service.version", "2.0.1")
         .resource_attribute("deployment.environment", "test")
-        .otlp(&otlp_url, OtlpProtocol::HttpProtobuf)
-        .expect("otlp url")
         .frequency_hz(250)
         .upload_interval(Duration::from_millis(500))
         .build()
@@ -84,6 +87,16 @@ fn traces_and_profiles_reach_their_receivers_with_the_same_span_id() {
     let mut root_id = None;
     for req in &traces {
         assert_eq!(req.path, "/v1/traces");
+        assert_eq!(
+            req.header("content-encoding"),
+            Some("gzip"),
+            "OTEL_EXPORTER_OTLP_COMPRESSION"
+        );
+        assert_eq!(
+            req.header("x-otlp"),
+            Some("from-env"),
+            "OTEL_EXPORTER_OTLP_TRACES_HEADERS"
+        );
         let export = ExportTraceServiceRequest::decode(&req.payload()[..]).expect("OTLP protobuf");
         for rs in &export.resource_spans {
             for ss in &rs.scope_spans {

@@ -53,16 +53,17 @@ impl fmt::Debug for GrpcSpanExporter {
 impl GrpcSpanExporter {
     /// Connects (lazily) to `endpoint`, e.g. `http://localhost:4317`.
     pub fn new(endpoint: &str) -> Result<GrpcSpanExporter, OtlpExporterError> {
-        GrpcSpanExporter::with_settings(endpoint, &[], None)
+        GrpcSpanExporter::with_settings(endpoint, &[], None, false)
     }
 
-    /// [`new`](Self::new), sending `headers` as request metadata and giving each export
-    /// `timeout` (the exporter's default, 10 s, when `None`). A header that is not valid
-    /// gRPC metadata is an error naming it.
+    /// [`new`](Self::new), sending `headers` as request metadata, giving each export
+    /// `timeout` (the exporter's default, 10 s, when `None`) and gzipping requests with
+    /// `gzip`. A header that is not valid gRPC metadata is an error naming it.
     pub fn with_settings(
         endpoint: &str,
         headers: &[(String, String)],
         timeout: Option<std::time::Duration>,
+        gzip: bool,
     ) -> Result<GrpcSpanExporter, OtlpExporterError> {
         use opentelemetry_otlp::{WithExportConfig, WithTonicConfig};
         let mut metadata = tonic::metadata::MetadataMap::new();
@@ -97,6 +98,9 @@ impl GrpcSpanExporter {
                 .with_metadata(metadata);
             if let Some(timeout) = timeout {
                 builder = builder.with_timeout(timeout);
+            }
+            if gzip {
+                builder = builder.with_compression(opentelemetry_otlp::Compression::Gzip);
             }
             builder
                 .build()

@@ -307,6 +307,9 @@ fn with_otlp_http(
     if let Some(timeout) = target.timeout {
         builder = builder.with_timeout(timeout);
     }
+    if target.gzip {
+        builder = builder.with_compression(opentelemetry_otlp::Compression::Gzip);
+    }
     let exporter = builder.build().map_err(|e| SetupError::OtlpSpans {
         field: target.endpoint_field(),
         source: crate::export::otlp::OtlpExporterError::Build(Box::new(e)),
@@ -345,6 +348,7 @@ fn with_otlp_grpc(
         &target.traces_url(),
         &target.headers,
         target.timeout,
+        target.gzip,
     )
     .map_err(|error| SetupError::OtlpSpans {
         field: target.endpoint_field(),

@@ -101,6 +101,9 @@ pub struct OtlpTarget {
     /// Export timeout (`OTEL_EXPORTER_OTLP_TRACES_TIMEOUT`, else `_TIMEOUT`, in ms);
     /// `None`: the exporter's default (10 s).
     pub timeout: Option<Duration>,
+    /// gzip request bodies (`OTEL_EXPORTER_OTLP_TRACES_COMPRESSION`, else
+    /// `_COMPRESSION`, `gzip`; default `none`).
+    pub gzip: bool,
     /// `endpoint` is the signal's own URL: used as given, no `/v1/traces` appended.
     signal_endpoint: bool,
     /// The variables (or builder fields) the endpoint and protocol came from, for errors.
@@ -115,6 +118,7 @@ impl OtlpTarget {
             protocol,
             headers: Vec::new(),
             timeout: None,
+            gzip: false,
             signal_endpoint: false,
             fields: ("otlp.endpoint", "otlp.protocol"),
         }
@@ -464,6 +468,24 @@ fn otlp_traces_from(
         Some((field, v)) => Some(parse_timeout_ms(field, &v)?),
         None => None,
     };
+    let gzip = match pick(
+        "OTEL_EXPORTER_OTLP_TRACES_COMPRESSION",
+        "OTEL_EXPORTER_OTLP_COMPRESSION",
+    ) {
+        Some((field, v)) => match v.trim().to_ascii_lowercase().as_str() {
+            "gzip" => true,
+            "none" => false,
+            _ => {
+                return Err(ConfigError::new(
+                    field,
+                    "unsupported compression",
+                    &v,
+                    "`gzip` or `none`",
+                ))
+            }
+        },
+        None => false,
+    };
     let (endpoint_field, endpoint, signal_endpoint) =
         match get("OTEL_EXPORTER_OTLP_TRACES_ENDPOINT") {
             Some(v) => ("OTEL_EXPORTER_OTLP_TRACES_ENDPOINT", v, true),
@@ -482,6 +504,7 @@ fn otlp_traces_from(
         protocol,
         headers,
         timeout,
+        gzip,
         signal_endpoint,
         fields: (endpoint_field, protocol_field),
     }))
@@ -619,6 +642,13 @@ fn otlp_profiles_from(
             None => Vec::new(),
         },
     };
+    let timeout = match get("OTEL_EXPORTER_OTLP_PROFILES_TIMEOUT") {
+        Some(v) => Some(parse_timeout_ms("OTEL_EXPORTER_OTLP_PROFILES_TIMEOUT", &v)?),
+        None => match get("OTEL_EXPORTER_OTLP_TIMEOUT") {
+            Some(v) => Some(parse_timeout_ms("OTEL_EXPORTER_OTLP_TIMEOUT", &v)?),
+            None => None,
+        },
+    };
     if let Some(endpoint) = get("OTEL_EXPORTER_OTLP_PROFILES_ENDPOINT") {
         // A signal-specific endpoint is used as given (the OTel spec).
         let endpoint = parse_url(
@@ -628,6 +658,9 @@ fn otlp_profiles_from(
         )?;
         let mut config = OtlpProfilesConfig::new(endpoint, service_name).with_protocol(protocol);
         config.headers = headers;
+        if let Some(timeout) = timeout {
+            config.request_timeout = timeout;
+        }
         return Ok(Some(config));
     }
     match get("OTEL_EXPORTER_OTLP_ENDPOINT") {
@@ -639,6 +672,9 @@ fn otlp_profiles_from(
             )?;
             let mut config = OtlpProfilesConfig::from_base(&base, protocol, service_name);
             config.headers = headers;
+            if let Some(timeout) = timeout {
+                config.request_timeout = timeout;
+            }
             Ok(Some(config))
         }
         None => Ok(None),

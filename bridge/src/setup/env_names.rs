@@ -35,6 +35,9 @@ const READ: &[&str] = &[
     "OTEL_EXPORTER_OTLP_TRACES_PROTOCOL",
     "OTEL_EXPORTER_OTLP_TRACES_HEADERS",
     "OTEL_EXPORTER_OTLP_TRACES_TIMEOUT",
+    "OTEL_EXPORTER_OTLP_COMPRESSION",
+    "OTEL_EXPORTER_OTLP_TRACES_COMPRESSION",
+    "OTEL_EXPORTER_OTLP_PROFILES_TIMEOUT",
     "OTEL_EXPORTER_OTLP_PROFILES_ENDPOINT",
     "OTEL_EXPORTER_OTLP_PROFILES_PROTOCOL",
     "OTEL_EXPORTER_OTLP_PROFILES_HEADERS",
@@ -205,13 +208,14 @@ mod tests {
     fn specified_settings_this_crate_does_not_apply_say_so() {
         assert_eq!(
             check([
-                "OTEL_EXPORTER_OTLP_COMPRESSION",
+                "OTEL_EXPORTER_OTLP_PROFILES_COMPRESSION",
                 "OTEL_EXPORTER_OTLP_TRACES_CERTIFICATE",
                 "PYROSCOPE_LOG_LEVEL",
+                "OTEL_EXPORTER_OTLP_COMPRESSION",
             ]),
             [
                 EnvNote::NotApplied {
-                    name: "OTEL_EXPORTER_OTLP_COMPRESSION".into()
+                    name: "OTEL_EXPORTER_OTLP_PROFILES_COMPRESSION".into()
                 },
                 EnvNote::NotApplied {
                     name: "OTEL_EXPORTER_OTLP_TRACES_CERTIFICATE".into()

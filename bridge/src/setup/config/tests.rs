@@ -583,3 +583,37 @@ fn pyroscope_labels_and_http_headers() {
         "PYROSCOPE_SERVER_ADDRESS"
     );
 }
+
+#[test]
+fn compression_and_the_profiles_timeout() {
+    let c = env(&[
+        ("OTEL_EXPORTER_OTLP_ENDPOINT", "http://collector:4318"),
+        ("OTEL_EXPORTER_OTLP_COMPRESSION", "gzip"),
+        ("OTEL_EXPORTER_OTLP_TIMEOUT", "2500"),
+    ])
+    .expect("ok");
+    assert!(c.otlp.as_ref().expect("otlp").gzip);
+    assert_eq!(
+        c.otlp_profiles.expect("profiles").request_timeout,
+        Duration::from_millis(2500)
+    );
+    let c = env(&[
+        ("OTEL_EXPORTER_OTLP_ENDPOINT", "http://collector:4318"),
+        ("OTEL_EXPORTER_OTLP_COMPRESSION", "gzip"),
+        ("OTEL_EXPORTER_OTLP_TRACES_COMPRESSION", "none"),
+        ("OTEL_EXPORTER_OTLP_PROFILES_TIMEOUT", "700"),
+    ])
+    .expect("ok");
+    assert!(!c.otlp.expect("otlp").gzip, "the signal's own wins");
+    assert_eq!(
+        c.otlp_profiles.expect("profiles").request_timeout,
+        Duration::from_millis(700)
+    );
+    assert_eq!(
+        err_field(&[
+            ("OTEL_EXPORTER_OTLP_ENDPOINT", "http://collector:4318"),
+            ("OTEL_EXPORTER_OTLP_TRACES_COMPRESSION", "zstd")
+        ]),
+        "OTEL_EXPORTER_OTLP_TRACES_COMPRESSION"
+    );
+}
