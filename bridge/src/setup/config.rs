@@ -442,18 +442,7 @@ fn otlp_traces_from(
         Some((field, v)) => (field, Some(v)),
         None => ("OTEL_EXPORTER_OTLP_PROTOCOL", None),
     };
-    let protocol = match protocol.as_deref().map(str::trim) {
-        None | Some("http/protobuf") => OtlpProtocol::HttpProtobuf,
-        Some("grpc") => OtlpProtocol::Grpc,
-        Some(other) => {
-            return Err(ConfigError::new(
-                protocol_field,
-                "unsupported protocol",
-                other,
-                "`http/protobuf` or `grpc`",
-            ))
-        }
-    };
+    let protocol = parse_protocol(protocol_field, protocol.as_deref())?;
     let headers = match pick(
         "OTEL_EXPORTER_OTLP_TRACES_HEADERS",
         "OTEL_EXPORTER_OTLP_HEADERS",
@@ -508,6 +497,20 @@ fn otlp_traces_from(
         signal_endpoint,
         fields: (endpoint_field, protocol_field),
     }))
+}
+
+/// An OTLP protocol (`None`: the default, `http/protobuf`).
+fn parse_protocol(field: &'static str, value: Option<&str>) -> Result<OtlpProtocol, ConfigError> {
+    match value.map(str::trim) {
+        None | Some("http/protobuf") => Ok(OtlpProtocol::HttpProtobuf),
+        Some("grpc") => Ok(OtlpProtocol::Grpc),
+        Some(other) => Err(ConfigError::new(
+            field,
+            "unsupported protocol",
+            other,
+            "`http/protobuf` or `grpc`",
+        )),
+    }
 }
 
 /// `OTEL_TRACES_EXPORTER`: `otlp` (the default) or `none`; any other exporter is an
@@ -623,18 +626,7 @@ fn otlp_profiles_from(
             get("OTEL_EXPORTER_OTLP_PROTOCOL"),
         ),
     };
-    let protocol = match protocol.as_deref().map(str::trim) {
-        None | Some("http/protobuf") => OtlpProtocol::HttpProtobuf,
-        Some("grpc") => OtlpProtocol::Grpc,
-        Some(other) => {
-            return Err(ConfigError::new(
-                protocol_field,
-                "unsupported protocol",
-                other,
-                "`http/protobuf` or `grpc`",
-            ))
-        }
-    };
+    let protocol = parse_protocol(protocol_field, protocol.as_deref())?;
     let headers = match get("OTEL_EXPORTER_OTLP_PROFILES_HEADERS") {
         Some(v) => parse_headers("OTEL_EXPORTER_OTLP_PROFILES_HEADERS", &v)?,
         None => match get("OTEL_EXPORTER_OTLP_HEADERS") {
