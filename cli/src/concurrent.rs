@@ -153,23 +153,9 @@ mod tests {
         Span {
             trace_id: TraceId::from(0x0102_0304_0506_0708_090a_0b0c_0d0e_0f10),
             span_id: id.parse().unwrap(),
-            parent_span_id: None,
-            parent_is_remote: false,
             name: "GET /slow".into(),
-            start_unix_nano: start_s * S,
-            end_unix_nano: end_s * S,
-            service_version: None,
             profile_id: Some(id.into()),
-            cpu_samples: None,
-            cpu_time_ns: None,
-            wall_active_ns: None,
-            wall_queued_ns: None,
-            wall_runqueue_ns: None,
-            cgroup_throttled_ns: None,
-            cgroup_cpu_limit_millicpus: None,
-            busy_ns: None,
-            http_route: None,
-            http_method: None,
+            ..Span::test_root(0, start_s * S, end_s * S)
         }
     }
 

@@ -191,22 +191,9 @@ mod tests {
             trace_id: TraceId::from(0x0102_0304_0506_0708_090a_0b0c_0d0e_0f10),
             span_id: test_span_id(id),
             parent_span_id: parent.map(test_span_id),
-            parent_is_remote: false,
             name: name.into(),
-            start_unix_nano: start_ms * MS,
-            end_unix_nano: end_ms * MS,
-            service_version: None,
             profile_id: None,
-            cpu_samples: None,
-            cpu_time_ns: None,
-            wall_active_ns: None,
-            wall_queued_ns: None,
-            wall_runqueue_ns: None,
-            cgroup_throttled_ns: None,
-            cgroup_cpu_limit_millicpus: None,
-            busy_ns: None,
-            http_route: None,
-            http_method: None,
+            ..Span::test_root(0, start_ms * MS, end_ms * MS)
         }
     }
 

@@ -738,32 +738,16 @@ mod tests {
     use std::sync::Arc;
 
     use super::*;
-    use crate::ids::{SpanId, TraceId};
+    use crate::ids::SpanId;
     use crate::input::Sample;
 
     const MS: u64 = 1_000_000;
 
     fn span(id: u64, version: &str, wall_ms: u64, active_ms: Option<u64>) -> Span {
         Span {
-            trace_id: TraceId::from(u128::from(id)),
-            span_id: SpanId::from(id),
-            parent_span_id: None,
-            parent_is_remote: false,
-            name: "GET /x".into(),
-            start_unix_nano: id * 1_000 * MS,
-            end_unix_nano: id * 1_000 * MS + wall_ms * MS,
             service_version: Some(version.into()),
-            profile_id: Some(format!("{id:016x}")),
-            cpu_samples: None,
-            cpu_time_ns: None,
             wall_active_ns: active_ms.map(|a| a * MS),
-            wall_queued_ns: None,
-            wall_runqueue_ns: None,
-            cgroup_throttled_ns: None,
-            cgroup_cpu_limit_millicpus: None,
-            busy_ns: None,
-            http_route: None,
-            http_method: None,
+            ..Span::test_root(id, id * 1_000 * MS, id * 1_000 * MS + wall_ms * MS)
         }
     }
 

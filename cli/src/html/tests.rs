@@ -2,7 +2,7 @@ use std::path::PathBuf;
 use std::sync::Arc;
 
 use super::*;
-use crate::ids::{SpanId, TraceId};
+use crate::ids::SpanId;
 use crate::input::Sample;
 
 const MS: u64 = 1_000_000;
@@ -11,25 +11,10 @@ const HOSTILE_FN: &str = "<img/src=x onerror=alert(1)>::render";
 
 fn span(id: u64, name: &str, version: &str, wall_ms: u64, busy_ms: Option<u64>) -> Span {
     Span {
-        trace_id: TraceId::from(u128::from(id)),
-        span_id: SpanId::from(id),
-        parent_span_id: None,
-        parent_is_remote: false,
         name: name.to_owned(),
-        start_unix_nano: id * 1_000 * MS,
-        end_unix_nano: id * 1_000 * MS + wall_ms * MS,
         service_version: Some(version.to_owned()),
-        profile_id: Some(format!("{id:016x}")),
-        cpu_samples: None,
-        cpu_time_ns: None,
-        wall_active_ns: None,
-        wall_queued_ns: None,
-        wall_runqueue_ns: None,
-        cgroup_throttled_ns: None,
-        cgroup_cpu_limit_millicpus: None,
         busy_ns: busy_ms.map(|b| b * MS),
-        http_route: None,
-        http_method: None,
+        ..Span::test_root(id, id * 1_000 * MS, id * 1_000 * MS + wall_ms * MS)
     }
 }
 

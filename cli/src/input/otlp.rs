@@ -363,25 +363,10 @@ mod tests {
     #[test]
     fn a_route_groups_with_its_method_or_else_by_the_span_name() {
         let mut span = Span {
-            trace_id: TraceId::from(0x0102_0304_0506_0708_090a_0b0c_0d0e_0f10),
-            span_id: SpanId::from(0x0102_0304_0506_0708),
-            parent_span_id: None,
-            parent_is_remote: false,
             name: "GET /report".into(),
-            start_unix_nano: 0,
-            end_unix_nano: 0,
-            service_version: None,
             profile_id: None,
-            cpu_samples: None,
-            cpu_time_ns: None,
-            wall_active_ns: None,
-            wall_queued_ns: None,
-            wall_runqueue_ns: None,
-            cgroup_throttled_ns: None,
-            cgroup_cpu_limit_millicpus: None,
-            busy_ns: None,
             http_route: Some("/report".into()),
-            http_method: None,
+            ..Span::test_root(0x0102_0304_0506_0708, 0, 0)
         };
         // Named by hand with the method, routed without one: the name, not "/report".
         assert_eq!(span.report_name(), "GET /report");
