@@ -271,7 +271,6 @@ where
             None => {
                 let generation = cached.generation();
                 let Some(span) = ctx.span(id) else { return };
-                crate::span_context::note_span_seen();
                 let root = self.label_of(&span);
                 if tokio {
                     if let Some(wake) = span.extensions().get::<TaskWake>() {

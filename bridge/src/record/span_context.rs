@@ -41,8 +41,8 @@ pub struct LocalRoot {
     cpu: u128,
 }
 
-/// Whether any span reached the crate's hooks (a span's first enter in the layer, or a
-/// root built for the plain OpenTelemetry API). The collector warns once when samples
+/// Whether any span reached the crate's hooks (the layer's `on_new_span`, or a root built
+/// for the plain OpenTelemetry API). The collector warns once when samples
 /// arrive and none did: a filter in front of the layer drops every span.
 static SPAN_SEEN: std::sync::atomic::AtomicBool = std::sync::atomic::AtomicBool::new(false);
 

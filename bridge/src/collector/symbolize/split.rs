@@ -5,9 +5,14 @@
 //!
 //! Files are mapped on first use within a naming pass and stay mapped until the next pass
 //! (a service's hot code usually lives in few of them); at most [`KEEP_MAPPED`] stay
-//! mapped between passes, and none keeps pages resident between passes.
+//! mapped between passes, and none keeps pages resident between passes. Unlike the binary
+//! itself, no loader holds these files: a rebuild may rewrite one in place (same path,
+//! same `.dwo` name), and a truncated mapping faults when read. So between passes a file
+//! whose identity on disk changed (inode, size, modification time) is unmapped, and the
+//! next pass maps it afresh (its DWO id then says whether it still belongs to the binary).
 
 use std::cell::RefCell;
+use std::os::unix::fs::MetadataExt;
 use std::path::{Path, PathBuf};
 
 use super::mapped::Mapped;
@@ -23,17 +28,41 @@ const KEEP_MAPPED: usize = 64;
 /// mapping is unmapped only through `&mut self` ([`SplitFiles::between_passes`]) or drop.
 #[derive(Default)]
 pub(super) struct SplitFiles {
-    opened: RefCell<Vec<(PathBuf, Option<Mapped>)>>,
+    opened: RefCell<Vec<Opened>>,
+}
+
+/// One file: where, its mapping (`None`: could not be mapped) and its identity then.
+type Opened = (PathBuf, Option<Mapped>, Option<Identity>);
+
+/// What says a file on disk is still the one mapped.
+#[derive(Clone, Copy, PartialEq, Eq)]
+struct Identity {
+    dev: u64,
+    ino: u64,
+    len: u64,
+    mtime: (i64, i64),
+}
+
+fn identity(path: &Path) -> Option<Identity> {
+    let meta = std::fs::metadata(path).ok()?;
+    Some(Identity {
+        dev: meta.dev(),
+        ino: meta.ino(),
+        len: meta.len(),
+        mtime: (meta.mtime(), meta.mtime_nsec()),
+    })
 }
 
 impl SplitFiles {
     /// The bytes of the file at `path`, mapped on first use.
     pub(super) fn bytes(&self, path: &Path) -> Option<&[u8]> {
         let mut opened = self.opened.borrow_mut();
-        let at = match opened.iter().position(|(p, _)| p == path) {
+        let at = match opened.iter().position(|(p, _, _)| p == path) {
             Some(at) => at,
             None => {
-                opened.push((path.to_path_buf(), Mapped::open(path).ok()));
+                // Identity before the mapping: a change in between shows next pass.
+                let id = identity(path);
+                opened.push((path.to_path_buf(), Mapped::open(path).ok(), id));
                 opened.len() - 1
             }
         };
@@ -48,18 +77,20 @@ impl SplitFiles {
     /// Counts `bytes` read from the file at `path` (already opened), dropping its pages
     /// from the resident set past the budget, as the binary's own mapping does.
     pub(super) fn touch(&self, path: &Path, bytes: u64) {
-        if let Some((_, Some(mapped))) = self.opened.borrow().iter().find(|(p, _)| p == path) {
+        if let Some((_, Some(mapped), _)) = self.opened.borrow().iter().find(|(p, _, _)| p == path)
+        {
             mapped.touch(bytes);
         }
     }
 
-    /// After a pass: no page stays resident, and beyond [`KEEP_MAPPED`] files the oldest
-    /// are unmapped (opened again when needed). Files that could not be mapped are tried
-    /// again next pass (a `.dwp` written after the binary started).
+    /// After a pass: no page stays resident, files changed on disk are unmapped, and beyond
+    /// [`KEEP_MAPPED`] files the oldest are unmapped (all opened again when needed). Files
+    /// that could not be mapped are tried again next pass (a `.dwp` written after the
+    /// binary started).
     pub(super) fn between_passes(&mut self) {
         let opened = self.opened.get_mut();
-        opened.retain(|(_, m)| m.is_some());
-        for (_, mapped) in opened.iter() {
+        opened.retain(|(path, m, id)| m.is_some() && id.is_some() && identity(path) == *id);
+        for (_, mapped, _) in opened.iter() {
             if let Some(mapped) = mapped {
                 mapped.release();
             }
@@ -73,7 +104,7 @@ impl SplitFiles {
         self.opened
             .borrow()
             .iter()
-            .filter(|(_, m)| m.is_some())
+            .filter(|(_, m, _)| m.is_some())
             .count()
     }
 }
@@ -115,6 +146,13 @@ mod tests {
         assert_eq!(files.mapped(), KEEP_MAPPED);
         assert_eq!(files.bytes(&paths[79]).expect("still mapped"), b"file 79");
         assert_eq!(files.bytes(&paths[0]).expect("mapped again"), b"file 0");
+        // Rewritten in place (a rebuild): the next pass maps what is there now.
+        std::fs::write(&paths[0], "rebuilt, and longer").expect("rewrite");
+        files.between_passes();
+        assert_eq!(
+            files.bytes(&paths[0]).expect("mapped afresh"),
+            b"rebuilt, and longer"
+        );
         std::fs::remove_dir_all(&dir).ok();
     }
 
