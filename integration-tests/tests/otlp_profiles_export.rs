@@ -105,8 +105,18 @@ fn stored(standin: &StandIn) -> BTreeMap<String, i64> {
 }
 
 fn round_trip(protocol: OtlpProtocol) {
+    round_trip_with(protocol, None);
+}
+
+/// One profile through the exporter with `gzip` (`None`: its default); returns the
+/// stand-in's (gzipped, plain) request counts.
+fn round_trip_with(protocol: OtlpProtocol, gzip: Option<bool>) -> (usize, usize) {
     let standin = StandIn::start().expect("stand-in");
-    let mut exporter = OtlpProfilesExporter::new(config(&standin, protocol)).expect("exporter");
+    let mut config = config(&standin, protocol);
+    if let Some(gzip) = gzip {
+        config = config.with_gzip(gzip);
+    }
+    let mut exporter = OtlpProfilesExporter::new(config).expect("exporter");
     let stats = exporter.stats();
     exporter.export(&profile(3, 4)).expect("queued");
     drop(exporter);
@@ -121,6 +131,19 @@ fn round_trip(protocol: OtlpProtocol) {
         .map(|span| (format!("{:016x}", 0xa000 + span), 4 * 2 * PERIOD))
         .collect();
     assert_eq!(per_span, expected);
+    standin.request_encodings()
+}
+
+/// `OTEL_EXPORTER_OTLP_PROFILES_COMPRESSION` as the exporter's `gzip`: by default gzip over
+/// HTTP and plain over gRPC; each way can be turned, and what arrives decodes the same.
+#[test]
+fn compression_is_as_configured_on_both_transports() {
+    let http = OtlpProtocol::HttpProtobuf;
+    let grpc = OtlpProtocol::Grpc;
+    assert_eq!(round_trip_with(http, None), (1, 0));
+    assert_eq!(round_trip_with(http, Some(false)), (0, 1));
+    assert_eq!(round_trip_with(grpc, None), (0, 1));
+    assert_eq!(round_trip_with(grpc, Some(true)), (1, 0));
 }
 
 #[test]

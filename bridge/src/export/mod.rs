@@ -1,5 +1,7 @@
 //! Shipping profiles and traces to the real backends.
 
+#[cfg(feature = "otlp-grpc")]
+mod grpc_channel;
 pub mod local_budget;
 pub mod local_sink;
 mod log_limiter;
@@ -7,3 +9,4 @@ pub mod otlp;
 pub mod otlp_profiles;
 pub mod pyroscope;
 pub mod span_stats;
+pub mod tls;

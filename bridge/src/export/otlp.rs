@@ -65,6 +65,24 @@ impl GrpcSpanExporter {
         timeout: Option<std::time::Duration>,
         gzip: bool,
     ) -> Result<GrpcSpanExporter, OtlpExporterError> {
+        GrpcSpanExporter::with_tls(
+            endpoint,
+            headers,
+            timeout,
+            gzip,
+            &crate::config::ClientTls::new(),
+        )
+    }
+
+    /// [`with_settings`](Self::with_settings), with the client TLS `tls` for an
+    /// `https://` endpoint (the platform's trusted certificates when it is empty).
+    pub fn with_tls(
+        endpoint: &str,
+        headers: &[(String, String)],
+        timeout: Option<std::time::Duration>,
+        gzip: bool,
+        tls: &crate::config::ClientTls,
+    ) -> Result<GrpcSpanExporter, OtlpExporterError> {
         use opentelemetry_otlp::{WithExportConfig, WithTonicConfig};
         let mut metadata = tonic::metadata::MetadataMap::new();
         for (name, value) in headers {
@@ -90,15 +108,18 @@ impl GrpcSpanExporter {
             .enable_all()
             .build()
             .map_err(OtlpExporterError::Runtime)?;
+        // The exporter's default; the channel and the exporter must agree.
+        let timeout = timeout.unwrap_or(Duration::from_secs(10));
         let inner = {
             let _entered = runtime.enter();
+            let channel = crate::export::grpc_channel::channel(endpoint, timeout, tls)
+                .map_err(|e| OtlpExporterError::Build(e.into()))?;
             let mut builder = opentelemetry_otlp::SpanExporter::builder()
                 .with_tonic()
                 .with_endpoint(endpoint)
-                .with_metadata(metadata);
-            if let Some(timeout) = timeout {
-                builder = builder.with_timeout(timeout);
-            }
+                .with_channel(channel)
+                .with_metadata(metadata)
+                .with_timeout(timeout);
             if gzip {
                 builder = builder.with_compression(opentelemetry_otlp::Compression::Gzip);
             }

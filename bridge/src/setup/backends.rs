@@ -70,12 +70,37 @@ fn disabled(
 }
 
 /// `https://` needs the `tls` feature (reqwest without it refuses the scheme at every
-/// request, which would only show up as failed exports).
+/// request, tonic at every connection, which would only show up as failed exports).
 fn check_tls(compiled: Compiled, field: &'static str, url: &str) -> Result<(), SetupError> {
     if url.starts_with("https://") && !compiled.tls {
         return Err(disabled(field, url, "tls", "https:// URLs"));
     }
     Ok(())
+}
+
+/// One line per exporter whose TLS files are set while its endpoint is `http://`, where
+/// they are not used (a likely mistake: the scheme is what turns TLS on).
+pub(super) fn unused_tls(
+    otlp: Option<&OtlpTarget>,
+    otlp_profiles: Option<&OtlpProfilesConfig>,
+) -> Vec<String> {
+    let mut lines = Vec::new();
+    let mut note = |what: &str, url: &str, fields: Vec<&'static str>| {
+        if !fields.is_empty() && !url.starts_with("https://") {
+            lines.push(format!(
+                "otel-profiling: {} set, but {what} go to {url}, not https://: no TLS, the \
+                 files are not used",
+                fields.join(", ")
+            ));
+        }
+    };
+    if let Some(target) = otlp {
+        note("spans", &target.traces_url(), target.tls.fields());
+    }
+    if let Some(target) = otlp_profiles {
+        note("OTLP profiles", &target.endpoint, target.tls.fields());
+    }
+    lines
 }
 
 /// Fails when a configured backend needs a feature `compiled` lacks.
@@ -127,7 +152,7 @@ pub(super) fn check(
                     "OTLP span export over gRPC",
                 ));
             }
-            OtlpProtocol::Grpc => {}
+            OtlpProtocol::Grpc => check_tls(compiled, target.endpoint_field(), &target.endpoint)?,
         }
     }
     Ok(())
@@ -170,7 +195,7 @@ pub(super) fn check_otlp_profiles(
             "otlp-http",
             "the profile uploader OTLP profiles over gRPC run on",
         )),
-        OtlpProtocol::Grpc => Ok(()),
+        OtlpProtocol::Grpc => check_tls(compiled, endpoint_field, &target.endpoint),
     }
 }
 
@@ -310,6 +335,10 @@ fn with_otlp_http(
     if target.gzip {
         builder = builder.with_compression(opentelemetry_otlp::Compression::Gzip);
     }
+    #[cfg(feature = "tls")]
+    if target.traces_url().starts_with("https://") && !target.tls.is_empty() {
+        builder = builder.with_http_client(tls_http_client(target)?);
+    }
     let exporter = builder.build().map_err(|e| SetupError::OtlpSpans {
         field: target.endpoint_field(),
         source: crate::export::otlp::OtlpExporterError::Build(Box::new(e)),
@@ -320,6 +349,31 @@ fn with_otlp_http(
         format!("otlp http/protobuf to {}", target.traces_url()),
         scope,
     ))
+}
+
+/// The blocking client of the span exporter with the target's TLS files, as
+/// `opentelemetry-otlp` builds its own (its timeout; made on a thread of its own, since
+/// reqwest's blocking client cannot be made inside the host's Tokio runtime).
+#[cfg(all(feature = "otlp-http", feature = "tls"))]
+fn tls_http_client(target: &OtlpTarget) -> Result<reqwest::blocking::Client, SetupError> {
+    let timeout = target.timeout.unwrap_or(Duration::from_secs(10));
+    let tls = target.tls.clone();
+    let error = |message: String| SetupError::OtlpSpans {
+        field: target.endpoint_field(),
+        source: crate::export::otlp::OtlpExporterError::Build(message.into()),
+    };
+    std::thread::Builder::new()
+        .name("otel-profiling-setup".into())
+        .spawn(move || -> Result<reqwest::blocking::Client, String> {
+            let builder = reqwest::blocking::Client::builder().timeout(timeout);
+            tls.apply_reqwest(builder)?
+                .build()
+                .map_err(|e| format!("cannot build the HTTP client: {e}"))
+        })
+        .map_err(|e| error(format!("cannot start a thread: {e}")))?
+        .join()
+        .map_err(|_| error("the thread building the HTTP client panicked".into()))?
+        .map_err(error)
 }
 
 #[cfg(not(feature = "otlp-http"))]
@@ -344,11 +398,12 @@ fn with_otlp_grpc(
     _: Source,
     scope: ProfileIdScope,
 ) -> Result<(TracerProviderBuilder, Arc<SpanExportStats>), SetupError> {
-    let exporter = crate::export::otlp::GrpcSpanExporter::with_settings(
+    let exporter = crate::export::otlp::GrpcSpanExporter::with_tls(
         &target.traces_url(),
         &target.headers,
         target.timeout,
         target.gzip,
+        &target.tls,
     )
     .map_err(|error| SetupError::OtlpSpans {
         field: target.endpoint_field(),
@@ -542,7 +597,7 @@ mod tests {
     }
 
     /// What needs no feature passes in any build: nothing configured (local files), plain
-    /// http:// without `tls`, gRPC's own URL (tonic, not reqwest, makes that connection).
+    /// http:// without `tls`; https:// for gRPC needs `tls` as it does for HTTP.
     #[test]
     fn what_needs_no_feature_passes() {
         let none = Compiled {
@@ -561,8 +616,19 @@ mod tests {
             Some((&pyro, Source::Env))
         )
         .is_ok());
-        let grpc = otlp("https://tempo:4317", OtlpProtocol::Grpc);
+        let grpc = otlp("http://tempo:4317", OtlpProtocol::Grpc);
         assert!(check(no_tls, Some((&grpc, Source::Env)), None).is_ok());
+        let grpcs = otlp("https://tempo:4317", OtlpProtocol::Grpc);
+        let msg = message(check(no_tls, Some((&grpcs, Source::Builder)), None));
+        assert!(
+            msg.starts_with(
+                "otlp.endpoint=https://tempo:4317 needs the otel-profiling feature \"tls\""
+            ),
+            "{msg}"
+        );
+        let profiles = OtlpProfilesConfig::new("https://collector:4317", "s")
+            .with_protocol(OtlpProtocol::Grpc);
+        assert!(check_otlp_profiles(no_tls, Some(&(profiles, Source::Env))).is_err());
     }
 
     /// OTLP profiles asked for over a transport compiled out are refused naming the

@@ -9,6 +9,9 @@
 //! | `OTEL_EXPORTER_OTLP_PROTOCOL`, `OTEL_EXPORTER_OTLP_TRACES_PROTOCOL` | OTLP protocol (the signal's own wins) | `http/protobuf` (default) or `grpc` |
 //! | `OTEL_EXPORTER_OTLP_HEADERS`, `OTEL_EXPORTER_OTLP_TRACES_HEADERS` | headers of span export requests (the signal's own wins) | `name=value,name2=value2` (values percent-decoded) |
 //! | `OTEL_EXPORTER_OTLP_TIMEOUT`, `OTEL_EXPORTER_OTLP_TRACES_TIMEOUT` | span export timeout (the signal's own wins; default 10 s) | whole milliseconds |
+//! | `OTEL_EXPORTER_OTLP_COMPRESSION`, `…_TRACES_COMPRESSION`, `…_PROFILES_COMPRESSION` | gzip requests (the signal's own wins) | `gzip` or `none` |
+//! | `OTEL_EXPORTER_OTLP_CERTIFICATE`, `…_CLIENT_CERTIFICATE`, `…_CLIENT_KEY` (and their `TRACES_`/`PROFILES_` forms) | client TLS of `https://` endpoints: the trusted certificates, mutual TLS (see [`ClientTls`]) | PEM file paths |
+//! | `OTEL_EXPORTER_OTLP_INSECURE` (and its `TRACES_`/`PROFILES_` forms) | scheme of a gRPC endpoint written without one | `true` (`http://`) or `false` (`https://`, the default) |
 //! | `OTEL_TRACES_EXPORTER` | `none`: spans are exported nowhere (local files included) | `otlp` (default) or `none` |
 //! | `OTEL_SDK_DISABLED` | `true`: no span exported, no profiler started, nothing written | `true` or `false` |
 //! | `PYROSCOPE_SERVER_ADDRESS` | Pyroscope server for profiles | `http(s)://host:port` |
@@ -45,6 +48,8 @@ use std::time::Duration;
 use crate::export::otlp_profiles::OtlpProfilesConfig;
 use crate::export::pyroscope::{PyroscopeAuth, PyroscopeConfig};
 use crate::local_sink::output_dir_variable;
+
+pub use crate::export::tls::ClientTls;
 
 /// A configuration value that was malformed.
 #[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
@@ -104,6 +109,10 @@ pub struct OtlpTarget {
     /// gzip request bodies (`OTEL_EXPORTER_OTLP_TRACES_COMPRESSION`, else
     /// `_COMPRESSION`, `gzip`; default `none`).
     pub gzip: bool,
+    /// Client TLS of `https://` endpoints (`OTEL_EXPORTER_OTLP_TRACES_CERTIFICATE`,
+    /// `…_CLIENT_CERTIFICATE`, `…_CLIENT_KEY`, else the generic ones); default: the
+    /// platform's trusted certificates, no client certificate.
+    pub tls: ClientTls,
     /// `endpoint` is the signal's own URL: used as given, no `/v1/traces` appended.
     signal_endpoint: bool,
     /// The variables (or builder fields) the endpoint and protocol came from, for errors.
@@ -119,6 +128,7 @@ impl OtlpTarget {
             headers: Vec::new(),
             timeout: None,
             gzip: false,
+            tls: ClientTls::new(),
             signal_endpoint: false,
             fields: ("otlp.endpoint", "otlp.protocol"),
         }
@@ -461,18 +471,7 @@ fn otlp_traces_from(
         "OTEL_EXPORTER_OTLP_TRACES_COMPRESSION",
         "OTEL_EXPORTER_OTLP_COMPRESSION",
     ) {
-        Some((field, v)) => match v.trim().to_ascii_lowercase().as_str() {
-            "gzip" => true,
-            "none" => false,
-            _ => {
-                return Err(ConfigError::new(
-                    field,
-                    "unsupported compression",
-                    &v,
-                    "`gzip` or `none`",
-                ))
-            }
-        },
+        Some((field, v)) => parse_compression(field, &v)?,
         None => false,
     };
     let (endpoint_field, endpoint, signal_endpoint) =
@@ -488,15 +487,81 @@ fn otlp_traces_from(
     } else {
         otlp_url_example(protocol)
     };
+    let endpoint = with_grpc_scheme(
+        get,
+        protocol,
+        &endpoint,
+        (
+            "OTEL_EXPORTER_OTLP_TRACES_INSECURE",
+            "OTEL_EXPORTER_OTLP_INSECURE",
+        ),
+    )?;
     Ok(Some(OtlpTarget {
         endpoint: parse_url(endpoint_field, &endpoint, example)?,
         protocol,
         headers,
         timeout,
         gzip,
+        tls: ClientTls::from_env(get, &crate::export::tls::TRACES)?,
         signal_endpoint,
         fields: (endpoint_field, protocol_field),
     }))
+}
+
+/// `endpoint` with the scheme `OTEL_EXPORTER_OTLP_[SIGNAL_]INSECURE` gives a gRPC endpoint
+/// written without one (`collector:4317`): `http://` when insecure, else `https://` (the
+/// specification's default). A scheme that is written wins, as the specification says;
+/// HTTP endpoints always need one.
+fn with_grpc_scheme(
+    get: &dyn Fn(&str) -> Option<String>,
+    protocol: OtlpProtocol,
+    endpoint: &str,
+    (specific, generic): (&'static str, &'static str),
+) -> Result<String, ConfigError> {
+    let insecure = match get(specific) {
+        Some(v) => Some(parse_bool(specific, &v)?),
+        None => match get(generic) {
+            Some(v) => Some(parse_bool(generic, &v)?),
+            None => None,
+        },
+    };
+    let trimmed = endpoint.trim();
+    if protocol != OtlpProtocol::Grpc || trimmed.contains("://") {
+        return Ok(endpoint.to_string());
+    }
+    let scheme = if insecure == Some(true) {
+        "http"
+    } else {
+        "https"
+    };
+    Ok(format!("{scheme}://{trimmed}"))
+}
+
+/// `OTEL_EXPORTER_OTLP_PROFILES_COMPRESSION`, else `OTEL_EXPORTER_OTLP_COMPRESSION`: whether
+/// requests are gzipped (`None`: unset, the exporter's default).
+fn profiles_gzip(get: &dyn Fn(&str) -> Option<String>) -> Result<Option<bool>, ConfigError> {
+    let (field, value) = match get("OTEL_EXPORTER_OTLP_PROFILES_COMPRESSION") {
+        Some(v) => ("OTEL_EXPORTER_OTLP_PROFILES_COMPRESSION", v),
+        None => match get("OTEL_EXPORTER_OTLP_COMPRESSION") {
+            Some(v) => ("OTEL_EXPORTER_OTLP_COMPRESSION", v),
+            None => return Ok(None),
+        },
+    };
+    parse_compression(field, &value).map(Some)
+}
+
+/// `gzip` or `none`.
+fn parse_compression(field: &'static str, value: &str) -> Result<bool, ConfigError> {
+    match value.trim().to_ascii_lowercase().as_str() {
+        "gzip" => Ok(true),
+        "none" => Ok(false),
+        _ => Err(ConfigError::new(
+            field,
+            "unsupported compression",
+            value,
+            "`gzip` or `none`",
+        )),
+    }
 }
 
 /// An OTLP protocol (`None`: the default, `http/protobuf`).
@@ -641,33 +706,42 @@ fn otlp_profiles_from(
             None => None,
         },
     };
+    let insecure = (
+        "OTEL_EXPORTER_OTLP_PROFILES_INSECURE",
+        "OTEL_EXPORTER_OTLP_INSECURE",
+    );
+    let gzip = profiles_gzip(get)?;
+    let tls = ClientTls::from_env(get, &crate::export::tls::PROFILES)?;
+    let finish = |mut config: OtlpProfilesConfig| {
+        config.headers = headers;
+        if let Some(timeout) = timeout {
+            config.request_timeout = timeout;
+        }
+        config.gzip = gzip;
+        config.tls = tls;
+        config
+    };
     if let Some(endpoint) = get("OTEL_EXPORTER_OTLP_PROFILES_ENDPOINT") {
         // A signal-specific endpoint is used as given (the OTel spec).
+        let endpoint = with_grpc_scheme(get, protocol, &endpoint, insecure)?;
         let endpoint = parse_url(
             "OTEL_EXPORTER_OTLP_PROFILES_ENDPOINT",
             &endpoint,
             otlp_profiles_url_example(protocol),
         )?;
-        let mut config = OtlpProfilesConfig::new(endpoint, service_name).with_protocol(protocol);
-        config.headers = headers;
-        if let Some(timeout) = timeout {
-            config.request_timeout = timeout;
-        }
-        return Ok(Some(config));
+        let config = OtlpProfilesConfig::new(endpoint, service_name).with_protocol(protocol);
+        return Ok(Some(finish(config)));
     }
     match get("OTEL_EXPORTER_OTLP_ENDPOINT") {
         Some(base) => {
+            let base = with_grpc_scheme(get, protocol, &base, insecure)?;
             let base = parse_url(
                 "OTEL_EXPORTER_OTLP_ENDPOINT",
                 &base,
                 otlp_url_example(protocol),
             )?;
-            let mut config = OtlpProfilesConfig::from_base(&base, protocol, service_name);
-            config.headers = headers;
-            if let Some(timeout) = timeout {
-                config.request_timeout = timeout;
-            }
-            Ok(Some(config))
+            let config = OtlpProfilesConfig::from_base(&base, protocol, service_name);
+            Ok(Some(finish(config)))
         }
         None => Ok(None),
     }

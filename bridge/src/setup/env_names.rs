@@ -1,8 +1,9 @@
 //! The names of the environment variables under this crate's prefixes (`OTEL_PROFILING_`,
-//! `PYROSCOPE_`, `OTEL_EXPORTER_OTLP_`): which ones it reads, which the OpenTelemetry
-//! specification defines for other signals, and which it defines for ours but this crate
-//! does not apply yet. Anything else is a typo until shown otherwise: setup names it, with
-//! the closest variable it may have meant, instead of silently falling back to local files.
+//! `PYROSCOPE_`, `OTEL_EXPORTER_OTLP_`): which ones it reads, and which the OpenTelemetry
+//! specification defines for other signals. Every setting the specification defines for
+//! traces and profiles is read (a test holds the reader to it). Anything else is a typo
+//! until shown otherwise: setup names it, with the closest variable it may have meant,
+//! instead of silently falling back to local files.
 
 /// Read by this crate (see [`crate::config`]), and the test suite's own switches.
 const READ: &[&str] = &[
@@ -41,6 +42,19 @@ const READ: &[&str] = &[
     "OTEL_EXPORTER_OTLP_PROFILES_ENDPOINT",
     "OTEL_EXPORTER_OTLP_PROFILES_PROTOCOL",
     "OTEL_EXPORTER_OTLP_PROFILES_HEADERS",
+    "OTEL_EXPORTER_OTLP_PROFILES_COMPRESSION",
+    "OTEL_EXPORTER_OTLP_CERTIFICATE",
+    "OTEL_EXPORTER_OTLP_CLIENT_CERTIFICATE",
+    "OTEL_EXPORTER_OTLP_CLIENT_KEY",
+    "OTEL_EXPORTER_OTLP_INSECURE",
+    "OTEL_EXPORTER_OTLP_TRACES_CERTIFICATE",
+    "OTEL_EXPORTER_OTLP_TRACES_CLIENT_CERTIFICATE",
+    "OTEL_EXPORTER_OTLP_TRACES_CLIENT_KEY",
+    "OTEL_EXPORTER_OTLP_TRACES_INSECURE",
+    "OTEL_EXPORTER_OTLP_PROFILES_CERTIFICATE",
+    "OTEL_EXPORTER_OTLP_PROFILES_CLIENT_CERTIFICATE",
+    "OTEL_EXPORTER_OTLP_PROFILES_CLIENT_KEY",
+    "OTEL_EXPORTER_OTLP_PROFILES_INSECURE",
 ];
 
 /// The per-signal settings the specification defines (`OTEL_EXPORTER_OTLP_[SIGNAL_]<X>`).
@@ -64,8 +78,6 @@ pub(crate) enum EnvNote {
         name: String,
         closest: Option<&'static str>,
     },
-    /// Defined by the specification for traces or profiles, not applied by this crate.
-    NotApplied { name: String },
 }
 
 impl EnvNote {
@@ -82,10 +94,6 @@ impl EnvNote {
                 let hint = closest.map_or_else(String::new, |c| format!(" (did you mean {c}?)"));
                 format!("otel-profiling: {name} is not a variable otel-profiling reads{hint}: it is ignored{lost}")
             }
-            EnvNote::NotApplied { name } => format!(
-                "otel-profiling: {name} is not applied by otel-profiling (see its configuration \
-                 table): it is ignored{lost}"
-            ),
         }
     }
 }
@@ -114,16 +122,9 @@ pub(crate) fn check<'a>(names: impl IntoIterator<Item = &'a str>) -> Vec<EnvNote
                         setting,
                         "TEMPORALITY_PREFERENCE" | "DEFAULT_HISTOGRAM_AGGREGATION"
                     ));
-            match signal {
-                // Other signals' settings are another SDK's business.
-                Some("METRICS_") | Some("LOGS_") if defined => continue,
-                _ if defined => {
-                    notes.push(EnvNote::NotApplied {
-                        name: name.to_owned(),
-                    });
-                    continue;
-                }
-                _ => {}
+            // Other signals' settings are another SDK's business (ours are all in READ).
+            if defined && matches!(signal, Some("METRICS_") | Some("LOGS_")) {
+                continue;
             }
         }
         notes.push(EnvNote::Unknown {
@@ -204,27 +205,35 @@ mod tests {
         );
     }
 
+    /// Every setting the specification defines for traces, profiles and all signals is in
+    /// READ, and the reader really asks for it (so none is listed without being applied).
     #[test]
-    fn specified_settings_this_crate_does_not_apply_say_so() {
+    fn every_specified_setting_of_our_signals_is_read() {
+        let asked = std::cell::RefCell::new(std::collections::BTreeSet::new());
+        let config = crate::config::EnvConfig::from_lookup(|name| {
+            asked.borrow_mut().insert(name.to_string());
+            // Only the generic endpoint: then every signal's own variable is asked for too.
+            (name == "OTEL_EXPORTER_OTLP_ENDPOINT").then(|| "http://localhost:4318".to_string())
+        });
+        assert!(config.is_ok(), "{config:?}");
+        for signal in ["", "TRACES_", "PROFILES_"] {
+            for setting in SETTINGS {
+                let name = format!("OTEL_EXPORTER_OTLP_{signal}{setting}");
+                assert!(READ.contains(&name.as_str()), "{name} is not in READ");
+                assert!(asked.borrow().contains(&name), "{name} is never read");
+            }
+        }
         assert_eq!(
             check([
                 "OTEL_EXPORTER_OTLP_PROFILES_COMPRESSION",
                 "OTEL_EXPORTER_OTLP_TRACES_CERTIFICATE",
+                "OTEL_EXPORTER_OTLP_METRICS_CERTIFICATE",
                 "PYROSCOPE_LOG_LEVEL",
-                "OTEL_EXPORTER_OTLP_COMPRESSION",
             ]),
-            [
-                EnvNote::NotApplied {
-                    name: "OTEL_EXPORTER_OTLP_PROFILES_COMPRESSION".into()
-                },
-                EnvNote::NotApplied {
-                    name: "OTEL_EXPORTER_OTLP_TRACES_CERTIFICATE".into()
-                },
-                EnvNote::Unknown {
-                    name: "PYROSCOPE_LOG_LEVEL".into(),
-                    closest: None
-                },
-            ]
+            [EnvNote::Unknown {
+                name: "PYROSCOPE_LOG_LEVEL".into(),
+                closest: None
+            }]
         );
     }
 }

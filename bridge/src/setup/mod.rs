@@ -33,7 +33,9 @@ use tracing_core::Subscriber;
 use tracing_subscriber::registry::LookupSpan;
 use tracing_subscriber::Layer;
 
-use crate::config::{ConfigError, EnvConfig, OtlpProtocol, OtlpTarget, ProfilesExporter};
+use crate::config::{
+    ClientTls, ConfigError, EnvConfig, OtlpProtocol, OtlpTarget, ProfilesExporter,
+};
 use crate::export::local_budget::{LocalBudget, DEFAULT_OUTPUT_MAX_BYTES};
 use crate::export::otlp::OtlpExporterError;
 use crate::export::otlp_profiles::OtlpProfilesConfig;
@@ -150,6 +152,7 @@ pub struct Telemetry {
     otlp: Option<OtlpTarget>,
     pyroscope: Option<PyroscopeConfig>,
     otlp_profiles: Option<OtlpProfilesConfig>,
+    otlp_tls: Option<ClientTls>,
     profiles_exporter: Option<ProfilesExporter>,
     frequency_hz: Option<u32>,
     interval: Option<Duration>,
@@ -277,6 +280,28 @@ impl Telemetry {
         Ok(self)
     }
 
+    /// Client TLS of the OTLP exporters (spans and OTLP profiles) at `https://` endpoints:
+    /// the certificates the server's must lead to, the client certificate for mutual TLS
+    /// (wins over `OTEL_EXPORTER_OTLP_[TRACES_|PROFILES_]{CERTIFICATE,CLIENT_CERTIFICATE,
+    /// CLIENT_KEY}`).
+    ///
+    /// ```no_run
+    /// use otel_profiling::config::{ClientTls, OtlpProtocol};
+    /// use otel_profiling::Telemetry;
+    ///
+    /// let tls = ClientTls::new().with_ca_certificate_file("/etc/otel/ca.pem")?;
+    /// let _guard = Telemetry::from_env()?
+    ///     .default_service_name("checkout")
+    ///     .otlp("https://collector.internal:4317", OtlpProtocol::Grpc)?
+    ///     .otlp_tls(tls)
+    ///     .init()?;
+    /// # Ok::<(), Box<dyn std::error::Error>>(())
+    /// ```
+    pub fn otlp_tls(mut self, tls: ClientTls) -> Self {
+        self.otlp_tls = Some(tls);
+        self
+    }
+
     /// Which exporters get the profiles: Pyroscope's push API, OTLP profiles, or both
     /// (wins over `OTEL_PROFILING_PROFILES_EXPORTER`). OTLP profiles go to the endpoint of
     /// [`otlp_profiles`](Self::otlp_profiles), else of the environment
@@ -372,7 +397,22 @@ impl Telemetry {
 
     /// Starts everything and returns the guard; compose [`TelemetryGuard::layer`] into
     /// your own subscriber.
-    pub fn build(self) -> Result<TelemetryGuard, SetupError> {
+    pub fn build(mut self) -> Result<TelemetryGuard, SetupError> {
+        // The code's TLS settings replace the environment's, whichever target they reach.
+        if let Some(tls) = self.otlp_tls.take() {
+            for target in [self.otlp.as_mut(), self.env.otlp.as_mut()]
+                .into_iter()
+                .flatten()
+            {
+                target.tls = tls.clone();
+            }
+            for target in [self.otlp_profiles.as_mut(), self.env.otlp_profiles.as_mut()]
+                .into_iter()
+                .flatten()
+            {
+                target.tls = tls.clone();
+            }
+        }
         // Code, then OTEL_SERVICE_NAME / PYROSCOPE_APPLICATION_NAME, then a `service.name`
         // resource attribute, then the code's default, then the SDK's `unknown_service`.
         let service_name = self
@@ -456,6 +496,11 @@ impl Telemetry {
         let local = (spans_local || profiles_local) && local_ok;
         for note in &self.env.notes {
             eprintln!("{}", note.line(local.then_some(dir.as_path())));
+        }
+        for line in
+            backends::unused_tls(otlp.map(|(t, _)| t), otlp_profiles.as_ref().map(|(t, _)| t))
+        {
+            eprintln!("{line}");
         }
         // The thread context, with the process context readers need first.
         let thread_context = self.thread_context.or(self.env.thread_context);
@@ -644,7 +689,8 @@ impl Telemetry {
                 (Some(t), _, _) => (t.clone(), Source::Builder),
                 (None, Some(t), _) => (t.clone(), Source::Env),
                 (None, None, Some(traces)) => (
-                    OtlpProfilesConfig::from_base(&traces.endpoint, traces.protocol, String::new()),
+                    OtlpProfilesConfig::from_base(&traces.endpoint, traces.protocol, String::new())
+                        .with_tls(traces.tls.clone()),
                     Source::Builder,
                 ),
                 (None, None, None) => {

@@ -22,6 +22,7 @@
 //!   (`ProfilesService/Export`, h2c on the same port, as Pyroscope serves it), a refusal
 //!   answered with the gRPC code Pyroscope gives (`InvalidArgument`, `ResourceExhausted`
 //!   for its 429, `Internal`);
+//! * Tempo's OTLP/gRPC intake: `TraceService/Export` (h2c on the same port, gzip accepted);
 //! * Pyroscope's span profile query: `POST /querier.v1.QuerierService/SelectMergeSpanProfile`
 //!   (Connect JSON) answering Pyroscope's flame graph shape.
 //!
@@ -56,6 +57,23 @@ pub use validate::PushRejection;
 struct Stores {
     tempo: Mutex<TempoStore>,
     pyroscope: Mutex<PyroscopeStore>,
+    /// Intake requests that arrived gzipped, and plain (HTTP `Content-Encoding`, gRPC
+    /// `grpc-encoding`).
+    encodings: [std::sync::atomic::AtomicUsize; 2],
+}
+
+impl Stores {
+    fn note_encoding(&self, gzip: bool) {
+        self.encodings[usize::from(!gzip)].fetch_add(1, std::sync::atomic::Ordering::SeqCst);
+    }
+}
+
+/// Whether `headers` say gzip under `name`.
+fn says_gzip(headers: &HeaderMap, name: &str) -> bool {
+    headers
+        .get(name)
+        .and_then(|v| v.to_str().ok())
+        .is_some_and(|v| v.trim().eq_ignore_ascii_case("gzip"))
 }
 
 /// A running stand-in (Tempo + OTLP receiver + Pyroscope on one loopback port).
@@ -86,6 +104,7 @@ impl StandIn {
         let stores = Arc::new(Stores {
             tempo: Mutex::default(),
             pyroscope: Mutex::new(PyroscopeStore::with_limits(limits)),
+            encodings: Default::default(),
         });
         let (tx, rx) = tokio::sync::oneshot::channel::<()>();
         let runtime = tokio::runtime::Builder::new_multi_thread()
@@ -102,7 +121,15 @@ impl StandIn {
                 "/opentelemetry.proto.collector.profiles.v1development.ProfilesService/Export",
                 opentelemetry_proto::tonic::collector::profiles::v1development::profiles_service_server::ProfilesServiceServer::new(
                     GrpcProfiles(stores.clone()),
-                ),
+                )
+                .accept_compressed(tonic::codec::CompressionEncoding::Gzip),
+            )
+            .route_service(
+                "/opentelemetry.proto.collector.trace.v1.TraceService/Export",
+                opentelemetry_proto::tonic::collector::trace::v1::trace_service_server::TraceServiceServer::new(
+                    GrpcTraces(stores.clone()),
+                )
+                .accept_compressed(tonic::codec::CompressionEncoding::Gzip),
             )
             .route(
                 "/querier.v1.QuerierService/SelectMergeSpanProfile",
@@ -139,6 +166,16 @@ impl StandIn {
     /// `http://127.0.0.1:<port>`: the Tempo API, the OTLP/HTTP endpoint and Pyroscope.
     pub fn url(&self) -> String {
         format!("http://{}", self.addr)
+    }
+
+    /// How many intake requests (traces, pushes, OTLP profiles; HTTP and gRPC) arrived
+    /// gzipped, and how many plain.
+    pub fn request_encodings(&self) -> (usize, usize) {
+        let [gzip, plain] = &self.stores.encodings;
+        (
+            gzip.load(std::sync::atomic::Ordering::SeqCst),
+            plain.load(std::sync::atomic::Ordering::SeqCst),
+        )
     }
 
     /// Number of spans received over OTLP.
@@ -233,7 +270,10 @@ async fn otlp_traces(
     body: Bytes,
 ) -> Response {
     let raw = match body_bytes(&headers, &body) {
-        Ok(raw) => raw,
+        Ok(raw) => {
+            stores.note_encoding(says_gzip(&headers, "content-encoding"));
+            raw
+        }
         Err(e) => return (StatusCode::BAD_REQUEST, e).into_response(),
     };
     let mut tempo = match stores.tempo.lock() {
@@ -275,7 +315,10 @@ async fn pyroscope_push(
     body: Bytes,
 ) -> Response {
     let raw = match body_bytes(&headers, &body) {
-        Ok(raw) => raw,
+        Ok(raw) => {
+            stores.note_encoding(says_gzip(&headers, "content-encoding"));
+            raw
+        }
         Err(e) => return connect_error(StatusCode::BAD_REQUEST, "invalid_argument", &e),
     };
     let mut store = match stores.pyroscope.lock() {
@@ -300,6 +343,40 @@ async fn pyroscope_push(
 /// Pyroscope's OTLP/gRPC profiles intake.
 struct GrpcProfiles(Arc<Stores>);
 
+/// Tempo's OTLP/gRPC intake (`TraceService/Export`, h2c on the same port, gzip accepted).
+struct GrpcTraces(Arc<Stores>);
+
+#[tonic::async_trait]
+impl opentelemetry_proto::tonic::collector::trace::v1::trace_service_server::TraceService
+    for GrpcTraces
+{
+    async fn export(
+        &self,
+        request: tonic::Request<
+            opentelemetry_proto::tonic::collector::trace::v1::ExportTraceServiceRequest,
+        >,
+    ) -> Result<
+        tonic::Response<
+            opentelemetry_proto::tonic::collector::trace::v1::ExportTraceServiceResponse,
+        >,
+        tonic::Status,
+    > {
+        use prost::Message;
+        self.0
+            .note_encoding(says_gzip(request.metadata().as_ref(), "grpc-encoding"));
+        let raw = request.into_inner().encode_to_vec();
+        let mut tempo = self
+            .0
+            .tempo
+            .lock()
+            .map_err(|_| tonic::Status::internal("poisoned"))?;
+        tempo
+            .ingest_protobuf(&raw)
+            .map_err(tonic::Status::invalid_argument)?;
+        Ok(tonic::Response::new(Default::default()))
+    }
+}
+
 #[tonic::async_trait]
 impl opentelemetry_proto::tonic::collector::profiles::v1development::profiles_service_server::ProfilesService
     for GrpcProfiles
@@ -315,6 +392,8 @@ impl opentelemetry_proto::tonic::collector::profiles::v1development::profiles_se
         >,
         tonic::Status,
     > {
+        self.0
+            .note_encoding(says_gzip(request.metadata().as_ref(), "grpc-encoding"));
         let request = request.into_inner();
         let mut store = self
             .0
@@ -359,7 +438,10 @@ async fn pyroscope_otlp_profiles(
         );
     }
     let raw = match body_bytes(&headers, &body) {
-        Ok(raw) => raw,
+        Ok(raw) => {
+            stores.note_encoding(says_gzip(&headers, "content-encoding"));
+            raw
+        }
         Err(e) => return text(StatusCode::BAD_REQUEST, e),
     };
     let mut store = match stores.pyroscope.lock() {

@@ -70,10 +70,14 @@ impl OtlpProfilesConfig {
             reqwest::header::CONTENT_TYPE,
             HeaderValue::from_static("application/x-protobuf"),
         );
-        headers.insert(
-            reqwest::header::CONTENT_ENCODING,
-            HeaderValue::from_static("gzip"),
-        );
+        // gzip by default over HTTP only (see `OtlpProfilesConfig::gzip`).
+        let gzip = self.gzip.unwrap_or(transport == Transport::Http);
+        if gzip && transport == Transport::Http {
+            headers.insert(
+                reqwest::header::CONTENT_ENCODING,
+                HeaderValue::from_static("gzip"),
+            );
+        }
         for (name, value) in &self.headers {
             let header_error = |reason: &str| PyroscopeError::Header {
                 name: name.clone(),
@@ -106,6 +110,8 @@ impl OtlpProfilesConfig {
             request_timeout: self.request_timeout,
             backoff: self.backoff,
             transport,
+            gzip,
+            tls: self.tls.clone(),
         })
     }
 }
@@ -158,6 +164,7 @@ impl OtlpProfilesExporter {
                 field: "otlp_profiles.endpoint",
                 reason,
             },
+            StartError::Client(ClientError::Tls(reason)) => PyroscopeError::Tls(reason),
             StartError::Thread(e) => PyroscopeError::Thread(e),
         })?;
         Ok(OtlpProfilesExporter {

@@ -9,8 +9,11 @@ use opentelemetry_proto::tonic::collector::profiles::v1development::ExportProfil
 use prost::Message;
 use reqwest::header::HeaderMap;
 use reqwest::Url;
+use tonic::codec::CompressionEncoding;
 use tonic::metadata::{AsciiMetadataValue, MetadataKey};
-use tonic::transport::{Channel, Endpoint};
+use tonic::transport::Channel;
+
+use crate::config::ClientTls;
 
 /// A lazily connected profiles client and the runtime it runs on.
 pub(crate) struct GrpcClient {
@@ -26,6 +29,8 @@ impl GrpcClient {
         endpoint: &Url,
         headers: &HeaderMap,
         timeout: Duration,
+        gzip: bool,
+        tls: &ClientTls,
     ) -> Result<GrpcClient, String> {
         let runtime = tokio::runtime::Builder::new_current_thread()
             .enable_all()
@@ -33,11 +38,7 @@ impl GrpcClient {
             .map_err(|e| format!("starting the gRPC runtime: {e}"))?;
         let channel = {
             let _entered = runtime.enter();
-            Endpoint::from_shared(endpoint.as_str().trim_end_matches('/').to_string())
-                .map_err(|e| format!("not a gRPC endpoint: {e}"))?
-                .connect_timeout(timeout)
-                .timeout(timeout)
-                .connect_lazy()
+            crate::export::grpc_channel::channel(endpoint.as_str(), timeout, tls)?
         };
         let mut metadata = Vec::new();
         for (name, value) in headers {
@@ -50,9 +51,15 @@ impl GrpcClient {
                 .map_err(|_| format!("the value of header {name} is not valid gRPC metadata"))?;
             metadata.push((key, value));
         }
+        let client = ProfilesServiceClient::new(channel);
+        let client = if gzip {
+            client.send_compressed(CompressionEncoding::Gzip)
+        } else {
+            client
+        };
         Ok(GrpcClient {
             runtime,
-            client: ProfilesServiceClient::new(channel),
+            client,
             metadata,
         })
     }

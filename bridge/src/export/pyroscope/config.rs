@@ -446,6 +446,8 @@ impl ValidConfig {
             request_timeout: self.request_timeout,
             backoff: self.backoff,
             transport: super::uploader::Transport::Http,
+            gzip: true,
+            tls: crate::config::ClientTls::new(),
         }
     }
 }

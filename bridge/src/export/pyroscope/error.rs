@@ -70,6 +70,9 @@ pub enum PyroscopeError {
     #[cfg(any(feature = "pyroscope", feature = "otlp-http"))]
     #[error("pyroscope: cannot build the HTTP client: {0}")]
     HttpClient(#[source] HttpClientError),
+    /// The TLS stack refused the client TLS files (the message names the setting).
+    #[error("{0}")]
+    Tls(String),
     /// The uploader thread could not be started.
     #[error("pyroscope: cannot start the uploader thread: {0}")]
     Thread(#[source] std::io::Error),

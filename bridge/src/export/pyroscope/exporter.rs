@@ -85,6 +85,7 @@ impl PyroscopeExporter {
                 field: "pyroscope.server_address",
                 reason,
             },
+            StartError::Client(ClientError::Tls(reason)) => PyroscopeError::Tls(reason),
             StartError::Thread(e) => PyroscopeError::Thread(e),
         })?;
         Ok(PyroscopeExporter {

@@ -37,12 +37,17 @@ pub(crate) struct UploadSettings {
     pub(crate) backoff: PyroscopeBackoff,
     /// How requests travel.
     pub(crate) transport: Transport,
+    /// Whether request bodies are gzipped (HTTP: the body; gRPC: the message).
+    pub(crate) gzip: bool,
+    /// Client TLS of an `https://` endpoint.
+    #[cfg_attr(not(any(feature = "tls", feature = "otlp-grpc")), allow(dead_code))]
+    pub(crate) tls: crate::config::ClientTls,
 }
 
 /// How requests travel.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub(crate) enum Transport {
-    /// HTTP/1.1 POST with a gzipped body (reqwest's blocking client).
+    /// HTTP/1.1 POST (reqwest's blocking client), the body gzipped unless turned off.
     Http,
     /// OTLP/gRPC `ProfilesService/Export` (tonic, on a runtime of the uploader thread's own).
     #[cfg(feature = "otlp-grpc")]
@@ -61,6 +66,9 @@ enum Client {
 pub(crate) enum ClientError {
     /// reqwest's (TLS setup).
     Http(reqwest::Error),
+    /// The TLS files were refused by the TLS stack (the message names the setting).
+    #[cfg_attr(not(feature = "tls"), allow(dead_code))]
+    Tls(String),
     /// tonic's (bad endpoint, runtime).
     #[cfg_attr(not(feature = "otlp-grpc"), allow(dead_code))]
     Grpc(String),
@@ -157,24 +165,36 @@ impl Drop for ExitGuard {
 /// The HTTP client.
 ///
 /// reqwest 0.13 without default features: HTTP/1.1 only, rustls (aws-lc-rs provider, the
-/// `rustls` feature) for `https`, platform certificate verification. Redirects are not
-/// followed: a push answered with a redirect is a misconfigured address, and following it
-/// could hand the credentials to another host.
+/// `rustls` feature) for `https`, platform certificate verification unless the settings
+/// name the trusted certificates. Redirects are not followed: a push answered with a
+/// redirect is a misconfigured address, and following it could hand the credentials to
+/// another host.
 fn build_client(config: &UploadSettings) -> Result<Client, ClientError> {
     match config.transport {
-        Transport::Http => reqwest::blocking::Client::builder()
-            .user_agent(concat!("otel-profiling/", env!("CARGO_PKG_VERSION")))
-            .redirect(reqwest::redirect::Policy::none())
-            .connect_timeout(config.request_timeout)
-            .timeout(config.request_timeout)
-            .build()
-            .map(Client::Http)
-            .map_err(ClientError::Http),
+        Transport::Http => {
+            let builder = reqwest::blocking::Client::builder()
+                .user_agent(concat!("otel-profiling/", env!("CARGO_PKG_VERSION")))
+                .redirect(reqwest::redirect::Policy::none())
+                .connect_timeout(config.request_timeout)
+                .timeout(config.request_timeout);
+            #[cfg(feature = "tls")]
+            let builder = if config.endpoint.scheme() == "https" {
+                config
+                    .tls
+                    .apply_reqwest(builder)
+                    .map_err(ClientError::Tls)?
+            } else {
+                builder
+            };
+            builder.build().map(Client::Http).map_err(ClientError::Http)
+        }
         #[cfg(feature = "otlp-grpc")]
         Transport::Grpc => crate::export::otlp_profiles::grpc::GrpcClient::new(
             &config.endpoint,
             &config.headers,
             config.request_timeout,
+            config.gzip,
+            &config.tls,
         )
         .map(|client| Client::Grpc(Box::new(client)))
         .map_err(ClientError::Grpc),
@@ -230,21 +250,22 @@ impl Uploader {
             // The uncompressed request, kept for a split if the server answers 429.
             let plain = (!compressed).then(|| body.clone());
             // gRPC frames the message itself: its body stays as queued.
-            let (body, gzipped) = if compressed || self.config.transport != Transport::Http {
-                (body, None)
-            } else {
-                match gzip(&body) {
-                    Ok(gz) => {
-                        let gz = Bytes::from(gz);
-                        (gz.clone(), Some(gz))
+            let (body, gzipped) =
+                if compressed || self.config.transport != Transport::Http || !self.config.gzip {
+                    (body, None)
+                } else {
+                    match gzip(&body) {
+                        Ok(gz) => {
+                            let gz = Bytes::from(gz);
+                            (gz.clone(), Some(gz))
+                        }
+                        Err(e) => {
+                            self.report(&format!("cannot compress the request: {e}"));
+                            self.shared.complete(Outcome::Failed, None);
+                            continue;
+                        }
                     }
-                    Err(e) => {
-                        self.report(&format!("cannot compress the request: {e}"));
-                        self.shared.complete(Outcome::Failed, None);
-                        continue;
-                    }
-                }
-            };
+                };
             let mut timeout = self.config.request_timeout;
             if let Some(deadline) = deadline {
                 timeout = timeout.min(deadline.saturating_duration_since(Instant::now()));

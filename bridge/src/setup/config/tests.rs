@@ -218,7 +218,7 @@ fn url_errors_suggest_each_variables_own_port() {
     assert!(http.contains("http://localhost:4318"), "{http}");
     assert!(!http.contains("4040"), "{http}");
     let grpc = msg(&[
-        ("OTEL_EXPORTER_OTLP_ENDPOINT", "tempo:4317"),
+        ("OTEL_EXPORTER_OTLP_ENDPOINT", "ftp://tempo:4317"),
         ("OTEL_EXPORTER_OTLP_PROTOCOL", "grpc"),
     ]);
     assert!(grpc.contains("http://localhost:4317"), "{grpc}");
@@ -226,6 +226,105 @@ fn url_errors_suggest_each_variables_own_port() {
     let pyroscope = msg(&[("PYROSCOPE_SERVER_ADDRESS", "pyroscope:4040")]);
     assert!(pyroscope.contains("http://localhost:4040"), "{pyroscope}");
     assert!(!pyroscope.contains("4318"), "{pyroscope}");
+}
+
+/// A gRPC endpoint without a scheme takes it from `OTEL_EXPORTER_OTLP_[SIGNAL_]INSECURE`
+/// (`https://` unless insecure, the specification's default); a written scheme wins; HTTP
+/// endpoints still need one.
+#[test]
+fn insecure_gives_a_schemeless_grpc_endpoint_its_scheme() {
+    let grpc = |extra: &[(&'static str, &'static str)]| {
+        let mut vars = vec![
+            ("OTEL_EXPORTER_OTLP_ENDPOINT", "collector:4317"),
+            ("OTEL_EXPORTER_OTLP_PROTOCOL", "grpc"),
+        ];
+        vars.extend_from_slice(extra);
+        let config = env(&vars).expect("valid");
+        (
+            config.otlp.expect("traces").endpoint,
+            config.otlp_profiles.expect("profiles").endpoint,
+        )
+    };
+    let https = "https://collector:4317".to_string();
+    let http = "http://collector:4317".to_string();
+    assert_eq!(grpc(&[]), (https.clone(), https.clone()));
+    assert_eq!(
+        grpc(&[("OTEL_EXPORTER_OTLP_INSECURE", "true")]),
+        (http.clone(), http.clone())
+    );
+    assert_eq!(
+        grpc(&[
+            ("OTEL_EXPORTER_OTLP_INSECURE", "true"),
+            ("OTEL_EXPORTER_OTLP_TRACES_INSECURE", "false"),
+        ]),
+        (https.clone(), http.clone())
+    );
+    assert_eq!(
+        grpc(&[("OTEL_EXPORTER_OTLP_PROFILES_INSECURE", "true")]),
+        (https, http)
+    );
+    // A written scheme wins.
+    let config = env(&[
+        ("OTEL_EXPORTER_OTLP_ENDPOINT", "https://collector:4317"),
+        ("OTEL_EXPORTER_OTLP_PROTOCOL", "grpc"),
+        ("OTEL_EXPORTER_OTLP_INSECURE", "true"),
+    ])
+    .expect("valid");
+    assert_eq!(
+        config.otlp.expect("traces").endpoint,
+        "https://collector:4317"
+    );
+    let e = env(&[
+        ("OTEL_EXPORTER_OTLP_ENDPOINT", "collector:4317"),
+        ("OTEL_EXPORTER_OTLP_PROTOCOL", "grpc"),
+        ("OTEL_EXPORTER_OTLP_INSECURE", "maybe"),
+    ])
+    .expect_err("bad bool");
+    assert_eq!(e.field, "OTEL_EXPORTER_OTLP_INSECURE");
+    assert!(env(&[
+        ("OTEL_EXPORTER_OTLP_ENDPOINT", "collector:4318"),
+        ("OTEL_EXPORTER_OTLP_INSECURE", "true"),
+    ])
+    .is_err());
+}
+
+/// `OTEL_EXPORTER_OTLP_PROFILES_COMPRESSION` (else the generic one) reaches the OTLP
+/// profiles settings; unset leaves the exporter's default.
+#[test]
+fn profiles_compression() {
+    let gzip = |vars: &[(&str, &str)]| {
+        let mut all = vec![(
+            "OTEL_EXPORTER_OTLP_PROFILES_ENDPOINT",
+            "http://pyroscope:4040/v1development/profiles",
+        )];
+        all.extend_from_slice(vars);
+        env(&all)
+            .expect("valid")
+            .otlp_profiles
+            .expect("profiles")
+            .gzip
+    };
+    assert_eq!(gzip(&[]), None);
+    assert_eq!(
+        gzip(&[("OTEL_EXPORTER_OTLP_COMPRESSION", "gzip")]),
+        Some(true)
+    );
+    assert_eq!(
+        gzip(&[
+            ("OTEL_EXPORTER_OTLP_COMPRESSION", "gzip"),
+            ("OTEL_EXPORTER_OTLP_PROFILES_COMPRESSION", "none"),
+        ]),
+        Some(false)
+    );
+    let e = env(&[
+        (
+            "OTEL_EXPORTER_OTLP_PROFILES_ENDPOINT",
+            "http://p:4040/v1development/profiles",
+        ),
+        ("OTEL_EXPORTER_OTLP_PROFILES_COMPRESSION", "zstd"),
+    ])
+    .expect_err("zstd");
+    assert_eq!(e.field, "OTEL_EXPORTER_OTLP_PROFILES_COMPRESSION");
 }
 
 #[test]
