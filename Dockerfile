@@ -16,6 +16,7 @@ COPY cli cli
 COPY examples examples
 COPY integration-tests integration-tests
 COPY pprof-proto pprof-proto
+COPY query query
 # File and line numbers in the flame graphs (README, "Profiling a service"); stacks are
 # complete without it, and no frame pointers or other RUSTFLAGS are needed.
 ENV CARGO_PROFILE_RELEASE_DEBUG=line-tables-only

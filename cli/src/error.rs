@@ -113,6 +113,11 @@ pub enum ReportError {
     /// Writing the flame graph failed.
     #[error("drawing the flame graph: {0}")]
     Flamegraph(#[source] io::Error),
+
+    /// `investigate`: a backend failed, or the trace or span is not there.
+    #[cfg(feature = "backends")]
+    #[error(transparent)]
+    Investigate(#[from] crate::investigate::InvestigateError),
 }
 
 fn list_or_none(items: &[String]) -> String {

@@ -63,15 +63,20 @@ pub struct Input {
     pub without_debug_info: std::collections::BTreeSet<String>,
     /// Crates to count as the user's code beside those the source files show (`--crate`).
     pub user_crates: Vec<String>,
+    /// The profiles carry function names only, no source files (a backend's merged
+    /// profile): as for an executable without debug info, the named crates and those of
+    /// the `main` functions are the user's, every other crate a dependency.
+    pub names_only: bool,
 }
 
 impl Input {
     /// Whose code each frame is, from the profiles' source files and
     /// [`user_crates`](Self::user_crates) (see [`crate::ownership`]); for an executable
-    /// without debug info, from the crates of its `main` functions.
+    /// without debug info or profiles of names only ([`names_only`](Self::names_only)),
+    /// from the crates of its `main` functions and `--crate`.
     pub fn ownership(&self) -> Arc<Ownership> {
         let owners = Ownership::new(self.sources.clone(), &self.user_crates);
-        if self.without_debug_info.is_empty() || !self.sources.is_empty() {
+        if (self.without_debug_info.is_empty() && !self.names_only) || !self.sources.is_empty() {
             return Arc::new(owners);
         }
         // No source files: the crates whose `main` ran are the user's.

@@ -39,6 +39,8 @@ pub mod functions;
 pub mod html;
 pub mod ids;
 pub mod input;
+#[cfg(feature = "backends")]
+pub mod investigate;
 pub mod ownership;
 pub mod report;
 pub mod split;

@@ -95,6 +95,94 @@ enum Command {
         #[arg(long = "crate", value_name = "NAME")]
         crates: Vec<String>,
     },
+    /// One operation where production data lives: its trace from Tempo, its profiles from
+    /// Pyroscope (selected as Grafana's "Profiles for this span" selects them), the
+    /// report's verdict and top functions, and a comparison with healthy requests
+    /// (docs/investigate.md). Credentials from TEMPO_AUTH_TOKEN,
+    /// TEMPO_BASIC_AUTH_USER/_PASSWORD, TEMPO_TENANT_ID and their PYROSCOPE_* twins.
+    #[cfg(feature = "backends")]
+    Investigate(Box<InvestigateArgs>),
+}
+
+#[cfg(feature = "backends")]
+#[derive(clap::Args)]
+struct InvestigateArgs {
+    /// Tempo's query API, e.g. http://localhost:3200.
+    #[arg(long, env = "TEMPO_URL", value_name = "URL")]
+    tempo: String,
+    /// Pyroscope's API, e.g. http://localhost:4040.
+    #[arg(long, env = "PYROSCOPE_URL", value_name = "URL")]
+    pyroscope: String,
+    /// The trace (32 hex digits).
+    #[arg(long, value_name = "ID")]
+    trace_id: String,
+    /// The span (16 hex digits); default: the trace's slowest local root.
+    #[arg(long, value_name = "ID")]
+    span_id: Option<String>,
+    /// A crate to count as your code (repeatable; `-` and `_` alike).
+    #[arg(long = "crate", value_name = "NAME")]
+    crates: Vec<String>,
+    /// Compare with this service.version (default: the most recent other version seen
+    /// for the same span name in the --since window).
+    #[arg(long, value_name = "V", conflicts_with_all = ["baseline_since", "no_control"])]
+    baseline_version: Option<String>,
+    /// Compare with the same span name and version in a window of the same length ending
+    /// this long before the operation (`1h`, `1d` is `24h`).
+    #[arg(long, value_name = "DURATION", value_parser = duration, conflicts_with = "no_control")]
+    baseline_since: Option<std::time::Duration>,
+    /// No comparison with other requests.
+    #[arg(long)]
+    no_control: bool,
+    /// Compare only requests within ±25 % of the operation's value of this attribute
+    /// (default: http.response.body.size when the span carries it).
+    #[arg(long, value_name = "NAME")]
+    size_attribute: Option<String>,
+    /// How far back the comparison's search looks.
+    #[arg(long, value_name = "DURATION", value_parser = duration, default_value = "1h")]
+    since: std::time::Duration,
+    /// The services' profile upload interval: a profile is stamped at its interval's
+    /// start, so queries start this much earlier.
+    #[arg(long, env = "PYROSCOPE_UPLOAD_INTERVAL", value_name = "DURATION", value_parser = duration, default_value = "15s")]
+    upload_interval: std::time::Duration,
+    /// Bound of each request to the backends.
+    #[arg(long, value_name = "DURATION", value_parser = duration, default_value = "30s")]
+    timeout: std::time::Duration,
+    /// Print the investigation as JSON (schema: docs/investigate.md).
+    #[arg(long)]
+    json: bool,
+}
+
+/// A duration as the bridge's variables take it (`15s`, `500ms`, `2h`).
+#[cfg(feature = "backends")]
+fn duration(s: &str) -> Result<std::time::Duration, String> {
+    otel_profiling::config::parse_duration(s)
+        .ok_or_else(|| format!("{s:?}: expected a duration like 15s, 500ms, 10m or 2h"))
+}
+
+#[cfg(feature = "backends")]
+fn investigate(args: InvestigateArgs) -> Result<(), ReportError> {
+    use otel_profiling_cli::investigate::{Backends, Baseline, Investigation, OperationQuery};
+    let backends = Backends::from_urls(&args.tempo, &args.pyroscope, args.timeout)
+        .map_err(otel_profiling_cli::investigate::InvestigateError::from)?;
+    let mut query = OperationQuery::of_trace(&args.trace_id);
+    query.span_id = args.span_id;
+    query.user_crates = args.crates;
+    query.upload_interval = args.upload_interval;
+    query.size_attribute = args.size_attribute;
+    query.search_window = args.since;
+    query.baseline = match (args.no_control, args.baseline_version, args.baseline_since) {
+        (true, _, _) => Baseline::Off,
+        (_, Some(v), _) => Baseline::Version(v),
+        (_, None, Some(ago)) => Baseline::Since(ago),
+        (false, None, None) => Baseline::OtherVersion,
+    };
+    let investigation = Investigation::run(&backends, &query)?;
+    let text = if args.json {
+        format!("{:#}\n", investigation.to_json())
+    } else {
+        investigation.to_string()
+    };
+    emit(&text)
 }
 
 fn main() -> ExitCode {
@@ -208,6 +296,8 @@ fn run(command: Command) -> Result<(), ReportError> {
             };
             emit(&diff)?;
         }
+        #[cfg(feature = "backends")]
+        Command::Investigate(args) => investigate(*args)?,
     }
     Ok(())
 }

@@ -600,7 +600,12 @@ pub const UNNAMED_REQUESTS_HINT: &str = "every span is named `request` with no h
      `otel_profiling::axum::trace_layer()` names server spans `{method} {route}`, one row \
      per endpoint";
 
-fn write_group(f: &mut fmt::Formatter<'_>, g: &SpanGroup, all_frames: bool) -> fmt::Result {
+/// One group's section of the report: verdict, figures, split, child spans, top functions.
+pub(crate) fn write_group(
+    f: &mut fmt::Formatter<'_>,
+    g: &SpanGroup,
+    all_frames: bool,
+) -> fmt::Result {
     writeln!(
         f,
         "\n{}, {}: {} — {}",

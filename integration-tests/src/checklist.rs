@@ -12,7 +12,9 @@ use otel_profiling::{
     CPU_TIME_ATTRIBUTE, PROFILE_ID_ATTRIBUTE, WALL_ACTIVE_ATTRIBUTE, WALL_RUNQUEUE_ATTRIBUTE,
 };
 
-use crate::clients::{FlameGraph, PyroscopeClient, SpanProfileQuery, TempoClient, TraceSpan};
+use crate::clients::{
+    Auth, FlameGraph, PyroscopeClient, QueryError, SpanProfileQuery, TempoClient, TraceSpan,
+};
 use crate::recorder::RecordedOp;
 
 /// Where the checks read and where recordings send.
@@ -37,16 +39,31 @@ pub struct Backends {
 
 impl Backends {
     /// Backends at the given URLs.
-    pub fn new(tempo: &str, pyroscope: &str, otlp: &str, timeout: Duration) -> Backends {
-        Backends {
+    ///
+    /// # Errors
+    /// A URL that is not http(s), naming its variable.
+    pub fn new(
+        tempo: &str,
+        pyroscope: &str,
+        otlp: &str,
+        timeout: Duration,
+    ) -> Result<Backends, QueryError> {
+        Ok(Backends {
             tempo_url: tempo.to_string(),
             pyroscope_url: pyroscope.to_string(),
             otlp_endpoint: otlp.to_string(),
             timeout,
-            tempo: TempoClient::new(tempo),
-            pyroscope: PyroscopeClient::new(pyroscope),
+            tempo: TempoClient::new(tempo)?,
+            pyroscope: PyroscopeClient::new(pyroscope)?,
             profiles_over_otlp: false,
-        }
+        })
+    }
+
+    /// The same backends, reading with `tempo` and `pyroscope` credentials.
+    pub fn with_auth(mut self, tempo: Auth, pyroscope: Auth) -> Backends {
+        self.tempo = self.tempo.with_auth(tempo);
+        self.pyroscope = self.pyroscope.with_auth(pyroscope);
+        self
     }
 
     /// The same backends, with profiles shipped over OTLP (`true`) or the push API.
@@ -57,22 +74,28 @@ impl Backends {
 
     /// From `TEMPO_URL`, `PYROSCOPE_URL` and `OTEL_EXPORTER_OTLP_ENDPOINT` (all three, or
     /// `None`); `CHECKLIST_TIMEOUT_SECS` overrides the 60 s wait;
-    /// `CHECKLIST_PROFILES_OVER_OTLP=1` ships profiles as OTLP profiles.
-    pub fn from_env() -> Option<Backends> {
+    /// `CHECKLIST_PROFILES_OVER_OTLP=1` ships profiles as OTLP profiles. Reads with the
+    /// credentials of `TEMPO_AUTH_TOKEN`, `TEMPO_BASIC_AUTH_USER`/`_PASSWORD`,
+    /// `TEMPO_TENANT_ID` and their `PYROSCOPE_*` twins ([`Auth::from_env`]).
+    pub fn from_env() -> Option<Result<Backends, QueryError>> {
         let get = |k: &str| std::env::var(k).ok().filter(|v| !v.trim().is_empty());
         let timeout = get("CHECKLIST_TIMEOUT_SECS")
             .and_then(|s| s.parse().ok())
             .unwrap_or(60);
         let over_otlp = get("CHECKLIST_PROFILES_OVER_OTLP").is_some_and(|v| v.trim() == "1");
-        Some(
-            Backends::new(
-                &get("TEMPO_URL")?,
-                &get("PYROSCOPE_URL")?,
-                &get("OTEL_EXPORTER_OTLP_ENDPOINT")?,
-                Duration::from_secs(timeout),
+        let (tempo, pyroscope, otlp) = (
+            get("TEMPO_URL")?,
+            get("PYROSCOPE_URL")?,
+            get("OTEL_EXPORTER_OTLP_ENDPOINT")?,
+        );
+        let backends = || -> Result<Backends, QueryError> {
+            Ok(
+                Backends::new(&tempo, &pyroscope, &otlp, Duration::from_secs(timeout))?
+                    .with_auth(Auth::from_env("TEMPO")?, Auth::from_env("PYROSCOPE")?)
+                    .with_profiles_over_otlp(over_otlp),
             )
-            .with_profiles_over_otlp(over_otlp),
-        )
+        };
+        Some(backends())
     }
 }
 
@@ -215,7 +238,7 @@ pub fn wait_for_span(b: &Backends, trace_id: &str, span_id: &str) -> Result<Trac
     loop {
         let last = match b.tempo.get_trace(trace_id) {
             Ok(Some(spans)) => {
-                if let Some(s) = spans.into_iter().find(|s| s.span_id == span_id) {
+                if let Some(s) = spans.spans.into_iter().find(|s| s.span_id == span_id) {
                     return Ok(s);
                 }
                 format!("trace {trace_id} found without span {span_id}")

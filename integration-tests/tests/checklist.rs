@@ -22,7 +22,9 @@ use otel_profiling_integration_tests::checklist::{
     check_blocked_in_poll, check_control, check_cpu_vs_io, check_profile_link, check_recorded,
     classify, classify_runnable, record_all, Backends, Recordings, Verdict,
 };
-use otel_profiling_integration_tests::clients::{to_hex, OtlpClient, SpanProfileQuery, TraceSpan};
+use otel_profiling_integration_tests::clients::{
+    to_hex, OtlpClient, PushClient, SpanProfileQuery, TraceSpan,
+};
 use otel_profiling_integration_tests::recorder::{
     record_in_child, unique_service_name, RecordedOp,
 };
@@ -52,7 +54,7 @@ fn fixture() -> &'static Fixture {
     static FIXTURE: OnceLock<Fixture> = OnceLock::new();
     FIXTURE.get_or_init(|| {
         let (standin, backends) = match Backends::from_env() {
-            Some(b) => (None, b),
+            Some(b) => (None, b.expect("the stack's settings are valid")),
             None => {
                 let s = Arc::new(StandIn::start().expect("stand-in starts on 127.0.0.1:0"));
                 let url = s.url();
@@ -60,7 +62,8 @@ fn fixture() -> &'static Fixture {
                     Some(s),
                     // Polls end as soon as the data is there; the bound only matters on a
                     // loaded machine, where a child's last push can take seconds to land.
-                    Backends::new(&url, &url, &url, Duration::from_secs(8)),
+                    Backends::new(&url, &url, &url, Duration::from_secs(8))
+                        .expect("the stand-in's URL is valid"),
                 )
             }
         };
@@ -359,7 +362,7 @@ fn handmade_operation(label_other_span: bool) -> (RecordedOp, u64) {
         u128::from_be_bytes(trace_id),
         25,
     );
-    b.pyroscope
+    PushClient::new(&b.pyroscope_url)
         .push(
             &[
                 ("__name__", PROFILE_NAME),
@@ -399,7 +402,13 @@ fn span_query_check_fails_when_samples_carry_another_span_id() {
     assert!(r.reason.contains("no samples for span"), "{r}");
     assert!(!check_recorded(b, &op, CPU_FUNCTION).passed);
     // The samples are there, under the other span's id.
-    let span = b.tempo.get_trace(&op.trace_id).unwrap().unwrap().remove(0);
+    let span = b
+        .tempo
+        .get_trace(&op.trace_id)
+        .unwrap()
+        .unwrap()
+        .spans
+        .remove(0);
     let mut query = SpanProfileQuery::for_span(&span);
     query.span_selector = vec![format!("{other:016x}")];
     assert!(!b
@@ -430,7 +439,7 @@ fn a_15_hex_span_id_is_stored_as_span_0_like_pyroscope_does() {
         .standin
         .as_ref()
         .map(|s| s.push_counters().span_ids_zeroed);
-    b.pyroscope
+    PushClient::new(&b.pyroscope_url)
         .push(
             &[("__name__", PROFILE_NAME), ("service_name", &service)],
             &otel_profiling_pprof::encode_gzip(&profile).unwrap(),
@@ -503,7 +512,13 @@ fn tempo_api_answers_404_for_unknown_and_400_for_malformed_ids() {
 fn time_range_and_profile_type_filter_the_span_query() {
     let b = &fixture().backends;
     let (op, _) = handmade_operation(false);
-    let span: TraceSpan = b.tempo.get_trace(&op.trace_id).unwrap().unwrap().remove(0);
+    let span: TraceSpan = b
+        .tempo
+        .get_trace(&op.trace_id)
+        .unwrap()
+        .unwrap()
+        .spans
+        .remove(0);
     let q = SpanProfileQuery::for_span(&span);
     assert!(!b
         .pyroscope
@@ -531,7 +546,13 @@ fn time_range_and_profile_type_filter_the_span_query() {
 fn flame_graph_uses_pyroscope_shape_with_int64_strings() {
     let b = &fixture().backends;
     let (op, _) = handmade_operation(false);
-    let span = b.tempo.get_trace(&op.trace_id).unwrap().unwrap().remove(0);
+    let span = b
+        .tempo
+        .get_trace(&op.trace_id)
+        .unwrap()
+        .unwrap()
+        .spans
+        .remove(0);
     let q = SpanProfileQuery::for_span(&span);
     let raw = reqwest::blocking::Client::new()
         .post(format!(

@@ -25,8 +25,9 @@ fn the_checklist_passes_with_profiles_over_otlp() {
     let _turn = one_at_a_time();
     let standin = StandIn::start().expect("stand-in");
     let url = standin.url();
-    let backends =
-        Backends::new(&url, &url, &url, Duration::from_secs(8)).with_profiles_over_otlp(true);
+    let backends = Backends::new(&url, &url, &url, Duration::from_secs(8))
+        .expect("the stand-in's URL is valid")
+        .with_profiles_over_otlp(true);
     let recordings = record_all(CHECKLIST_EXE.as_ref(), &backends).expect("recordings");
     let results = run_all(&backends, &recordings);
     for r in &results {

@@ -914,8 +914,19 @@ fn percent_decode(s: &str) -> Option<String> {
 }
 
 /// `10s`, `500ms`, `1m`, `2h`, or a bare number of seconds; surrounding blanks are
-/// ignored, a blank between the number and the unit (`10 s`) is not accepted.
-pub(crate) fn parse_duration(s: &str) -> Option<Duration> {
+/// ignored, a blank between the number and the unit (`10 s`) is not accepted. The syntax
+/// of every duration variable the setup reads (`PYROSCOPE_UPLOAD_INTERVAL`, say), for
+/// tools that take the same values.
+///
+/// ```
+/// use std::time::Duration;
+/// use otel_profiling::config::parse_duration;
+///
+/// assert_eq!(parse_duration("15s"), Some(Duration::from_secs(15)));
+/// assert_eq!(parse_duration(" 2h "), Some(Duration::from_secs(7200)));
+/// assert_eq!(parse_duration("10 s"), None);
+/// ```
+pub fn parse_duration(s: &str) -> Option<Duration> {
     let s = s.trim();
     let split = s.find(|c: char| !c.is_ascii_digit()).unwrap_or(s.len());
     let (num, unit) = s.split_at(split);

@@ -255,9 +255,22 @@ pub fn read_spans(path: &Path) -> Result<Vec<Span>, ReportError> {
     Ok(spans)
 }
 
+/// The spans of one OTLP/JSON `ExportTraceServiceRequest` (ids in hex), e.g. a trace
+/// Tempo returned, normalized; the error says what is wrong.
+pub fn spans_from_json(request: &Value) -> Result<Vec<Span>, String> {
+    let request = Request::deserialize(request).map_err(|e| e.to_string())?;
+    let mut out = Vec::new();
+    push_request(request, &mut out)?;
+    Ok(out)
+}
+
 /// Appends the spans of one JSON line to `out`; the error says what is wrong.
 fn parse_line(line: &str, out: &mut Vec<Span>) -> Result<(), String> {
     let request: Request = serde_json::from_str(line).map_err(|e| e.to_string())?;
+    push_request(request, out)
+}
+
+fn push_request(request: Request, out: &mut Vec<Span>) -> Result<(), String> {
     for resource_spans in request.resource_spans {
         let service_version = resource_spans
             .resource

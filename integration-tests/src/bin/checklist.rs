@@ -17,6 +17,7 @@ use std::time::{Duration, Instant};
 
 use clap::{Args, Parser, Subcommand};
 use otel_profiling_integration_tests::checklist::{record_all, run_all, Backends};
+use otel_profiling_integration_tests::clients::Auth;
 use otel_profiling_integration_tests::standin::StandIn;
 use otel_profiling_integration_tests::workload::{record, RecordSpec, Scenario};
 
@@ -109,7 +110,10 @@ fn main() -> ExitCode {
         Backends::new(&url, &url, &url, Duration::from_secs(timeout.min(5)))
     } else {
         match (blank(cli.tempo), blank(cli.pyroscope), blank(cli.otlp)) {
-            (Some(t), Some(p), Some(o)) => Backends::new(&t, &p, &o, Duration::from_secs(timeout)),
+            (Some(t), Some(p), Some(o)) => Backends::new(&t, &p, &o, Duration::from_secs(timeout))
+                .and_then(|b| {
+                    Ok(b.with_auth(Auth::from_env("TEMPO")?, Auth::from_env("PYROSCOPE")?))
+                }),
             _ => {
                 return usage(
                     "set TEMPO_URL, PYROSCOPE_URL and OTEL_EXPORTER_OTLP_ENDPOINT (or --tempo, --pyroscope, --otlp), or pass --standin",
@@ -117,7 +121,10 @@ fn main() -> ExitCode {
             }
         }
     };
-    let backends = backends.with_profiles_over_otlp(cli.profiles_over_otlp);
+    let backends = match backends {
+        Ok(b) => b.with_profiles_over_otlp(cli.profiles_over_otlp),
+        Err(e) => return usage(&e.to_string()),
+    };
     println!(
         "tempo {}  pyroscope {}  otlp {}  profiles over {}",
         backends.tempo_url,

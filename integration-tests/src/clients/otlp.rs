@@ -3,7 +3,7 @@
 use opentelemetry_proto::tonic::collector::trace::v1::ExportTraceServiceRequest;
 use prost::Message;
 
-use super::{http_client, ClientError};
+use super::http_client;
 
 /// Sends hand-built OTLP requests (for tests that need spans the SDK would not produce).
 #[derive(Debug, Clone)]
@@ -22,22 +22,24 @@ impl OtlpClient {
     }
 
     /// Exports `request`.
-    pub fn export(&self, request: &ExportTraceServiceRequest) -> Result<(), ClientError> {
+    pub fn export(&self, request: &ExportTraceServiceRequest) -> Result<(), String> {
         let response = self
             .http
             .post(&self.url)
             .header("Content-Type", "application/x-protobuf")
             .body(request.encode_to_vec())
             .send()
-            .map_err(|e| ClientError::Http(format!("POST {}: {e}", self.url)))?;
+            .map_err(|e| format!("POST {}: {e}", self.url))?;
         let status = response.status();
         if status.is_success() {
             Ok(())
         } else {
-            Err(ClientError::Status {
-                status: status.as_u16(),
-                body: response.text().unwrap_or_default(),
-            })
+            Err(format!(
+                "POST {}: HTTP {}: {}",
+                self.url,
+                status.as_u16(),
+                response.text().unwrap_or_default()
+            ))
         }
     }
 }

@@ -23,17 +23,32 @@
 //!   answered with the gRPC code Pyroscope gives (`InvalidArgument`, `ResourceExhausted`
 //!   for its 429, `Internal`);
 //! * Tempo's OTLP/gRPC intake: `TraceService/Export` (h2c on the same port, gzip accepted);
-//! * Pyroscope's span profile query: `POST /querier.v1.QuerierService/SelectMergeSpanProfile`
-//!   (Connect JSON) answering Pyroscope's flame graph shape.
+//! * Tempo's TraceQL search: `GET /api/search?q=&start=&end=&limit=&spss=` answering
+//!   Tempo v3's shape (`traces[].spanSets[]`, `metrics.inspectedTraces`) for the subset of
+//!   TraceQL in the `traceql` module (one spanset filter of `&&`-joined comparisons, an
+//!   optional `| select(...)`); anything else is a plain-text 400 starting `the stand-in
+//!   supports only`;
+//! * Pyroscope's querier (Connect unary, JSON; int64 accepted as strings or numbers,
+//!   answered as strings; a bad request is a Connect `invalid_argument`):
+//!   * `POST /querier.v1.QuerierService/SelectMergeSpanProfile`: the samples of some span
+//!     ids merged into Pyroscope's flame graph shape;
+//!   * `POST /querier.v1.QuerierService/SelectMergeStacktraces`: every sample of a profile
+//!     type, selector and time range, whichever span, in the same shape (both honour
+//!     `maxNodes`, Pyroscope's default 8192, the rest folded into `other` nodes);
+//!   * `POST /querier.v1.QuerierService/LabelValues`: the values of a series label or of
+//!     `__profile_type__`;
+//!   * `POST /querier.v1.QuerierService/ProfileTypes`: the stored profile types.
 //!
 //! Everything is kept in memory; nothing is compacted, downsampled or persisted. It binds
-//! `127.0.0.1:0` and stops when dropped.
+//! `127.0.0.1:0` ([`StandIn::start`]) or a given port ([`StandIn::start_on`], the
+//! `otel-profiling-standin` binary) and stops when dropped.
 
 mod limits;
 mod otlp_profiles;
 mod pyroscope;
 mod selector;
 mod tempo;
+mod traceql;
 mod validate;
 
 use std::net::SocketAddr;
@@ -42,15 +57,21 @@ use std::thread::JoinHandle;
 
 use axum::body::Bytes;
 use axum::extract::{Path, State};
-use axum::http::{HeaderMap, StatusCode};
+use axum::http::{HeaderMap, StatusCode, Uri};
 use axum::response::{IntoResponse, Response};
 use axum::routing::{get, post};
 use axum::Router;
 
 pub use limits::{Limits, PushCounters, Reason};
-pub use pyroscope::{connect_error, PyroscopeStore, StoredSample};
+pub use pyroscope::{
+    connect_error, PyroscopeStore, StoredSample, DEFAULT_MAX_NODES, MAX_MAX_NODES,
+};
 pub use selector::{parse_selector, MatchOp, Matcher};
-pub use tempo::TempoStore;
+pub use tempo::{
+    SearchRequest, TempoStore, DEFAULT_SEARCH_LIMIT, DEFAULT_SPANS_PER_SET, MAX_SEARCH_LIMIT,
+    MAX_SPANS_PER_SET,
+};
+pub use traceql::{parse_traceql, Attribute, CompareOp, Condition, Literal, TraceQuery};
 pub use validate::PushRejection;
 
 /// Shared state of the stand-in.
@@ -98,7 +119,16 @@ impl StandIn {
 
     /// Starts the stand-in on `127.0.0.1:0`; its Pyroscope push enforces `limits`.
     pub fn start_with_limits(limits: Limits) -> std::io::Result<StandIn> {
-        let listener = std::net::TcpListener::bind("127.0.0.1:0")?;
+        StandIn::start_on(0, limits)
+    }
+
+    /// Starts the stand-in on `127.0.0.1:port` (0: any free port); its Pyroscope push
+    /// enforces `limits`. A bind failure keeps its [`std::io::ErrorKind`] (e.g.
+    /// `AddrInUse`) and names the address.
+    pub fn start_on(port: u16, limits: Limits) -> std::io::Result<StandIn> {
+        let listener = std::net::TcpListener::bind(("127.0.0.1", port)).map_err(|e| {
+            std::io::Error::new(e.kind(), format!("cannot listen on 127.0.0.1:{port}: {e}"))
+        })?;
         listener.set_nonblocking(true)?;
         let addr = listener.local_addr()?;
         let stores = Arc::new(Stores {
@@ -115,6 +145,7 @@ impl StandIn {
         let app = Router::new()
             .route("/v1/traces", post(otlp_traces))
             .route("/api/traces/{id}", get(tempo_trace))
+            .route("/api/search", get(tempo_search))
             .route("/push.v1.PusherService/Push", post(pyroscope_push))
             .route("/v1development/profiles", post(pyroscope_otlp_profiles))
             .route_service(
@@ -133,7 +164,27 @@ impl StandIn {
             )
             .route(
                 "/querier.v1.QuerierService/SelectMergeSpanProfile",
-                post(pyroscope_select),
+                post(|State(s): State<Arc<Stores>>, body: Bytes| async move {
+                    pyroscope_query(&s, &body, PyroscopeStore::select_merge_span_profile)
+                }),
+            )
+            .route(
+                "/querier.v1.QuerierService/SelectMergeStacktraces",
+                post(|State(s): State<Arc<Stores>>, body: Bytes| async move {
+                    pyroscope_query(&s, &body, PyroscopeStore::select_merge_stacktraces)
+                }),
+            )
+            .route(
+                "/querier.v1.QuerierService/LabelValues",
+                post(|State(s): State<Arc<Stores>>, body: Bytes| async move {
+                    pyroscope_query(&s, &body, PyroscopeStore::label_values)
+                }),
+            )
+            .route(
+                "/querier.v1.QuerierService/ProfileTypes",
+                post(|State(s): State<Arc<Stores>>, body: Bytes| async move {
+                    pyroscope_query(&s, &body, PyroscopeStore::profile_types)
+                }),
             )
             .route("/ready", get(|| async { "ready" }))
             .with_state(stores.clone());
@@ -166,6 +217,11 @@ impl StandIn {
     /// `http://127.0.0.1:<port>`: the Tempo API, the OTLP/HTTP endpoint and Pyroscope.
     pub fn url(&self) -> String {
         format!("http://{}", self.addr)
+    }
+
+    /// The port it listens on (the one chosen when started on port 0).
+    pub fn port(&self) -> u16 {
+        self.addr.port()
     }
 
     /// How many intake requests (traces, pushes, OTLP profiles; HTTP and gRPC) arrived
@@ -463,22 +519,52 @@ async fn pyroscope_otlp_profiles(
     }
 }
 
-async fn pyroscope_select(State(stores): State<Arc<Stores>>, body: Bytes) -> Response {
-    let request: serde_json::Value = match serde_json::from_slice(&body) {
-        Ok(v) => v,
-        Err(e) => {
-            return connect_error(
-                StatusCode::BAD_REQUEST,
-                "invalid_argument",
-                &format!("bad JSON request: {e}"),
-            )
+/// Tempo's `GET /api/search`: a malformed or unsupported request is a plain-text 400, as
+/// Tempo answers a bad query.
+async fn tempo_search(State(stores): State<Arc<Stores>>, uri: Uri) -> Response {
+    let request = match SearchRequest::from_query_string(uri.query().unwrap_or("")) {
+        Ok(r) => r,
+        Err(e) => return (StatusCode::BAD_REQUEST, e).into_response(),
+    };
+    let tempo = match stores.tempo.lock() {
+        Ok(t) => t,
+        Err(_) => return StatusCode::INTERNAL_SERVER_ERROR.into_response(),
+    };
+    (
+        StatusCode::OK,
+        [("content-type", "application/json")],
+        tempo.search(&request).to_string(),
+    )
+        .into_response()
+}
+
+/// A Pyroscope querier call (Connect unary, JSON): the body parsed (an empty one is `{}`,
+/// as Connect sends a message without fields), answered by `call` on the store; a bad
+/// request is a Connect `invalid_argument`.
+fn pyroscope_query(
+    stores: &Stores,
+    body: &Bytes,
+    call: fn(&PyroscopeStore, &serde_json::Value) -> Result<serde_json::Value, String>,
+) -> Response {
+    let request: serde_json::Value = if body.iter().all(u8::is_ascii_whitespace) {
+        serde_json::json!({})
+    } else {
+        match serde_json::from_slice(body) {
+            Ok(v) => v,
+            Err(e) => {
+                return connect_error(
+                    StatusCode::BAD_REQUEST,
+                    "invalid_argument",
+                    &format!("bad JSON request: {e}"),
+                )
+            }
         }
     };
     let store = match stores.pyroscope.lock() {
         Ok(s) => s,
         Err(_) => return connect_error(StatusCode::INTERNAL_SERVER_ERROR, "internal", "poisoned"),
     };
-    match store.select_merge_span_profile(&request) {
+    match call(&store, &request) {
         Ok(json) => (
             StatusCode::OK,
             [("content-type", "application/json")],
@@ -496,7 +582,7 @@ mod tests {
     use otel_profiling::pprof::{self, FrameLine, ProfileBuilder, SampleLabels, SymbolizedFrame};
 
     use super::*;
-    use crate::clients::PyroscopeClient;
+    use crate::clients::PushClient;
 
     fn gz_profile(samples: u64) -> Vec<u8> {
         let mut b = ProfileBuilder::new(
@@ -530,7 +616,7 @@ mod tests {
             .with_max_profile_samples(5)
             .with_ingestion_rate(1.0, cost(6) + cost(5));
         let standin = StandIn::start_with_limits(limits).expect("stand-in starts");
-        let client = PyroscopeClient::new(&standin.url());
+        let client = PushClient::new(&standin.url());
         let labels = [("__name__", "process_cpu"), ("service_name", "svc")];
 
         let e = client
@@ -570,5 +656,84 @@ mod tests {
             .push(&labels, &gz_profile(6))
             .expect("defaults accept it");
         assert_eq!(standin.limits(), Limits::default());
+    }
+
+    #[test]
+    fn the_query_routes_answer_and_refuse_as_the_services_do() {
+        let standin = StandIn::start().expect("stand-in starts");
+        let http = reqwest::blocking::Client::builder()
+            .no_proxy()
+            .build()
+            .expect("client");
+        let post = |call: &str, body: &str| {
+            let r = http
+                .post(format!(
+                    "{}/querier.v1.QuerierService/{call}",
+                    standin.url()
+                ))
+                .header("content-type", "application/json")
+                .body(body.to_string())
+                .send()
+                .expect("POST");
+            let status = r.status().as_u16();
+            let json: serde_json::Value =
+                serde_json::from_str(&r.text().expect("body")).expect("JSON");
+            (status, json)
+        };
+        assert_eq!(
+            post("ProfileTypes", ""),
+            (200, serde_json::json!({"profileTypes": []}))
+        );
+        assert_eq!(
+            post(
+                "LabelValues",
+                r#"{"name":"service_name","matchers":["{}"]}"#
+            ),
+            (200, serde_json::json!({"names": []}))
+        );
+        let (status, json) = post(
+            "SelectMergeStacktraces",
+            r#"{"profileTypeID":"a:b:c:d:e","labelSelector":"{}","start":"0","end":1}"#,
+        );
+        assert_eq!(
+            (status, &json["flamegraph"]["total"]),
+            (200, &serde_json::json!("0"))
+        );
+        let (status, json) = post("LabelValues", "{}");
+        assert_eq!(
+            (status, &json["code"]),
+            (400, &serde_json::json!("invalid_argument"))
+        );
+        let (status, _) = post("SelectMergeStacktraces", "not json");
+        assert_eq!(status, 400);
+
+        let r = http
+            .get(format!(
+                "{}/api/search?q=%7Bname%3D%22a%22%20%7C%7C%20name%3D%22b%22%7D",
+                standin.url()
+            ))
+            .send()
+            .expect("GET");
+        assert_eq!(r.status().as_u16(), 400);
+        assert!(r
+            .headers()
+            .get("content-type")
+            .and_then(|v| v.to_str().ok())
+            .is_some_and(|v| v.starts_with("text/plain")));
+        let text = r.text().expect("body");
+        assert!(
+            text.starts_with("the stand-in supports only") && text.contains("`||`"),
+            "{text}"
+        );
+        let r = http
+            .get(format!("{}/api/search", standin.url()))
+            .send()
+            .expect("GET");
+        assert_eq!(r.status().as_u16(), 200);
+        let json: serde_json::Value = serde_json::from_str(&r.text().expect("body")).expect("JSON");
+        assert_eq!(
+            json,
+            serde_json::json!({"traces": [], "metrics": {"inspectedTraces": 0}})
+        );
     }
 }

@@ -283,15 +283,7 @@ impl PyroscopeStore {
     /// `SelectMergeSpanProfile`: merges the samples of the given profile type, label
     /// selector, span ids and time range into Pyroscope's flame graph.
     pub fn select_merge_span_profile(&self, request: &Value) -> Result<Value, String> {
-        let profile_type = request
-            .get("profileTypeID")
-            .and_then(Value::as_str)
-            .ok_or("profileTypeID is required")?;
-        let selector = request
-            .get("labelSelector")
-            .and_then(Value::as_str)
-            .unwrap_or("{}");
-        let matchers: Vec<Matcher> = parse_selector(selector)?;
+        let selection = Selection::from_request(request)?;
         let spans: BTreeSet<String> = request
             .get("spanSelector")
             .and_then(Value::as_array)
@@ -302,24 +294,178 @@ impl PyroscopeStore {
                     .collect()
             })
             .unwrap_or_default();
+        Ok(self.merge(&selection, |sample| {
+            sample.span_id.as_ref().is_some_and(|s| spans.contains(s))
+        }))
+    }
+
+    /// `SelectMergeStacktraces`: merges every sample of the given profile type, label
+    /// selector and time range, whichever span (if any) it ran in, into Pyroscope's flame
+    /// graph.
+    pub fn select_merge_stacktraces(&self, request: &Value) -> Result<Value, String> {
+        let selection = Selection::from_request(request)?;
+        Ok(self.merge(&selection, |_| true))
+    }
+
+    /// `{"flamegraph": ...}` of the samples `selection` and `keep` both select.
+    fn merge(&self, selection: &Selection, keep: impl Fn(&StoredSample) -> bool) -> Value {
+        let mut tree = Tree::default();
+        for sample in self
+            .samples
+            .iter()
+            .filter(|s| selection.selects(s) && keep(s))
+        {
+            tree.add(&sample.stack, sample.value);
+        }
+        json!({ "flamegraph": tree.flame_graph(selection.max_nodes) })
+    }
+
+    /// `LabelValues`: the sorted distinct values of label `name` (`__profile_type__`: the
+    /// profile type id) among the samples matching any of `matchers` (none: all) within
+    /// `[start, end]` (ms; each bound only when given). Samples without the label add
+    /// nothing, as Pyroscope returns no empty value.
+    pub fn label_values(&self, request: &Value) -> Result<Value, String> {
+        let name = request
+            .get("name")
+            .and_then(Value::as_str)
+            .filter(|n| !n.is_empty())
+            .ok_or("name is required")?;
+        let matchers: Vec<Vec<Matcher>> = match request.get("matchers") {
+            None | Some(Value::Null) => Vec::new(),
+            Some(Value::Array(a)) => a
+                .iter()
+                .map(|m| {
+                    m.as_str()
+                        .ok_or_else(|| "matchers must be strings".to_string())
+                        .and_then(parse_selector)
+                })
+                .collect::<Result<_, _>>()?,
+            Some(_) => return Err("matchers must be an array of selectors".into()),
+        };
+        let (start, end) = optional_range(request)?;
+        let values: BTreeSet<&str> = self
+            .samples
+            .iter()
+            .filter(|s| start.is_none_or(|t| s.time_ms >= t) && end.is_none_or(|t| s.time_ms <= t))
+            .filter(|s| {
+                matchers.is_empty()
+                    || matchers
+                        .iter()
+                        .any(|set| set.iter().all(|m| m.matches(&s.labels)))
+            })
+            .filter_map(|s| match name {
+                "__profile_type__" => Some(s.profile_type.as_str()),
+                _ => s.labels.get(name).map(String::as_str),
+            })
+            .filter(|v| !v.is_empty())
+            .collect();
+        Ok(json!({ "names": values }))
+    }
+
+    /// `ProfileTypes`: the profile types of the stored samples (within `[start, end]`, ms,
+    /// when given), sorted by id, each split into its five parts
+    /// (`name:sampleType:sampleUnit:periodType:periodUnit`).
+    pub fn profile_types(&self, request: &Value) -> Result<Value, String> {
+        let (start, end) = optional_range(request)?;
+        let ids: BTreeSet<&str> = self
+            .samples
+            .iter()
+            .filter(|s| start.is_none_or(|t| s.time_ms >= t) && end.is_none_or(|t| s.time_ms <= t))
+            .map(|s| s.profile_type.as_str())
+            .collect();
+        let types: Vec<Value> = ids
+            .into_iter()
+            .map(|id| {
+                let mut parts = id.splitn(5, ':');
+                let mut part = || parts.next().unwrap_or("");
+                json!({
+                    "ID": id,
+                    "name": part(),
+                    "sampleType": part(),
+                    "sampleUnit": part(),
+                    "periodType": part(),
+                    "periodUnit": part(),
+                })
+            })
+            .collect();
+        Ok(json!({ "profileTypes": types }))
+    }
+}
+
+/// Pyroscope's default `max_nodes` of a flame graph query
+/// (`querier.max-flamegraph-nodes-default`), used when the request has none or 0.
+pub const DEFAULT_MAX_NODES: i64 = 8_192;
+
+/// The largest `max_nodes` accepted (`querier.max-flamegraph-nodes-max`).
+pub const MAX_MAX_NODES: i64 = 1_048_576;
+
+/// What the select calls share: a profile type, a label selector, a time range (ms, both
+/// bounds required and inclusive) and the most flame graph nodes to answer with.
+struct Selection {
+    profile_type: String,
+    matchers: Vec<Matcher>,
+    start: i64,
+    end: i64,
+    max_nodes: usize,
+}
+
+impl Selection {
+    fn from_request(request: &Value) -> Result<Selection, String> {
+        let profile_type = request
+            .get("profileTypeID")
+            .and_then(Value::as_str)
+            .ok_or("profileTypeID is required")?;
+        let selector = request
+            .get("labelSelector")
+            .and_then(Value::as_str)
+            .unwrap_or("{}");
+        let matchers = parse_selector(selector)?;
         let start = json_i64(request.get("start")).ok_or("start (ms) is required")?;
         let end = json_i64(request.get("end")).ok_or("end (ms) is required")?;
         if end < start {
             return Err("end is before start".into());
         }
-        let mut tree = Tree::default();
-        for sample in &self.samples {
-            let selected = sample.profile_type == profile_type
-                && matchers.iter().all(|m| m.matches(&sample.labels))
-                && sample.span_id.as_ref().is_some_and(|s| spans.contains(s))
-                && sample.time_ms >= start
-                && sample.time_ms <= end;
-            if selected {
-                tree.add(&sample.stack, sample.value);
+        let max_nodes = match request.get("maxNodes") {
+            None | Some(Value::Null) => DEFAULT_MAX_NODES,
+            v => json_i64(v).ok_or("maxNodes must be an integer")?,
+        };
+        let max_nodes = match max_nodes {
+            0 => DEFAULT_MAX_NODES,
+            n if n < 0 => return Err(format!("max_nodes must be positive, got {n}")),
+            n if n > MAX_MAX_NODES => {
+                return Err(format!(
+                    "max_nodes {n} is greater than the limit of {MAX_MAX_NODES}"
+                ))
             }
-        }
-        Ok(json!({ "flamegraph": tree.flame_graph() }))
+            n => n,
+        };
+        Ok(Selection {
+            profile_type: profile_type.to_string(),
+            matchers,
+            start,
+            end,
+            // At most MAX_MAX_NODES: fits any usize.
+            max_nodes: usize::try_from(max_nodes).unwrap_or(usize::MAX),
+        })
     }
+
+    fn selects(&self, sample: &StoredSample) -> bool {
+        sample.profile_type == self.profile_type
+            && self.matchers.iter().all(|m| m.matches(&sample.labels))
+            && sample.time_ms >= self.start
+            && sample.time_ms <= self.end
+    }
+}
+
+/// The optional `start`/`end` (ms) of `LabelValues` and `ProfileTypes`.
+fn optional_range(request: &Value) -> Result<(Option<i64>, Option<i64>), String> {
+    let bound = |key: &str| match request.get(key) {
+        None | Some(Value::Null) => Ok(None),
+        v => json_i64(v)
+            .map(Some)
+            .ok_or_else(|| format!("{key} (ms) must be an integer")),
+    };
+    Ok((bound("start")?, bound("end")?))
 }
 
 fn json_i64(v: Option<&Value>) -> Option<i64> {
@@ -552,19 +698,48 @@ impl Tree {
         self.nodes[current].self_value += value;
     }
 
+    /// The smallest total a node may have to be drawn when at most `max_nodes` are: the
+    /// `max_nodes`-th largest total (0 when the tree is small enough, so nothing goes).
+    fn min_total(&self, max_nodes: usize) -> i64 {
+        let mut totals: Vec<i64> = self.nodes[1..].iter().map(|n| n.total).collect();
+        if max_nodes == 0 || totals.len() <= max_nodes {
+            return 0;
+        }
+        totals.sort_unstable_by(|a, b| b.cmp(a));
+        totals[max_nodes - 1]
+    }
+
     /// Pyroscope's `FlameGraph`: `names`, `levels[].values` as quadruplets
     /// `[x offset relative to the previous node's end on the level, total, self, name
     /// index]`, `total`, `maxSelf`; int64 fields as JSON strings (Connect/protobuf JSON).
-    fn flame_graph(&self) -> Value {
+    ///
+    /// Over `max_nodes` nodes, the children below the [`Tree::min_total`] of each node are
+    /// drawn as one `other` child of their summed total (all of it self), as Pyroscope's
+    /// `NewFlameGraph` truncates.
+    fn flame_graph(&self, max_nodes: usize) -> Value {
+        let min_total = self.min_total(max_nodes);
         let mut names: Vec<String> = Vec::new();
         let mut name_index: HashMap<String, usize> = HashMap::new();
         let mut levels: Vec<Vec<i64>> = Vec::new();
         let mut level_end: Vec<i64> = Vec::new();
         let mut max_self = 0;
-        // Depth-first, children in name order: (node, depth, absolute x).
-        let mut stack = vec![(0usize, 0usize, 0i64)];
-        while let Some((id, depth, x)) = stack.pop() {
-            let node = &self.nodes[id];
+        // The "other" node of a truncated level: not in the tree, so kept aside.
+        let other = Node {
+            name: "other".into(),
+            ..Node::default()
+        };
+        // Depth-first, children in name order, "other" last: (node, depth, absolute x,
+        // the total of an "other" node).
+        let mut stack = vec![(Some(0usize), 0usize, 0i64, 0i64)];
+        while let Some((id, depth, x, other_total)) = stack.pop() {
+            let (node, total, self_value) = match id {
+                Some(id) => (
+                    &self.nodes[id],
+                    self.nodes[id].total,
+                    self.nodes[id].self_value,
+                ),
+                None => (&other, other_total, other_total),
+            };
             if levels.len() <= depth {
                 levels.push(Vec::new());
                 level_end.push(0);
@@ -573,19 +748,23 @@ impl Tree {
                 names.push(node.name.clone());
                 names.len() - 1
             });
-            levels[depth].extend([
-                x - level_end[depth],
-                node.total,
-                node.self_value,
-                idx as i64,
-            ]);
-            level_end[depth] = x + node.total;
-            max_self = max_self.max(node.self_value);
+            levels[depth].extend([x - level_end[depth], total, self_value, idx as i64]);
+            level_end[depth] = x + total;
+            max_self = max_self.max(self_value);
             let mut child_x = x;
             let mut children = Vec::new();
+            let mut dropped = 0;
             for &child in node.children.values() {
-                children.push((child, depth + 1, child_x));
-                child_x += self.nodes[child].total;
+                let child_total = self.nodes[child].total;
+                if child_total < min_total {
+                    dropped += child_total;
+                    continue;
+                }
+                children.push((Some(child), depth + 1, child_x, 0));
+                child_x += child_total;
+            }
+            if dropped > 0 {
+                children.push((None, depth + 1, child_x, dropped));
             }
             stack.extend(children.into_iter().rev());
         }
@@ -1003,5 +1182,221 @@ mod tests {
             (e.status, e.message.as_str()),
             (400, "no profiles received")
         );
+    }
+
+    /// A stored sample of `stack` (`;`-separated), `value` ns, at `time_ms`.
+    fn stored(
+        profile_type: &str,
+        labels: &[(&str, &str)],
+        span: Option<&str>,
+        time_ms: i64,
+        stack: &str,
+        value: i64,
+    ) -> StoredSample {
+        StoredSample {
+            profile_type: profile_type.into(),
+            labels: labels
+                .iter()
+                .map(|(k, v)| (k.to_string(), v.to_string()))
+                .collect(),
+            span_id: span.map(str::to_string),
+            trace_id: None,
+            time_ms,
+            stack: stack.split(';').map(str::to_string).collect(),
+            value,
+        }
+    }
+
+    const CPU: &str = "process_cpu:cpu:nanoseconds:cpu:nanoseconds";
+    const BLOCKED: &str = "blocked_in_poll:wall:nanoseconds:wall:nanoseconds";
+
+    fn query_store() -> PyroscopeStore {
+        let mut store = PyroscopeStore::default();
+        let api = [
+            ("__name__", "process_cpu"),
+            ("service_name", "api"),
+            ("service_version", "1.4.0"),
+        ];
+        let api2 = [
+            ("__name__", "process_cpu"),
+            ("service_name", "api"),
+            ("service_version", "1.5.0"),
+        ];
+        let db = [
+            ("__name__", "process_cpu"),
+            ("service_name", "db"),
+            ("env", ""),
+        ];
+        store.samples = vec![
+            stored(CPU, &api, Some(SPAN), 1_000, "main;report", 10),
+            stored(CPU, &api, None, 2_000, "main;idle", 5),
+            stored(
+                CPU,
+                &api2,
+                Some("00000000000000ff"),
+                3_000,
+                "main;report;paginate",
+                7,
+            ),
+            stored(CPU, &db, None, 4_000, "main;query", 1),
+            stored(BLOCKED, &api, Some(SPAN), 1_500, "main;poll", 3),
+        ];
+        store
+    }
+
+    /// (name, total, self) per node of a flame graph answer, level by level.
+    fn nodes(answer: &Value) -> Vec<(String, i64, i64)> {
+        let fg = &answer["flamegraph"];
+        let names: Vec<&str> = fg["names"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .map(|n| n.as_str().unwrap())
+            .collect();
+        let mut out = Vec::new();
+        for level in fg["levels"].as_array().unwrap() {
+            let values: Vec<i64> = level["values"]
+                .as_array()
+                .unwrap()
+                .iter()
+                .map(|v| v.as_str().unwrap().parse().unwrap())
+                .collect();
+            for q in values.chunks(4) {
+                out.push((names[q[3] as usize].to_string(), q[1], q[2]));
+            }
+        }
+        out
+    }
+
+    #[test]
+    fn select_merge_stacktraces_merges_every_span_and_none() {
+        let store = query_store();
+        let request = json!({
+            "profileTypeID": CPU,
+            "labelSelector": "{service_name=\"api\"}",
+            "start": "0",
+            "end": 2_500,
+        });
+        let answer = store.select_merge_stacktraces(&request).unwrap();
+        assert_eq!(answer["flamegraph"]["total"], "15");
+        assert_eq!(
+            nodes(&answer),
+            [
+                ("total".to_string(), 15, 0),
+                ("main".to_string(), 15, 0),
+                ("idle".to_string(), 5, 5),
+                ("report".to_string(), 10, 10),
+            ]
+        );
+        // The same samples through the span query: only the one with the span.
+        let mut with_span = request.clone();
+        with_span["spanSelector"] = json!([SPAN]);
+        let spans = store.select_merge_span_profile(&with_span).unwrap();
+        assert_eq!(spans["flamegraph"]["total"], "10");
+        // The whole range, both versions; the other type and service stay out.
+        let all = json!({"profileTypeID": CPU, "labelSelector": "{service_name=\"api\"}", "start": 0, "end": 10_000});
+        assert_eq!(
+            store.select_merge_stacktraces(&all).unwrap()["flamegraph"]["total"],
+            "22"
+        );
+        for bad in [
+            json!({"labelSelector": "{}", "start": 0, "end": 1}),
+            json!({"profileTypeID": CPU, "start": 0}),
+            json!({"profileTypeID": CPU, "start": 5, "end": 1}),
+            json!({"profileTypeID": CPU, "labelSelector": "{a=~\"x\"}", "start": 0, "end": 1}),
+            json!({"profileTypeID": CPU, "start": 0, "end": 1, "maxNodes": -1}),
+            json!({"profileTypeID": CPU, "start": 0, "end": 1, "maxNodes": "x"}),
+        ] {
+            assert!(store.select_merge_stacktraces(&bad).is_err(), "{bad}");
+        }
+    }
+
+    #[test]
+    fn max_nodes_folds_the_smallest_children_into_other() {
+        let store = PyroscopeStore {
+            samples: vec![
+                stored(CPU, &[], None, 0, "main;big", 100),
+                stored(CPU, &[], None, 0, "main;small1", 2),
+                stored(CPU, &[], None, 0, "main;small2", 3),
+            ],
+            ..PyroscopeStore::default()
+        };
+        let request = |max_nodes: Value| json!({"profileTypeID": CPU, "start": 0, "end": 0, "maxNodes": max_nodes});
+        let truncated = store
+            .select_merge_stacktraces(&request(json!("2")))
+            .unwrap();
+        assert_eq!(
+            nodes(&truncated),
+            [
+                ("total".to_string(), 105, 0),
+                ("main".to_string(), 105, 0),
+                ("big".to_string(), 100, 100),
+                ("other".to_string(), 5, 5),
+            ]
+        );
+        assert_eq!(truncated["flamegraph"]["maxSelf"], "100");
+        // Absent or 0: Pyroscope's default of 8192, far above these four nodes.
+        for n in [Value::Null, json!(0), json!(4)] {
+            let full = store.select_merge_stacktraces(&request(n)).unwrap();
+            assert_eq!(nodes(&full).len(), 5);
+        }
+    }
+
+    #[test]
+    fn label_values_are_sorted_distinct_and_filtered() {
+        let store = query_store();
+        let values = |request: Value| store.label_values(&request).unwrap()["names"].clone();
+        assert_eq!(
+            values(json!({"name": "__profile_type__"})),
+            json!([BLOCKED, CPU])
+        );
+        assert_eq!(
+            values(json!({"name": "service_name", "matchers": [], "start": "0", "end": "10000"})),
+            json!(["api", "db"])
+        );
+        // Any of the matchers; `env` is empty where present: no value.
+        assert_eq!(
+            values(
+                json!({"name": "service_version", "matchers": ["{service_name=\"db\"}", "{service_version=\"1.5.0\"}"]})
+            ),
+            json!(["1.5.0"])
+        );
+        assert_eq!(values(json!({"name": "env"})), json!([]));
+        // The time range, inclusive.
+        assert_eq!(
+            values(json!({"name": "service_version", "start": 2_000, "end": 3_000})),
+            json!(["1.4.0", "1.5.0"])
+        );
+        assert_eq!(
+            values(json!({"name": "__profile_type__", "start": 1_200, "end": 1_600})),
+            json!([BLOCKED])
+        );
+        assert!(store.label_values(&json!({"matchers": []})).is_err());
+        assert!(store
+            .label_values(&json!({"name": "x", "matchers": ["nope"]}))
+            .is_err());
+        assert!(store
+            .label_values(&json!({"name": "x", "matchers": "{}"}))
+            .is_err());
+    }
+
+    #[test]
+    fn profile_types_split_the_stored_ids() {
+        let store = query_store();
+        let answer = store.profile_types(&json!({})).unwrap();
+        assert_eq!(
+            answer["profileTypes"][1],
+            json!({
+                "ID": CPU,
+                "name": "process_cpu",
+                "sampleType": "cpu",
+                "sampleUnit": "nanoseconds",
+                "periodType": "cpu",
+                "periodUnit": "nanoseconds",
+            })
+        );
+        assert_eq!(answer["profileTypes"][0]["name"], "blocked_in_poll");
+        let late = store.profile_types(&json!({"start": 2_000})).unwrap();
+        assert_eq!(late["profileTypes"].as_array().map(Vec::len), Some(1));
     }
 }

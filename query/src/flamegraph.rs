@@ -4,8 +4,6 @@ use std::collections::BTreeMap;
 
 use serde_json::Value;
 
-use super::ClientError;
-
 /// One node with its absolute position.
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub struct FlameNode {
@@ -44,8 +42,8 @@ impl FlameGraph {
     /// Decodes `{"names": [...], "levels": [{"values": [...]}], "total", "maxSelf"}`, whose
     /// level values are quadruplets `[x offset relative to the previous node's end, total,
     /// self, name index]` (int64 as strings or numbers).
-    pub fn from_json(v: &Value) -> Result<FlameGraph, ClientError> {
-        let bad = |m: &str| ClientError::Decode(format!("flame graph: {m}"));
+    pub fn from_json(v: &Value) -> Result<FlameGraph, String> {
+        let bad = |m: &str| format!("flame graph: {m}");
         if v.is_null() {
             return Ok(FlameGraph::default());
         }
@@ -97,6 +95,41 @@ impl FlameGraph {
             total: v.get("total").and_then(json_i64).unwrap_or(0),
             max_self: v.get("maxSelf").and_then(json_i64).unwrap_or(0),
         })
+    }
+
+    /// Every stack with a self value: function names root first (without the "total"
+    /// node), and the self value. A node's parent is the node one level up whose span
+    /// `[x, x + total)` holds it.
+    pub fn stacks(&self) -> Vec<(Vec<String>, i64)> {
+        // Per level, the nodes' (x, end, path) — levels come in order, left to right.
+        let mut previous: Vec<(i64, i64, Vec<String>)> = Vec::new();
+        let mut current: Vec<(i64, i64, Vec<String>)> = Vec::new();
+        let mut level = 0;
+        let mut out = Vec::new();
+        for node in &self.nodes {
+            if node.level != level {
+                previous = std::mem::take(&mut current);
+                level = node.level;
+            }
+            let path = if node.level == 0 {
+                Vec::new()
+            } else {
+                let Some((_, _, parent)) = previous
+                    .iter()
+                    .find(|(x, end, _)| node.x >= *x && node.x < *end)
+                else {
+                    continue;
+                };
+                let mut path = parent.clone();
+                path.push(node.name.clone());
+                path
+            };
+            if node.self_value > 0 && !path.is_empty() {
+                out.push((path.clone(), node.self_value));
+            }
+            current.push((node.x, node.x + node.total, path));
+        }
+        out
     }
 
     /// Whether the graph holds no samples.
@@ -152,5 +185,41 @@ impl FlameGraph {
             .into_iter()
             .max_by_key(|(_, v)| *v)
             .map(|(n, v)| (n.to_string(), v))
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use serde_json::json;
+
+    use super::*;
+
+    #[test]
+    fn stacks_follow_the_x_ranges() {
+        // total(10) -> main(10, self 1) -> {a(6, self 6), b(3) -> c(3, self 3)}
+        let graph = FlameGraph::from_json(&json!({
+            "names": ["total", "main", "a", "b", "c"],
+            "levels": [
+                {"values": ["0", "10", "0", "0"]},
+                {"values": ["0", "10", "1", "1"]},
+                {"values": ["0", "6", "6", "2", "0", "3", "0", "3"]},
+                {"values": ["6", "3", "3", "4"]},
+            ],
+            "total": "10", "maxSelf": "6",
+        }))
+        .unwrap();
+        let mut stacks = graph.stacks();
+        stacks.sort();
+        let s = |v: &[&str]| v.iter().map(|x| x.to_string()).collect::<Vec<_>>();
+        assert_eq!(
+            stacks,
+            vec![
+                (s(&["main"]), 1),
+                (s(&["main", "a"]), 6),
+                (s(&["main", "b", "c"]), 3)
+            ]
+        );
+        assert_eq!(graph.function_total("b"), 3);
+        assert_eq!(graph.top_function(), Some(("a".into(), 6)));
     }
 }

@@ -1,0 +1,195 @@
+//! The issue's proof of `otel-profiling investigate`: the demo pointed at the stand-in
+//! server (the ordinary variables, `OTEL_EXPORTER_OTLP_ENDPOINT` and
+//! `PYROSCOPE_SERVER_ADDRESS`), then the investigation of one trace per endpoint, read back
+//! from the stand-in's Tempo and Pyroscope APIs only:
+//!
+//! * `GET /report` of 1.5.0 is CPU-bound in the serializer and, against 1.4.0 as control,
+//!   the candidate is `paginate_report`;
+//! * `GET /orders` is waiting, `inventory.lookup` covering the wait;
+//! * `GET /export` is blocked in poll, naming `write_export`;
+//! * a span without a profile id (an `inventory.lookup` child) gets the service's profile
+//!   over its interval, titled "concurrent workload activity, not this span".
+//!
+//! About a minute: the demo runs each release under load for 20 s.
+
+use std::process::Command;
+use std::sync::OnceLock;
+use std::time::Duration;
+
+use otel_profiling_cli::investigate::{
+    Backends, Baseline, Evidence, Investigation, OperationQuery,
+};
+use otel_profiling_cli::verdict::Verdict;
+use otel_profiling_integration_tests::standin::StandIn;
+use otel_profiling_query::{FoundSpan, SearchQuery, TempoClient};
+
+struct Run {
+    standin: StandIn,
+}
+
+/// The demo, once per test process, against one stand-in.
+fn run() -> &'static Run {
+    static RUN: OnceLock<Run> = OnceLock::new();
+    RUN.get_or_init(|| {
+        let standin = StandIn::start().expect("the stand-in starts");
+        let url = standin.url();
+        let out = Command::new(env!("CARGO_BIN_EXE_demo"))
+            .env("OTEL_EXPORTER_OTLP_ENDPOINT", &url)
+            .env("PYROSCOPE_SERVER_ADDRESS", &url)
+            .env_remove("OTEL_PROFILING_OUTPUT_DIR")
+            .output()
+            .expect("the demo runs");
+        assert!(
+            out.status.success(),
+            "demo failed: {}\n{}",
+            String::from_utf8_lossy(&out.stdout),
+            String::from_utf8_lossy(&out.stderr)
+        );
+        Run { standin }
+    })
+}
+
+fn backends(run: &Run) -> Backends {
+    Backends::from_urls(
+        &run.standin.url(),
+        &run.standin.url(),
+        Duration::from_secs(10),
+    )
+    .expect("valid URLs")
+}
+
+/// Spans the stand-in's Tempo search finds for `traceql` (everything it holds).
+fn search(run: &Run, traceql: &str) -> Vec<FoundSpan> {
+    let tempo = TempoClient::new(&run.standin.url()).expect("valid URL");
+    let now = std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .expect("clock")
+        .as_secs();
+    let found = tempo
+        .search(&SearchQuery {
+            traceql: traceql.to_owned(),
+            start_s: now - 3600,
+            end_s: now + 60,
+            limit: 1000,
+            spans_per_set: 3,
+        })
+        .expect("search");
+    assert!(!found.is_empty(), "nothing matches {traceql}");
+    found
+}
+
+/// The investigation of the median-duration span `traceql` finds.
+fn investigate(run: &Run, traceql: &str, baseline: Baseline) -> Investigation {
+    let mut found = search(run, traceql);
+    found.sort_by_key(|s| s.duration_ns);
+    investigate_span(run, &found[found.len() / 2], baseline)
+}
+
+fn investigate_span(run: &Run, span: &FoundSpan, baseline: Baseline) -> Investigation {
+    let mut query = OperationQuery::of_trace(&span.trace_id);
+    query.span_id = Some(span.span_id.clone());
+    query.upload_interval = Duration::from_secs(5);
+    query.baseline = baseline;
+    let investigation = Investigation::run(&backends(run), &query).expect("investigation");
+    println!("{investigation}");
+    investigation
+}
+
+#[test]
+fn report_of_1_5_0_is_cpu_bound_and_its_control_names_paginate_report() {
+    let run = run();
+    let inv = investigate(
+        run,
+        r#"{ name = "GET /report" && resource.service.version = "1.5.0" }"#,
+        Baseline::Version("1.4.0".into()),
+    );
+    assert_eq!(inv.evidence, Evidence::Span);
+    let group = inv.group().expect("a group");
+    assert_eq!(group.verdict, Verdict::CpuBound, "{inv}");
+    let top: Vec<&str> = group
+        .user_total
+        .iter()
+        .map(|f| f.function.as_str())
+        .collect();
+    assert!(
+        top.iter()
+            .any(|f| f.contains("serialize") || f.contains("paginate_report")),
+        "the serializer leads the 1.5.0 profile: {top:?}"
+    );
+    let control = inv.control.as_ref().expect("a control");
+    let diff = control.diff.as_ref().expect("1.4.0 requests were compared");
+    assert!(control.compared > 0);
+    let cause = diff.cause.as_ref().expect("a candidate");
+    assert!(
+        cause.function.ends_with("paginate_report"),
+        "{}",
+        cause.function
+    );
+    let hypothesis = control.hypothesis().expect("a hypothesis");
+    assert!(
+        hypothesis.starts_with("Hypothesis, not a proven cause: candidate `")
+            && hypothesis.contains("paginate_report")
+            && hypothesis.contains("test it separately"),
+        "{hypothesis}"
+    );
+    let json = inv.to_json();
+    assert_eq!(json["version"], 1);
+    assert_eq!(json["service_version"], "1.5.0");
+    assert_eq!(json["span"]["verdict"], "CPU-bound");
+}
+
+#[test]
+fn orders_is_waiting_with_inventory_lookup_covering_the_wait() {
+    let run = run();
+    let inv = investigate(run, r#"{ name = "GET /orders" }"#, Baseline::Off);
+    let group = inv.group().expect("a group");
+    assert_eq!(group.verdict, Verdict::Waiting, "{inv}");
+    let child = group
+        .dependencies
+        .children
+        .iter()
+        .find(|c| c.name == "inventory.lookup")
+        .expect("inventory.lookup among the child spans");
+    assert!(child.count >= 1);
+    assert!(
+        group.reason.contains("inventory.lookup"),
+        "the reason names the dependency: {}",
+        group.reason
+    );
+    assert!(inv.control.is_none());
+}
+
+#[test]
+fn export_is_blocked_in_poll_naming_write_export() {
+    let run = run();
+    let inv = investigate(run, r#"{ name = "GET /export" }"#, Baseline::Off);
+    let group = inv.group().expect("a group");
+    assert_eq!(group.verdict, Verdict::BlockedInPoll, "{inv}");
+    assert!(
+        group
+            .blocking
+            .iter()
+            .any(|f| f.function.contains("write_export")),
+        "where it blocks: {:?}",
+        group.blocking
+    );
+}
+
+#[test]
+fn a_span_without_a_profile_id_gets_the_labelled_workload_fallback() {
+    let run = run();
+    let inv = investigate(run, r#"{ name = "inventory.lookup" }"#, Baseline::Off);
+    assert!(!inv
+        .profiling_attributes
+        .contains_key("pyroscope.profile.id"));
+    assert_eq!(inv.evidence, Evidence::Workload, "{inv}");
+    let text = inv.to_string();
+    assert!(
+        text.contains("concurrent workload activity, not this span"),
+        "{text}"
+    );
+    assert_eq!(
+        inv.to_json()["span"]["concurrent"]["title"],
+        "concurrent workload activity, not this span"
+    );
+}

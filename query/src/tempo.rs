@@ -1,0 +1,386 @@
+//! Tempo's trace-by-id and search APIs.
+
+use std::collections::BTreeMap;
+
+use serde_json::Value;
+
+use std::time::Duration;
+
+use crate::http::Backend;
+use crate::ids::id_to_hex;
+use crate::{Auth, QueryError};
+
+/// A span as read back from Tempo, with its resource.
+#[derive(Clone, Debug, Default, PartialEq)]
+pub struct TraceSpan {
+    /// 32 lowercase hex.
+    pub trace_id: String,
+    /// 16 lowercase hex.
+    pub span_id: String,
+    /// 16 lowercase hex, `None` for a root span.
+    pub parent_span_id: Option<String>,
+    /// Span name.
+    pub name: String,
+    /// Start, ns since the Unix epoch.
+    pub start_unix_nano: u64,
+    /// End, ns since the Unix epoch.
+    pub end_unix_nano: u64,
+    /// Span attributes, values rendered as strings.
+    pub attributes: BTreeMap<String, String>,
+    /// Resource attributes, values rendered as strings.
+    pub resource: BTreeMap<String, String>,
+}
+
+impl TraceSpan {
+    /// Wall-clock duration in ms.
+    pub fn wall_ms(&self) -> f64 {
+        self.end_unix_nano.saturating_sub(self.start_unix_nano) as f64 / 1e6
+    }
+}
+
+/// A trace as Tempo returned it: its spans, and the answer normalized to OTLP/JSON
+/// (`{"resourceSpans": [...]}`, ids in hex) for readers of OTLP JSON.
+#[derive(Clone, Debug, PartialEq)]
+pub struct Trace {
+    /// Every span, in the answer's order.
+    pub spans: Vec<TraceSpan>,
+    /// The answer as an OTLP/JSON `ExportTraceServiceRequest`, ids in lowercase hex.
+    pub otlp_json: Value,
+}
+
+impl Trace {
+    /// The span with id `span_id` (16 hex, any case).
+    pub fn span(&self, span_id: &str) -> Option<&TraceSpan> {
+        let id = span_id.to_ascii_lowercase();
+        self.spans.iter().find(|s| s.span_id == id)
+    }
+
+    /// The local roots: spans without a parent, whose parent is not in the trace, or whose
+    /// parent ran in another process (another resource).
+    pub fn local_roots(&self) -> Vec<&TraceSpan> {
+        self.spans
+            .iter()
+            .filter(|s| match &s.parent_span_id {
+                None => true,
+                Some(p) => self
+                    .span(p)
+                    .is_none_or(|parent| parent.resource != s.resource),
+            })
+            .collect()
+    }
+
+    /// The local root with the longest wall time (the first of equals).
+    pub fn slowest_local_root(&self) -> Option<&TraceSpan> {
+        self.local_roots()
+            .into_iter()
+            .rev()
+            .max_by_key(|s| s.end_unix_nano.saturating_sub(s.start_unix_nano))
+    }
+
+    /// The spans below `span` in the same process (its descendants with its resource).
+    pub fn local_descendants(&self, span: &TraceSpan) -> Vec<&TraceSpan> {
+        let mut out: Vec<&TraceSpan> = Vec::new();
+        let mut frontier = vec![span.span_id.as_str()];
+        while let Some(id) = frontier.pop() {
+            for child in self
+                .spans
+                .iter()
+                .filter(|c| c.parent_span_id.as_deref() == Some(id) && c.resource == span.resource)
+            {
+                if !out.iter().any(|o| o.span_id == child.span_id) {
+                    out.push(child);
+                    frontier.push(&child.span_id);
+                }
+            }
+        }
+        out
+    }
+}
+
+/// A TraceQL search (`GET /api/search`).
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct SearchQuery {
+    /// The TraceQL query, e.g. `{ resource.service.name = "api" && name = "GET /report" }`.
+    pub traceql: String,
+    /// Start, seconds since the Unix epoch.
+    pub start_s: u64,
+    /// End, seconds since the Unix epoch.
+    pub end_s: u64,
+    /// Most traces to return (Tempo's default is 20).
+    pub limit: u32,
+    /// Most matching spans per trace (Tempo's `spss`, default 3, at most 100 in v3.0.3).
+    pub spans_per_set: u32,
+}
+
+/// The most spans per span set Tempo v3.0.3 returns (`spss` above it is refused).
+pub const MAX_SPANS_PER_SET: u32 = 100;
+
+/// A span a search matched: what Tempo's search answer carries.
+#[derive(Clone, Debug, Default, PartialEq, Eq)]
+pub struct FoundSpan {
+    /// 32 lowercase hex (Tempo drops leading zeros; they are restored).
+    pub trace_id: String,
+    /// 16 lowercase hex.
+    pub span_id: String,
+    /// Span name.
+    pub name: String,
+    /// Start, ns since the Unix epoch.
+    pub start_unix_nano: u64,
+    /// Duration, ns.
+    pub duration_ns: u64,
+    /// The attributes the query named or selected, by their bare name.
+    pub attributes: BTreeMap<String, String>,
+}
+
+/// Client of Tempo's HTTP API (`http://host:3200`).
+#[derive(Debug, Clone)]
+pub struct TempoClient {
+    backend: Backend,
+}
+
+impl TempoClient {
+    /// A client for the Tempo API at `base` (e.g. `http://localhost:3200`).
+    ///
+    /// # Errors
+    /// `base` is not an http(s) URL ([`QueryError::Setting`] naming `TEMPO_URL`).
+    pub fn new(base: &str) -> Result<TempoClient, QueryError> {
+        Ok(TempoClient {
+            backend: Backend::new(base, "TEMPO_URL")?,
+        })
+    }
+
+    /// Sends `auth` with every request.
+    pub fn with_auth(mut self, auth: Auth) -> TempoClient {
+        self.backend.set_auth(auth);
+        self
+    }
+
+    /// Bounds every request by `timeout` (default 30 s).
+    pub fn with_timeout(mut self, timeout: Duration) -> Result<TempoClient, QueryError> {
+        self.backend.set_timeout(timeout)?;
+        Ok(self)
+    }
+
+    /// The base URL.
+    pub fn base(&self) -> &str {
+        self.backend.base()
+    }
+
+    /// `GET /api/traces/<trace id>`: the trace, `Ok(None)` when Tempo does not know it
+    /// (yet).
+    pub fn get_trace(&self, trace_id: &str) -> Result<Option<Trace>, QueryError> {
+        let path = format!("api/traces/{}", trace_id.trim());
+        let Some(json) = self.backend.get_json(&path, &[])? else {
+            return Ok(None);
+        };
+        let request = format!("GET {}/{path}", self.base());
+        let spans = parse_trace(&json).map_err(|message| QueryError::Decode {
+            request: request.clone(),
+            message,
+        })?;
+        if spans.is_empty() {
+            return Ok(None);
+        }
+        Ok(Some(Trace {
+            otlp_json: normalized(&json),
+            spans,
+        }))
+    }
+
+    /// `GET /api/search`: the spans `query` matched, most recent traces first as Tempo
+    /// orders them.
+    pub fn search(&self, query: &SearchQuery) -> Result<Vec<FoundSpan>, QueryError> {
+        let params = [
+            ("q", query.traceql.clone()),
+            ("start", query.start_s.to_string()),
+            ("end", query.end_s.max(query.start_s + 1).to_string()),
+            ("limit", query.limit.to_string()),
+            (
+                "spss",
+                query.spans_per_set.min(MAX_SPANS_PER_SET).to_string(),
+            ),
+        ];
+        let json = self
+            .backend
+            .get_json("api/search", &params)?
+            .unwrap_or_default();
+        parse_search(&json).map_err(|message| QueryError::Decode {
+            request: format!("GET {}/api/search", self.base()),
+            message,
+        })
+    }
+}
+
+/// Parses a search answer: `traces[].spanSets[].spans[]` (or the older single `spanSet`).
+pub fn parse_search(json: &Value) -> Result<Vec<FoundSpan>, String> {
+    let mut out: Vec<FoundSpan> = Vec::new();
+    for trace in json
+        .get("traces")
+        .and_then(Value::as_array)
+        .into_iter()
+        .flatten()
+    {
+        let trace_id = trace
+            .get("traceID")
+            .and_then(Value::as_str)
+            .and_then(|t| crate::ids::pad_hex(t, 16))
+            .ok_or("a search result without a valid traceID")?;
+        let sets: Vec<&Value> = match trace.get("spanSets").and_then(Value::as_array) {
+            Some(sets) => sets.iter().collect(),
+            None => trace.get("spanSet").into_iter().collect(),
+        };
+        for span in sets
+            .into_iter()
+            .filter_map(|set| set.get("spans").and_then(Value::as_array))
+            .flatten()
+        {
+            let span_id = span
+                .get("spanID")
+                .and_then(Value::as_str)
+                .and_then(|s| crate::ids::pad_hex(s, 8))
+                .ok_or("a search result span without a valid spanID")?;
+            if out
+                .iter()
+                .any(|f| f.trace_id == trace_id && f.span_id == span_id)
+            {
+                continue;
+            }
+            out.push(FoundSpan {
+                trace_id: trace_id.clone(),
+                span_id,
+                name: span
+                    .get("name")
+                    .and_then(Value::as_str)
+                    .unwrap_or_default()
+                    .to_owned(),
+                start_unix_nano: json_u64(span.get("startTimeUnixNano")),
+                duration_ns: json_u64(span.get("durationNanos")),
+                attributes: attributes(span.get("attributes")),
+            });
+        }
+    }
+    Ok(out)
+}
+
+/// Tempo's answer as OTLP/JSON with hex ids (`batches` → `resourceSpans`).
+fn normalized(json: &Value) -> Value {
+    let batches = json
+        .get("batches")
+        .or_else(|| json.get("trace").and_then(|t| t.get("resourceSpans")))
+        .or_else(|| json.get("resourceSpans"))
+        .cloned()
+        .unwrap_or(Value::Array(Vec::new()));
+    let mut batches = batches;
+    for batch in batches.as_array_mut().into_iter().flatten() {
+        if let Some(old) = batch.get("instrumentationLibrarySpans").cloned() {
+            batch["scopeSpans"] = old;
+        }
+        for scope in batch
+            .get_mut("scopeSpans")
+            .and_then(Value::as_array_mut)
+            .into_iter()
+            .flatten()
+        {
+            for span in scope
+                .get_mut("spans")
+                .and_then(Value::as_array_mut)
+                .into_iter()
+                .flatten()
+            {
+                for (key, len) in [("traceId", 16), ("spanId", 8), ("parentSpanId", 8)] {
+                    let hex = span
+                        .get(key)
+                        .and_then(Value::as_str)
+                        .and_then(|s| id_to_hex(s, len));
+                    if let Some(hex) = hex {
+                        span[key] = Value::String(hex);
+                    }
+                }
+            }
+        }
+    }
+    serde_json::json!({ "resourceSpans": batches })
+}
+
+/// Parses Tempo's v1 (`{"batches": [...]}`) or v2 (`{"trace": {"resourceSpans": [...]}}`)
+/// answer, or plain OTLP JSON (`{"resourceSpans": [...]}`).
+pub fn parse_trace(json: &Value) -> Result<Vec<TraceSpan>, String> {
+    let batches = json
+        .get("batches")
+        .or_else(|| json.get("trace").and_then(|t| t.get("resourceSpans")))
+        .or_else(|| json.get("resourceSpans"))
+        .and_then(Value::as_array)
+        .ok_or("trace JSON without batches/resourceSpans")?;
+    let mut spans = Vec::new();
+    for batch in batches {
+        let resource = attributes(batch.get("resource").and_then(|r| r.get("attributes")));
+        let scopes = batch
+            .get("scopeSpans")
+            .or_else(|| batch.get("instrumentationLibrarySpans"))
+            .and_then(Value::as_array);
+        for scope in scopes.into_iter().flatten() {
+            for span in scope
+                .get("spans")
+                .and_then(Value::as_array)
+                .into_iter()
+                .flatten()
+            {
+                let id = |key: &str, len: usize| {
+                    span.get(key)
+                        .and_then(Value::as_str)
+                        .filter(|s| !s.is_empty())
+                        .and_then(|s| id_to_hex(s, len))
+                };
+                let trace_id = id("traceId", 16).ok_or("span without a valid traceId")?;
+                let span_id = id("spanId", 8).ok_or("span without a valid spanId")?;
+                spans.push(TraceSpan {
+                    trace_id,
+                    span_id,
+                    parent_span_id: id("parentSpanId", 8),
+                    name: span
+                        .get("name")
+                        .and_then(Value::as_str)
+                        .unwrap_or_default()
+                        .to_string(),
+                    start_unix_nano: json_u64(span.get("startTimeUnixNano")),
+                    end_unix_nano: json_u64(span.get("endTimeUnixNano")),
+                    attributes: attributes(span.get("attributes")),
+                    resource: resource.clone(),
+                });
+            }
+        }
+    }
+    Ok(spans)
+}
+
+fn json_u64(v: Option<&Value>) -> u64 {
+    match v {
+        Some(Value::String(s)) => s.parse().unwrap_or(0),
+        Some(Value::Number(n)) => n.as_u64().unwrap_or(0),
+        _ => 0,
+    }
+}
+
+fn attributes(v: Option<&Value>) -> BTreeMap<String, String> {
+    let mut out = BTreeMap::new();
+    for kv in v.and_then(Value::as_array).into_iter().flatten() {
+        let Some(key) = kv.get("key").and_then(Value::as_str) else {
+            continue;
+        };
+        let value = kv.get("value").map(any_value).unwrap_or_default();
+        out.insert(key.to_string(), value);
+    }
+    out
+}
+
+fn any_value(v: &Value) -> String {
+    for key in ["stringValue", "intValue", "boolValue", "doubleValue"] {
+        if let Some(x) = v.get(key) {
+            return match x {
+                Value::String(s) => s.clone(),
+                other => other.to_string(),
+            };
+        }
+    }
+    v.to_string()
+}
