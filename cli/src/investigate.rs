@@ -39,6 +39,9 @@ use crate::ids::SpanId;
 use crate::input::{otlp, Input, Sample, Span, DEFAULT_PERIOD_NS};
 use crate::report::{write_group, SpanGroup, SpanReport};
 
+mod endpoint;
+pub use endpoint::{EndpointQuery, EndpointReport, VersionSummary, DEFAULT_SPANS_PER_VERSION};
+
 /// The version of [`Investigation::to_json`]'s schema (`docs/investigate.md`).
 pub const JSON_VERSION: u32 = 1;
 /// The size attribute compared when the spans carry it and none is named.
@@ -47,6 +50,9 @@ pub const DEFAULT_SIZE_ATTRIBUTE: &str = "http.response.body.size";
 pub const SIZE_TOLERANCE: f64 = 0.25;
 /// Most traces fetched for a control side (each is one request to Tempo).
 pub const MAX_CONTROL_TRACES: u32 = 20;
+/// Said when no `--crate` was given: Pyroscope's span profiles carry no source files.
+pub const NAMES_ONLY_HINT: &str = "note: Pyroscope returns function names only, so \"your \
+     code\" is told from the names; name your crates with --crate to be exact";
 /// The interval Grafana's "Profiles for this span" adds on each side of the span.
 const GRAFANA_MARGIN_MS: i64 = 60_000;
 
@@ -206,27 +212,19 @@ impl Control {
     /// The conclusion: a candidate with its evidence, never a proven cause.
     pub fn hypothesis(&self) -> Option<String> {
         let diff = self.diff.as_ref()?;
-        if let Some(cause) = &diff.cause {
-            return Some(format!(
-                "Hypothesis, not a proven cause: candidate `{}`, {:+.0} ms CPU per request \
-                 against {} ({} request(s)); test it separately",
-                cause.function,
-                cause.total_delta_ns() / 1e6,
-                self.baseline,
-                self.compared
-            ));
-        }
-        let grown = diff.grown.first()?;
-        (grown.delta_ns() > 0.0).then(|| {
-            format!(
-                "Hypothesis, not a proven cause: candidate `{}`, {:+.0} ms CPU per request \
-                 against {} ({} request(s)); test it separately",
-                grown.function,
-                grown.delta_ns() / 1e6,
-                self.baseline,
-                self.compared
-            )
-        })
+        // The cause in your code when the diff names one, else the largest growth.
+        let (function, delta_ns) = match (&diff.cause, diff.grown.first()) {
+            (Some(cause), _) => (&cause.function, cause.total_delta_ns()),
+            (None, Some(grown)) if grown.delta_ns() > 0.0 => (&grown.function, grown.delta_ns()),
+            _ => return None,
+        };
+        Some(format!(
+            "Hypothesis, not a proven cause: candidate `{function}`, {:+.0} ms CPU per request \
+             against {} ({} request(s)); test it separately",
+            delta_ns / 1e6,
+            self.baseline,
+            self.compared
+        ))
     }
 }
 
@@ -247,6 +245,9 @@ pub struct Investigation {
     pub evidence: Evidence,
     /// The report of the one span (one group).
     pub report: SpanReport,
+    /// What the report was built from: the span, its descendants, its samples (for the
+    /// HTML page).
+    pub input: Input,
     /// The control, unless turned off.
     pub control: Option<Control>,
     /// The requests made, in order (`POST url`), for a reader checking the selection.
@@ -367,6 +368,7 @@ impl Investigation {
             span_query,
             evidence,
             report,
+            input,
             control,
             notes,
         })
@@ -538,6 +540,9 @@ impl fmt::Display for Investigation {
         }
         if let Some(group) = self.group() {
             write_group(f, group, false)?;
+            if self.input.user_crates.is_empty() {
+                writeln!(f, "  {NAMES_ONLY_HINT}")?;
+            }
         }
         if let Some(control) = &self.control {
             writeln!(f, "\nControl: {} ({})", control.baseline, control.traceql)?;
@@ -863,4 +868,41 @@ fn control(
         (&after_label, &after),
     ));
     Ok(out)
+}
+
+#[cfg(test)]
+mod tests {
+    use serde_json::json;
+
+    use super::*;
+
+    #[test]
+    fn a_flame_graph_becomes_innermost_first_samples_of_the_span() {
+        let graph = FlameGraph::from_json(&json!({
+            "names": ["total", "main", "work"],
+            "levels": [
+                {"values": ["0", "30000000", "0", "0"]},
+                {"values": ["0", "30000000", "10000000", "1"]},
+                {"values": ["0", "20000000", "20000000", "2"]},
+            ],
+            "total": "30000000", "maxSelf": "20000000",
+        }))
+        .expect("a flame graph");
+        let id = SpanId::from(7);
+        let mut samples = samples_of(&graph, Some(id), None, DEFAULT_PERIOD_NS);
+        samples.sort_by_key(|s| s.cpu_ns);
+        let frames: Vec<Vec<&str>> = samples
+            .iter()
+            .map(|s| s.frames.iter().map(|f| f.as_ref()).collect())
+            .collect();
+        assert_eq!(frames, [vec!["main"], vec!["work", "main"]]);
+        assert_eq!(samples[1].cpu_ns, 20_000_000);
+        assert_eq!(samples[1].count, 2);
+        assert!(samples.iter().all(|s| s.span_id == Some(id)));
+    }
+
+    #[test]
+    fn traceql_strings_are_escaped() {
+        assert_eq!(quoted(r#"GET "/x"\y"#), r#""GET \"/x\"\\y""#);
+    }
 }

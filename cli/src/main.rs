@@ -113,9 +113,24 @@ struct InvestigateArgs {
     /// Pyroscope's API, e.g. http://localhost:4040.
     #[arg(long, env = "PYROSCOPE_URL", value_name = "URL")]
     pyroscope: String,
-    /// The trace (32 hex digits).
-    #[arg(long, value_name = "ID")]
-    trace_id: String,
+    /// The trace (32 hex digits): one operation.
+    #[arg(
+        long,
+        value_name = "ID",
+        required_unless_present = "span_name",
+        conflicts_with = "span_name"
+    )]
+    trace_id: Option<String>,
+    /// With --service: the endpoint over time (--since), per version, instead of one
+    /// operation.
+    #[arg(long, value_name = "NAME", requires = "service")]
+    span_name: Option<String>,
+    /// The service.name of --span-name's endpoint.
+    #[arg(long, value_name = "S", requires = "span_name")]
+    service: Option<String>,
+    /// With --span-name: how many of each version's slowest spans are read in full.
+    #[arg(long, value_name = "N", default_value_t = otel_profiling_cli::investigate::DEFAULT_SPANS_PER_VERSION)]
+    spans_per_version: usize,
     /// The span (16 hex digits); default: the trace's slowest local root.
     #[arg(long, value_name = "ID")]
     span_id: Option<String>,
@@ -137,7 +152,7 @@ struct InvestigateArgs {
     /// (default: http.response.body.size when the span carries it).
     #[arg(long, value_name = "NAME")]
     size_attribute: Option<String>,
-    /// How far back the comparison's search looks.
+    /// How far back the comparison's search (or --span-name's) looks.
     #[arg(long, value_name = "DURATION", value_parser = duration, default_value = "1h")]
     since: std::time::Duration,
     /// The services' profile upload interval: a profile is stamped at its interval's
@@ -148,8 +163,12 @@ struct InvestigateArgs {
     #[arg(long, value_name = "DURATION", value_parser = duration, default_value = "30s")]
     timeout: std::time::Duration,
     /// Print the investigation as JSON (schema: docs/investigate.md).
-    #[arg(long)]
+    #[arg(long, conflicts_with = "html")]
     json: bool,
+    /// Also write the report's HTML page of what was read (the span, or the endpoint's
+    /// spans per version) to this file.
+    #[arg(long, value_name = "PATH")]
+    html: Option<PathBuf>,
 }
 
 /// A duration as the bridge's variables take it (`15s`, `500ms`, `2h`).
@@ -161,10 +180,32 @@ fn duration(s: &str) -> Result<std::time::Duration, String> {
 
 #[cfg(feature = "backends")]
 fn investigate(args: InvestigateArgs) -> Result<(), ReportError> {
-    use otel_profiling_cli::investigate::{Backends, Baseline, Investigation, OperationQuery};
+    use otel_profiling_cli::investigate::{
+        Backends, Baseline, EndpointQuery, EndpointReport, Investigation, OperationQuery,
+    };
     let backends = Backends::from_urls(&args.tempo, &args.pyroscope, args.timeout)
         .map_err(otel_profiling_cli::investigate::InvestigateError::from)?;
-    let mut query = OperationQuery::of_trace(&args.trace_id);
+    let (Some(trace_id), None) = (&args.trace_id, &args.span_name) else {
+        let mut query = EndpointQuery::new(
+            args.service.as_deref().unwrap_or_default(),
+            args.span_name.as_deref().unwrap_or_default(),
+            args.since,
+        );
+        query.user_crates = args.crates;
+        query.upload_interval = args.upload_interval;
+        query.spans_per_version = args.spans_per_version.max(1);
+        let report = EndpointReport::run(&backends, &query)?;
+        if let Some(path) = &args.html {
+            HtmlReport::from_input(&report.input).write_file(path)?;
+            eprintln!("wrote {}", path.display());
+        }
+        return if args.json {
+            emit(&format!("{:#}\n", report.to_json()))
+        } else {
+            emit(&report)
+        };
+    };
+    let mut query = OperationQuery::of_trace(trace_id);
     query.span_id = args.span_id;
     query.user_crates = args.crates;
     query.upload_interval = args.upload_interval;
@@ -177,6 +218,10 @@ fn investigate(args: InvestigateArgs) -> Result<(), ReportError> {
         (false, None, None) => Baseline::OtherVersion,
     };
     let investigation = Investigation::run(&backends, &query)?;
+    if let Some(path) = &args.html {
+        HtmlReport::from_input(&investigation.input).write_file(path)?;
+        eprintln!("wrote {}", path.display());
+    }
     let text = if args.json {
         format!("{:#}\n", investigation.to_json())
     } else {

@@ -483,6 +483,13 @@ impl fmt::Display for SpanReport {
         if self.groups.is_empty() {
             return writeln!(f, "\nNo local root spans in the span files read.");
         }
+        self.write_body(f)
+    }
+}
+
+impl SpanReport {
+    /// The report below its header: the table, each group, and the notes.
+    pub(crate) fn write_body(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         writeln!(f)?;
         let mut table = Table::new(&[
             "SPAN",

@@ -17,7 +17,7 @@ use std::sync::OnceLock;
 use std::time::Duration;
 
 use otel_profiling_cli::investigate::{
-    Backends, Baseline, Evidence, Investigation, OperationQuery,
+    Backends, Baseline, EndpointQuery, EndpointReport, Evidence, Investigation, OperationQuery,
 };
 use otel_profiling_cli::verdict::Verdict;
 use otel_profiling_integration_tests::standin::StandIn;
@@ -192,4 +192,74 @@ fn a_span_without_a_profile_id_gets_the_labelled_workload_fallback() {
         inv.to_json()["span"]["concurrent"]["title"],
         "concurrent workload activity, not this span"
     );
+}
+
+#[test]
+fn the_report_endpoint_over_time_per_version_with_its_slowest_traces() {
+    let run = run();
+    let mut query = EndpointQuery::new("report-service", "GET /report", Duration::from_secs(3600));
+    query.upload_interval = Duration::from_secs(5);
+    query.spans_per_version = 5;
+    let report = EndpointReport::run(&backends(run), &query).expect("endpoint report");
+    println!("{report}");
+    let versions: Vec<&str> = report.versions.iter().map(|v| v.version.as_str()).collect();
+    assert_eq!(versions, ["1.5.0", "1.4.0"], "most recent first");
+    let tempo = TempoClient::new(&run.standin.url()).expect("URL");
+    for v in &report.versions {
+        assert_eq!(v.read, 5, "{}", v.version);
+        assert!(v.found >= v.read);
+        assert_eq!(v.slowest.len(), 5);
+        assert!(
+            v.slowest.windows(2).all(|w| w[0].2 >= w[1].2),
+            "slowest first"
+        );
+        assert!(v.p95_ns >= v.p50_ns && v.p50_ns > 0.0);
+        // Quantiles of every span, not of the search's sample.
+        assert_eq!(v.quantiles_from, "TraceQL metrics");
+        // Each listed trace is a request of that version, to go on with in mode 1.
+        let (trace_id, span_id, _) = &v.slowest[0];
+        let trace = tempo.get_trace(trace_id).expect("trace").expect("known");
+        let span = trace.span(span_id).expect("the span");
+        assert_eq!(span.resource["service.version"], v.version);
+        let group = report
+            .report
+            .group("GET /report", Some(&v.version))
+            .expect("a group per version");
+        assert_eq!(group.count, 5);
+        // The slowest requests are computing, or were preempted while computing (on a
+        // loaded machine the slowest are those that waited for a CPU): never waiting on
+        // a dependency or blocked.
+        assert!(
+            matches!(
+                group.verdict,
+                Verdict::CpuBound | Verdict::Mixed | Verdict::WaitingForCpu
+            ),
+            "{}: {}",
+            v.version,
+            group.reason
+        );
+        assert!(
+            group.split.awaiting_ns < group.wall_total_ns / 10,
+            "{}",
+            group.reason
+        );
+    }
+    let slow = report.report.group("GET /report", Some("1.5.0")).unwrap();
+    let fast = report.report.group("GET /report", Some("1.4.0")).unwrap();
+    assert!(slow.profile_cpu_ns > 3 * fast.profile_cpu_ns);
+    assert!(
+        slow.user_total
+            .iter()
+            .any(|f| f.function.ends_with("paginate_report")),
+        "{:?}",
+        slow.user_total
+    );
+    let json = report.to_json();
+    assert_eq!(json["version"], 1);
+    assert_eq!(
+        json["versions"][0]["slowest"].as_array().map(Vec::len),
+        Some(5)
+    );
+    let text = report.to_string();
+    assert!(text.contains("Tempo's search returned"), "{text}");
 }

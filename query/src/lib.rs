@@ -45,6 +45,6 @@ pub use error::QueryError;
 pub use flamegraph::{FlameGraph, FlameNode};
 pub use pyroscope::{grafana_label_selector, PyroscopeClient, SpanProfileQuery};
 pub use tempo::{
-    parse_search, parse_trace, FoundSpan, SearchQuery, TempoClient, Trace, TraceSpan,
-    MAX_SPANS_PER_SET,
+    parse_metrics, parse_search, parse_trace, FoundSpan, MetricsQuery, MetricsResult,
+    MetricsSeries, SearchQuery, TempoClient, Trace, TraceSpan, MAX_SPANS_PER_SET,
 };

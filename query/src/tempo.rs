@@ -187,6 +187,28 @@ impl TempoClient {
         }))
     }
 
+    /// `GET /api/metrics/query_range`: a TraceQL metrics query's series.
+    pub fn metrics_query_range(&self, query: &MetricsQuery) -> Result<MetricsResult, QueryError> {
+        let params = [
+            ("q", query.traceql.clone()),
+            ("start", query.start_s.to_string()),
+            ("end", query.end_s.max(query.start_s + 1).to_string()),
+            ("step", format!("{}s", query.step_s.max(1))),
+        ];
+        let json = self
+            .backend
+            .get_json("api/metrics/query_range", &params)?
+            .ok_or_else(|| QueryError::Status {
+                request: format!("GET {}/api/metrics/query_range", self.base()),
+                status: 404,
+                body: "no TraceQL metrics here".into(),
+            })?;
+        parse_metrics(&json).map_err(|message| QueryError::Decode {
+            request: format!("GET {}/api/metrics/query_range", self.base()),
+            message,
+        })
+    }
+
     /// `GET /api/search`: the spans `query` matched, most recent traces first as Tempo
     /// orders them.
     pub fn search(&self, query: &SearchQuery) -> Result<Vec<FoundSpan>, QueryError> {
@@ -209,6 +231,93 @@ impl TempoClient {
             message,
         })
     }
+}
+
+/// A TraceQL metrics query (`GET /api/metrics/query_range`).
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct MetricsQuery {
+    /// e.g. `{ name = "GET /x" } | quantile_over_time(duration, .5, .95) by (resource.service.version)`.
+    pub traceql: String,
+    /// Start, seconds since the Unix epoch.
+    pub start_s: u64,
+    /// End, seconds since the Unix epoch.
+    pub end_s: u64,
+    /// Step, seconds.
+    pub step_s: u64,
+}
+
+/// One series of a metrics answer.
+#[derive(Clone, Debug, Default, PartialEq)]
+pub struct MetricsSeries {
+    /// Its labels, values rendered as strings (`p` = `0.5` for a quantile series).
+    pub labels: BTreeMap<String, String>,
+    /// (timestamp ms, value) pairs; durations in seconds.
+    pub samples: Vec<(i64, f64)>,
+}
+
+/// A metrics answer.
+#[derive(Clone, Debug, Default, PartialEq)]
+pub struct MetricsResult {
+    /// Every series.
+    pub series: Vec<MetricsSeries>,
+}
+
+impl MetricsResult {
+    /// The last value of the quantile `q` (e.g. `"0.95"`) series whose
+    /// `resource.service.version` is `version`, in seconds.
+    pub fn quantile(&self, version: &str, q: &str) -> Option<f64> {
+        let wanted: f64 = q.parse().ok()?;
+        self.series
+            .iter()
+            .filter(|s| {
+                let v = s
+                    .labels
+                    .get("resource.service.version")
+                    .or_else(|| s.labels.get("service.version"));
+                v.map(String::as_str) == Some(version)
+                    && s.labels
+                        .get("p")
+                        .and_then(|p| p.parse::<f64>().ok())
+                        .is_some_and(|p| (p - wanted).abs() < 1e-9)
+            })
+            .filter_map(|s| s.samples.last().map(|(_, v)| *v))
+            .find(|v| v.is_finite())
+    }
+}
+
+/// Parses a `query_range` answer: `series[{labels: [{key, value}], samples:
+/// [{timestampMs, value}]}]`.
+pub fn parse_metrics(json: &Value) -> Result<MetricsResult, String> {
+    let mut out = MetricsResult::default();
+    for series in json
+        .get("series")
+        .and_then(Value::as_array)
+        .into_iter()
+        .flatten()
+    {
+        let labels = attributes(series.get("labels"));
+        let samples = series
+            .get("samples")
+            .and_then(Value::as_array)
+            .into_iter()
+            .flatten()
+            .filter_map(|s| {
+                let t = match s.get("timestampMs")? {
+                    Value::String(t) => t.parse().ok()?,
+                    Value::Number(n) => n.as_i64()?,
+                    _ => return None,
+                };
+                let v = match s.get("value")? {
+                    Value::Number(n) => n.as_f64()?,
+                    Value::String(v) => v.parse().ok()?,
+                    _ => return None,
+                };
+                Some((t, v))
+            })
+            .collect();
+        out.series.push(MetricsSeries { labels, samples });
+    }
+    Ok(out)
 }
 
 /// Parses a search answer: `traces[].spanSets[].spans[]` (or the older single `spanSet`).
@@ -383,4 +492,94 @@ fn any_value(v: &Value) -> String {
         }
     }
     v.to_string()
+}
+
+#[cfg(test)]
+mod tests {
+    use serde_json::json;
+
+    use super::*;
+
+    #[test]
+    fn search_answers_restore_leading_zeros_and_keep_each_span_once() {
+        let found = parse_search(&json!({"traces": [{
+            "traceID": "abc",
+            "spanSets": [
+                {"spans": [{"spanID": "1", "name": "GET /x", "startTimeUnixNano": "5",
+                    "durationNanos": "7",
+                    "attributes": [{"key": "service.version", "value": {"stringValue": "1.4.0"}}]}]},
+                {"spans": [{"spanID": "0000000000000001", "name": "GET /x"}]}
+            ]
+        }]}))
+        .unwrap();
+        assert_eq!(found.len(), 1);
+        assert_eq!(found[0].trace_id, format!("{:0>32}", "abc"));
+        assert_eq!(found[0].span_id, "0000000000000001");
+        assert_eq!(found[0].duration_ns, 7);
+        assert_eq!(found[0].attributes["service.version"], "1.4.0");
+        assert!(parse_search(&json!({"traces": [{"traceID": "xyz"}]})).is_err());
+    }
+
+    #[test]
+    fn quantile_series_are_found_by_version_and_p() {
+        let m = parse_metrics(&json!({"series": [
+            {"labels": [{"key": "resource.service.version", "value": {"stringValue": "1.5.0"}},
+                        {"key": "p", "value": {"doubleValue": 0.95}}],
+             "samples": [{"timestampMs": "1000", "value": 1.25}]},
+            {"labels": [{"key": "resource.service.version", "value": {"stringValue": "1.5.0"}},
+                        {"key": "p", "value": {"doubleValue": 0.5}}],
+             "samples": [{"timestampMs": "1000", "value": 1.0}]}
+        ]}))
+        .unwrap();
+        assert_eq!(m.quantile("1.5.0", "0.95"), Some(1.25));
+        assert_eq!(m.quantile("1.5.0", "0.5"), Some(1.0));
+        assert_eq!(m.quantile("1.4.0", "0.5"), None);
+    }
+
+    #[test]
+    fn a_trace_names_its_local_roots_and_their_descendants() {
+        let batch = |service: &str, spans: Vec<Value>| {
+            json!({"resource": {"attributes": [
+                {"key": "service.name", "value": {"stringValue": service}}]},
+                "scopeSpans": [{"spans": spans}]})
+        };
+        let span = |id: &str, parent: &str, start: u64, end: u64| {
+            json!({"traceId": "AAAAAAAAAAAAAAAAAAAAAQ==", "spanId": id, "parentSpanId": parent,
+                   "name": id, "startTimeUnixNano": start.to_string(),
+                   "endTimeUnixNano": end.to_string()})
+        };
+        let answer = json!({"batches": [
+            batch("front", vec![span("0000000000000001", "", 0, 100)]),
+            batch("back", vec![
+                span("0000000000000002", "0000000000000001", 10, 90),
+                span("0000000000000003", "0000000000000002", 20, 30),
+            ]),
+        ]});
+        let spans = parse_trace(&answer).unwrap();
+        let trace = Trace {
+            otlp_json: normalized(&answer),
+            spans,
+        };
+        let roots: Vec<&str> = trace
+            .local_roots()
+            .iter()
+            .map(|s| s.span_id.as_str())
+            .collect();
+        assert_eq!(roots, ["0000000000000001", "0000000000000002"]);
+        assert_eq!(
+            trace.slowest_local_root().unwrap().span_id,
+            "0000000000000001"
+        );
+        let back = trace.span("0000000000000002").unwrap();
+        let below: Vec<&str> = trace
+            .local_descendants(back)
+            .iter()
+            .map(|s| s.span_id.as_str())
+            .collect();
+        assert_eq!(below, ["0000000000000003"]);
+        assert_eq!(
+            trace.otlp_json["resourceSpans"][0]["scopeSpans"][0]["spans"][0]["traceId"],
+            "00000000000000000000000000000001"
+        );
+    }
 }

@@ -235,3 +235,67 @@ fn a_reader_that_stops_early_is_not_an_error() {
         assert!(!stderr.contains("panicked"), "{args:?}: {stderr}");
     }
 }
+
+#[test]
+fn investigate_names_the_bad_setting_and_the_unreachable_backend() {
+    let out = Command::new(env!("CARGO_BIN_EXE_otel-profiling"))
+        .args(["investigate", "--tempo", "localhost:3200", "--pyroscope"])
+        .arg("http://127.0.0.1:9")
+        .args(["--trace-id", "0af7651916cd43dd8448eb211c80319c"])
+        .env_remove("TEMPO_AUTH_TOKEN")
+        .output()
+        .expect("run");
+    assert!(!out.status.success());
+    assert!(
+        text(&out.stderr).contains("TEMPO_URL"),
+        "{}",
+        text(&out.stderr)
+    );
+
+    // Nothing listens on port 9 (discard): the error names the request.
+    let out = Command::new(env!("CARGO_BIN_EXE_otel-profiling"))
+        .args(["investigate", "--tempo", "http://127.0.0.1:9"])
+        .args(["--pyroscope", "http://127.0.0.1:9", "--timeout", "2s"])
+        .args(["--trace-id", "0af7651916cd43dd8448eb211c80319c"])
+        .output()
+        .expect("run");
+    assert!(!out.status.success());
+    let err = text(&out.stderr);
+    assert!(
+        err.contains("GET http://127.0.0.1:9/api/traces/0af7651916cd43dd8448eb211c80319c"),
+        "{err}"
+    );
+
+    // One operation or one endpoint, not both; a bad duration names itself.
+    let both = run(&[
+        "investigate",
+        "--tempo",
+        "http://a",
+        "--pyroscope",
+        "http://b",
+        "--trace-id",
+        "1",
+        "--span-name",
+        "GET /x",
+        "--service",
+        "s",
+    ]);
+    assert_eq!(both.status.code(), Some(2), "{}", text(&both.stderr));
+    let bad = run(&[
+        "investigate",
+        "--tempo",
+        "http://a",
+        "--pyroscope",
+        "http://b",
+        "--trace-id",
+        "1",
+        "--since",
+        "10 s",
+    ]);
+    assert_eq!(bad.status.code(), Some(2));
+    assert!(
+        text(&bad.stderr).contains("expected a duration"),
+        "{}",
+        text(&bad.stderr)
+    );
+}

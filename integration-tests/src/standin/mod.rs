@@ -28,6 +28,14 @@
 //!   TraceQL in the `traceql` module (one spanset filter of `&&`-joined comparisons, an
 //!   optional `| select(...)`); anything else is a plain-text 400 starting `the stand-in
 //!   supports only`;
+//! * Tempo's TraceQL metrics: `GET /api/metrics/query_range?q=&start=&end=&step=` for
+//!   `<spanset filter> | quantile_over_time(duration, <q>, ...) [by (<attr>)]` only (the
+//!   filter as the search takes it), answering Tempo v3's `QueryRangeResponse` JSON
+//!   (`series[].labels` with `p` and the `by` attribute, `samples[]` of bucket start and
+//!   seconds, `promLabels`, `metrics.inspectedSpans`); exact nearest-rank quantiles rather
+//!   than Tempo's histogram estimates; `step` defaults to `(end - start) / 100` (at least
+//!   1 s), at most 1000 buckets; any other metrics query is a plain-text 400 starting `the
+//!   stand-in supports only`;
 //! * Pyroscope's querier (Connect unary, JSON; int64 accepted as strings or numbers,
 //!   answered as strings; a bad request is a Connect `invalid_argument`):
 //!   * `POST /querier.v1.QuerierService/SelectMergeSpanProfile`: the samples of some span
@@ -68,10 +76,13 @@ pub use pyroscope::{
 };
 pub use selector::{parse_selector, MatchOp, Matcher};
 pub use tempo::{
-    SearchRequest, TempoStore, DEFAULT_SEARCH_LIMIT, DEFAULT_SPANS_PER_SET, MAX_SEARCH_LIMIT,
-    MAX_SPANS_PER_SET,
+    MetricsRequest, SearchRequest, TempoStore, DEFAULT_SEARCH_LIMIT, DEFAULT_SPANS_PER_SET,
+    MAX_METRICS_BUCKETS, MAX_SEARCH_LIMIT, MAX_SPANS_PER_SET,
 };
-pub use traceql::{parse_traceql, Attribute, CompareOp, Condition, Literal, TraceQuery};
+pub use traceql::{
+    parse_metrics_query, parse_traceql, Attribute, CompareOp, Condition, Literal, MetricsQuery,
+    TraceQuery,
+};
 pub use validate::PushRejection;
 
 /// Shared state of the stand-in.
@@ -146,6 +157,7 @@ impl StandIn {
             .route("/v1/traces", post(otlp_traces))
             .route("/api/traces/{id}", get(tempo_trace))
             .route("/api/search", get(tempo_search))
+            .route("/api/metrics/query_range", get(tempo_query_range))
             .route("/push.v1.PusherService/Push", post(pyroscope_push))
             .route("/v1development/profiles", post(pyroscope_otlp_profiles))
             .route_service(
@@ -522,7 +534,26 @@ async fn pyroscope_otlp_profiles(
 /// Tempo's `GET /api/search`: a malformed or unsupported request is a plain-text 400, as
 /// Tempo answers a bad query.
 async fn tempo_search(State(stores): State<Arc<Stores>>, uri: Uri) -> Response {
-    let request = match SearchRequest::from_query_string(uri.query().unwrap_or("")) {
+    tempo_query(&stores, &uri, SearchRequest::from_query_string, |t, r| t.search(r))
+}
+
+/// Tempo's `GET /api/metrics/query_range`: a malformed or unsupported request is a
+/// plain-text 400, as for the search.
+async fn tempo_query_range(State(stores): State<Arc<Stores>>, uri: Uri) -> Response {
+    tempo_query(&stores, &uri, MetricsRequest::from_query_string, |t, r| {
+        t.query_range(r)
+    })
+}
+
+/// A Tempo query API call: the query string parsed by `parse` (its error a plain-text
+/// 400), answered by `answer` as JSON.
+fn tempo_query<R>(
+    stores: &Stores,
+    uri: &Uri,
+    parse: fn(&str) -> Result<R, String>,
+    answer: fn(&TempoStore, &R) -> serde_json::Value,
+) -> Response {
+    let request = match parse(uri.query().unwrap_or("")) {
         Ok(r) => r,
         Err(e) => return (StatusCode::BAD_REQUEST, e).into_response(),
     };
@@ -533,7 +564,7 @@ async fn tempo_search(State(stores): State<Arc<Stores>>, uri: Uri) -> Response {
     (
         StatusCode::OK,
         [("content-type", "application/json")],
-        tempo.search(&request).to_string(),
+        answer(&tempo, &request).to_string(),
     )
         .into_response()
 }
@@ -735,5 +766,105 @@ mod tests {
             json,
             serde_json::json!({"traces": [], "metrics": {"inspectedTraces": 0}})
         );
+    }
+
+    #[test]
+    fn query_range_answers_tempos_shape_over_http() {
+        use opentelemetry_proto::tonic::collector::trace::v1::ExportTraceServiceRequest;
+        use opentelemetry_proto::tonic::common::v1::{any_value, AnyValue, KeyValue};
+        use opentelemetry_proto::tonic::resource::v1::Resource;
+        use opentelemetry_proto::tonic::trace::v1::{ResourceSpans, ScopeSpans, Span};
+
+        const S: u64 = 1_000_000_000;
+        let standin = StandIn::start().expect("stand-in starts");
+        let http = reqwest::blocking::Client::builder()
+            .no_proxy()
+            .build()
+            .expect("client");
+        let kv = |key: &str, value: &str| KeyValue {
+            key: key.into(),
+            value: Some(AnyValue {
+                value: Some(any_value::Value::StringValue(value.into())),
+            }),
+            ..KeyValue::default()
+        };
+        // Spans of 1.25 s and 0.25 s at 1000 s and 1010 s, and one at 1070 s of 2 s.
+        let spans = [(1, 1_000, 1_250), (2, 1_010, 250), (3, 1_070, 2_000)]
+            .map(|(id, start_s, ms)| Span {
+                trace_id: vec![7; 16],
+                span_id: vec![0, 0, 0, 0, 0, 0, 0, id],
+                name: "GET /x".into(),
+                start_time_unix_nano: start_s * S,
+                end_time_unix_nano: start_s * S + ms * 1_000_000,
+                ..Span::default()
+            })
+            .to_vec();
+        let request = ExportTraceServiceRequest {
+            resource_spans: vec![ResourceSpans {
+                resource: Some(Resource {
+                    attributes: vec![kv("service.name", "api"), kv("service.version", "1.5.0")],
+                    ..Resource::default()
+                }),
+                scope_spans: vec![ScopeSpans {
+                    spans,
+                    ..ScopeSpans::default()
+                }],
+                ..ResourceSpans::default()
+            }],
+        };
+        let r = http
+            .post(format!("{}/v1/traces", standin.url()))
+            .header("content-type", "application/x-protobuf")
+            .body(prost::Message::encode_to_vec(&request))
+            .send()
+            .expect("POST");
+        assert_eq!(r.status().as_u16(), 200);
+
+        let get = |query: &str| {
+            let r = http
+                .get(format!("{}/api/metrics/query_range?{query}", standin.url()))
+                .send()
+                .expect("GET");
+            (r.status().as_u16(), r.text().expect("body"))
+        };
+        let q = "q=%7B+resource.service.name+%3D+%22api%22+%7D+%7C+quantile_over_time\
+                 (duration%2C+0.95)+by+(resource.service.version)";
+        let (status, body) = get(&format!("{q}&start=1000&end=1120&step=60s"));
+        assert_eq!(status, 200, "{body}");
+        let json: serde_json::Value = serde_json::from_str(&body).expect("JSON");
+        assert_eq!(
+            json,
+            serde_json::json!({
+                "series": [{
+                    "labels": [
+                        {"key": "resource.service.version", "value": {"stringValue": "1.5.0"}},
+                        {"key": "p", "value": {"doubleValue": 0.95}},
+                    ],
+                    "samples": [
+                        {"timestampMs": "1000000", "value": 1.25},
+                        {"timestampMs": "1060000", "value": 2.0},
+                    ],
+                    "promLabels": "{p=\"0.95\", resource.service.version=\"1.5.0\"}",
+                }],
+                "metrics": {"inspectedSpans": "3"},
+            })
+        );
+
+        for (query, says) in [
+            (
+                "q=%7B%7D+%7C+rate()&start=1000&end=1120".to_string(),
+                "`rate`",
+            ),
+            ("start=1000&end=1120".to_string(), "q (the TraceQL"),
+            (
+                format!("{q}&start=1120&end=1000"),
+                "start must be before end",
+            ),
+            (format!("{q}&start=0&end=2000&step=1"), "limit of 1000"),
+        ] {
+            let (status, body) = get(&query);
+            assert_eq!(status, 400, "{query}: {body}");
+            assert!(body.contains(says), "{query}: {body}");
+        }
     }
 }

@@ -1,7 +1,8 @@
-//! The Tempo half of the stand-in: OTLP/HTTP ingest, the v1 trace-by-id API and TraceQL
-//! search (`GET /api/search`, the subset of [`super::traceql`]).
+//! The Tempo half of the stand-in: OTLP/HTTP ingest, the v1 trace-by-id API, TraceQL
+//! search (`GET /api/search`, the subset of [`super::traceql`]) and TraceQL metrics
+//! (`GET /api/metrics/query_range`, `quantile_over_time` of `duration` only).
 
-use std::collections::HashMap;
+use std::collections::{BTreeMap, HashMap};
 
 use base64::Engine as _;
 use opentelemetry_proto::tonic::collector::trace::v1::ExportTraceServiceRequest;
@@ -12,7 +13,7 @@ use opentelemetry_proto::tonic::trace::v1::Span;
 use prost::Message;
 use serde_json::{json, Value};
 
-use super::traceql::{parse_traceql, TraceQuery};
+use super::traceql::{parse_metrics_query, parse_traceql, Attribute, MetricsQuery, TraceQuery};
 
 /// One stored span with the resource and scope it arrived with.
 #[derive(Clone, Debug)]
@@ -186,6 +187,128 @@ impl SearchRequest {
     }
 }
 
+/// The most buckets (`(end - start) / step`, rounded up) a metrics query may span.
+pub const MAX_METRICS_BUCKETS: u64 = 1_000;
+
+const NANOS_PER_S: u64 = 1_000_000_000;
+
+/// A parsed `GET /api/metrics/query_range` request.
+#[derive(Clone, Debug, PartialEq)]
+pub struct MetricsRequest {
+    /// The TraceQL metrics query (`q`, required).
+    pub query: MetricsQuery,
+    /// `start`, seconds since the Unix epoch: the first bucket starts here.
+    pub start_s: u64,
+    /// `end`, seconds since the Unix epoch, exclusive.
+    pub end_s: u64,
+    /// `step`, nanoseconds: the width of a bucket.
+    pub step_ns: u64,
+}
+
+impl MetricsRequest {
+    /// Parses the URL query string of a `query_range`. `Err` is the text of the 400
+    /// answer. `q`, `start` and `end` are required (the stand-in does not guess a window)
+    /// and `end` must be after `start`; `step` is a duration (`60s`, `1m30s`, `500ms`) or
+    /// a number of seconds, absent: `(end - start) / 100` rounded up to whole seconds, at
+    /// least 1 s. More than [`MAX_METRICS_BUCKETS`] buckets are refused.
+    pub fn from_query_string(raw: &str) -> Result<MetricsRequest, String> {
+        let (mut query, mut start_s, mut end_s, mut step_ns) = (None, None, None, None);
+        for pair in raw.split('&').filter(|p| !p.is_empty()) {
+            let (key, value) = pair.split_once('=').unwrap_or((pair, ""));
+            let key = percent_decode(key)?;
+            let value = percent_decode(value)?;
+            let number = |what: &str| {
+                value
+                    .trim()
+                    .parse::<u64>()
+                    .map_err(|_| format!("invalid {what}: {value:?} is not a non-negative integer"))
+            };
+            match key.as_str() {
+                "q" => query = Some(parse_metrics_query(&value)?),
+                "start" => start_s = Some(number("start")?),
+                "end" => end_s = Some(number("end")?),
+                "step" => step_ns = Some(step_nanos(&value)?),
+                // Tempo ignores parameters it does not know.
+                _ => {}
+            }
+        }
+        let query = query.ok_or("q (the TraceQL metrics query) is required")?;
+        let (Some(start_s), Some(end_s)) = (start_s, end_s) else {
+            return Err(
+                "the stand-in supports only query_range with start and end (seconds since the \
+                 Unix epoch)"
+                    .into(),
+            );
+        };
+        if end_s <= start_s {
+            return Err(format!(
+                "http parameter start must be before end: start {start_s}, end {end_s}"
+            ));
+        }
+        let window_ns = (end_s - start_s).saturating_mul(NANOS_PER_S);
+        let step_ns = step_ns.unwrap_or_else(|| {
+            (end_s - start_s)
+                .div_ceil(100)
+                .max(1)
+                .saturating_mul(NANOS_PER_S)
+        });
+        let buckets = window_ns.div_ceil(step_ns);
+        if buckets > MAX_METRICS_BUCKETS {
+            return Err(format!(
+                "{buckets} buckets of step {step_ns} ns between start and end exceed the \
+                 stand-in's limit of {MAX_METRICS_BUCKETS} (raise step)"
+            ));
+        }
+        Ok(MetricsRequest {
+            query,
+            start_s,
+            end_s,
+            step_ns,
+        })
+    }
+}
+
+/// A `step`: a number of seconds (`60`, `0.5`) or a duration, one or more
+/// `<number><unit>` (`60s`, `1m30s`, `500ms`; units ns us µs ms s m h), in nanoseconds;
+/// 0 refused.
+fn step_nanos(text: &str) -> Result<u64, String> {
+    let invalid = || format!("invalid step {text:?}: a duration such as 60s, or seconds");
+    let text = text.trim();
+    let seconds = |n: &str| n.parse::<f64>().ok().filter(|v| v.is_finite() && *v >= 0.0);
+    let nanos = if let Some(v) = seconds(text) {
+        v * 1e9
+    } else {
+        let mut total = 0.0;
+        let mut rest = text;
+        while !rest.is_empty() {
+            let digits = rest
+                .find(|c: char| !(c.is_ascii_digit() || c == '.'))
+                .ok_or_else(invalid)?;
+            let unit_len = rest[digits..]
+                .find(|c: char| c.is_ascii_digit() || c == '.')
+                .unwrap_or(rest.len() - digits);
+            let value = seconds(&rest[..digits]).ok_or_else(invalid)?;
+            let per_unit = match &rest[digits..digits + unit_len] {
+                "ns" => 1.0,
+                "us" | "µs" => 1e3,
+                "ms" => 1e6,
+                "s" => 1e9,
+                "m" => 60e9,
+                "h" => 3_600e9,
+                _ => return Err(invalid()),
+            };
+            total += value * per_unit;
+            rest = &rest[digits + unit_len..];
+        }
+        total
+    };
+    match nanos.round() {
+        n if n < 1.0 => Err(format!("invalid step {text:?}: it must be positive")),
+        n if n >= u64::MAX as f64 => Err(invalid()),
+        n => Ok(n as u64),
+    }
+}
+
 /// Percent-decodes one URL query component (`+` is a space).
 fn percent_decode(s: &str) -> Result<String, String> {
     let bytes = s.as_bytes();
@@ -301,6 +424,127 @@ impl TempoStore {
         json!({
             "traces": found.into_iter().map(|(_, _, t)| t).collect::<Vec<_>>(),
             "metrics": { "inspectedTraces": inspected },
+        })
+    }
+}
+
+/// The exact nearest-rank `q` quantile of `sorted` (ascending, not empty): the smallest
+/// value with at least `q` of the values at or below it.
+fn nearest_rank(sorted: &[u64], q: f64) -> u64 {
+    let rank = (q * sorted.len() as f64).ceil() as usize;
+    sorted[rank.clamp(1, sorted.len()) - 1]
+}
+
+/// A label value as Prometheus' text form writes it (strings quoted).
+fn prom_value(value: &Value) -> String {
+    let quote = |s: &str| {
+        let escaped: String = s
+            .chars()
+            .flat_map(|c| match c {
+                '\\' => vec!['\\', '\\'],
+                '"' => vec!['\\', '"'],
+                '\n' => vec!['\\', 'n'],
+                c => vec![c],
+            })
+            .collect();
+        format!("\"{escaped}\"")
+    };
+    match value.as_object().and_then(|o| o.iter().next()) {
+        Some((_, Value::String(s))) => quote(s),
+        Some((_, other)) => quote(&other.to_string()),
+        None => quote(""),
+    }
+}
+
+impl TempoStore {
+    /// Tempo v3's `GET /api/metrics/query_range` answer (its `QueryRangeResponse` as
+    /// JSON) for `quantile_over_time(duration, ...) [by (<attr>)]`.
+    ///
+    /// The spans that pass the filter and start in `[start, end)` fall in bucket `i` when
+    /// they start in `[start + i·step, start + (i+1)·step)`; they are grouped by the `by`
+    /// attribute's value (`name`: the span name). Spans without that attribute form a
+    /// series of their own whose labels lack the `by` key (rather than being left out).
+    /// Each (group, quantile) is one series, labelled with the `by` attribute under its
+    /// text as written and `p` (the quantile, a double), with one sample per bucket that
+    /// has a span: `timestampMs` the bucket's start, `value` the quantile of the bucket's
+    /// durations in seconds. Tempo estimates quantiles from exponential histograms; the
+    /// stand-in computes the exact nearest-rank quantile instead, so a client must not
+    /// expect values bit-equal to Tempo's. Series are ordered by group, then quantile as
+    /// written. `inspectedSpans` counts the spans starting in the window, matching or not.
+    pub fn query_range(&self, request: &MetricsRequest) -> Value {
+        let from = request.start_s.saturating_mul(NANOS_PER_S);
+        let to = request.end_s.saturating_mul(NANOS_PER_S);
+        let query = &request.query;
+        let mut inspected = 0u64;
+        // Group (its label value as JSON, keyed by that JSON's text) → bucket → durations.
+        type Buckets = BTreeMap<u64, Vec<u64>>;
+        let mut groups: BTreeMap<Option<String>, (Option<Value>, Buckets)> = BTreeMap::new();
+        for stored in self.traces.values().flatten() {
+            let span = &stored.span;
+            let start = span.start_time_unix_nano;
+            if start < from || start >= to {
+                continue;
+            }
+            inspected += 1;
+            if !query.filter.matches(stored.resource.as_ref(), span) {
+                continue;
+            }
+            let label = query
+                .by
+                .as_ref()
+                .and_then(|(_, attribute)| match attribute {
+                    Attribute::Name => Some(json!({ "stringValue": span.name })),
+                    a => a
+                        .lookup(stored.resource.as_ref(), span)
+                        .map(|v| any_value_json(Some(v))),
+                });
+            let bucket = (start - from) / request.step_ns;
+            groups
+                .entry(label.as_ref().map(Value::to_string))
+                .or_insert_with(|| (label, BTreeMap::new()))
+                .1
+                .entry(bucket)
+                .or_default()
+                .push(span.end_time_unix_nano.saturating_sub(start));
+        }
+        let mut series = Vec::new();
+        for (label, mut buckets) in groups.into_values() {
+            buckets.values_mut().for_each(|d| d.sort_unstable());
+            for &q in &query.quantiles {
+                let mut labels = Vec::new();
+                let mut prom = Vec::new();
+                if let (Some((key, _)), Some(value)) = (&query.by, &label) {
+                    labels.push(json!({ "key": key, "value": value }));
+                    prom.push((key.clone(), prom_value(value)));
+                }
+                labels.push(json!({ "key": "p", "value": { "doubleValue": q } }));
+                prom.push(("p".to_string(), format!("\"{q}\"")));
+                prom.sort();
+                let samples: Vec<Value> = buckets
+                    .iter()
+                    .map(|(i, durations)| {
+                        let at_ms = (from + i * request.step_ns) / 1_000_000;
+                        json!({
+                            "timestampMs": at_ms.to_string(),
+                            "value": nearest_rank(durations, q) as f64 / 1e9,
+                        })
+                    })
+                    .collect();
+                let prom_labels = prom
+                    .iter()
+                    .map(|(k, v)| format!("{k}={v}"))
+                    .collect::<Vec<_>>()
+                    .join(", ");
+                series.push(json!({
+                    "labels": labels,
+                    "samples": samples,
+                    "promLabels": format!("{{{prom_labels}}}"),
+                }));
+            }
+        }
+        json!({
+            "series": series,
+            "metrics": { "inspectedSpans": inspected.to_string() },
         })
     }
 }
@@ -520,6 +764,204 @@ mod tests {
             let e = SearchRequest::from_query_string(bad).expect_err(bad);
             assert!(e.contains(says), "{bad}: {e}");
         }
+    }
+
+    #[test]
+    fn the_metrics_query_string_is_checked() {
+        let q = "q=%7B%7D+%7C+quantile_over_time(duration%2C+.5)";
+        let r =
+            MetricsRequest::from_query_string(&format!("{q}&start=100&end=400&step=60s")).unwrap();
+        assert_eq!((r.start_s, r.end_s, r.step_ns), (100, 400, 60 * S));
+        assert_eq!(r.query.quantiles, [0.5]);
+        for (step, ns) in [
+            ("30", 30 * S),
+            ("0.5", S / 2),
+            ("1m30s", 90 * S),
+            ("500ms", S / 2),
+            ("1h", 3_600 * S),
+        ] {
+            let r = MetricsRequest::from_query_string(&format!("{q}&start=0&end=100&step={step}"))
+                .expect(step);
+            assert_eq!(r.step_ns, ns, "{step}");
+        }
+        // Default step: a hundredth of the window, rounded up to whole seconds, ≥ 1 s.
+        for (end, step_s) in [(3_600, 36), (150, 2), (50, 1), (100_000, 1_000)] {
+            let r = MetricsRequest::from_query_string(&format!("{q}&start=0&end={end}")).unwrap();
+            assert_eq!(r.step_ns, step_s * S, "end {end}");
+        }
+        assert!(
+            MetricsRequest::from_query_string(&format!("{q}&start=0&end=1000&step=1s")).is_ok()
+        );
+        for (bad, says) in [
+            (
+                "start=0&end=10",
+                "q (the TraceQL metrics query) is required",
+            ),
+            (&format!("{q}&start=10&end=10"), "start must be before end"),
+            (&format!("{q}&start=20&end=10"), "start must be before end"),
+            (&format!("{q}&end=10"), "with start and end"),
+            (&format!("{q}&start=0&end=1001&step=1s"), "limit of 1000"),
+            (&format!("{q}&start=0&end=10&step=0"), "positive"),
+            (&format!("{q}&start=0&end=10&step=1d"), "invalid step"),
+            (&format!("{q}&start=0&end=10&step=s"), "invalid step"),
+            (
+                "q=%7B%7D+%7C+rate()&start=0&end=10",
+                "the stand-in supports only",
+            ),
+            ("q=&start=0&end=10", "the stand-in supports only"),
+        ] {
+            let e = MetricsRequest::from_query_string(bad).expect_err(bad);
+            assert!(e.contains(says), "{bad}: {e}");
+        }
+    }
+
+    #[test]
+    fn quantiles_are_per_bucket_group_and_quantile_in_seconds() {
+        let with_version = |version: &str, spans: Vec<Span>| {
+            let mut store = TempoStore::default();
+            ingest(&mut store, "api", spans);
+            for stored in store.traces.values_mut().flatten() {
+                stored.resource.as_mut().unwrap().attributes[1] = kv("service.version", version);
+            }
+            store
+        };
+        // Version 1.5.0: bucket [100, 160) has 100, 200, ..., 1000 ms; [160, 220) is empty;
+        // [220, 280) has 7 ms. Version 2.0.0 in [100, 160): 3 s. One span of another name,
+        // one starting at end (excluded), one before start.
+        let mut spans: Vec<Span> = (1..=10u8)
+            .map(|i| span(1, i, 0, "GET /x", 100 + u64::from(i), 100 * u64::from(i)))
+            .collect();
+        spans.push(span(2, 1, 0, "GET /x", 279, 7));
+        spans.push(span(2, 2, 0, "GET /y", 101, 50_000));
+        spans.push(span(2, 3, 0, "GET /x", 400, 1));
+        spans.push(span(2, 4, 0, "GET /x", 99, 1));
+        let mut s = with_version("1.5.0", spans);
+        let other = with_version("2.0.0", vec![span(3, 1, 0, "GET /x", 130, 3_000)]);
+        s.traces.extend(other.traces);
+        // A span lacking the attribute: its own series, without the label.
+        let mut bare = span(4, 1, 0, "GET /x", 150, 42);
+        bare.trace_id[14] = 4;
+        s.traces.insert(
+            bare.trace_id.clone(),
+            vec![StoredSpan {
+                resource: None,
+                scope: None,
+                span: bare,
+            }],
+        );
+        let q = r#"{ name = "GET /x" } | quantile_over_time(duration, .5, 0.95) by (resource.service.version)"#;
+        let answer = s.query_range(&MetricsRequest {
+            query: parse_metrics_query(q).unwrap(),
+            start_s: 100,
+            end_s: 400,
+            step_ns: 60 * S,
+        });
+        // Everything starting in [100, 400): 10 + 2 of trace 2 + 1 + 1.
+        assert_eq!(answer["metrics"]["inspectedSpans"], "14");
+        let series = answer["series"].as_array().unwrap();
+        assert_eq!(series.len(), 6, "{answer:#}");
+        let find = |version: Option<&str>, p: f64| {
+            series
+                .iter()
+                .find(|s| {
+                    let labels = s["labels"].as_array().unwrap();
+                    let v = labels
+                        .iter()
+                        .find(|l| l["key"] == "resource.service.version")
+                        .map(|l| l["value"]["stringValue"].as_str().unwrap());
+                    v == version
+                        && labels
+                            .iter()
+                            .any(|l| l["key"] == "p" && l["value"]["doubleValue"] == p)
+                })
+                .unwrap_or_else(|| panic!("{version:?} {p}: {answer:#}"))
+        };
+        let median = find(Some("1.5.0"), 0.5);
+        assert_eq!(
+            median["samples"],
+            json!([
+                {"timestampMs": "100000", "value": 0.5},
+                {"timestampMs": "220000", "value": 0.007},
+            ])
+        );
+        assert_eq!(
+            median["labels"],
+            json!([
+                {"key": "resource.service.version", "value": {"stringValue": "1.5.0"}},
+                {"key": "p", "value": {"doubleValue": 0.5}},
+            ])
+        );
+        assert_eq!(
+            median["promLabels"],
+            r#"{p="0.5", resource.service.version="1.5.0"}"#
+        );
+        // Nearest rank: the 10th of 10 for .95.
+        assert_eq!(find(Some("1.5.0"), 0.95)["samples"][0]["value"], 1.0);
+        assert_eq!(
+            find(Some("2.0.0"), 0.95)["samples"],
+            json!([{"timestampMs": "100000", "value": 3.0}])
+        );
+        let bare = find(None, 0.5);
+        assert_eq!(
+            bare["samples"],
+            json!([{"timestampMs": "100000", "value": 0.042}])
+        );
+        assert_eq!(bare["promLabels"], r#"{p="0.5"}"#);
+        assert_eq!(bare["labels"].as_array().map(Vec::len), Some(1));
+
+        // Without by: one series per quantile; by name groups on the span name.
+        let answer = s.query_range(&MetricsRequest {
+            query: parse_metrics_query("{} | quantile_over_time(duration, 0)").unwrap(),
+            start_s: 100,
+            end_s: 400,
+            step_ns: 300 * S,
+        });
+        assert_eq!(
+            answer["series"],
+            json!([{
+                "labels": [{"key": "p", "value": {"doubleValue": 0.0}}],
+                "samples": [{"timestampMs": "100000", "value": 0.007}],
+                "promLabels": r#"{p="0"}"#,
+            }])
+        );
+        let answer = s.query_range(&MetricsRequest {
+            query: parse_metrics_query("{} | quantile_over_time(duration, 1) by (name)").unwrap(),
+            start_s: 100,
+            end_s: 400,
+            step_ns: 300 * S,
+        });
+        let names: Vec<(&str, &Value)> = answer["series"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .map(|s| (s["promLabels"].as_str().unwrap(), &s["samples"][0]["value"]))
+            .collect();
+        assert_eq!(
+            names,
+            [
+                (r#"{name="GET /x", p="1"}"#, &json!(3.0)),
+                (r#"{name="GET /y", p="1"}"#, &json!(50.0)),
+            ]
+        );
+        // Nothing matching: no series.
+        let answer = s.query_range(&MetricsRequest {
+            query: parse_metrics_query("{ name = \"none\" } | quantile_over_time(duration, .5)")
+                .unwrap(),
+            start_s: 100,
+            end_s: 400,
+            step_ns: 60 * S,
+        });
+        assert_eq!(answer["series"], json!([]));
+    }
+
+    #[test]
+    fn nearest_rank_is_exact() {
+        let v = [1, 2, 3, 4];
+        assert_eq!(
+            [0.0, 0.25, 0.26, 0.5, 0.75, 0.99, 1.0].map(|q| nearest_rank(&v, q)),
+            [1, 1, 2, 2, 3, 4, 4]
+        );
+        assert_eq!(nearest_rank(&[9], 0.5), 9);
     }
 
     #[test]

@@ -1,4 +1,9 @@
-//! The TraceQL subset the stand-in's `GET /api/search` understands.
+//! The TraceQL subset the stand-in's `GET /api/search` understands, and the one metrics
+//! form its `GET /api/metrics/query_range` does ([`parse_metrics_query`]): the same
+//! spanset filter followed by `| quantile_over_time(duration, <q>, ...)` (quantiles from
+//! 0 to 1, such as `.5` or `0.95`) and optionally `by (<attr>)` (one of `name`,
+//! `resource.x`, `span.x`, `.x`); other metrics functions, fields and stages are refused
+//! the same way.
 //!
 //! One spanset filter, `{ cond && cond && ... }` (`{}` selects every span), where a cond is
 //! `<attr> <op> <value>`:
@@ -282,9 +287,12 @@ fn lex(input: &str) -> Result<Vec<Token>, String> {
             }
             Tok::Str(value)
         } else if c.is_ascii_digit()
-            || (c == '-' && chars.get(i + 1).is_some_and(char::is_ascii_digit))
+            || (matches!(c, '-' | '.') && chars.get(i + 1).is_some_and(char::is_ascii_digit))
         {
-            i += 1;
+            // `.5`: a number without its leading 0, as quantiles are written.
+            if c != '.' {
+                i += 1;
+            }
             while i < chars.len() && chars[i].is_ascii_digit() {
                 i += 1;
             }
@@ -341,35 +349,15 @@ pub fn parse_traceql(input: &str) -> Result<TraceQuery, String> {
         return Ok(TraceQuery::default());
     }
     let mut p = Parser { tokens, at: 0 };
-    let mut query = TraceQuery::default();
-    match p.next() {
-        Some(Tok::LBrace) => {}
-        Some(Tok::Ident(name)) => {
-            return Err(unsupported(format!(
-                "`{name}` outside a spanset filter (aggregates and metrics are not supported)"
-            )))
-        }
-        _ => return Err(unsupported(format!("a query starting `{}`", p.text(0)))),
+    if let Some(Tok::Ident(name)) = p.peek() {
+        return Err(unsupported(format!(
+            "`{name}` outside a spanset filter (aggregates and metrics are not supported)"
+        )));
     }
-    if p.peek() == Some(&Tok::RBrace) {
-        p.at += 1;
-    } else {
-        loop {
-            query.conditions.push(p.condition()?);
-            match p.next() {
-                Some(Tok::And) => {}
-                Some(Tok::RBrace) => break,
-                Some(Tok::Or) => return Err(unsupported("`||` is not supported")),
-                Some(_) => {
-                    return Err(unsupported(format!(
-                        "`{}` after a condition",
-                        p.text(p.at - 1)
-                    )))
-                }
-                None => return Err(unsupported("a spanset filter without its closing }")),
-            }
-        }
-    }
+    let mut query = TraceQuery {
+        conditions: p.spanset_filter()?,
+        select: Vec::new(),
+    };
     match p.next() {
         None => return Ok(query),
         Some(Tok::Pipe) => {}
@@ -418,12 +406,237 @@ pub fn parse_traceql(input: &str) -> Result<TraceQuery, String> {
     }
 }
 
+/// A parsed TraceQL metrics query of the supported form,
+/// `<spanset filter> | quantile_over_time(duration, <q>, ...) [by (<attr>)]`.
+#[derive(Clone, Debug, Default, PartialEq)]
+pub struct MetricsQuery {
+    /// The spanset filter (its `select` always empty).
+    pub filter: TraceQuery,
+    /// The quantiles, from 0 to 1, in the order written, each once.
+    pub quantiles: Vec<f64>,
+    /// The `by (...)` attribute, with its text as written (the key of its series label).
+    pub by: Option<(String, Attribute)>,
+}
+
+/// The metrics functions Tempo has that the stand-in does not answer, for a clearer
+/// refusal than "unknown stage".
+const OTHER_METRICS_FUNCTIONS: &[&str] = &[
+    "rate",
+    "count_over_time",
+    "min_over_time",
+    "max_over_time",
+    "avg_over_time",
+    "sum_over_time",
+    "histogram_over_time",
+    "compare",
+];
+
+/// The refusal of a metrics query outside the supported form; `detail` names the part.
+fn unsupported_metrics(detail: impl std::fmt::Display) -> String {
+    format!(
+        "the stand-in supports only metrics queries {{ <attr> <op> <value> && ... }} | \
+         quantile_over_time(duration, <quantile>, ...) optionally followed by by (<attr>) \
+         (attr: name, resource.x, span.x or .x): {detail}"
+    )
+}
+
+/// Parses a TraceQL metrics query for `GET /api/metrics/query_range`. The error is the
+/// text of the 400 answer; an error within the spanset filter is the search's.
+pub fn parse_metrics_query(input: &str) -> Result<MetricsQuery, String> {
+    let tokens = lex(input)?;
+    let mut p = Parser { tokens, at: 0 };
+    match p.peek() {
+        None => return Err(unsupported_metrics("an empty query")),
+        Some(Tok::Ident(name)) => {
+            return Err(unsupported_metrics(format!(
+                "`{name}` without a spanset filter before it (write {{ }} | ...)"
+            )))
+        }
+        Some(_) => {}
+    }
+    let mut query = MetricsQuery {
+        filter: TraceQuery {
+            conditions: p.spanset_filter()?,
+            select: Vec::new(),
+        },
+        ..MetricsQuery::default()
+    };
+    match p.next() {
+        Some(Tok::Pipe) => {}
+        None => {
+            return Err(unsupported_metrics(
+                "a spanset filter without a metrics function (for spans, use /api/search)",
+            ))
+        }
+        Some(_) => {
+            return Err(unsupported_metrics(format!(
+                "spanset operator `{}` is not supported (one spanset filter only)",
+                p.text(p.at - 1)
+            )))
+        }
+    }
+    match p.next() {
+        Some(Tok::Ident(f)) if f == "quantile_over_time" => {}
+        Some(Tok::Ident(f)) if OTHER_METRICS_FUNCTIONS.contains(&f.as_str()) => {
+            return Err(unsupported_metrics(format!(
+                "metrics function `{f}` is not supported (only quantile_over_time)"
+            )))
+        }
+        Some(Tok::Ident(stage)) => {
+            return Err(unsupported_metrics(format!(
+                "pipeline stage `{stage}` is not supported (only quantile_over_time directly \
+                 after the filter)"
+            )))
+        }
+        _ => {
+            return Err(unsupported_metrics(format!(
+                "`{}` after |",
+                p.text(p.at - 1)
+            )))
+        }
+    }
+    if p.next() != Some(Tok::LParen) {
+        return Err(unsupported_metrics("quantile_over_time without its (...)"));
+    }
+    match p.next() {
+        Some(Tok::Ident(field)) if field == "duration" => {}
+        _ => {
+            return Err(unsupported_metrics(format!(
+                "quantile_over_time of `{}` is not supported (only of duration)",
+                p.text(p.at - 1)
+            )))
+        }
+    }
+    loop {
+        match p.next() {
+            Some(Tok::Comma) => {}
+            Some(Tok::RParen) if !query.quantiles.is_empty() => break,
+            Some(Tok::RParen) => {
+                return Err(unsupported_metrics(
+                    "quantile_over_time(duration) without a quantile",
+                ))
+            }
+            None => {
+                return Err(unsupported_metrics(
+                    "quantile_over_time(...) without its closing )",
+                ))
+            }
+            _ => {
+                return Err(unsupported_metrics(format!(
+                    "`{}` in quantile_over_time(...) (quantiles are separated by commas)",
+                    p.text(p.at - 1)
+                )))
+            }
+        }
+        let q = match p.next() {
+            Some(Tok::Number(n)) => n
+                .parse::<f64>()
+                .ok()
+                .filter(|q| (0.0..=1.0).contains(q))
+                .ok_or_else(|| {
+                    unsupported_metrics(format!(
+                        "quantile `{n}` is not supported (a number from 0 to 1)"
+                    ))
+                })?,
+            _ => {
+                return Err(unsupported_metrics(format!(
+                    "quantile `{}` is not supported (a number from 0 to 1)",
+                    p.text(p.at - 1)
+                )))
+            }
+        };
+        if !query.quantiles.contains(&q) {
+            query.quantiles.push(q);
+        }
+    }
+    match p.next() {
+        None => return Ok(query),
+        Some(Tok::Ident(by)) if by == "by" => {}
+        Some(Tok::Pipe) => {
+            return Err(unsupported_metrics(format!(
+                "a pipeline stage after quantile_over_time(...) (`| {}`) is not supported",
+                p.text(p.at)
+            )))
+        }
+        Some(_) => {
+            return Err(unsupported_metrics(format!(
+                "`{}` after quantile_over_time(...)",
+                p.text(p.at - 1)
+            )))
+        }
+    }
+    if p.next() != Some(Tok::LParen) {
+        return Err(unsupported_metrics("by without its (...)"));
+    }
+    let attribute = match p.next() {
+        Some(Tok::Ident(name)) => match attribute(&name).map_err(|_| ()) {
+            Ok(Attribute::Duration) | Err(()) => {
+                return Err(unsupported_metrics(format!(
+                    "by ({name}) is not supported (name, resource.x, span.x or .x)"
+                )))
+            }
+            Ok(a) => (name, a),
+        },
+        _ => {
+            return Err(unsupported_metrics(format!(
+                "by ({}) is not supported (one attribute)",
+                p.text(p.at - 1)
+            )))
+        }
+    };
+    match p.next() {
+        Some(Tok::RParen) => {}
+        Some(Tok::Comma) => {
+            return Err(unsupported_metrics(
+                "by (...) with more than one attribute is not supported",
+            ))
+        }
+        _ => return Err(unsupported_metrics("by (...) without its closing )")),
+    }
+    query.by = Some(attribute);
+    match p.peek() {
+        None => Ok(query),
+        Some(_) => Err(unsupported_metrics(format!(
+            "`{}` after by (...) is not supported",
+            p.text(p.at)
+        ))),
+    }
+}
+
 struct Parser {
     tokens: Vec<Token>,
     at: usize,
 }
 
 impl Parser {
+    /// `{ cond && ... }`, from the first token.
+    fn spanset_filter(&mut self) -> Result<Vec<Condition>, String> {
+        match self.next() {
+            Some(Tok::LBrace) => {}
+            _ => return Err(unsupported(format!("a query starting `{}`", self.text(0)))),
+        }
+        let mut conditions = Vec::new();
+        if self.peek() == Some(&Tok::RBrace) {
+            self.at += 1;
+            return Ok(conditions);
+        }
+        loop {
+            conditions.push(self.condition()?);
+            match self.next() {
+                Some(Tok::And) => {}
+                Some(Tok::RBrace) => return Ok(conditions),
+                Some(Tok::Or) => return Err(unsupported("`||` is not supported")),
+                Some(_) => {
+                    return Err(unsupported(format!(
+                        "`{}` after a condition",
+                        self.text(self.at - 1)
+                    )))
+                }
+                None => return Err(unsupported("a spanset filter without its closing }")),
+            }
+        }
+    }
+
     fn peek(&self) -> Option<&Tok> {
         self.tokens.get(self.at).map(|t| &t.tok)
     }
@@ -680,6 +893,111 @@ mod tests {
             ("{ resource. = \"a\" }", "`resource.`"),
         ] {
             let e = parse_traceql(query).expect_err(query);
+            assert!(e.starts_with("the stand-in supports only"), "{query}: {e}");
+            assert!(e.contains(part), "{query}: {e}");
+        }
+    }
+
+    #[test]
+    fn accepts_quantile_over_time_by_one_attribute() {
+        let q = parse_metrics_query(
+            r#"{ resource.service.name = "api" && name = "GET /x" }
+               | quantile_over_time(duration, .5, 0.95, .99, 0.5) by (resource.service.version)"#,
+        )
+        .expect("accepted");
+        assert_eq!(q.filter.conditions.len(), 2);
+        assert!(q.filter.select.is_empty());
+        assert_eq!(q.quantiles, [0.5, 0.95, 0.99]);
+        assert_eq!(
+            q.by,
+            Some((
+                "resource.service.version".into(),
+                Attribute::Resource("service.version".into())
+            ))
+        );
+        let q = parse_metrics_query("{}|quantile_over_time(duration,1,0)").expect("no by");
+        assert_eq!((q.quantiles, q.by), (vec![1.0, 0.0], None));
+        assert_eq!(q.filter, TraceQuery::default());
+        for (by, attribute) in [
+            ("name", Attribute::Name),
+            ("span.thread.name", Attribute::Span("thread.name".into())),
+            (".x", Attribute::Unscoped("x".into())),
+        ] {
+            let q =
+                parse_metrics_query(&format!("{{}} | quantile_over_time(duration, .9) by({by})"))
+                    .expect(by);
+            assert_eq!(q.by, Some((by.to_string(), attribute)), "{by}");
+        }
+        // `.5` is a number to the search too (a float, refused there).
+        let e = parse_traceql("{ .x = .5 }").expect_err(".5");
+        assert!(e.contains("float `.5`"), "{e}");
+    }
+
+    #[test]
+    fn refuses_other_metrics_naming_the_part() {
+        for (query, part) in [
+            ("", "an empty query"),
+            ("{ }", "without a metrics function"),
+            ("{ } | rate()", "`rate`"),
+            ("{ } | count_over_time() by (name)", "`count_over_time`"),
+            (
+                "{ } | histogram_over_time(duration)",
+                "`histogram_over_time`",
+            ),
+            ("{ } | avg_over_time(duration)", "`avg_over_time`"),
+            (
+                "{ } | select(.x) | quantile_over_time(duration, .5)",
+                "`select`",
+            ),
+            ("{ } | quantile_over_time(span.size, .5)", "`span.size`"),
+            ("{ } | quantile_over_time(.x, .5)", "`.x`"),
+            ("{ } | quantile_over_time(duration)", "without a quantile"),
+            ("{ } | quantile_over_time(duration, 1.5)", "quantile `1.5`"),
+            (
+                "{ } | quantile_over_time(duration, -0.5)",
+                "quantile `-0.5`",
+            ),
+            (
+                "{ } | quantile_over_time(duration, 50ms)",
+                "quantile `50ms`",
+            ),
+            (
+                r#"{ } | quantile_over_time(duration, "a")"#,
+                r#"quantile `"a"`"#,
+            ),
+            ("{ } | quantile_over_time(duration, .5", "closing )"),
+            (
+                "{ } | quantile_over_time(duration, .5) by (duration)",
+                "by (duration)",
+            ),
+            (
+                "{ } | quantile_over_time(duration, .5) by (status)",
+                "by (status)",
+            ),
+            (
+                "{ } | quantile_over_time(duration, .5) by (name, .x)",
+                "more than one",
+            ),
+            (
+                "{ } | quantile_over_time(duration, .5) by (name) | topk(2)",
+                "`|`",
+            ),
+            (
+                "{ } | quantile_over_time(duration, .5) | topk(2)",
+                "`| topk`",
+            ),
+            (
+                "{ } | quantile_over_time(duration, .5) with (sample=true)",
+                "`with`",
+            ),
+            ("{ } >> { } | quantile_over_time(duration, .5)", "`>>`"),
+            ("rate()", "`rate`"),
+            (
+                "{ name =~ \"a\" } | quantile_over_time(duration, .5)",
+                "`=~`",
+            ),
+        ] {
+            let e = parse_metrics_query(query).expect_err(query);
             assert!(e.starts_with("the stand-in supports only"), "{query}: {e}");
             assert!(e.contains(part), "{query}: {e}");
         }
