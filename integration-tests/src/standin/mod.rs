@@ -534,7 +534,9 @@ async fn pyroscope_otlp_profiles(
 /// Tempo's `GET /api/search`: a malformed or unsupported request is a plain-text 400, as
 /// Tempo answers a bad query.
 async fn tempo_search(State(stores): State<Arc<Stores>>, uri: Uri) -> Response {
-    tempo_query(&stores, &uri, SearchRequest::from_query_string, |t, r| t.search(r))
+    tempo_query(&stores, &uri, SearchRequest::from_query_string, |t, r| {
+        t.search(r)
+    })
 }
 
 /// Tempo's `GET /api/metrics/query_range`: a malformed or unsupported request is a
