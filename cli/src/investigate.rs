@@ -677,6 +677,27 @@ fn now_s() -> u64 {
         .map_or(0, |d| d.as_secs())
 }
 
+/// Keeps the `candidates` whose size attribute (`named`, else [`DEFAULT_SIZE_ATTRIBUTE`]
+/// when `target` carries it) is within ±[`SIZE_TOLERANCE`] of the target's; what was
+/// applied, when anything was.
+fn keep_comparable_sizes<T>(
+    named: Option<&str>,
+    target: &TraceSpan,
+    candidates: &mut Vec<(TraceSpan, T)>,
+) -> Option<String> {
+    let key = match named {
+        Some(k) => k,
+        None if target.attributes.contains_key(DEFAULT_SIZE_ATTRIBUTE) => DEFAULT_SIZE_ATTRIBUTE,
+        None => return None,
+    };
+    let size_of = |s: &TraceSpan| -> Option<f64> { s.attributes.get(key)?.trim().parse().ok() };
+    let size = size_of(target)?;
+    candidates.retain(|(s, _)| {
+        size_of(s).is_some_and(|other| (other - size).abs() <= SIZE_TOLERANCE * size.abs())
+    });
+    Some(format!("control sizes: {key} within ±25 % of {size}"))
+}
+
 /// The control: find equivalent requests, merge their span profiles, diff.
 fn control(
     backends: &Backends,
@@ -782,22 +803,10 @@ fn control(
         label
     };
     // Only requests of a comparable size.
-    let size_key = query.size_attribute.clone().or_else(|| {
-        target
-            .attributes
-            .contains_key(DEFAULT_SIZE_ATTRIBUTE)
-            .then(|| DEFAULT_SIZE_ATTRIBUTE.to_owned())
-    });
-    let size_of = |s: &TraceSpan| -> Option<f64> {
-        size_key
-            .as_ref()
-            .and_then(|k| s.attributes.get(k)?.parse().ok())
-    };
-    if let (Some(key), Some(size)) = (&size_key, size_of(target)) {
-        candidates.retain(|(s, _)| {
-            size_of(s).is_some_and(|other| (other - size).abs() <= SIZE_TOLERANCE * size.abs())
-        });
-        notes.push(format!("control sizes: {key} within ±25 % of {size}"));
+    if let Some(note) =
+        keep_comparable_sizes(query.size_attribute.as_deref(), target, &mut candidates)
+    {
+        notes.push(note);
     }
     let mut out = Control {
         baseline: label,
@@ -899,6 +908,36 @@ mod tests {
         assert_eq!(samples[1].cpu_ns, 20_000_000);
         assert_eq!(samples[1].count, 2);
         assert!(samples.iter().all(|s| s.span_id == Some(id)));
+    }
+
+    #[test]
+    fn only_requests_within_a_quarter_of_the_size_are_compared() {
+        let span = |size: Option<&str>| TraceSpan {
+            attributes: size
+                .map(|v| (DEFAULT_SIZE_ATTRIBUTE.to_owned(), v.to_owned()))
+                .into_iter()
+                .collect(),
+            ..TraceSpan::default()
+        };
+        let target = span(Some("1000"));
+        let mut candidates: Vec<(TraceSpan, ())> = ["749", "750", "1250", "1251", "x"]
+            .iter()
+            .map(|v| (span(Some(v)), ()))
+            .chain([(span(None), ())])
+            .collect();
+        let note = keep_comparable_sizes(None, &target, &mut candidates);
+        assert!(note.is_some_and(|n| n.contains(DEFAULT_SIZE_ATTRIBUTE)));
+        let kept: Vec<&str> = candidates
+            .iter()
+            .map(|(s, _)| s.attributes[DEFAULT_SIZE_ATTRIBUTE].as_str())
+            .collect();
+        assert_eq!(kept, ["750", "1250"]);
+        // No size on the operation: nothing filtered, nothing said.
+        let mut all = vec![(span(Some("5")), ())];
+        assert_eq!(keep_comparable_sizes(None, &span(None), &mut all), None);
+        assert_eq!(all.len(), 1);
+        // A named attribute the operation lacks filters nothing either.
+        assert_eq!(keep_comparable_sizes(Some("rows"), &target, &mut all), None);
     }
 
     #[test]
