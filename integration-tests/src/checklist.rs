@@ -8,8 +8,12 @@ use std::collections::BTreeMap;
 use std::fmt;
 use std::time::{Duration, Instant};
 
+use otel_profiling::export::pyroscope::PROFILE_TYPE_ID;
 use otel_profiling::{
     CPU_TIME_ATTRIBUTE, PROFILE_ID_ATTRIBUTE, WALL_ACTIVE_ATTRIBUTE, WALL_RUNQUEUE_ATTRIBUTE,
+};
+use otel_profiling_cli::investigate::{
+    self, Backends as InvestigateBackends, Baseline, Investigation, OperationQuery,
 };
 
 use crate::clients::{
@@ -119,7 +123,7 @@ pub struct Evidence {
 /// One check's outcome.
 #[derive(Clone, Debug, PartialEq)]
 pub struct CheckResult {
-    /// Checklist item number (1–4).
+    /// Checklist item number (1–6).
     pub number: u8,
     /// What it checks.
     pub title: &'static str,
@@ -741,7 +745,273 @@ pub fn check_blocked_in_poll(
     }
 }
 
-/// The recorded operations the five checks need.
+/// Title of check 6 (the `checklist` binary prints it with the result).
+pub const INVESTIGATE_TITLE: &str =
+    "otel-profiling investigate selects the profile Grafana's \"Profiles for this span\" selects";
+
+/// What `otel-profiling investigate` selected for a span: the part of an [`Investigation`]
+/// check 6 compares with Grafana's query.
+#[derive(Clone, Debug, PartialEq)]
+pub struct InvestigateSelection {
+    /// The span investigated (16 hex).
+    pub span_id: String,
+    /// The label selector it reports.
+    pub label_selector: String,
+    /// The CPU span profile query it ran.
+    pub span_query: SpanProfileQuery,
+    /// Where its figures come from.
+    pub evidence: investigate::Evidence,
+    /// Its span group's CPU from the profile, ns (`None`: no group).
+    pub profile_cpu_ns: Option<u64>,
+}
+
+impl InvestigateSelection {
+    /// The selection of `inv`.
+    pub fn of(inv: &Investigation) -> InvestigateSelection {
+        InvestigateSelection {
+            span_id: inv.span.span_id.clone(),
+            label_selector: inv.label_selector.clone(),
+            span_query: inv.span_query.clone(),
+            evidence: inv.evidence,
+            profile_cpu_ns: inv.group().map(|g| g.profile_cpu_ns),
+        }
+    }
+}
+
+/// What Grafana's "Profiles for this span" selects for the same span, for check 6.
+#[derive(Clone, Debug, PartialEq)]
+pub struct GrafanaSelection {
+    /// Grafana's query ([`SpanProfileQuery::for_span`]: the span ±60 s).
+    pub query: SpanProfileQuery,
+    /// Its flame graph's total over its own window, ns.
+    pub total: i64,
+    /// The same query over the investigation's (wider) interval: its total, ns.
+    pub total_over_investigation: i64,
+    /// Every profile holding the span's samples is stamped inside Grafana's window (a
+    /// profile is stamped at its interval's start, so at most one upload interval before
+    /// the span, and the recordings' upload interval is within Grafana's margin): then
+    /// Grafana's own window must select exactly what the wider interval selects.
+    pub samples_within_window: bool,
+}
+
+/// How `investigate`'s selection for span `span_id` differs from Grafana's, one line
+/// each; empty when both select the same profile (same series, span, profile type, an
+/// interval containing Grafana's, the span's own evidence, and the same CPU total).
+pub fn selection_differences(
+    span_id: &str,
+    grafana: &GrafanaSelection,
+    inv: &InvestigateSelection,
+) -> Vec<String> {
+    let g = &grafana.query;
+    let q = &inv.span_query;
+    let mut out = Vec::new();
+    if inv.span_id != span_id {
+        out.push(format!(
+            "investigate looked at span {}, not {span_id}",
+            inv.span_id
+        ));
+    }
+    if inv.label_selector != g.label_selector {
+        out.push(format!(
+            "label selector: investigate reports {}, Grafana queries {}",
+            inv.label_selector, g.label_selector
+        ));
+    }
+    if q.label_selector != g.label_selector {
+        out.push(format!(
+            "label selector: investigate's span profile query has {}, Grafana's {}",
+            q.label_selector, g.label_selector
+        ));
+    }
+    if q.span_selector != [span_id] {
+        out.push(format!(
+            "span selector: investigate's is {:?}, Grafana's [{span_id:?}]",
+            q.span_selector
+        ));
+    }
+    if q.profile_type_id != PROFILE_TYPE_ID {
+        out.push(format!(
+            "profile type: investigate's is {}, Grafana's {PROFILE_TYPE_ID}",
+            q.profile_type_id
+        ));
+    }
+    if q.start_ms > g.start_ms || q.end_ms < g.end_ms {
+        out.push(format!(
+            "interval: investigate's {}–{} ms does not contain Grafana's {}–{} ms",
+            q.start_ms, q.end_ms, g.start_ms, g.end_ms
+        ));
+    }
+    if inv.evidence != investigate::Evidence::Span {
+        out.push(format!(
+            "evidence: investigate's is {:?}, not the span's own samples",
+            inv.evidence
+        ));
+    }
+    if grafana.total_over_investigation <= 0 {
+        out.push(
+            "Grafana's query selects no samples over investigate's interval: nothing to compare"
+                .to_string(),
+        );
+    }
+    match inv.profile_cpu_ns {
+        None => out.push("investigate's report has no group for the span".to_string()),
+        Some(cpu) if i64::try_from(cpu).ok() != Some(grafana.total_over_investigation) => out
+            .push(format!(
+                "CPU: investigate's group has {cpu} ns, Grafana's query over the same interval {} ns",
+                grafana.total_over_investigation
+            )),
+        Some(_) => {}
+    }
+    if grafana.total > grafana.total_over_investigation {
+        out.push(format!(
+            "Grafana's window selects {} ns, more than the {} ns of the interval containing it",
+            grafana.total, grafana.total_over_investigation
+        ));
+    } else if grafana.samples_within_window && grafana.total != grafana.total_over_investigation {
+        out.push(format!(
+            "Grafana's ±60 s window selects {} ns, investigate's interval {} ns, though every \
+             profile of the span lies in Grafana's window",
+            grafana.total, grafana.total_over_investigation
+        ));
+    }
+    out
+}
+
+/// (6) `otel-profiling investigate` on the operation's trace and span selects the profile
+/// Grafana's "Profiles for this span" selects: the same label selector, span selector and
+/// CPU profile type, over an interval containing Grafana's, from the span's own samples,
+/// and its span group's CPU equals Grafana's flame graph total (Grafana's query run over
+/// the investigation's interval, and over its own ±60 s window too, which holds every
+/// profile of the span).
+pub fn check_investigate_matches_grafana(
+    b: &Backends,
+    op: &RecordedOp,
+    known_function: &str,
+) -> CheckResult {
+    const N: u8 = 6;
+    let mut ev = evidence(op, None, None, &[]);
+    let span = match wait_for_span(b, &op.trace_id, &op.span_id) {
+        Ok(s) => s,
+        Err(e) => {
+            return fail(
+                N,
+                INVESTIGATE_TITLE,
+                format!("trace backend: {e}"),
+                vec![ev],
+            )
+        }
+    };
+    let grafana = SpanProfileQuery::for_span(&span);
+    let graph = match wait_for_profile(b, &grafana) {
+        Ok(g) => g,
+        Err(e) => return fail(N, INVESTIGATE_TITLE, e, vec![ev]),
+    };
+    ev = evidence(op, Some(&span), Some(&graph), &[known_function]);
+    if graph.is_empty() {
+        return fail(
+            N,
+            INVESTIGATE_TITLE,
+            format!(
+                "Grafana's query returned no samples for span {} after {:?}",
+                op.span_id, b.timeout
+            ),
+            vec![ev],
+        );
+    }
+    let backends = InvestigateBackends {
+        tempo: b.tempo.clone(),
+        pyroscope: b.pyroscope.clone(),
+    };
+    let mut query = OperationQuery::of_trace(&op.trace_id);
+    query.span_id = Some(op.span_id.clone());
+    query.baseline = Baseline::Off;
+    query.upload_interval = crate::workload::UPLOAD_INTERVAL;
+    let grafana_margin_ms = (span.start_unix_nano / 1_000_000) as i64 - grafana.start_ms;
+    let samples_within_window =
+        i64::try_from(query.upload_interval.as_millis()).unwrap_or(i64::MAX) <= grafana_margin_ms;
+    let total = |q: &SpanProfileQuery| {
+        b.pyroscope
+            .select_merge_span_profile(q)
+            .map(|g| g.total)
+            .map_err(|e| format!("SelectMergeSpanProfile: {e}"))
+    };
+    // One observation: the investigation, then Grafana's query over both intervals. Two
+    // equal observations in a row: the backend's data did not change in between (real
+    // backends ingest asynchronously), so the comparison is of the same samples.
+    let deadline = Instant::now() + b.timeout;
+    let mut previous: Option<(InvestigateSelection, GrafanaSelection)> = None;
+    let (selection, observed) = loop {
+        let inv = match Investigation::run(&backends, &query) {
+            Ok(inv) => InvestigateSelection::of(&inv),
+            Err(e) => return fail(N, INVESTIGATE_TITLE, format!("investigate: {e}"), vec![ev]),
+        };
+        let wide = grafana
+            .clone()
+            .with_interval(inv.span_query.start_ms, inv.span_query.end_ms);
+        let observed = match (total(&grafana), total(&wide)) {
+            (Ok(total), Ok(total_over_investigation)) => GrafanaSelection {
+                query: grafana.clone(),
+                total,
+                total_over_investigation,
+                samples_within_window,
+            },
+            (Err(e), _) | (_, Err(e)) => return fail(N, INVESTIGATE_TITLE, e, vec![ev]),
+        };
+        let now = (inv, observed);
+        if previous.as_ref() == Some(&now) {
+            break now;
+        }
+        if Instant::now() >= deadline {
+            ev.notes
+                .push("the backends' answers still changed between observations".into());
+            break now;
+        }
+        previous = Some(now);
+        std::thread::sleep(Duration::from_millis(100));
+    };
+    let q = &selection.span_query;
+    ev.notes.push(format!(
+        "Grafana: {} span {} {}–{} ms: {} ns",
+        grafana.label_selector, op.span_id, grafana.start_ms, grafana.end_ms, observed.total
+    ));
+    ev.notes.push(format!(
+        "investigate: {} span {:?} {} {}–{} ms, evidence {:?}, group CPU {} ns",
+        q.label_selector,
+        q.span_selector,
+        q.profile_type_id,
+        q.start_ms,
+        q.end_ms,
+        selection.evidence,
+        selection
+            .profile_cpu_ns
+            .map_or("-".to_string(), |n| n.to_string())
+    ));
+    ev.notes.push(format!(
+        "Grafana's query over investigate's interval: {} ns",
+        observed.total_over_investigation
+    ));
+    let problems = selection_differences(&op.span_id, &observed, &selection);
+    if problems.is_empty() {
+        CheckResult {
+            number: N,
+            title: INVESTIGATE_TITLE,
+            passed: true,
+            reason: format!(
+                "same series, span {} and profile type as Grafana's, over {}–{} ms ⊇ its \
+                 window: {:.0} ms CPU in both",
+                op.span_id,
+                q.start_ms,
+                q.end_ms,
+                ms(observed.total)
+            ),
+            evidence: vec![ev],
+        }
+    } else {
+        fail(N, INVESTIGATE_TITLE, problems.join("; "), vec![ev])
+    }
+}
+
+/// The recorded operations the six checks need.
 #[derive(Clone, Debug)]
 pub struct Recordings {
     /// CPU-heavy root span.
@@ -758,7 +1028,7 @@ pub struct Recordings {
     pub awaiting: RecordedOp,
 }
 
-/// Runs the five checks.
+/// Runs the six checks.
 pub fn run_all(b: &Backends, r: &Recordings) -> Vec<CheckResult> {
     use crate::workload::{CPU_FUNCTION, SERIALIZE_FUNCTION};
     vec![
@@ -767,6 +1037,7 @@ pub fn run_all(b: &Backends, r: &Recordings) -> Vec<CheckResult> {
         check_cpu_vs_io(b, &r.cpu, &r.io, CPU_FUNCTION),
         check_control(b, &r.report_old, &r.report_new, SERIALIZE_FUNCTION),
         check_blocked_in_poll(b, &r.blocking, &r.awaiting),
+        check_investigate_matches_grafana(b, &r.cpu, CPU_FUNCTION),
     ]
 }
 

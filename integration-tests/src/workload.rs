@@ -27,6 +27,9 @@ pub const AWAITING_SPAN: &str = "checklist awaits-a-timer";
 pub const REPORT_SPAN: &str = "GET /report";
 /// How long the CPU-heavy and I/O-bound spans last.
 pub const SPAN_DURATION: Duration = Duration::from_millis(400);
+/// How often the recordings upload their profiles (each profile is stamped at its
+/// interval's start, so a span's samples lie at most this long before the span).
+pub const UPLOAD_INTERVAL: Duration = Duration::from_secs(5);
 /// How many times the older report version serializes; the newer one does 8× more.
 pub const SERIALIZE_PASSES_OLD: u32 = 1;
 /// See [`SERIALIZE_PASSES_OLD`].
@@ -197,7 +200,7 @@ pub fn record(spec: &RecordSpec) -> Result<Vec<serde_json::Value>, String> {
         } else {
             ProfileIdScope::None
         })
-        .upload_interval(Duration::from_secs(5))
+        .upload_interval(UPLOAD_INTERVAL)
         .otlp(&spec.otlp_endpoint, OtlpProtocol::HttpProtobuf)
         .map_err(|e| e.to_string())?;
     let telemetry = if spec.profiles_over_otlp {

@@ -18,9 +18,12 @@ use otel_profiling::export::pyroscope::{
 };
 use otel_profiling::pprof::{FrameLine, ProfileBuilder, SampleLabels, SymbolizedFrame};
 use otel_profiling::PROFILE_ID_ATTRIBUTE;
+use otel_profiling_cli::investigate::Evidence as InvestigateEvidence;
 use otel_profiling_integration_tests::checklist::{
-    check_blocked_in_poll, check_control, check_cpu_vs_io, check_profile_link, check_recorded,
-    classify, classify_runnable, record_all, Backends, Recordings, Verdict,
+    check_blocked_in_poll, check_control, check_cpu_vs_io, check_investigate_matches_grafana,
+    check_profile_link, check_recorded, classify, classify_runnable, record_all,
+    selection_differences, Backends, GrafanaSelection, InvestigateSelection, Recordings, Verdict,
+    INVESTIGATE_TITLE,
 };
 use otel_profiling_integration_tests::clients::{
     to_hex, OtlpClient, PushClient, SpanProfileQuery, TraceSpan,
@@ -226,6 +229,116 @@ fn check5_fails_when_the_blocking_span_awaits_instead() {
     println!("{r}");
     assert!(!r.passed, "{r}");
     assert!(r.reason.contains("blocking span"), "{r}");
+}
+
+#[test]
+fn check6_investigate_selects_the_profile_grafana_selects() {
+    let rec = recordings();
+    let r = check_investigate_matches_grafana(&fixture().backends, &rec.cpu, CPU_FUNCTION);
+    println!("{r}");
+    assert!(r.passed, "{r}");
+    assert_eq!(r.number, 6);
+    assert_eq!(r.title, INVESTIGATE_TITLE);
+    let e = &r.evidence[0];
+    assert_eq!(e.span_id, rec.cpu.span_id);
+    assert!(e.cpu_ms.unwrap() > 0.0, "{r}");
+    assert!(e.notes.iter().any(|n| n.contains("evidence Span")), "{r}");
+}
+
+/// Check 6's comparison on hand-made selections: the same selection passes; each
+/// difference (series, span, profile type, interval, evidence, CPU) fails, naming it.
+#[test]
+fn check6_comparison_names_what_differs() {
+    let span = "00f067aa0ba902b7";
+    let grafana_query = SpanProfileQuery {
+        profile_type_id: PROFILE_TYPE_ID.to_string(),
+        label_selector: r#"{service_name="app",service_version="1.5.0"}"#.to_string(),
+        span_selector: vec![span.to_string()],
+        start_ms: 1_000_000,
+        end_ms: 1_120_400,
+    };
+    let grafana = GrafanaSelection {
+        query: grafana_query.clone(),
+        total: 400_000_000,
+        total_over_investigation: 400_000_000,
+        samples_within_window: true,
+    };
+    let same = InvestigateSelection {
+        span_id: span.to_string(),
+        label_selector: grafana_query.label_selector.clone(),
+        span_query: grafana_query.clone(),
+        evidence: InvestigateEvidence::Span,
+        profile_cpu_ns: Some(400_000_000),
+    };
+    assert_eq!(
+        selection_differences(span, &grafana, &same),
+        Vec::<String>::new()
+    );
+    // A wider interval selecting the same samples is the same selection.
+    let mut wider = same.clone();
+    wider.span_query.start_ms -= 15_000;
+    assert!(selection_differences(span, &grafana, &wider).is_empty());
+
+    let differs = |inv: &InvestigateSelection, g: &GrafanaSelection, what: &str| {
+        let problems = selection_differences(span, g, inv);
+        assert!(
+            problems.iter().any(|p| p.contains(what)),
+            "{what}: {problems:?}"
+        );
+    };
+    let other_version = r#"{service_name="app",service_version="1.4.0"}"#.to_string();
+    let mut inv = same.clone();
+    inv.label_selector = other_version.clone();
+    differs(&inv, &grafana, "label selector: investigate reports");
+    let mut inv = same.clone();
+    inv.span_query.label_selector = other_version;
+    differs(
+        &inv,
+        &grafana,
+        "label selector: investigate's span profile query",
+    );
+    let mut inv = same.clone();
+    inv.span_query.span_selector = Vec::new();
+    differs(&inv, &grafana, "span selector");
+    let mut inv = same.clone();
+    inv.span_id = "1111111111111111".into();
+    differs(&inv, &grafana, "looked at span");
+    let mut inv = same.clone();
+    inv.span_query.profile_type_id = BLOCK_DELAY_PROFILE_TYPE_ID.to_string();
+    differs(&inv, &grafana, "profile type");
+    let mut inv = same.clone();
+    inv.span_query.end_ms -= 1;
+    differs(&inv, &grafana, "does not contain Grafana's");
+    let mut inv = same.clone();
+    inv.evidence = InvestigateEvidence::Workload;
+    differs(&inv, &grafana, "evidence");
+    let mut inv = same.clone();
+    inv.profile_cpu_ns = Some(390_000_000);
+    differs(&inv, &grafana, "CPU: investigate's group has 390000000 ns");
+    let mut inv = same.clone();
+    inv.profile_cpu_ns = None;
+    differs(&inv, &grafana, "no group");
+    // Grafana's own window misses samples the wider interval holds: only allowed when
+    // the span's profiles may lie outside the window.
+    let short = GrafanaSelection {
+        total: 300_000_000,
+        ..grafana.clone()
+    };
+    differs(&same, &short, "±60 s window selects 300000000 ns");
+    let outside = GrafanaSelection {
+        samples_within_window: false,
+        ..short
+    };
+    assert!(selection_differences(span, &outside, &same).is_empty());
+    // Nothing selected on either side is no evidence of the same selection.
+    let empty = GrafanaSelection {
+        total: 0,
+        total_over_investigation: 0,
+        ..grafana
+    };
+    let mut inv = same;
+    inv.profile_cpu_ns = Some(0);
+    differs(&inv, &empty, "selects no samples");
 }
 
 #[test]

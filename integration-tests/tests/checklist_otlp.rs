@@ -4,7 +4,9 @@
 //! backend), which converts them the way Pyroscope does.
 
 use otel_profiling::export::pyroscope::PROFILE_TYPE_ID;
-use otel_profiling_integration_tests::checklist::{record_all, run_all, Backends};
+use otel_profiling_integration_tests::checklist::{
+    record_all, run_all, Backends, INVESTIGATE_TITLE,
+};
 use otel_profiling_integration_tests::standin::StandIn;
 use std::process::Command;
 use std::sync::{Mutex, MutexGuard};
@@ -33,7 +35,8 @@ fn the_checklist_passes_with_profiles_over_otlp() {
     for r in &results {
         println!("{r}");
     }
-    assert!(results.len() >= 5, "{} checks", results.len());
+    assert!(results.len() >= 6, "{} checks", results.len());
+    assert!(results.iter().any(|r| r.title == INVESTIGATE_TITLE));
     for r in &results {
         assert!(r.passed, "{r}");
     }
@@ -75,4 +78,8 @@ fn the_checklist_binary_runs_green_with_its_otlp_flag() {
     );
     assert!(stdout.contains("profiles over OTLP"), "{stdout}");
     assert!(!stdout.contains("FAIL"), "{stdout}");
+    assert!(
+        stdout.contains(&format!("PASS 6. {INVESTIGATE_TITLE}")),
+        "check 6 is in the output: {stdout}"
+    );
 }
