@@ -40,7 +40,10 @@ use crate::input::{otlp, Input, Sample, Span, DEFAULT_PERIOD_NS};
 use crate::report::{write_group, SpanGroup, SpanReport};
 
 mod endpoint;
-pub use endpoint::{EndpointQuery, EndpointReport, VersionSummary, DEFAULT_SPANS_PER_VERSION};
+pub use endpoint::{
+    EndpointQuery, EndpointReport, VersionSummary, DEFAULT_SPANS_PER_VERSION, MAX_SEARCH_TRACES,
+    SLOWEST,
+};
 
 /// The version of [`Investigation::to_json`]'s schema (`docs/investigate.md`).
 pub const JSON_VERSION: u32 = 1;
