@@ -515,13 +515,7 @@ fn span_query_check_fails_when_samples_carry_another_span_id() {
     assert!(r.reason.contains("no samples for span"), "{r}");
     assert!(!check_recorded(b, &op, CPU_FUNCTION).passed);
     // The samples are there, under the other span's id.
-    let span = b
-        .tempo
-        .get_trace(&op.trace_id)
-        .unwrap()
-        .unwrap()
-        .spans
-        .remove(0);
+    let span = first_span(b, &op);
     let mut query = SpanProfileQuery::for_span(&span);
     query.span_selector = vec![format!("{other:016x}")];
     assert!(!b
@@ -625,13 +619,7 @@ fn tempo_api_answers_404_for_unknown_and_400_for_malformed_ids() {
 fn time_range_and_profile_type_filter_the_span_query() {
     let b = &fixture().backends;
     let (op, _) = handmade_operation(false);
-    let span: TraceSpan = b
-        .tempo
-        .get_trace(&op.trace_id)
-        .unwrap()
-        .unwrap()
-        .spans
-        .remove(0);
+    let span: TraceSpan = first_span(b, &op);
     let q = SpanProfileQuery::for_span(&span);
     assert!(!b
         .pyroscope
@@ -659,13 +647,7 @@ fn time_range_and_profile_type_filter_the_span_query() {
 fn flame_graph_uses_pyroscope_shape_with_int64_strings() {
     let b = &fixture().backends;
     let (op, _) = handmade_operation(false);
-    let span = b
-        .tempo
-        .get_trace(&op.trace_id)
-        .unwrap()
-        .unwrap()
-        .spans
-        .remove(0);
+    let span = first_span(b, &op);
     let q = SpanProfileQuery::for_span(&span);
     let raw = reqwest::blocking::Client::new()
         .post(format!(
@@ -754,4 +736,14 @@ fn usage_errors_go_to_stderr_and_exit_2() {
         stderr.contains("TEMPO_URL") && stderr.contains("--standin"),
         "{stderr}"
     );
+}
+
+/// The first span Tempo holds for `op`'s trace.
+fn first_span(b: &Backends, op: &RecordedOp) -> TraceSpan {
+    b.tempo
+        .get_trace(&op.trace_id)
+        .expect("Tempo answers")
+        .expect("the trace is there")
+        .spans
+        .remove(0)
 }

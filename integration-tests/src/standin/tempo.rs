@@ -288,15 +288,8 @@ fn step_nanos(text: &str) -> Result<u64, String> {
                 .find(|c: char| c.is_ascii_digit() || c == '.')
                 .unwrap_or(rest.len() - digits);
             let value = seconds(&rest[..digits]).ok_or_else(invalid)?;
-            let per_unit = match &rest[digits..digits + unit_len] {
-                "ns" => 1.0,
-                "us" | "µs" => 1e3,
-                "ms" => 1e6,
-                "s" => 1e9,
-                "m" => 60e9,
-                "h" => 3_600e9,
-                _ => return Err(invalid()),
-            };
+            let per_unit = super::traceql::nanos_per_unit(&rest[digits..digits + unit_len])
+                .ok_or_else(invalid)?;
             total += value * per_unit;
             rest = &rest[digits + unit_len..];
         }

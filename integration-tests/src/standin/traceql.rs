@@ -752,6 +752,20 @@ fn attribute(name: &str) -> Result<Attribute, String> {
     }
 }
 
+/// Nanoseconds in one `unit` of a TraceQL (Go) duration: `ns`, `us`/`µs`, `ms`, `s`, `m`,
+/// `h`.
+pub(super) fn nanos_per_unit(unit: &str) -> Option<f64> {
+    Some(match unit {
+        "ns" => 1.0,
+        "us" | "µs" => 1e3,
+        "ms" => 1e6,
+        "s" => 1e9,
+        "m" => 60e9,
+        "h" => 3_600e9,
+        _ => return None,
+    })
+}
+
 /// An integer, or a duration such as `100ms` / `1.5s`.
 fn number(text: &str) -> Result<Literal, String> {
     let split = text.find(|c: char| c.is_alphabetic()).unwrap_or(text.len());
@@ -765,19 +779,8 @@ fn number(text: &str) -> Result<Literal, String> {
             .map(Literal::Int)
             .map_err(|_| unsupported(format!("integer `{text}` out of range")));
     }
-    let nanos_per_unit: f64 = match unit {
-        "ns" => 1.0,
-        "us" | "µs" => 1e3,
-        "ms" => 1e6,
-        "s" => 1e9,
-        "m" => 60e9,
-        "h" => 3_600e9,
-        _ => {
-            return Err(unsupported(format!(
-                "`{text}` (duration units: ns us µs ms s m h)"
-            )))
-        }
-    };
+    let nanos_per_unit = nanos_per_unit(unit)
+        .ok_or_else(|| unsupported(format!("`{text}` (duration units: ns us µs ms s m h)")))?;
     let value: f64 = digits
         .parse()
         .map_err(|_| unsupported(format!("`{text}`")))?;
