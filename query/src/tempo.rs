@@ -166,12 +166,21 @@ impl TempoClient {
         self.backend.base()
     }
 
-    /// `GET /api/traces/<trace id>`: the trace, `Ok(None)` when Tempo does not know it
-    /// (yet).
+    /// `GET /api/traces/<trace id>` (else `/api/v2/traces/<trace id>`): the trace,
+    /// `Ok(None)` when Tempo does not know it (yet).
     pub fn get_trace(&self, trace_id: &str) -> Result<Option<Trace>, QueryError> {
-        let path = format!("api/traces/{}", trace_id.trim());
-        let Some(json) = self.backend.get_json(&path, &[])? else {
-            return Ok(None);
+        // The v1 path (`{"batches": ...}`), then v2 (`{"trace": ...}`), which some
+        // deployments serve alone.
+        let mut path = format!("api/traces/{}", trace_id.trim());
+        let json = match self.backend.get_json(&path, &[])? {
+            Some(json) => json,
+            None => {
+                path = format!("api/v2/traces/{}", trace_id.trim());
+                match self.backend.get_json(&path, &[])? {
+                    Some(json) => json,
+                    None => return Ok(None),
+                }
+            }
         };
         let request = format!("GET {}/{path}", self.base());
         let spans = parse_trace(&json).map_err(|message| QueryError::Decode {
@@ -518,6 +527,59 @@ mod tests {
         assert_eq!(found[0].duration_ns, 7);
         assert_eq!(found[0].attributes["service.version"], "1.4.0");
         assert!(parse_search(&json!({"traces": [{"traceID": "xyz"}]})).is_err());
+    }
+
+    /// A server answering each connection's request with `answer(path)`.
+    fn serve(answer: fn(&str) -> (u16, String)) -> String {
+        use std::io::{BufRead, BufReader, Write};
+        let listener = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
+        let url = format!("http://{}", listener.local_addr().unwrap());
+        std::thread::spawn(move || {
+            for stream in listener.incoming().flatten() {
+                let mut reader = BufReader::new(&stream);
+                let mut line = String::new();
+                let _ = reader.read_line(&mut line);
+                let path = line.split_whitespace().nth(1).unwrap_or("").to_owned();
+                loop {
+                    let mut header = String::new();
+                    if reader.read_line(&mut header).map_or(true, |n| n <= 2) {
+                        break;
+                    }
+                }
+                let (status, body) = answer(&path);
+                let _ = write!(
+                    &stream,
+                    "HTTP/1.1 {status} X\r\nContent-Length: {}\r\nConnection: close\r\n\r\n{body}",
+                    body.len()
+                );
+            }
+        });
+        url
+    }
+
+    #[test]
+    fn a_trace_only_the_v2_path_serves_is_read_from_it() {
+        let url = serve(|path| {
+            if path.starts_with("/api/v2/traces/") {
+                let span = json!({"traceId": "AAAAAAAAAAAAAAAAAAAAAQ==", "spanId": "AAAAAAAAAAE=",
+                                  "name": "GET /x"});
+                let body = json!({"trace": {"resourceSpans": [
+                    {"resource": {"attributes": []}, "scopeSpans": [{"spans": [span]}]}]}});
+                (200, body.to_string())
+            } else {
+                (404, "trace not found".into())
+            }
+        });
+        let tempo = TempoClient::new(&url).unwrap();
+        let trace = tempo.get_trace("1").unwrap().expect("found on the v2 path");
+        assert_eq!(trace.spans[0].span_id, "0000000000000001");
+        // Unknown on both paths: none, not an error.
+        let none = TempoClient::new(&serve(|_| (404, String::new()))).unwrap();
+        assert_eq!(none.get_trace("2").unwrap(), None);
+        // Another status names the request and the answer.
+        let bad = TempoClient::new(&serve(|_| (503, "ingester down".into()))).unwrap();
+        let e = bad.get_trace("3").unwrap_err().to_string();
+        assert!(e.contains("/api/traces/3: HTTP 503: ingester down"), "{e}");
     }
 
     #[test]
