@@ -105,7 +105,16 @@ fn report_of_1_5_0_is_cpu_bound_and_its_control_names_paginate_report() {
     );
     assert_eq!(inv.evidence, Evidence::Span);
     let group = inv.group().expect("a group");
-    assert_eq!(group.verdict, Verdict::CpuBound, "{inv}");
+    // CPU-bound; on a machine busy with other work (another build beside the test) the
+    // same request reads "waiting for a CPU": computing whenever it had a CPU.
+    match group.verdict {
+        Verdict::CpuBound => {}
+        Verdict::WaitingForCpu => assert!(
+            group.split.cpu_in_wall_ns + group.split.runqueue_ns >= group.wall_total_ns * 8 / 10,
+            "{inv}"
+        ),
+        other => panic!("{other}: {inv}"),
+    }
     let top: Vec<&str> = group
         .user_total
         .iter()
@@ -135,7 +144,43 @@ fn report_of_1_5_0_is_cpu_bound_and_its_control_names_paginate_report() {
     let json = inv.to_json();
     assert_eq!(json["version"], 1);
     assert_eq!(json["service_version"], "1.5.0");
-    assert_eq!(json["span"]["verdict"], "CPU-bound");
+    assert_eq!(json["span"]["verdict"], group.verdict.to_string());
+    assert_documented(&json);
+    // The report's page of what was read: the span, its flame graph, its verdict.
+    let page = otel_profiling_cli::html::HtmlReport::from_input(&inv.input);
+    let path = std::env::temp_dir().join(format!("investigate-{}.html", std::process::id()));
+    page.write_file(&path).expect("the page is written");
+    let html = std::fs::read_to_string(&path).expect("the page");
+    let _ = std::fs::remove_file(&path);
+    assert!(html.contains("GET /report") && html.contains("CPU-bound"));
+    assert!(
+        html.contains("paginate_report"),
+        "the flame graph names the serializer"
+    );
+}
+
+/// Every field of an investigation's JSON (nested objects too) is named in
+/// docs/investigate.md, so the documented schema cannot fall behind.
+fn assert_documented(json: &serde_json::Value) {
+    let doc = include_str!("../../docs/investigate.md");
+    let mut stack = vec![json];
+    while let Some(v) = stack.pop() {
+        match v {
+            serde_json::Value::Object(map) => {
+                for (key, value) in map {
+                    let named =
+                        doc.contains(&format!("`{key}`")) || doc.contains(&format!(".{key}`"));
+                    assert!(named, "`{key}` is not in docs/investigate.md");
+                    if key == "profiling_attributes" {
+                        continue; // the span's own attribute names
+                    }
+                    stack.push(value);
+                }
+            }
+            serde_json::Value::Array(items) => stack.extend(items.iter().take(1)),
+            _ => {}
+        }
+    }
 }
 
 #[test]
@@ -256,6 +301,7 @@ fn the_report_endpoint_over_time_per_version_with_its_slowest_traces() {
     );
     let json = report.to_json();
     assert_eq!(json["version"], 1);
+    assert_documented(&json);
     assert_eq!(
         json["versions"][0]["slowest"].as_array().map(Vec::len),
         Some(5)
