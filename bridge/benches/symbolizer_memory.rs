@@ -153,7 +153,7 @@ impl otel_profiling::collector::ProfileSink for Count {
     }
 }
 
-/// CPU time the collector thread has used, in ms (`/proc/self/task/*/schedstat`): the
+/// CPU time the collector's threads have used, in ms (`/proc/self/task/*/schedstat`): the
 /// naming time above is wall time, which a busy machine inflates.
 fn collector_cpu_ms() -> f64 {
     let Ok(tasks) = std::fs::read_dir("/proc/self/task") else {
@@ -162,7 +162,7 @@ fn collector_cpu_ms() -> f64 {
     let mut nanos = 0u64;
     for task in tasks.flatten() {
         let comm = std::fs::read_to_string(task.path().join("comm")).unwrap_or_default();
-        // "otel-profiling-collector", cut to 15 bytes by the kernel.
+        // "otel-profiling-collector" and "-encoder", cut to 15 bytes by the kernel.
         if !comm.starts_with("otel-profiling") {
             continue;
         }

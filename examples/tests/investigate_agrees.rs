@@ -146,8 +146,16 @@ fn the_local_report_and_investigate_agree_on_the_same_run() {
             let top = |g: &SpanGroup| g.user_total.first().map(|f| (f.function.clone(), f.cpu_ns));
             assert_eq!(top(&mine), top(theirs), "{what}: top function of your code");
             if name == "GET /report" {
-                // Not an agreement of two empty answers.
-                assert!(mine.profile_cpu_ns > 0 && top(&mine).is_some(), "{what}");
+                // Not an agreement of two empty answers. The span's own sample count
+                // tells a lost sample from a span that ran no CPU.
+                assert!(
+                    mine.profile_cpu_ns > 0 && top(&mine).is_some(),
+                    "{what}: {} sample(s) in the profile, {:?} counted by the span; \
+                     top functions {:?}",
+                    mine.profile_samples,
+                    span.cpu_samples,
+                    mine.top_total
+                );
             }
             compared += 1;
         }

@@ -1,35 +1,38 @@
-//! The collector thread: drains the sampler's per-thread buffers, aggregates samples by
+//! The collector: drains the sampler's per-thread buffers, aggregates samples by
 //! (stack, span labels), and every interval turns them into one pprof CPU profile for the
 //! sinks.
 //!
 //! ```text
-//!  every drain tick (100 ms)            every interval (10 s)             sinks
-//!  sampler::drain_into ─► counts by ──► symbolize (cached) ─► pprof ─► gzip ─► local dir,
-//!                         (stack, root)                                        Pyroscope, …
+//!  collector thread, every drain tick (100 ms)      encoder thread, every interval (10 s)
+//!  sampler::drain_into ─► counts by ─► interval ══► symbolize (cached) ─► pprof ─► gzip
+//!                         (stack, root)   (one queued)                    ─► sinks: local
+//!                                                                            dir, Pyroscope…
 //! ```
 //!
 //! Each interval also gives a second profile when the blocked-in-poll watchdog recorded
 //! anything ([`ProfileKind::Blocked`]): its looks are drained on the same tick and named
 //! with the same symbolizer.
 //!
-//! Symbolization, encoding and compression happen here, on a named thread that never
-//! holds a lock the sampler or the application needs.
+//! Two threads, so that the drain ticks never wait for naming, encoding or a sink: a
+//! thread's buffer holds a few drain periods of samples (`SamplerConfig::
+//! effective_ring_capacity`), while the first naming pass over a large binary can take
+//! seconds. Neither thread holds a lock the sampler or the application needs.
 
+mod encoder;
 pub(crate) mod symbolize;
 
 use std::collections::HashMap;
 use std::sync::atomic::{AtomicU64, Ordering};
-use std::sync::mpsc::{self, Receiver, RecvTimeoutError, Sender};
+use std::sync::mpsc::{self, Receiver, RecvTimeoutError, Sender, SyncSender, TrySendError};
 use std::sync::Arc;
 use std::thread::JoinHandle;
 
 use crate::fork::ProcessBound;
 use std::time::{Duration, Instant, SystemTime};
 
-use crate::pprof::{self, ProfileBuilder, SampleLabels};
+use crate::pprof::SampleLabels;
 use crate::sampler::{self, SampleRecord};
 use crate::span_name::SpanName;
-use crate::symbolize::Symbolizer;
 
 /// Which profile type an [`EncodedProfile`] is.
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Hash)]
@@ -79,8 +82,9 @@ pub struct EncodedProfile {
 
 /// Where finished profiles go (the local directory, Pyroscope, a test double).
 ///
-/// Called on the collector thread; it may block briefly (file I/O) but should hand
-/// network work to its own thread.
+/// Called on the collector's encoder thread, never on the thread that drains the
+/// sampler's buffers: a sink that blocks (file I/O) delays the profiles, not the samples.
+/// It should still hand network work to its own thread.
 pub trait ProfileSink: Send + 'static {
     /// Takes one profile.
     fn export(&mut self, profile: &EncodedProfile) -> std::io::Result<()>;
@@ -211,28 +215,25 @@ impl Collector {
     ) -> std::io::Result<Collector> {
         let (commands, receiver) = mpsc::channel();
         let stats = Arc::new(CollectorStats::default());
+        // One interval queued while the one before is written: memory stays bounded, and
+        // a busy encoder makes the interval in progress longer, never loses it.
+        let (to_encoder, intervals) = mpsc::sync_channel(1);
+        let encoder = encoder::Encoder::new(config.clone(), period_ns, sinks, stats.clone());
+        let encoder = spawn_suppressed("otel-profiling-encoder", move || encoder.run(intervals))?;
         let state = State {
             config,
-            period_ns,
-            sinks,
             stats: stats.clone(),
             counts: HashMap::new(),
             blocked: HashMap::new(),
             interval_start: SystemTime::now(),
-            span_check_done: false,
-            span_callsites_before: false,
-            symbolizer: None,
+            flushes: Vec::new(),
+            hand_over_due: false,
+            encoder: to_encoder,
             health: HealthLog::default(),
         };
-        let thread = std::thread::Builder::new()
-            .name("otel-profiling-collector".into())
-            .spawn(move || {
-                // Held for the thread's life, as the SDK's batch span processor does: what
-                // the sinks run here (file writes, a test double, instrumented code) makes no
-                // spans, and a span entered here does not register the thread for sampling.
-                let _suppressed = opentelemetry::Context::enter_telemetry_suppressed_scope();
-                state.run(receiver)
-            })?;
+        let thread = spawn_suppressed("otel-profiling-collector", move || {
+            state.run(receiver, encoder)
+        })?;
         Ok(Collector {
             running: ProcessBound::new(Running {
                 commands,
@@ -285,6 +286,22 @@ impl Collector {
         }
         thread.join().is_ok()
     }
+}
+
+/// Starts one of the collector's threads. Telemetry is suppressed for the thread's life,
+/// as the SDK's batch span processor does: what the sinks run there (file writes, a test
+/// double, instrumented code) makes no spans, and a span entered there does not register
+/// the thread for sampling.
+fn spawn_suppressed(
+    name: &str,
+    body: impl FnOnce() + Send + 'static,
+) -> std::io::Result<JoinHandle<()>> {
+    std::thread::Builder::new()
+        .name(name.into())
+        .spawn(move || {
+            let _suppressed = opentelemetry::Context::enter_telemetry_suppressed_scope();
+            body()
+        })
 }
 
 impl Drop for Collector {
@@ -364,21 +381,24 @@ fn label_key(root: Option<crate::span_context::LocalRoot>) -> LabelKey {
     }
 }
 
+/// The collector thread's state: the aggregation of the interval in progress. Naming,
+/// encoding and the sinks run on the encoder thread (`encoder`), so a slow first naming
+/// pass (the debug-info index of a large binary), a slow disk or a slow sink never stops
+/// the drain ticks: the per-thread buffers hold only a few drain periods of samples.
 struct State {
     config: CollectorConfig,
-    period_ns: i64,
-    sinks: Vec<Box<dyn ProfileSink>>,
     stats: Arc<CollectorStats>,
     counts: HashMap<(Box<[u64]>, LabelKey), u64>,
     /// Blocked-in-poll looks: (blocks, blocked nanoseconds) by (stack, labels).
     blocked: HashMap<(Box<[u64]>, LabelKey), BlockedTotals>,
     interval_start: SystemTime,
-    /// Whether some span reached the hooks was checked (and warned about if not).
-    span_check_done: bool,
-    /// Span callsites had been registered when the last interval ended.
-    span_callsites_before: bool,
-    /// Created on first use, so starting costs nothing.
-    symbolizer: Option<Symbolizer>,
+    /// Flushes waiting for the interval in progress to reach the sinks.
+    flushes: Vec<Sender<()>>,
+    /// An interval's end is due but the encoder had no room for it yet: the interval goes
+    /// on (nothing is lost, memory stays one aggregation) and is handed over at a later
+    /// tick.
+    hand_over_due: bool,
+    encoder: SyncSender<encoder::Interval>,
     health: HealthLog,
 }
 
@@ -444,7 +464,7 @@ impl HealthLog {
 }
 
 impl State {
-    fn run(mut self, commands: Receiver<Command>) {
+    fn run(mut self, commands: Receiver<Command>, encoder: JoinHandle<()>) {
         let mut next_profile = Instant::now() + self.config.interval;
         loop {
             let wait = self
@@ -454,24 +474,31 @@ impl State {
             match commands.recv_timeout(wait) {
                 Ok(Command::Flush(done)) => {
                     self.drain();
-                    self.finish_interval();
+                    self.flushes.push(done);
+                    self.hand_over();
                     next_profile = Instant::now() + self.config.interval;
-                    let _ = done.send(());
                 }
                 Ok(Command::Stop) | Err(RecvTimeoutError::Disconnected) => {
                     self.drain();
-                    self.finish_interval();
+                    // The last interval waits for room: the encoder takes it once the one
+                    // before is written, then ends when its channel closes.
+                    let last = self.take_interval();
+                    let _ = self.encoder.send(last);
+                    drop(self);
+                    let _ = encoder.join();
                     return;
                 }
                 Err(RecvTimeoutError::Timeout) => {
                     self.drain();
                     self.health.check(&self.stats);
-                    if Instant::now() >= next_profile {
-                        self.finish_interval();
-                        next_profile += self.config.interval;
-                        if next_profile < Instant::now() {
-                            next_profile = Instant::now() + self.config.interval;
+                    if self.hand_over_due || Instant::now() >= next_profile {
+                        if Instant::now() >= next_profile {
+                            next_profile += self.config.interval;
+                            if next_profile < Instant::now() {
+                                next_profile = Instant::now() + self.config.interval;
+                            }
                         }
+                        self.hand_over();
                     }
                 }
             }
@@ -502,121 +529,43 @@ impl State {
         });
     }
 
-    fn finish_interval(&mut self) {
+    /// Ends the interval in progress and starts the next one.
+    fn take_interval(&mut self) -> encoder::Interval {
         let start = self.interval_start;
         let now = SystemTime::now();
         self.interval_start = now;
-        let duration = now.duration_since(start).unwrap_or_default();
-        let counts = std::mem::take(&mut self.counts);
-        let blocked = std::mem::take(&mut self.blocked);
-        let naming = Instant::now();
-        let symbolizer = self.symbolizer.get_or_insert_with(Symbolizer::new);
-        // Modules loaded since the last interval (dlopen) become nameable.
-        symbolizer.refresh();
-        // One pass per file for every new address (CPU and blocked stacks), then each
-        // frame is a cache hit.
-        symbolizer.prepare(
-            counts
-                .keys()
-                .chain(blocked.keys())
-                .flat_map(|(frames, _)| frames.iter().enumerate().map(|(i, &a)| (a, i > 0))),
-        );
-        let no_debug_info = symbolizer.executable_without_debug_info().map(|exe| {
-            format!(
-                "{}{}",
-                crate::pprof::proto::NO_INLINE_INFO_COMMENT,
-                exe.display()
-            )
-        });
-        let mut names: HashMap<SpanName, Arc<str>> = HashMap::new();
-        let mut stack = Vec::new();
-        let mut name_stack = |frames: &[u64], stack: &mut Vec<_>| {
-            stack.clear();
-            for (i, &address) in frames.iter().enumerate() {
-                stack.push(symbolizer.frame(address, i > 0));
-            }
-        };
-        let mut cpu = ProfileBuilder::new(self.period_ns, start, duration);
-        if let Some(note) = &no_debug_info {
-            cpu.comment(note.clone());
-        }
-        let mut samples = 0u64;
-        for ((frames, key), count) in counts {
-            name_stack(&frames, &mut stack);
-            let labels = sample_labels(&self.config, &key, &mut names);
-            cpu.add_sample(&stack, &labels, count);
-            samples += count;
-        }
-        let mut block = ProfileBuilder::blocked(start, duration);
-        let mut looks = 0u64;
-        for ((frames, key), (contentions, delay_ns)) in blocked {
-            name_stack(&frames, &mut stack);
-            let labels = sample_labels(&self.config, &key, &mut names);
-            block.add_blocked(&stack, &labels, contentions, delay_ns);
-            looks += 1;
-        }
-        let naming = u64::try_from(naming.elapsed().as_nanos()).unwrap_or(u64::MAX);
-        self.stats
-            .symbolize_nanos
-            .fetch_add(naming, Ordering::Relaxed);
-        self.stats
-            .symbolize_nanos_max
-            .fetch_max(naming, Ordering::Relaxed);
-        // Nothing ran on a sampled thread (nothing blocked): no file, no upload.
-        if !self.span_check_done {
-            // Once: samples, or spans created an interval ago, and no span ever reached
-            // the hooks (a span's callsite is registered just before the span is made,
-            // hence the interval's grace).
-            let tried = crate::span_context::span_callsite_seen();
-            if crate::span_context::span_seen() {
-                self.span_check_done = true;
-            } else if samples > 0 || self.span_callsites_before {
-                self.span_check_done = true;
-                eprintln!("{NO_SPANS_WARNING}");
-            }
-            self.span_callsites_before = tried;
-        }
-        if samples > 0 {
-            self.export(ProfileKind::Cpu, cpu, start, duration, samples);
-            self.stats
-                .samples_in_profiles
-                .fetch_add(samples, Ordering::Relaxed);
-        }
-        if looks > 0 {
-            self.export(ProfileKind::Blocked, block, start, duration, looks);
-            self.stats
-                .blocked_in_profiles
-                .fetch_add(looks, Ordering::Relaxed);
+        self.hand_over_due = false;
+        encoder::Interval {
+            start,
+            duration: now.duration_since(start).unwrap_or_default(),
+            counts: std::mem::take(&mut self.counts),
+            blocked: std::mem::take(&mut self.blocked),
+            flushes: std::mem::take(&mut self.flushes),
         }
     }
 
-    fn export(
-        &mut self,
-        kind: ProfileKind,
-        builder: ProfileBuilder,
-        start: SystemTime,
-        duration: Duration,
-        samples: u64,
-    ) {
-        let gzip_pprof = match pprof::encode_gzip(&builder.build()) {
-            Ok(bytes) => bytes,
-            Err(_) => {
-                self.stats.profiles_failed.fetch_add(1, Ordering::Relaxed);
-                return;
+    /// Hands the interval in progress to the encoder, or, while the encoder is still busy
+    /// with the one before, lets it go on until a later tick.
+    fn hand_over(&mut self) {
+        let interval = self.take_interval();
+        match self.encoder.try_send(interval) {
+            Ok(()) => {}
+            Err(TrySendError::Full(back)) => {
+                // Put back: the interval keeps its start and its flushes.
+                self.interval_start = back.start;
+                self.counts = back.counts;
+                self.blocked = back.blocked;
+                self.flushes = back.flushes;
+                self.hand_over_due = true;
             }
-        };
-        let encoded = EncodedProfile {
-            kind,
-            start,
-            duration,
-            samples,
-            gzip_pprof,
-        };
-        for sink in &mut self.sinks {
-            match sink.export(&encoded) {
-                Ok(()) => self.stats.profiles_exported.fetch_add(1, Ordering::Relaxed),
-                Err(_) => self.stats.profiles_failed.fetch_add(1, Ordering::Relaxed),
-            };
+            Err(TrySendError::Disconnected(lost)) => {
+                // The encoder thread is gone (a sink panicked): the data cannot be written.
+                let kinds =
+                    u64::from(!lost.counts.is_empty()) + u64::from(!lost.blocked.is_empty());
+                self.stats
+                    .profiles_failed
+                    .fetch_add(kinds, Ordering::Relaxed);
+            }
         }
     }
 }

@@ -1,6 +1,6 @@
 //! Turning sampled addresses into function names, files and lines, off the hot path.
 //!
-//! Runs on the collector thread only, once per interval: [`Symbolizer::prepare`] names the
+//! Runs on the collector's encoder thread only, once per interval: [`Symbolizer::prepare`] names the
 //! interval's new addresses in one pass per file, then [`Symbolizer::frame`] reads them
 //! from the cache. Names are demangled without the Rust hash suffix. Without debug info (a
 //! default `--release` build) names come from the symbol table and carry no file or line;

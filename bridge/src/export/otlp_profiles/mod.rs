@@ -2,8 +2,8 @@
 //! (`opentelemetry/proto/profiles/v1development`) over OTLP/HTTP protobuf or OTLP/gRPC.
 //!
 //! ```text
-//!  collector thread                               otel-profiling-otlp-profiles thread
-//!  ───────────────                                ───────────────────────────────────
+//!  encoder thread                                 otel-profiling-otlp-profiles thread
+//!  ──────────────                                 ───────────────────────────────────
 //!  ProfileSink::export ─► pprof ─► split ─► OTLP ─► bounded queue ─► gzip ─► POST
 //!                                                   (the Pyroscope exporter's queue,
 //!                                                    uploader, backoff and counters)

@@ -1,8 +1,8 @@
 //! Pushes finished CPU profiles to Grafana Pyroscope (`push.v1.PusherService/Push`).
 //!
 //! ```text
-//!  collector thread                          otel-profiling-uploader thread
-//!  ───────────────                           ──────────────────────────────
+//!  encoder thread                            otel-profiling-uploader thread
+//!  ──────────────                            ──────────────────────────────
 //!  ProfileSink::export ─► encode PushRequest ─► bounded queue (bytes) ─► gzip ─► POST
 //!  (never waits on the network)               oldest dropped on overflow   retry with backoff
 //! ```

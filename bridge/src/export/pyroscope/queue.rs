@@ -1,4 +1,4 @@
-//! The bounded queue between `export` (collector thread) and the uploader thread.
+//! The bounded queue between `export` (the collector's encoder thread) and the uploader thread.
 //!
 //! One mutex guards the queue; neither side holds it while encoding, compressing or
 //! talking to the network, so `export` never waits for more than a few list operations.

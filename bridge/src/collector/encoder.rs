@@ -1,0 +1,202 @@
+//! The encoder thread: names the stacks of each finished interval, builds its pprof
+//! profiles, compresses them and hands them to the sinks.
+//!
+//! It runs beside the collector thread, not on it: naming can take long (the first pass
+//! over a large binary builds its debug-info index; a pass over many new addresses parses
+//! many units), and a sink can block (a slow disk). The collector keeps draining the
+//! per-thread buffers meanwhile, so none of that turns into samples dropped for a full
+//! buffer.
+
+use std::collections::HashMap;
+use std::sync::atomic::Ordering;
+use std::sync::mpsc::{Receiver, Sender};
+use std::sync::Arc;
+use std::time::{Duration, Instant, SystemTime};
+
+use super::{
+    sample_labels, BlockedTotals, CollectorConfig, CollectorStats, EncodedProfile, LabelKey,
+    ProfileKind, ProfileSink, NO_SPANS_WARNING,
+};
+use crate::pprof::{self, ProfileBuilder};
+use crate::span_name::SpanName;
+use crate::symbolize::Symbolizer;
+
+/// One finished interval, as the collector aggregated it.
+pub(super) struct Interval {
+    pub(super) start: SystemTime,
+    pub(super) duration: Duration,
+    /// CPU periods by (stack, labels).
+    pub(super) counts: HashMap<(Box<[u64]>, LabelKey), u64>,
+    /// Blocked-in-poll looks by (stack, labels).
+    pub(super) blocked: HashMap<(Box<[u64]>, LabelKey), BlockedTotals>,
+    /// Told once the interval's profiles reached the sinks.
+    pub(super) flushes: Vec<Sender<()>>,
+}
+
+pub(super) struct Encoder {
+    config: CollectorConfig,
+    period_ns: i64,
+    sinks: Vec<Box<dyn ProfileSink>>,
+    stats: Arc<CollectorStats>,
+    /// Whether some span reached the hooks was checked (and warned about if not).
+    span_check_done: bool,
+    /// Span callsites had been registered when the last interval ended.
+    span_callsites_before: bool,
+    /// Created on first use, so starting costs nothing.
+    symbolizer: Option<Symbolizer>,
+}
+
+impl Encoder {
+    pub(super) fn new(
+        config: CollectorConfig,
+        period_ns: i64,
+        sinks: Vec<Box<dyn ProfileSink>>,
+        stats: Arc<CollectorStats>,
+    ) -> Encoder {
+        Encoder {
+            config,
+            period_ns,
+            sinks,
+            stats,
+            span_check_done: false,
+            span_callsites_before: false,
+            symbolizer: None,
+        }
+    }
+
+    /// Writes each interval the collector sends, until it closes the channel.
+    pub(super) fn run(mut self, intervals: Receiver<Interval>) {
+        for interval in intervals {
+            let flushes = self.encode(interval);
+            for done in flushes {
+                let _ = done.send(());
+            }
+        }
+    }
+
+    /// Names, builds and exports one interval's profiles; returns its waiting flushes.
+    fn encode(&mut self, interval: Interval) -> Vec<Sender<()>> {
+        let Interval {
+            start,
+            duration,
+            counts,
+            blocked,
+            flushes,
+        } = interval;
+        let naming = Instant::now();
+        let symbolizer = self.symbolizer.get_or_insert_with(Symbolizer::new);
+        // Modules loaded since the last interval (dlopen) become nameable.
+        symbolizer.refresh();
+        // One pass per file for every new address (CPU and blocked stacks), then each
+        // frame is a cache hit.
+        symbolizer.prepare(
+            counts
+                .keys()
+                .chain(blocked.keys())
+                .flat_map(|(frames, _)| frames.iter().enumerate().map(|(i, &a)| (a, i > 0))),
+        );
+        let no_debug_info = symbolizer.executable_without_debug_info().map(|exe| {
+            format!(
+                "{}{}",
+                crate::pprof::proto::NO_INLINE_INFO_COMMENT,
+                exe.display()
+            )
+        });
+        let mut names: HashMap<SpanName, Arc<str>> = HashMap::new();
+        let mut stack = Vec::new();
+        let mut name_stack = |frames: &[u64], stack: &mut Vec<_>| {
+            stack.clear();
+            for (i, &address) in frames.iter().enumerate() {
+                stack.push(symbolizer.frame(address, i > 0));
+            }
+        };
+        let mut cpu = ProfileBuilder::new(self.period_ns, start, duration);
+        if let Some(note) = &no_debug_info {
+            cpu.comment(note.clone());
+        }
+        let mut samples = 0u64;
+        for ((frames, key), count) in counts {
+            name_stack(&frames, &mut stack);
+            let labels = sample_labels(&self.config, &key, &mut names);
+            cpu.add_sample(&stack, &labels, count);
+            samples += count;
+        }
+        let mut block = ProfileBuilder::blocked(start, duration);
+        let mut looks = 0u64;
+        for ((frames, key), (contentions, delay_ns)) in blocked {
+            name_stack(&frames, &mut stack);
+            let labels = sample_labels(&self.config, &key, &mut names);
+            block.add_blocked(&stack, &labels, contentions, delay_ns);
+            looks += 1;
+        }
+        let naming = u64::try_from(naming.elapsed().as_nanos()).unwrap_or(u64::MAX);
+        self.stats
+            .symbolize_nanos
+            .fetch_add(naming, Ordering::Relaxed);
+        self.stats
+            .symbolize_nanos_max
+            .fetch_max(naming, Ordering::Relaxed);
+        self.check_spans_seen(samples);
+        // Nothing ran on a sampled thread (nothing blocked): no file, no upload.
+        if samples > 0 {
+            self.export(ProfileKind::Cpu, cpu, start, duration, samples);
+            self.stats
+                .samples_in_profiles
+                .fetch_add(samples, Ordering::Relaxed);
+        }
+        if looks > 0 {
+            self.export(ProfileKind::Blocked, block, start, duration, looks);
+            self.stats
+                .blocked_in_profiles
+                .fetch_add(looks, Ordering::Relaxed);
+        }
+        flushes
+    }
+
+    /// Once: samples, or spans created an interval ago, and no span ever reached the hooks
+    /// (a span's callsite is registered just before the span is made, hence the
+    /// interval's grace) — say so.
+    fn check_spans_seen(&mut self, samples: u64) {
+        if self.span_check_done {
+            return;
+        }
+        let tried = crate::span_context::span_callsite_seen();
+        if crate::span_context::span_seen() {
+            self.span_check_done = true;
+        } else if samples > 0 || self.span_callsites_before {
+            self.span_check_done = true;
+            eprintln!("{NO_SPANS_WARNING}");
+        }
+        self.span_callsites_before = tried;
+    }
+
+    fn export(
+        &mut self,
+        kind: ProfileKind,
+        builder: ProfileBuilder,
+        start: SystemTime,
+        duration: Duration,
+        samples: u64,
+    ) {
+        let gzip_pprof = match pprof::encode_gzip(&builder.build()) {
+            Ok(bytes) => bytes,
+            Err(_) => {
+                self.stats.profiles_failed.fetch_add(1, Ordering::Relaxed);
+                return;
+            }
+        };
+        let encoded = EncodedProfile {
+            kind,
+            start,
+            duration,
+            samples,
+            gzip_pprof,
+        };
+        for sink in &mut self.sinks {
+            match sink.export(&encoded) {
+                Ok(()) => self.stats.profiles_exported.fetch_add(1, Ordering::Relaxed),
+                Err(_) => self.stats.profiles_failed.fetch_add(1, Ordering::Relaxed),
+            };
+        }
+    }
+}
