@@ -144,6 +144,9 @@ pub(crate) struct CollectorStats {
     pub(crate) symbolize_nanos_max: AtomicU64,
     /// Blocked-in-poll looks put into blocked profiles.
     pub(crate) blocked_in_profiles: AtomicU64,
+    /// CPU periods and blocked-in-poll looks drained but not kept: the encoder was still
+    /// busy with earlier profiles after [`MAX_HELD_INTERVALS`] intervals.
+    pub(crate) dropped_encoder_busy: AtomicU64,
 }
 
 /// A snapshot of the collector's counters ([`Collector::stats`]); users read them in
@@ -162,6 +165,8 @@ pub(crate) struct CollectorSnapshot {
     pub(crate) symbolize_nanos_max: u64,
     /// Blocked-in-poll looks put into blocked profiles.
     pub(crate) blocked_in_profiles: u64,
+    /// CPU periods and blocked-in-poll looks dropped while the encoder was busy.
+    pub(crate) dropped_encoder_busy: u64,
 }
 
 impl CollectorStats {
@@ -174,6 +179,7 @@ impl CollectorStats {
             symbolize_nanos: load(&self.symbolize_nanos),
             symbolize_nanos_max: load(&self.symbolize_nanos_max),
             blocked_in_profiles: load(&self.blocked_in_profiles),
+            dropped_encoder_busy: load(&self.dropped_encoder_busy),
         }
     }
 }
@@ -407,12 +413,17 @@ struct State {
 #[derive(Default)]
 struct HealthLog {
     last: Option<Instant>,
-    reported: (u64, u64, u64),
+    reported: (u64, u64, u64, u64),
     /// Whether the "signals come at the kernel tick" note was given.
     tick_noted: bool,
     /// Whether the "watchdog cannot read threads" note was given.
     watchdog_noted: bool,
 }
+
+/// Intervals the one in progress may span while the encoder is busy before its samples
+/// are counted and dropped instead of kept (with one interval queued and one being
+/// written, at most five intervals' aggregation is held).
+const MAX_HELD_INTERVALS: u32 = 3;
 
 /// Minimum time between two health lines.
 const HEALTH_LOG_EVERY: Duration = Duration::from_secs(60);
@@ -445,15 +456,22 @@ impl HealthLog {
             );
         }
         let failed = stats.profiles_failed.load(Ordering::Relaxed);
-        let now = (sampler.dropped, sampler.truncated, failed);
-        if now.0 <= self.reported.0 && now.1 <= self.reported.1 && now.2 <= self.reported.2 {
+        let busy = stats.dropped_encoder_busy.load(Ordering::Relaxed);
+        let now = (sampler.dropped, sampler.truncated, failed, busy);
+        if now.0 <= self.reported.0
+            && now.1 <= self.reported.1
+            && now.2 <= self.reported.2
+            && now.3 <= self.reported.3
+        {
             return;
         }
         eprintln!(
-            "otel-profiling: samples taken {}, dropped {} (buffer full), truncated stacks {}; \
-             profiles exported {}, failed {}",
+            "otel-profiling: samples taken {}, dropped {} (buffer full) and {} (profiles \
+             before them still being written), truncated stacks {}; profiles exported {}, \
+             failed {}",
             sampler.taken,
             sampler.dropped,
+            busy,
             sampler.truncated,
             stats.profiles_exported.load(Ordering::Relaxed),
             failed
@@ -509,6 +527,20 @@ impl State {
         // Libraries loaded or unloaded since the last tick become unwindable (cheap when
         // nothing changed: two counters compared).
         sampler::refresh_modules();
+        if self.held_too_long() {
+            // The buffers are still emptied (a full one would drop at the source, unseen
+            // by the profiles' time range), and what they held is counted.
+            let mut dropped = 0u64;
+            sampler::SamplerState::global().drain_into(|record: &SampleRecord| {
+                dropped += u64::from(record.weight.max(1));
+            });
+            sampler::check_handler();
+            sampler::watchdog::drain_blocked(|_| dropped += 1);
+            self.stats
+                .dropped_encoder_busy
+                .fetch_add(dropped, Ordering::Relaxed);
+            return;
+        }
         let counts = &mut self.counts;
         sampler::SamplerState::global().drain_into(|record: &SampleRecord| {
             let labels = label_key(record.root);
@@ -527,6 +559,15 @@ impl State {
             entry.0 += u64::from(record.first_look);
             entry.1 = entry.1.saturating_add(record.delay_ns);
         });
+    }
+
+    /// Whether the interval in progress has waited for the encoder for so long that it
+    /// must stop growing: memory stays bounded by a few intervals' aggregation however
+    /// long a sink stalls.
+    fn held_too_long(&self) -> bool {
+        self.hand_over_due
+            && self.interval_start.elapsed().unwrap_or_default()
+                > self.config.interval * MAX_HELD_INTERVALS
     }
 
     /// Ends the interval in progress and starts the next one.
