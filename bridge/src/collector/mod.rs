@@ -144,9 +144,11 @@ pub(crate) struct CollectorStats {
     pub(crate) symbolize_nanos_max: AtomicU64,
     /// Blocked-in-poll looks put into blocked profiles.
     pub(crate) blocked_in_profiles: AtomicU64,
-    /// CPU periods and blocked-in-poll looks drained but not kept: the encoder was still
-    /// busy with earlier profiles after [`MAX_HELD_INTERVALS`] intervals.
+    /// CPU periods drained but not kept: the encoder was still busy with earlier profiles
+    /// [`MAX_HELD_PAST_DUE`] intervals after the one in progress was due, or gone.
     pub(crate) dropped_encoder_busy: AtomicU64,
+    /// Blocked-in-poll blocks (`contentions`) likewise.
+    pub(crate) blocked_dropped_encoder_busy: AtomicU64,
 }
 
 /// A snapshot of the collector's counters ([`Collector::stats`]); users read them in
@@ -165,8 +167,10 @@ pub(crate) struct CollectorSnapshot {
     pub(crate) symbolize_nanos_max: u64,
     /// Blocked-in-poll looks put into blocked profiles.
     pub(crate) blocked_in_profiles: u64,
-    /// CPU periods and blocked-in-poll looks dropped while the encoder was busy.
+    /// CPU periods dropped while the encoder was busy (or gone).
     pub(crate) dropped_encoder_busy: u64,
+    /// Blocked-in-poll blocks dropped likewise.
+    pub(crate) blocked_dropped_encoder_busy: u64,
 }
 
 impl CollectorStats {
@@ -180,6 +184,7 @@ impl CollectorStats {
             symbolize_nanos_max: load(&self.symbolize_nanos_max),
             blocked_in_profiles: load(&self.blocked_in_profiles),
             dropped_encoder_busy: load(&self.dropped_encoder_busy),
+            blocked_dropped_encoder_busy: load(&self.blocked_dropped_encoder_busy),
         }
     }
 }
@@ -233,7 +238,7 @@ impl Collector {
             blocked: HashMap::new(),
             interval_start: SystemTime::now(),
             flushes: Vec::new(),
-            hand_over_due: false,
+            held: None,
             encoder: to_encoder,
             health: HealthLog::default(),
         };
@@ -400,12 +405,22 @@ struct State {
     interval_start: SystemTime,
     /// Flushes waiting for the interval in progress to reach the sinks.
     flushes: Vec<Sender<()>>,
-    /// An interval's end is due but the encoder had no room for it yet: the interval goes
-    /// on (nothing is lost, memory stays one aggregation) and is handed over at a later
-    /// tick.
-    hand_over_due: bool,
+    /// Set while the interval in progress is due but the encoder has no room for it yet:
+    /// it goes on (nothing is lost, memory stays one aggregation) and is handed over at a
+    /// later tick.
+    held: Option<Held>,
     encoder: SyncSender<encoder::Interval>,
     health: HealthLog,
+}
+
+/// An interval held past its due hand-over.
+#[derive(Clone, Copy)]
+struct Held {
+    /// When its hand-over first found the encoder busy.
+    since: Instant,
+    /// When it stopped taking samples ([`MAX_HELD_PAST_DUE`]): its profile ends there,
+    /// and the time until its hand-over is a gap that the dropped counters account for.
+    full_at: Option<SystemTime>,
 }
 
 /// Logs losses (dropped samples, truncated stacks, failed profiles) to stderr: the first at
@@ -420,10 +435,10 @@ struct HealthLog {
     watchdog_noted: bool,
 }
 
-/// Intervals the one in progress may span while the encoder is busy before its samples
-/// are counted and dropped instead of kept (with one interval queued and one being
-/// written, at most five intervals' aggregation is held).
-const MAX_HELD_INTERVALS: u32 = 3;
+/// Intervals the one in progress may be held past its due hand-over (the encoder busy)
+/// before the samples drained are counted and dropped instead of kept: with one interval
+/// queued and one being written, at most five intervals' aggregation is held.
+const MAX_HELD_PAST_DUE: u32 = 2;
 
 /// Minimum time between two health lines.
 const HEALTH_LOG_EVERY: Duration = Duration::from_secs(60);
@@ -501,15 +516,21 @@ impl State {
                     // The last interval waits for room: the encoder takes it once the one
                     // before is written, then ends when its channel closes.
                     let last = self.take_interval();
-                    let _ = self.encoder.send(last);
+                    if let Err(std::sync::mpsc::SendError(lost)) = self.encoder.send(last) {
+                        self.count_lost(&lost);
+                    }
                     drop(self);
-                    let _ = encoder.join();
+                    if let Err(panic) = encoder.join() {
+                        // A sink panicked: the stop reports it as before (the collector's
+                        // own join fails), the panic hook having printed it.
+                        std::panic::resume_unwind(panic);
+                    }
                     return;
                 }
                 Err(RecvTimeoutError::Timeout) => {
                     self.drain();
                     self.health.check(&self.stats);
-                    if self.hand_over_due || Instant::now() >= next_profile {
+                    if self.held.is_some() || Instant::now() >= next_profile {
                         if Instant::now() >= next_profile {
                             next_profile += self.config.interval;
                             if next_profile < Instant::now() {
@@ -527,18 +548,22 @@ impl State {
         // Libraries loaded or unloaded since the last tick become unwindable (cheap when
         // nothing changed: two counters compared).
         sampler::refresh_modules();
-        if self.held_too_long() {
-            // The buffers are still emptied (a full one would drop at the source, unseen
-            // by the profiles' time range), and what they held is counted.
-            let mut dropped = 0u64;
+        if let Some(held) = self
+            .held
+            .as_mut()
+            .filter(|h| h.since.elapsed() > self.config.interval * MAX_HELD_PAST_DUE)
+        {
+            // Held too long: memory stays bounded by a few intervals' aggregation however
+            // long a sink stalls. The buffers are still emptied (a full one would drop at
+            // the source, unseen) and what they held is counted.
+            held.full_at.get_or_insert_with(SystemTime::now);
+            let (mut periods, mut blocks) = (0u64, 0u64);
             sampler::SamplerState::global().drain_into(|record: &SampleRecord| {
-                dropped += u64::from(record.weight.max(1));
+                periods += u64::from(record.weight.max(1));
             });
             sampler::check_handler();
-            sampler::watchdog::drain_blocked(|_| dropped += 1);
-            self.stats
-                .dropped_encoder_busy
-                .fetch_add(dropped, Ordering::Relaxed);
+            sampler::watchdog::drain_blocked(|record| blocks += u64::from(record.first_look));
+            self.count_dropped(periods, blocks);
             return;
         }
         let counts = &mut self.counts;
@@ -561,24 +586,38 @@ impl State {
         });
     }
 
-    /// Whether the interval in progress has waited for the encoder for so long that it
-    /// must stop growing: memory stays bounded by a few intervals' aggregation however
-    /// long a sink stalls.
-    fn held_too_long(&self) -> bool {
-        self.hand_over_due
-            && self.interval_start.elapsed().unwrap_or_default()
-                > self.config.interval * MAX_HELD_INTERVALS
+    fn count_dropped(&self, periods: u64, blocks: u64) {
+        let stats = &self.stats;
+        stats
+            .dropped_encoder_busy
+            .fetch_add(periods, Ordering::Relaxed);
+        stats
+            .blocked_dropped_encoder_busy
+            .fetch_add(blocks, Ordering::Relaxed);
     }
 
-    /// Ends the interval in progress and starts the next one.
+    /// An interval the encoder can no longer take (its thread is gone: a sink panicked).
+    fn count_lost(&self, lost: &encoder::Interval) {
+        let kinds = u64::from(!lost.counts.is_empty()) + u64::from(!lost.blocked.is_empty());
+        self.stats
+            .profiles_failed
+            .fetch_add(kinds, Ordering::Relaxed);
+        self.count_dropped(
+            lost.counts.values().sum(),
+            lost.blocked.values().map(|b| b.0).sum(),
+        );
+    }
+
+    /// Ends the interval in progress (where it stopped taking samples, if it was held too
+    /// long) and starts the next one now.
     fn take_interval(&mut self) -> encoder::Interval {
         let start = self.interval_start;
         let now = SystemTime::now();
+        let end = self.held.and_then(|h| h.full_at).unwrap_or(now);
         self.interval_start = now;
-        self.hand_over_due = false;
         encoder::Interval {
             start,
-            duration: now.duration_since(start).unwrap_or_default(),
+            duration: end.duration_since(start).unwrap_or_default(),
             counts: std::mem::take(&mut self.counts),
             blocked: std::mem::take(&mut self.blocked),
             flushes: std::mem::take(&mut self.flushes),
@@ -590,22 +629,21 @@ impl State {
     fn hand_over(&mut self) {
         let interval = self.take_interval();
         match self.encoder.try_send(interval) {
-            Ok(()) => {}
+            Ok(()) => self.held = None,
             Err(TrySendError::Full(back)) => {
                 // Put back: the interval keeps its start and its flushes.
                 self.interval_start = back.start;
                 self.counts = back.counts;
                 self.blocked = back.blocked;
                 self.flushes = back.flushes;
-                self.hand_over_due = true;
+                self.held.get_or_insert(Held {
+                    since: Instant::now(),
+                    full_at: None,
+                });
             }
             Err(TrySendError::Disconnected(lost)) => {
-                // The encoder thread is gone (a sink panicked): the data cannot be written.
-                let kinds =
-                    u64::from(!lost.counts.is_empty()) + u64::from(!lost.blocked.is_empty());
-                self.stats
-                    .profiles_failed
-                    .fetch_add(kinds, Ordering::Relaxed);
+                self.held = None;
+                self.count_lost(&lost);
             }
         }
     }

@@ -52,12 +52,14 @@ pub struct ProfilerStats {
     pub blocked: WatchdogStats,
     /// Blocked-in-poll stacks that went into blocked profiles.
     pub blocked_in_profiles: u64,
-    /// CPU sampling periods and blocked-in-poll looks drained from the threads' buffers
-    /// but not kept, because the profiles before them were still being named, encoded or
-    /// exported (a sink stalled) after three intervals: memory stays bounded while a sink
-    /// stalls. Samples dropped at the source (a full buffer) are
-    /// [`SamplerStats::dropped`].
+    /// CPU sampling periods drained from the threads' buffers but not kept, because the
+    /// profiles before them were still being named, encoded or exported two intervals
+    /// after theirs was due (a sink stalled), or could no longer be (a sink panicked):
+    /// memory stays bounded while a sink stalls. Samples dropped at the source (a full
+    /// buffer) are [`SamplerStats::dropped`].
     pub dropped_encoder_busy: u64,
+    /// Blocked-in-poll blocks (the blocked profile's `contentions`) dropped likewise.
+    pub blocked_dropped_encoder_busy: u64,
 }
 
 /// Builds a [`Profiler`].
@@ -274,6 +276,7 @@ impl Profiler {
             stats.symbolize_nanos_max = s.symbolize_nanos_max;
             stats.blocked_in_profiles = s.blocked_in_profiles;
             stats.dropped_encoder_busy = s.dropped_encoder_busy;
+            stats.blocked_dropped_encoder_busy = s.blocked_dropped_encoder_busy;
         }
         stats
     }
