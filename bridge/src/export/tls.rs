@@ -141,10 +141,7 @@ impl ClientTls {
         get: &dyn Fn(&str) -> Option<String>,
         names: &SignalNames,
     ) -> Result<ClientTls, ConfigError> {
-        let pick = |(specific, generic): (&'static str, &'static str)| match get(specific) {
-            Some(v) => Some((specific, v)),
-            None => get(generic).map(|v| (generic, v)),
-        };
+        let pick = |names| crate::config::pick(get, names);
         let mut tls = ClientTls::new();
         if let Some((field, path)) = pick(names.certificate) {
             let bytes = read(field, Path::new(&path), CERTIFICATE_FORM)?;

@@ -435,45 +435,83 @@ impl EnvConfig {
     }
 }
 
-/// `OTEL_EXPORTER_OTLP_PROFILES_*` with the generic fallbacks.
+/// A signal's own variable, else the generic one, as the OpenTelemetry specification
+/// defines them: the name that was set (errors name it) and its value.
+pub(crate) fn pick(
+    get: &dyn Fn(&str) -> Option<String>,
+    (specific, generic): (&'static str, &'static str),
+) -> Option<(&'static str, String)> {
+    match get(specific) {
+        Some(v) => Some((specific, v)),
+        None => get(generic).map(|v| (generic, v)),
+    }
+}
+
+/// The signal's protocol variable or the generic one (the generic name, with no value,
+/// when neither is set).
+fn pick_protocol(
+    get: &dyn Fn(&str) -> Option<String>,
+    specific: &'static str,
+) -> Result<(&'static str, OtlpProtocol), ConfigError> {
+    const GENERIC: &str = "OTEL_EXPORTER_OTLP_PROTOCOL";
+    let (field, value) = match pick(get, (specific, GENERIC)) {
+        Some((field, v)) => (field, Some(v)),
+        None => (GENERIC, None),
+    };
+    Ok((field, parse_protocol(field, value.as_deref())?))
+}
+
+/// A signal's request settings.
+struct RequestSettings {
+    headers: Vec<(String, String)>,
+    timeout: Option<Duration>,
+    /// `None`: unset.
+    gzip: Option<bool>,
+}
+
+/// The signal's headers, timeout and compression variables, each or the generic one.
+fn pick_request_settings(
+    get: &dyn Fn(&str) -> Option<String>,
+    [headers, timeout, compression]: [&'static str; 3],
+) -> Result<RequestSettings, ConfigError> {
+    let headers = match pick(get, (headers, "OTEL_EXPORTER_OTLP_HEADERS")) {
+        Some((field, v)) => parse_headers(field, &v)?,
+        None => Vec::new(),
+    };
+    let timeout = match pick(get, (timeout, "OTEL_EXPORTER_OTLP_TIMEOUT")) {
+        Some((field, v)) => Some(parse_timeout_ms(field, &v)?),
+        None => None,
+    };
+    let gzip = match pick(get, (compression, "OTEL_EXPORTER_OTLP_COMPRESSION")) {
+        Some((field, v)) => Some(parse_compression(field, &v)?),
+        None => None,
+    };
+    Ok(RequestSettings {
+        headers,
+        timeout,
+        gzip,
+    })
+}
+
 /// The traces target: the signal-specific variables, each falling back to the generic
 /// one, as the OpenTelemetry specification defines them.
 fn otlp_traces_from(
     get: &dyn Fn(&str) -> Option<String>,
 ) -> Result<Option<OtlpTarget>, ConfigError> {
-    let pick = |specific: &'static str, generic: &'static str| match get(specific) {
-        Some(v) => Some((specific, v)),
-        None => get(generic).map(|v| (generic, v)),
-    };
-    let (protocol_field, protocol) = match pick(
-        "OTEL_EXPORTER_OTLP_TRACES_PROTOCOL",
-        "OTEL_EXPORTER_OTLP_PROTOCOL",
-    ) {
-        Some((field, v)) => (field, Some(v)),
-        None => ("OTEL_EXPORTER_OTLP_PROTOCOL", None),
-    };
-    let protocol = parse_protocol(protocol_field, protocol.as_deref())?;
-    let headers = match pick(
-        "OTEL_EXPORTER_OTLP_TRACES_HEADERS",
-        "OTEL_EXPORTER_OTLP_HEADERS",
-    ) {
-        Some((field, v)) => parse_headers(field, &v)?,
-        None => Vec::new(),
-    };
-    let timeout = match pick(
-        "OTEL_EXPORTER_OTLP_TRACES_TIMEOUT",
-        "OTEL_EXPORTER_OTLP_TIMEOUT",
-    ) {
-        Some((field, v)) => Some(parse_timeout_ms(field, &v)?),
-        None => None,
-    };
-    let gzip = match pick(
-        "OTEL_EXPORTER_OTLP_TRACES_COMPRESSION",
-        "OTEL_EXPORTER_OTLP_COMPRESSION",
-    ) {
-        Some((field, v)) => parse_compression(field, &v)?,
-        None => false,
-    };
+    let (protocol_field, protocol) = pick_protocol(get, "OTEL_EXPORTER_OTLP_TRACES_PROTOCOL")?;
+    let RequestSettings {
+        headers,
+        timeout,
+        gzip,
+    } = pick_request_settings(
+        get,
+        [
+            "OTEL_EXPORTER_OTLP_TRACES_HEADERS",
+            "OTEL_EXPORTER_OTLP_TRACES_TIMEOUT",
+            "OTEL_EXPORTER_OTLP_TRACES_COMPRESSION",
+        ],
+    )?;
+    let gzip = gzip.unwrap_or(false);
     let (endpoint_field, endpoint, signal_endpoint) =
         match get("OTEL_EXPORTER_OTLP_TRACES_ENDPOINT") {
             Some(v) => ("OTEL_EXPORTER_OTLP_TRACES_ENDPOINT", v, true),
@@ -518,12 +556,9 @@ fn with_grpc_scheme(
     endpoint: &str,
     (specific, generic): (&'static str, &'static str),
 ) -> Result<String, ConfigError> {
-    let insecure = match get(specific) {
-        Some(v) => Some(parse_bool(specific, &v)?),
-        None => match get(generic) {
-            Some(v) => Some(parse_bool(generic, &v)?),
-            None => None,
-        },
+    let insecure = match pick(get, (specific, generic)) {
+        Some((field, v)) => Some(parse_bool(field, &v)?),
+        None => None,
     };
     let trimmed = endpoint.trim();
     if protocol != OtlpProtocol::Grpc || trimmed.contains("://") {
@@ -535,19 +570,6 @@ fn with_grpc_scheme(
         "https"
     };
     Ok(format!("{scheme}://{trimmed}"))
-}
-
-/// `OTEL_EXPORTER_OTLP_PROFILES_COMPRESSION`, else `OTEL_EXPORTER_OTLP_COMPRESSION`: whether
-/// requests are gzipped (`None`: unset, the exporter's default).
-fn profiles_gzip(get: &dyn Fn(&str) -> Option<String>) -> Result<Option<bool>, ConfigError> {
-    let (field, value) = match get("OTEL_EXPORTER_OTLP_PROFILES_COMPRESSION") {
-        Some(v) => ("OTEL_EXPORTER_OTLP_PROFILES_COMPRESSION", v),
-        None => match get("OTEL_EXPORTER_OTLP_COMPRESSION") {
-            Some(v) => ("OTEL_EXPORTER_OTLP_COMPRESSION", v),
-            None => return Ok(None),
-        },
-    };
-    parse_compression(field, &value).map(Some)
 }
 
 /// `gzip` or `none`.
@@ -684,33 +706,24 @@ fn otlp_profiles_from(
     get: &dyn Fn(&str) -> Option<String>,
     service_name: &str,
 ) -> Result<Option<OtlpProfilesConfig>, ConfigError> {
-    let (protocol_field, protocol) = match get("OTEL_EXPORTER_OTLP_PROFILES_PROTOCOL") {
-        Some(v) => ("OTEL_EXPORTER_OTLP_PROFILES_PROTOCOL", Some(v)),
-        None => (
-            "OTEL_EXPORTER_OTLP_PROTOCOL",
-            get("OTEL_EXPORTER_OTLP_PROTOCOL"),
-        ),
-    };
-    let protocol = parse_protocol(protocol_field, protocol.as_deref())?;
-    let headers = match get("OTEL_EXPORTER_OTLP_PROFILES_HEADERS") {
-        Some(v) => parse_headers("OTEL_EXPORTER_OTLP_PROFILES_HEADERS", &v)?,
-        None => match get("OTEL_EXPORTER_OTLP_HEADERS") {
-            Some(v) => parse_headers("OTEL_EXPORTER_OTLP_HEADERS", &v)?,
-            None => Vec::new(),
-        },
-    };
-    let timeout = match get("OTEL_EXPORTER_OTLP_PROFILES_TIMEOUT") {
-        Some(v) => Some(parse_timeout_ms("OTEL_EXPORTER_OTLP_PROFILES_TIMEOUT", &v)?),
-        None => match get("OTEL_EXPORTER_OTLP_TIMEOUT") {
-            Some(v) => Some(parse_timeout_ms("OTEL_EXPORTER_OTLP_TIMEOUT", &v)?),
-            None => None,
-        },
-    };
+    let (_, protocol) = pick_protocol(get, "OTEL_EXPORTER_OTLP_PROFILES_PROTOCOL")?;
+    // Compression: `None` (unset) leaves the exporter's default.
+    let RequestSettings {
+        headers,
+        timeout,
+        gzip,
+    } = pick_request_settings(
+        get,
+        [
+            "OTEL_EXPORTER_OTLP_PROFILES_HEADERS",
+            "OTEL_EXPORTER_OTLP_PROFILES_TIMEOUT",
+            "OTEL_EXPORTER_OTLP_PROFILES_COMPRESSION",
+        ],
+    )?;
     let insecure = (
         "OTEL_EXPORTER_OTLP_PROFILES_INSECURE",
         "OTEL_EXPORTER_OTLP_INSECURE",
     );
-    let gzip = profiles_gzip(get)?;
     let tls = ClientTls::from_env(get, &crate::export::tls::PROFILES)?;
     let finish = |mut config: OtlpProfilesConfig| {
         config.headers = headers;
