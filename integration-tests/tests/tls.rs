@@ -150,6 +150,18 @@ fn front(pki: &Pki, backend: SocketAddr) -> TlsFront {
     }
 }
 
+/// A fresh stand-in and the mutual-TLS front that forwards to it.
+fn standin_behind_front(pki: &Pki) -> (StandIn, TlsFront) {
+    let standin = StandIn::start().expect("stand-in");
+    let backend: SocketAddr = standin
+        .url()
+        .trim_start_matches("http://")
+        .parse()
+        .expect("addr");
+    let front = front(pki, backend);
+    (standin, front)
+}
+
 #[inline(never)]
 fn burn(cpu: Duration) -> u64 {
     let start = Instant::now();
@@ -227,13 +239,7 @@ fn spans_and_profiles_reach_a_mutual_tls_backend() {
     let _turn = TURN.lock().unwrap_or_else(|e| e.into_inner());
     let pki = pki();
     for protocol in ["http/protobuf", "grpc"] {
-        let standin = StandIn::start().expect("stand-in");
-        let backend: SocketAddr = standin
-            .url()
-            .trim_start_matches("http://")
-            .parse()
-            .expect("addr");
-        let front = front(&pki, backend);
+        let (standin, front) = standin_behind_front(&pki);
         let mut vars = vars(&pki, &front, protocol);
         vars.push(("OTEL_EXPORTER_OTLP_COMPRESSION", "gzip".to_string()));
         let stats = run(&vars, |s| {
@@ -308,13 +314,7 @@ fn a_missing_or_wrong_certificate_is_refused_and_counted() {
     ];
     for protocol in ["http/protobuf", "grpc"] {
         for (what, change, front_refuses) in &cases {
-            let standin = StandIn::start().expect("stand-in");
-            let backend: SocketAddr = standin
-                .url()
-                .trim_start_matches("http://")
-                .parse()
-                .expect("addr");
-            let front = front(&pki, backend);
+            let (standin, front) = standin_behind_front(&pki);
             let mut vars = vars(&pki, &front, protocol);
             change(&mut vars);
             let stats = run(&vars, |s| {
