@@ -40,7 +40,7 @@ fn park(
                 .spawn(move || {
                     sampler::register_current_thread().expect("register");
                     let root = LocalRoot::new(SpanId::from(i as u64 + 1), TraceId::from(7), None);
-                    let _guard = in_root.then(|| SpanContextGuard::enter(Some(root)));
+                    let _guard = in_root.then(|| SpanContextGuard::enter(Some(&root)));
                     ready.wait();
                     // Blocked in futex(2) until released.
                     let (lock, cv) = &*gate;

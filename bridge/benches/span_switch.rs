@@ -186,20 +186,20 @@ fn bench_context_switch(c: &mut Criterion) {
     );
     let two_names = |b: &mut criterion::Bencher| {
         b.iter(|| {
-            drop(black_box(SpanContextGuard::enter(Some(black_box(root)))));
-            drop(black_box(SpanContextGuard::enter(Some(black_box(other)))));
+            drop(black_box(SpanContextGuard::enter(Some(black_box(&root)))));
+            drop(black_box(SpanContextGuard::enter(Some(black_box(&other)))));
         })
     };
     // The OTEP 4947 thread context off (never enabled: a relaxed load and a branch per
     // transition), then on (the record written at every transition).
     group.bench_function("otel-profiling", |b| {
-        b.iter(|| drop(black_box(SpanContextGuard::enter(Some(black_box(root))))))
+        b.iter(|| drop(black_box(SpanContextGuard::enter(Some(black_box(&root))))))
     });
     group.bench_function("otel-profiling/two-names", two_names);
     otel_profiling::thread_ctx::enable_with_resource(&[("service.name".into(), "bench".into())])
         .expect("thread context");
     group.bench_function("otel-profiling+thread_ctx", |b| {
-        b.iter(|| drop(black_box(SpanContextGuard::enter(Some(black_box(root))))))
+        b.iter(|| drop(black_box(SpanContextGuard::enter(Some(black_box(&root))))))
     });
     group.bench_function("otel-profiling+thread_ctx/two-names", two_names);
     thread_ctx_ab(root, other);
@@ -238,14 +238,14 @@ fn thread_ctx_ab(root: LocalRoot, other: LocalRoot) {
         let start = std::time::Instant::now();
         for _ in 0..BATCH {
             for r in roots {
-                drop(black_box(SpanContextGuard::enter(Some(black_box(*r)))));
+                drop(black_box(SpanContextGuard::enter(Some(black_box(r)))));
             }
         }
         start.elapsed().as_secs_f64() * 1e9 / f64::from(BATCH) / roots.len() as f64
     };
     println!("\n=== thread context, interleaved off/on (ns per set+restore) ===");
     for (label, roots) in [
-        ("one root name", vec![root]),
+        ("one root name", vec![root.clone()]),
         ("two names in turn", vec![root, other]),
     ] {
         let (mut off, mut on, mut diff) = (Vec::new(), Vec::new(), Vec::new());

@@ -10,7 +10,7 @@
 //!  ─────────────────────────────────────────         ─────────────────────────────────
 //!  ProfilingLayer (tracing)        ─┐                 reads SpanContextCell::read()
 //!  ProfilingContext (plain OTel)   ─┼─► SpanContextCell ──► span_id / trace_id / span_name
-//!  SpanContextGuard (by hand)      ─┘   (seqlock, TLS)      labels on that sample
+//!  SpanContextGuard (by hand)      ─┘   (one word, TLS)     labels on that sample
 //!
 //!  ProfileIdSpanProcessor (opentelemetry_sdk): local root spans get
 //!  `pyroscope.profile.id` = their span id, which Grafana uses to find those samples.
@@ -67,7 +67,7 @@ pub use export::local_sink;
 pub use hooks::axum;
 pub(crate) use hooks::{evidence, layer, local_root, otel_scope, processor};
 pub use record::thread_ctx;
-pub(crate) use record::{clock, never_freed, root_cpu, span_context, span_name};
+pub(crate) use record::{clock, label, never_freed, root_cpu, span_context, span_name};
 pub use setup::config;
 pub(crate) use setup::profiler;
 
@@ -85,7 +85,7 @@ pub use setup::{
     resource_series_labels, HealthStats, SetupError, Telemetry, TelemetryGuard,
     RESOURCE_SERIES_LABELS,
 };
-pub use span_context::{current_local_root, LocalRoot, SpanContextGuard};
+pub use span_context::{current_local_root, LocalRoot, RootLabel, SpanContextGuard};
 pub use span_name::{span_names_overflowed, SpanName, MAX_SPAN_NAMES};
 
 /// Not part of the API (no semver guarantee, hidden from the docs): what the workspace's

@@ -14,7 +14,7 @@ use opentelemetry_sdk::trace::SdkTracerProvider;
 use opentelemetry_sdk::trace::{InMemorySpanExporter, SimpleSpanProcessor};
 use otel_profiling::sampler::{self, SampleRecord, Sampler, SamplerConfig, SamplerError};
 use otel_profiling::{
-    CpuEvidenceProcessor, LocalRoot, ProfileIdSpanProcessor, ProfilingLayer, CPU_SAMPLES_ATTRIBUTE,
+    CpuEvidenceProcessor, ProfileIdSpanProcessor, ProfilingLayer, RootLabel, CPU_SAMPLES_ATTRIBUTE,
     CPU_TIME_ATTRIBUTE,
 };
 use tracing::Instrument;
@@ -22,7 +22,7 @@ use tracing_opentelemetry::OpenTelemetrySpanExt;
 use tracing_subscriber::layer::SubscriberExt;
 
 /// A drained sample: its span label, its frames and its weight (periods).
-type Sample = (Option<LocalRoot>, Vec<u64>, u32);
+type Sample = (Option<RootLabel>, Vec<u64>, u32);
 
 macro_rules! cpu_work_functions {
     ($($name:ident = $k:literal),*) => {

@@ -24,8 +24,8 @@ fn worker(i: usize, roots: [LocalRoot; 3], until: Instant) -> usize {
     let mut keep: Vec<Vec<u8>> = Vec::new();
     let mut n = 0;
     while Instant::now() < until {
-        let a = SpanContextGuard::enter(Some(roots[i % 3]));
-        let b = SpanContextGuard::enter(Some(roots[(i + 1) % 3]));
+        let a = SpanContextGuard::enter(Some(&roots[i % 3]));
+        let b = SpanContextGuard::enter(Some(&roots[(i + 1) % 3]));
         for _ in 0..64 {
             keep.push(vec![i as u8; 1 + (n * 97) % 4096]);
             n += 1;
@@ -92,6 +92,7 @@ fn soak_everything_at_once_at_the_highest_rate() {
         let until = Instant::now() + Duration::from_millis(60);
         let threads: Vec<_> = (0..4)
             .map(|i| {
+                let roots = roots.clone();
                 std::thread::spawn(move || {
                     let _ = sampler::register_current_thread();
                     worker(i, roots, until)

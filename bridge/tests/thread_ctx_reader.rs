@@ -107,13 +107,15 @@ fn target() {
             .with_trace_flags(TraceFlags::new(flags_of(span)))
         };
         // One span, then none: the record is attached and invalid.
-        drop(SpanContextGuard::enter(Some(root(0))));
+        let first = root(0);
+        drop(SpanContextGuard::enter(Some(&first)));
         tid_tx.send(unsafe { libc::gettid() }).unwrap();
         go_rx.recv().unwrap();
         let mut switches = 0u64;
         let mut i = 1;
         while !worker_stop.load(std::sync::atomic::Ordering::Relaxed) {
-            let guard = SpanContextGuard::enter(Some(root(i)));
+            let entered = root(i);
+            let guard = SpanContextGuard::enter(Some(&entered));
             spin(300);
             drop(guard);
             spin(150);

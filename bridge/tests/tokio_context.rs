@@ -10,8 +10,8 @@ use opentelemetry::trace::{Span as _, TraceContextExt, Tracer, TracerProvider as
 use opentelemetry::Context;
 use opentelemetry_sdk::trace::{InMemorySpanExporter, SdkTracerProvider};
 use otel_profiling::{
-    current_local_root, LocalRoot, ProfileIdSpanProcessor, ProfilingContext, ProfilingFutureExt,
-    ProfilingLayer, PROFILE_ID_ATTRIBUTE,
+    current_local_root, ProfileIdSpanProcessor, ProfilingContext, ProfilingFutureExt,
+    ProfilingLayer, RootLabel, PROFILE_ID_ATTRIBUTE,
 };
 use tracing::instrument::WithSubscriber;
 use tracing::Instrument;
@@ -49,7 +49,7 @@ struct Observations {
 
 type Shared = Arc<Mutex<Observations>>;
 
-fn check(obs: &Shared, task: usize, expected: Option<LocalRoot>, at: &str) {
+fn check(obs: &Shared, task: usize, expected: Option<RootLabel>, at: &str) {
     let seen = current_local_root();
     let mut obs = obs.lock().expect("observations");
     obs.checks += 1;
@@ -187,7 +187,7 @@ fn plain_api_wrappers_follow_tasks_across_workers() {
             let root = tracer.start("request");
             let root_id = root.span_context().span_id();
             let pcx = ProfilingContext::new(Context::current_with_span(root), "request");
-            let expected = pcx.local_root();
+            let expected = pcx.local_root().map(|r| r.label());
             assert_eq!(expected.and_then(|r| r.span_id()), Some(root_id));
             let fut = async move {
                 for step in 0..STEPS {
@@ -276,7 +276,7 @@ fn interleaving_on_one_thread_keeps_each_tasks_root() {
 }
 
 #[tracing::instrument(skip(obs))]
-async fn instrumented_request(task: usize, obs: Shared) -> Option<LocalRoot> {
+async fn instrumented_request(task: usize, obs: Shared) -> Option<RootLabel> {
     let me = current_local_root();
     for _ in 0..STEPS {
         check(&obs, task, me, "#[instrument] fn");
@@ -287,7 +287,7 @@ async fn instrumented_request(task: usize, obs: Shared) -> Option<LocalRoot> {
 }
 
 #[tracing::instrument(skip(obs, me))]
-async fn instrumented_child(task: usize, obs: Shared, me: Option<LocalRoot>) {
+async fn instrumented_child(task: usize, obs: Shared, me: Option<RootLabel>) {
     tokio::task::yield_now().await;
     check(&obs, task, me, "#[instrument] child");
 }

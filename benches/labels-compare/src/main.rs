@@ -66,7 +66,7 @@ fn main() {
             }),
             (&mut peer, &mut || labelset.enter(|| black_box(()))),
             (&mut ours, &mut || {
-                drop(black_box(SpanContextGuard::enter(Some(black_box(root)))))
+                drop(black_box(SpanContextGuard::enter(Some(black_box(&root)))))
             }),
         ];
         if round % 2 == 1 {

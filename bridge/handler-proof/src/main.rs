@@ -23,7 +23,7 @@ fn main() {
         fail(&format!("this thread was not registered: {err}"));
     }
     let root = LocalRoot::new(SpanId::from(7), TraceId::from(9), None);
-    let guard = SpanContextGuard::enter(Some(root));
+    let guard = SpanContextGuard::enter(Some(&root));
     let start = Instant::now();
     let mut work = 0u64;
     while sampler.stats().taken < 3 && start.elapsed() < Duration::from_secs(5) {
@@ -35,7 +35,7 @@ fn main() {
     let (mut records, mut labelled, mut deepest) = (0usize, 0usize, 0usize);
     sampler.drain(|record| {
         records += 1;
-        labelled += usize::from(record.root == Some(root));
+        labelled += usize::from(record.root == Some(root.label()));
         deepest = deepest.max(record.frames().len());
     });
     let stats = sampler.stats();

@@ -377,7 +377,7 @@ struct LabelKey {
 type BlockedTotals = (u64, u64);
 
 /// The labels a sample under `root` gets.
-fn label_key(root: Option<crate::span_context::LocalRoot>) -> LabelKey {
+fn label_key(root: Option<crate::span_context::RootLabel>) -> LabelKey {
     match root {
         Some(root) => LabelKey {
             span_id: root.span_id_u64(),

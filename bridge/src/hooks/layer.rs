@@ -23,9 +23,9 @@ use tracing_subscriber::layer::Context;
 use tracing_subscriber::registry::{LookupSpan, SpanRef};
 use tracing_subscriber::Layer;
 
+use crate::label::Label;
 use crate::local_root::{ResolvedRoot, UnsampledTraces};
 use crate::span_context::scopes::{self, Owner};
-use crate::span_context::LocalRoot;
 use crate::span_name::SpanName;
 use tokio_tasks::{TaskWake, TokioTasks};
 
@@ -117,14 +117,14 @@ impl ProfilingLayer {
     }
 
     /// The label of `span`'s local root: the per-enter path, no reference counting.
-    fn label_of<S>(&self, span: &SpanRef<'_, S>) -> Option<LocalRoot>
+    fn label_of<S>(&self, span: &SpanRef<'_, S>) -> Option<Label>
     where
         S: Subscriber + for<'a> LookupSpan<'a>,
     {
         if let Some(RootExt(root)) = span.extensions().get::<RootExt>() {
-            return root.label();
+            return root.word();
         }
-        self.root_of(span).label()
+        self.root_of(span).word()
     }
 
     fn resolve<S>(&self, span: &SpanRef<'_, S>) -> ResolvedRoot

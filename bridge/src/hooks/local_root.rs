@@ -10,8 +10,8 @@ use opentelemetry::Context;
 use std::sync::Arc;
 
 use crate::evidence;
-use crate::evidence::RootCounters;
-use crate::span_context::LocalRoot;
+use crate::label::{Label, LocalRoot, RootLabel};
+use crate::span_context::note_span_seen;
 use crate::span_name::SpanName;
 
 /// What to label for spans of traces that were not sampled.
@@ -30,15 +30,15 @@ pub enum UnsampledTraces {
     Ignore,
 }
 
-/// The local root a span belongs to: the trace it is in, the label its samples get, and
-/// (for sampled roots, while a sampler and an evidence processor run) its CPU counters.
+/// The local root a span belongs to: the trace it is in and the label its samples get.
+/// The label's handle owns its slot and (for sampled roots, while a sampler and an
+/// evidence processor run) the root's CPU counters: both live as long as any span or
+/// context of the root does (the label names the counters by slot and generation, not by
+/// address).
 #[derive(Clone, Debug)]
 pub(crate) struct ResolvedRoot {
     trace_id: TraceId,
     label: Option<LocalRoot>,
-    // Tells the evidence table the root is alive as long as any span or context of it
-    // is (the label itself names the counters by slot and generation, not by address).
-    _cpu: Option<Arc<RootCounters>>,
 }
 
 impl PartialEq for ResolvedRoot {
@@ -54,14 +54,16 @@ impl ResolvedRoot {
         name: Option<SpanName>,
         unsampled: UnsampledTraces,
     ) -> ResolvedRoot {
-        let mut cpu = None;
         let label = if span.is_sampled() {
-            let label = LocalRoot::new(span.span_id(), span.trace_id(), name)
+            note_span_seen();
+            let label = RootLabel::new(span.span_id(), span.trace_id(), name)
                 .with_trace_flags(span.trace_flags());
-            cpu = evidence::counters_of(span.span_id());
-            Some(match &cpu {
-                Some(cpu) => label.with_cpu(cpu.handle()),
-                None => label,
+            Some(match evidence::counters_of(span.span_id()) {
+                Some(cpu) => {
+                    let label = label.with_cpu(cpu.handle());
+                    LocalRoot::claim(label, Some(cpu as Arc<dyn Send + Sync>))
+                }
+                None => LocalRoot::claim(label, None),
             })
         } else {
             match (unsampled, name) {
@@ -72,7 +74,6 @@ impl ResolvedRoot {
         ResolvedRoot {
             trace_id: span.trace_id(),
             label,
-            _cpu: cpu,
         }
     }
 
@@ -81,7 +82,6 @@ impl ResolvedRoot {
         ResolvedRoot {
             trace_id: TraceId::INVALID,
             label: Some(LocalRoot::name_only(name)),
-            _cpu: None,
         }
     }
 
@@ -91,8 +91,13 @@ impl ResolvedRoot {
     }
 
     /// What samples under this root are labelled with.
-    pub(crate) fn label(&self) -> Option<LocalRoot> {
-        self.label
+    pub(crate) fn label(&self) -> Option<&LocalRoot> {
+        self.label.as_ref()
+    }
+
+    /// The word a thread's record holds while this root runs.
+    pub(crate) fn word(&self) -> Option<Label> {
+        self.label.as_ref().and_then(LocalRoot::word)
     }
 
     /// The root recorded in `cx` by this crate, if it belongs to the span active in `cx`.

@@ -4,6 +4,7 @@
 //! that out-of-process profilers read.
 
 pub(crate) mod clock;
+pub(crate) mod label;
 pub(crate) mod never_freed;
 pub(crate) mod root_cpu;
 pub(crate) mod span_context;

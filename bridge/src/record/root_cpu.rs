@@ -1,10 +1,11 @@
 //! CPU counters of local root spans, in a table the signal handler can never fault on.
 //!
 //! The sampler's signal handler adds every sample to the counters of the local root the
-//! thread is running, at the moment the sample is taken. A [`LocalRoot`](crate::LocalRoot)
-//! is public and `Copy`, so a copy can outlive its span (kept in a variable, entered again
-//! through `SpanContextGuard`, left behind by a forgotten guard). It therefore carries no
-//! address, only a [`CpuHandle`]: a slot index and the slot's 64-bit generation.
+//! thread is running, at the moment the sample is taken. A root's label (its slot in
+//! `label::table`) can outlive its span: a [`LocalRoot`](crate::LocalRoot) clone kept in a
+//! variable or a `ProfilingContext` a detached task still holds. So the label carries no
+//! address of the counters, only a [`CpuHandle`]: a slot index and the slot's 64-bit
+//! generation.
 //!
 //! ```text
 //!  claim (root span starts)          handler (any thread, any time)        release (root ends)
@@ -156,10 +157,10 @@ pub(crate) struct CpuHandle {
 }
 
 impl CpuHandle {
-    /// The packed form kept in labels and the span context record (0 = no counters):
-    /// index + 1 in the high 64 bits, the whole generation in the low 64. Nothing needs it
-    /// in one machine word (the record is a sequence lock over several words), so the
-    /// generation is not cut to make room for the index.
+    /// The packed form kept in labels (0 = no counters): index + 1 in the high 64 bits,
+    /// the whole generation in the low 64. It is written once per root into its label
+    /// slot, so nothing needs it in one machine word, and the generation is not cut to
+    /// make room for the index.
     pub(crate) fn to_raw(self) -> u128 {
         (u128::from(self.index) + 1) << 64 | u128::from(self.generation)
     }

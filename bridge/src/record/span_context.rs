@@ -1,45 +1,25 @@
 //! The per-thread span context: which local root span is running on this thread right now.
 //!
-//! Every thread has one [`SpanContextCell`], a fixed record of atomics in a `const`
-//! thread-local (no lazy initialisation, no destructor). Span hooks write it; the CPU
-//! sampler's signal handler reads it on the same thread at the moment a sample is taken.
+//! Every thread has one [`SpanContextCell`], two atomics in a `const` thread-local (no lazy
+//! initialisation, no destructor). Span hooks write it; the CPU sampler's signal handler
+//! reads it on the same thread at the moment a sample is taken, the blocked-in-poll
+//! watchdog from its own thread.
 //!
-//! The record is a sequence lock. A write is: bump the sequence to odd, store the fields,
-//! bump it to even. A read that finds an odd sequence, or a sequence that changed while it
-//! read, reports "no span": a read racing a write never returns a mix of two spans. On the
-//! owning thread a signal can only interrupt the writer, never run beside it, so the odd
-//! check alone is exact there; the second check makes reads from other threads safe too.
-//! The sequence is a `u64`: a write costs well over a nanosecond, so at most 10⁹ writes a
-//! second (2·10⁹ sequence steps), and it comes back to a value only after 292 years — a
-//! reader from another thread (the watchdog) preempted in the middle of its read, or
-//! comparing two reads a tick apart, can never see an old sequence return.
-//! Writes are eight relaxed stores and two fences that compile to nothing on x86-64: no
+//! The record holds one [`Label`] word: the slot of the running root's label, written once
+//! when the root was resolved (`label::table`). A transition stores the word between two
+//! stores of a sequence number (odd while the word changes). The handler, on the owning
+//! thread, needs only the word: a signal interrupts the writer between two instructions,
+//! and either word is a whole one. The sequence is for the watchdog, which reads from
+//! another thread and tells "still inside the same poll" by the same sequence on two
+//! ticks (a root left and entered again in between changed it by 4). It is a `u64`: at
+//! most 10⁹ transitions a second, it comes back to a value only after 292 years.
+//! A write is three relaxed stores and two fences that compile to nothing on x86-64: no
 //! allocation, no lock, no syscall.
 
-use crate::sync::{fence, AtomicU32, AtomicU64, Ordering};
+use crate::sync::{fence, AtomicU64, Ordering};
 
-use opentelemetry::trace::{SpanId, TraceFlags, TraceId};
-
-use crate::root_cpu::CpuHandle;
-use crate::span_name::SpanName;
-
-/// The local root span a thread is working for, as the profiler labels its samples.
-///
-/// For a sampled trace it carries the root's span id, trace id and W3C trace flags; for an
-/// unsampled trace (see [`UnsampledTraces`](crate::UnsampledTraces)) only the root's name.
-#[derive(Clone, Copy, PartialEq, Eq, Hash, Debug)]
-pub struct LocalRoot {
-    span_id: u64,
-    trace_id: u128,
-    name: Option<SpanName>,
-    /// The root span's W3C trace flags byte (sampled 0x01, random 0x02, …), as the
-    /// OpenTelemetry thread context publishes it.
-    flags: u8,
-    /// The root's CPU counters, as a packed [`CpuHandle`] (0: none): a slot index and
-    /// 64-bit generation the signal handler checks, never an address, so a copy that
-    /// outlives its span can do no harm (see `root_cpu`).
-    cpu: u128,
-}
+use crate::label::{word_of, Label};
+pub use crate::label::{LocalRoot, RootLabel};
 
 /// Whether any span reached the crate's hooks (the layer's `on_new_span`, or a root built
 /// for the plain OpenTelemetry API). The collector warns once when samples
@@ -76,112 +56,13 @@ pub(crate) fn span_seen() -> bool {
     SPAN_SEEN.load(std::sync::atomic::Ordering::Relaxed)
 }
 
-impl LocalRoot {
-    /// A root with ids (a sampled trace), with the trace flags [`TraceFlags::SAMPLED`]
-    /// (`01`); give it its span's own flags with [`with_trace_flags`](Self::with_trace_flags).
-    /// Invalid (all-zero) ids count as absent.
-    pub fn new(span_id: SpanId, trace_id: TraceId, name: Option<SpanName>) -> LocalRoot {
-        note_span_seen();
-        LocalRoot {
-            span_id: u64::from_be_bytes(span_id.to_bytes()),
-            trace_id: u128::from_be_bytes(trace_id.to_bytes()),
-            name,
-            flags: TraceFlags::SAMPLED.to_u8(),
-            cpu: 0,
-        }
-    }
-
-    /// The same root with the W3C trace flags of its span context (`span_context.
-    /// trace_flags()`: sampled, and the random-trace-id bit `02` when the context has it).
-    /// The crate's own roots carry them; the OpenTelemetry thread context publishes them.
-    ///
-    /// ```
-    /// use opentelemetry::trace::{SpanId, TraceFlags, TraceId};
-    /// use otel_profiling::LocalRoot;
-    ///
-    /// let root = LocalRoot::new(SpanId::from(7), TraceId::from(9), None)
-    ///     .with_trace_flags(TraceFlags::new(0x03));
-    /// assert_eq!(root.trace_flags(), TraceFlags::new(0x03));
-    /// ```
-    pub fn with_trace_flags(mut self, flags: TraceFlags) -> LocalRoot {
-        self.flags = flags.to_u8();
-        self
-    }
-
-    /// The root span's W3C trace flags (`00` for a root known only by name).
-    pub fn trace_flags(&self) -> TraceFlags {
-        TraceFlags::new(self.flags)
-    }
-
-    /// The same root, with samples under it counted into `cpu`.
-    pub(crate) fn with_cpu(mut self, cpu: CpuHandle) -> LocalRoot {
-        self.cpu = cpu.to_raw();
-        self
-    }
-
-    /// The root's counters as the signal handler passes them to `root_cpu::record`.
-    #[inline]
-    pub(crate) fn cpu_raw(&self) -> u128 {
-        self.cpu
-    }
-
-    /// A root known only by name (an unsampled trace).
-    pub fn name_only(name: SpanName) -> LocalRoot {
-        note_span_seen();
-        LocalRoot {
-            span_id: 0,
-            trace_id: 0,
-            name: Some(name),
-            flags: 0,
-            cpu: 0,
-        }
-    }
-
-    /// The root span's id, if the trace was sampled.
-    pub fn span_id(&self) -> Option<SpanId> {
-        (self.span_id != 0).then(|| SpanId::from_bytes(self.span_id.to_be_bytes()))
-    }
-
-    /// The trace id, if the trace was sampled.
-    pub fn trace_id(&self) -> Option<TraceId> {
-        (self.trace_id != 0).then(|| TraceId::from_bytes(self.trace_id.to_be_bytes()))
-    }
-
-    /// The root span's interned name, if known.
-    pub fn name(&self) -> Option<SpanName> {
-        self.name
-    }
-
-    /// The span id as a number (0 when absent): the form the sampler copies into samples.
-    pub fn span_id_u64(&self) -> u64 {
-        self.span_id
-    }
-
-    /// The trace id as a number (0 when absent).
-    pub fn trace_id_u128(&self) -> u128 {
-        self.trace_id
-    }
-
-    fn is_empty(&self) -> bool {
-        self.span_id == 0 && self.trace_id == 0 && self.name.is_none()
-    }
-}
-
-/// One thread's span context record: a sequence lock (one writer, the owning thread;
-/// readers see a whole value or "no span", never a mix), read by the sampler's handler.
-#[repr(C, align(64))]
+/// One thread's span context record: the running root's [`Label`] word under a sequence
+/// number (one writer, the owning thread), read by the sampler's handler and watchdog.
+#[repr(C, align(16))]
 #[derive(Debug)]
 pub(crate) struct SpanContextCell {
     seq: AtomicU64,
-    name: AtomicU32,
-    /// The W3C trace flags byte.
-    flags: AtomicU32,
-    span_id: AtomicU64,
-    trace_hi: AtomicU64,
-    trace_lo: AtomicU64,
-    /// The packed [`CpuHandle`]'s high half (index + 1) and low half (generation).
-    cpu_hi: AtomicU64,
-    cpu_lo: AtomicU64,
+    word: AtomicU64,
 }
 
 impl SpanContextCell {
@@ -190,23 +71,23 @@ impl SpanContextCell {
         pub(crate) fn new() -> SpanContextCell {
             SpanContextCell {
                 seq: AtomicU64::new(0),
-                name: AtomicU32::new(0),
-                flags: AtomicU32::new(0),
-                span_id: AtomicU64::new(0),
-                trace_hi: AtomicU64::new(0),
-                trace_lo: AtomicU64::new(0),
-                cpu_hi: AtomicU64::new(0),
-                cpu_lo: AtomicU64::new(0),
+                word: AtomicU64::new(0),
             }
         }
     }
 
-    /// Reads the record. Async-signal-safe: loads only, no allocation, no lock.
-    ///
-    /// Returns `None` for "no span", and also when the read raced a write.
+    /// Reads the record on its own thread (the signal handler): the running root's label,
+    /// if its root still owns the slot. Async-signal-safe: loads only.
     #[inline]
-    pub(crate) fn read(&self) -> Option<LocalRoot> {
-        self.snapshot().and_then(|(_, root)| root)
+    pub(crate) fn read(&self) -> Option<RootLabel> {
+        Label::from_raw(self.word.load(Ordering::Relaxed)).and_then(Label::read)
+    }
+
+    /// [`SpanContextCell::snapshot_word`] with the word's label read (tests).
+    #[cfg(test)]
+    pub(crate) fn snapshot(&self) -> Option<(u64, Option<RootLabel>)> {
+        let (seq, label) = self.snapshot_word()?;
+        Some((seq, label.and_then(Label::read)))
     }
 
     /// Reads the record with its sequence number, from any thread: `None` when the read
@@ -214,63 +95,34 @@ impl SpanContextCell {
     /// same sequence saw no root transition in between: what the blocked-thread watchdog
     /// uses to tell "still inside the same poll". Loads only.
     #[inline]
-    pub(crate) fn snapshot(&self) -> Option<(u64, Option<LocalRoot>)> {
+    pub(crate) fn snapshot_word(&self) -> Option<(u64, Option<Label>)> {
         let before = self.seq.load(Ordering::Acquire);
         if before & 1 == 1 {
             return None;
         }
-        let name = self.name.load(Ordering::Relaxed);
-        let flags = self.flags.load(Ordering::Relaxed);
-        let span_id = self.span_id.load(Ordering::Relaxed);
-        let hi = self.trace_hi.load(Ordering::Relaxed);
-        let lo = self.trace_lo.load(Ordering::Relaxed);
-        let cpu_hi = self.cpu_hi.load(Ordering::Relaxed);
-        let cpu_lo = self.cpu_lo.load(Ordering::Relaxed);
+        let word = self.word.load(Ordering::Relaxed);
         fence(Ordering::Acquire);
         if self.seq.load(Ordering::Relaxed) != before {
             return None;
         }
-        let root = LocalRoot {
-            span_id,
-            trace_id: (u128::from(hi) << 64) | u128::from(lo),
-            name: SpanName::from_raw(name),
-            flags: flags as u8,
-            cpu: (u128::from(cpu_hi) << 64) | u128::from(cpu_lo),
-        };
-        Some((before, (!root.is_empty()).then_some(root)))
+        Some((before, Label::from_raw(word)))
     }
 
     /// Writes the record. Only the owning thread may call this (single writer).
     #[inline]
-    fn write(&self, root: Option<LocalRoot>) {
-        let root = root.unwrap_or(LocalRoot {
-            span_id: 0,
-            trace_id: 0,
-            name: None,
-            flags: 0,
-            cpu: 0,
-        });
+    fn write(&self, label: Option<Label>) {
         let seq = self.seq.load(Ordering::Relaxed);
         self.seq.store(seq.wrapping_add(1), Ordering::Relaxed);
         fence(Ordering::Release);
-        self.name
-            .store(root.name.map_or(0, SpanName::to_raw), Ordering::Relaxed);
-        self.flags.store(u32::from(root.flags), Ordering::Relaxed);
-        self.span_id.store(root.span_id, Ordering::Relaxed);
-        self.trace_hi
-            .store((root.trace_id >> 64) as u64, Ordering::Relaxed);
-        self.trace_lo.store(root.trace_id as u64, Ordering::Relaxed);
-        self.cpu_hi
-            .store((root.cpu >> 64) as u64, Ordering::Relaxed);
-        self.cpu_lo.store(root.cpu as u64, Ordering::Relaxed);
+        self.word.store(word_of(label), Ordering::Relaxed);
         self.seq.store(seq.wrapping_add(2), Ordering::Release);
     }
 
     /// [`SpanContextCell::write`], for the models of other modules' protocols (the
     /// watchdog's handshake with a slot's release).
     #[cfg(all(test, loom))]
-    pub(crate) fn write_for_model(&self, root: Option<LocalRoot>) {
-        self.write(root);
+    pub(crate) fn write_for_model(&self, label: Option<Label>) {
+        self.write(label);
     }
 
     /// Sets the sequence (tests: next to its wrap, 2⁶³ writes being out of reach).
@@ -279,19 +131,10 @@ impl SpanContextCell {
         self.seq.store(seq, Ordering::Relaxed);
     }
 
-    /// The value last written, read by the writer itself (no race possible).
+    /// The word last written, read by the writer itself (no race possible).
     #[inline]
-    fn own_value(&self) -> Option<LocalRoot> {
-        let root = LocalRoot {
-            span_id: self.span_id.load(Ordering::Relaxed),
-            trace_id: (u128::from(self.trace_hi.load(Ordering::Relaxed)) << 64)
-                | u128::from(self.trace_lo.load(Ordering::Relaxed)),
-            name: SpanName::from_raw(self.name.load(Ordering::Relaxed)),
-            flags: self.flags.load(Ordering::Relaxed) as u8,
-            cpu: (u128::from(self.cpu_hi.load(Ordering::Relaxed)) << 64)
-                | u128::from(self.cpu_lo.load(Ordering::Relaxed)),
-        };
-        (!root.is_empty()).then_some(root)
+    pub(super) fn own_word(&self) -> Option<Label> {
+        Label::from_raw(self.word.load(Ordering::Relaxed))
     }
 }
 
@@ -301,43 +144,81 @@ impl Default for SpanContextCell {
     }
 }
 
-thread_local! {
-    // `const` initialisation and no `Drop`: access is a plain TLS offset, never a lazy-init
-    // call, so the signal handler may touch it, and the memory lives as long as the thread.
-    #[cfg(not(loom))]
-    static CELL: SpanContextCell = const { SpanContextCell::new() };
-    // loom's atomics are built at run time (and no model reaches this thread-local).
-    #[cfg(loom)]
-    static CELL: SpanContextCell = SpanContextCell::new();
+/// Everything a span switch touches on its thread, in one thread-local so that a switch
+/// is one TLS access: the record the handler reads and the scope stack.
+pub(super) struct PerThread {
+    pub(super) cell: SpanContextCell,
+    pub(super) scopes: scopes::Stack,
 }
 
-/// The local root span running on the calling thread, as a sample taken now would see it.
+thread_local! {
+    // `const` initialisation and no `Drop`: access is a plain TLS offset, never a lazy-init
+    // call, so the signal handler may touch the cell, and the memory lives as long as the
+    // thread.
+    #[cfg(not(loom))]
+    pub(super) static THREAD: PerThread = const {
+        PerThread { cell: SpanContextCell::new(), scopes: scopes::Stack::new() }
+    };
+    // loom's atomics are built at run time (and no model reaches this thread-local).
+    #[cfg(loom)]
+    pub(super) static THREAD: PerThread =
+        PerThread { cell: SpanContextCell::new(), scopes: scopes::Stack::new() };
+}
+
+/// Runs `f` on the calling thread's [`PerThread`]. The thread-local's address is taken
+/// with a closure small enough that `LocalKey::with` always inlines to one TLS offset
+/// (with the switch's body inside it, it stayed a call through the key's accessor
+/// pointer: two calls per enter).
+#[inline(always)]
+pub(super) fn with_thread<R>(f: impl FnOnce(&PerThread) -> R) -> R {
+    let this = THREAD.with(|t| t as *const PerThread);
+    // SAFETY: a `const` thread-local without destructor: its storage lives until the
+    // thread exits, and the reference does not leave `f`, which runs on this thread.
+    f(unsafe { &*this })
+}
+
+/// Forgets the calling thread's scopes and context (tests that leave guards behind on
+/// purpose).
+#[cfg(test)]
+pub(crate) fn forget_scopes_for_test() {
+    with_thread(|t| {
+        t.scopes.clear_for_test();
+        t.cell.write(None);
+    });
+}
+
+/// The label of the local root running on the calling thread, as a sample taken now
+/// would see it.
 ///
 /// ```
 /// assert_eq!(otel_profiling::current_local_root(), None);
 /// ```
-pub fn current_local_root() -> Option<LocalRoot> {
-    CELL.with(SpanContextCell::read)
+pub fn current_local_root() -> Option<RootLabel> {
+    THREAD.with(|t| t.cell.read())
+}
+
+/// The word of the calling thread's record (`None`: no span).
+#[inline]
+pub(crate) fn current_word() -> Option<Label> {
+    THREAD.with(|t| t.cell.own_word())
 }
 
 /// The calling thread's record, for the sampler to read from its signal handler. The
 /// pointer is valid until the thread exits.
 pub(crate) fn thread_cell() -> *const SpanContextCell {
-    CELL.with(|cell| cell as *const SpanContextCell)
+    THREAD.with(|t| &t.cell as *const SpanContextCell)
 }
 
-/// Sets the calling thread's context and returns what was there before.
-#[inline]
-pub(crate) fn replace(root: Option<LocalRoot>) -> Option<LocalRoot> {
-    CELL.with(|cell| {
-        let previous = cell.own_value();
-        if previous != root {
-            active::transition(previous.map_or(0, |r| r.cpu), root.map_or(0, |r| r.cpu));
-            cell.write(root);
-            crate::thread_ctx::publish(root);
-        }
-        previous
-    })
+impl SpanContextCell {
+    /// Moves the record from `previous` (its word now) to `label`, a different word: the
+    /// active-time stretch (only if one of them has CPU counters), the record, the OTEP
+    /// 4947 thread context (one load when it was never enabled).
+    #[inline]
+    pub(super) fn switch(&self, previous: Option<Label>, label: Option<Label>) {
+        active::transition(previous, label);
+        self.write(label);
+        crate::thread_ctx::publish(label);
+    }
 }
 
 /// Sets the calling thread's span context for as long as the guard lives.
@@ -355,34 +236,37 @@ pub(crate) fn replace(root: Option<LocalRoot>) -> Option<LocalRoot> {
 ///
 /// let root = LocalRoot::new(SpanId::from(7), TraceId::from(9), None);
 /// {
-///     let _guard = SpanContextGuard::enter(Some(root));
-///     assert_eq!(current_local_root(), Some(root));
+///     let _guard = SpanContextGuard::enter(Some(&root));
+///     assert_eq!(current_local_root(), Some(root.label()));
 /// }
 /// assert_eq!(current_local_root(), None);
 ///
 /// // Out of order: `a` ends while `b` runs above it.
 /// let other = LocalRoot::new(SpanId::from(8), TraceId::from(9), None);
-/// let a = SpanContextGuard::enter(Some(root));
-/// let b = SpanContextGuard::enter(Some(other));
+/// let a = SpanContextGuard::enter(Some(&root));
+/// let b = SpanContextGuard::enter(Some(&other));
 /// drop(a);
-/// assert_eq!(current_local_root(), Some(other));
+/// assert_eq!(current_local_root(), Some(other.label()));
 /// drop(b);
 /// assert_eq!(current_local_root(), None);
 /// ```
 #[derive(Debug)]
 #[must_use = "the context is restored when the guard is dropped"]
-pub struct SpanContextGuard {
+pub struct SpanContextGuard<'root> {
     key: scopes::Key,
-    // The scope is on the stack of the thread that entered it.
-    _not_send: std::marker::PhantomData<*const ()>,
+    // The scope is on the stack of the thread that entered it, and labels samples only
+    // while the root's handle (its slot) lives: the borrow makes a temporary root a
+    // compile error instead of a scope that labels nothing.
+    _not_send: std::marker::PhantomData<(*const (), &'root LocalRoot)>,
 }
 
-impl SpanContextGuard {
-    /// Sets `root` as the calling thread's context until the guard is dropped.
+impl<'root> SpanContextGuard<'root> {
+    /// Sets `root` as the calling thread's context until the guard is dropped: one word
+    /// (the root's label slot) pushed and published. The root must outlive the guard for
+    /// samples to carry its label; once its last handle is dropped they carry none.
     #[inline]
-    pub fn enter(root: Option<LocalRoot>) -> SpanContextGuard {
-        let key = scopes::Key::next_guard();
-        scopes::enter(key, root);
+    pub fn enter(root: Option<&'root LocalRoot>) -> SpanContextGuard<'root> {
+        let key = scopes::enter_guard(root.and_then(LocalRoot::word));
         SpanContextGuard {
             key,
             _not_send: std::marker::PhantomData,
@@ -390,7 +274,7 @@ impl SpanContextGuard {
     }
 }
 
-impl Drop for SpanContextGuard {
+impl Drop for SpanContextGuard<'_> {
     #[inline]
     fn drop(&mut self) {
         scopes::exit(self.key);

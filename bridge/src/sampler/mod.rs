@@ -271,6 +271,9 @@ pub struct SamplerStats {
     /// detached task still running under it, or a plain-API span ended inside its own
     /// scope); not counted in any span's `profiling.wall.active_ns`.
     pub stale_active: u64,
+    /// Local roots that got no label slot (more than 8,388,608 alive at once): samples
+    /// under them carry no labels.
+    pub unlabelled_roots: u64,
 }
 
 /// The unwinder's view of the loaded objects.
@@ -460,6 +463,7 @@ impl SamplerState {
             handler_replaced: self.replaced.load(Ordering::Relaxed),
             stale_roots: crate::root_cpu::stale_handles(),
             stale_active: crate::root_cpu::stale_active(),
+            unlabelled_roots: crate::label::unlabelled_roots(),
             ..SamplerStats::default()
         };
         for slot in self.slots.iter() {

@@ -8,7 +8,7 @@
 
 use crate::sync::{AtomicBool, AtomicUsize, Ordering, UnsafeCell};
 
-use crate::span_context::LocalRoot;
+use crate::span_context::RootLabel;
 
 /// Deepest stack a record keeps; deeper stacks keep their innermost frames and are marked
 /// truncated.
@@ -19,7 +19,7 @@ pub const MAX_FRAMES: usize = 128;
 pub struct SampleRecord {
     /// The thread's local root when the sample was taken (`None`: outside any span, or the
     /// read raced a write).
-    pub root: Option<LocalRoot>,
+    pub root: Option<RootLabel>,
     /// CPU periods this sample stands for: 1, plus the timer expirations the kernel folded
     /// into this signal (`si_overrun`) when it could not deliver one signal per period
     /// (rates above the kernel tick). Profile values and span CPU time are weighted by it.

@@ -163,9 +163,10 @@ impl Slot {
     }
 
     /// Reads the owner's span context record from another thread, if the slot still
-    /// belongs to the owner of `generation`: `(sequence, root)` as
-    /// [`SpanContextCell::snapshot`] gives them, `None` when the owner let go or the read
-    /// raced a write.
+    /// belongs to the owner of `generation`: `(sequence, label word)` as
+    /// [`SpanContextCell::snapshot_word`] gives them, `None` when the owner let go or the
+    /// read raced a write. The word's label is read after (`Label::read`): label slots are
+    /// never freed, so that read needs no handshake.
     ///
     /// The record is a thread-local of the owner, freed when it exits. A handshake keeps it
     /// alive for the read: this counts itself into `watching`, then checks the generation;
@@ -176,7 +177,7 @@ impl Slot {
     pub(crate) fn read_cell_if_owned(
         &self,
         generation: u64,
-    ) -> Option<(u64, Option<crate::span_context::LocalRoot>)> {
+    ) -> Option<(u64, Option<crate::label::Label>)> {
         self.watching.fetch_add(1, Ordering::SeqCst);
         // The store-load order of the handshake, stated as fences (loom checks them; it
         // takes SeqCst accesses for AcqRel), paired with the one in `release`.
@@ -185,7 +186,7 @@ impl Slot {
         {
             // SAFETY: the owner of `generation` still holds the slot, so its thread (and
             // its `const` thread-local record) lives until `watching` is cleared below.
-            unsafe { self.cell().as_ref() }.and_then(SpanContextCell::snapshot)
+            unsafe { self.cell().as_ref() }.and_then(SpanContextCell::snapshot_word)
         } else {
             None
         };

@@ -250,10 +250,13 @@ fn foreign_and_forged_sigprof_signals_are_ignored_and_counted() {
     // thread's CPU at 1000 Hz.
     let mut lists = crate::root_cpu::SlotLists::default();
     let handle = lists.claim().expect("counters");
-    let root = crate::LocalRoot::name_only(crate::SpanName::intern("forged-own")).with_cpu(handle);
+    let root = crate::LocalRoot::claim(
+        crate::RootLabel::name_only(crate::SpanName::intern("forged-own")).with_cpu(handle),
+        None,
+    );
     let cpu = thread_cpu();
     {
-        let _scope = crate::SpanContextGuard::enter(Some(root));
+        let _scope = crate::SpanContextGuard::enter(Some(&root));
         forge_timer_signal(own.to_sival(), 0);
     }
     let real_at_most = 1 + (thread_cpu() - cpu).as_millis() as u64;
@@ -285,12 +288,14 @@ fn overrun_weights_the_stack_and_the_span_gets_the_measured_cpu_time() {
     let own = slot.timer_value();
     let mut lists = crate::root_cpu::SlotLists::default();
     let handle = lists.claim().expect("counters");
-    let root =
-        crate::LocalRoot::name_only(crate::SpanName::intern("overrun-test")).with_cpu(handle);
+    let root = crate::LocalRoot::claim(
+        crate::RootLabel::name_only(crate::SpanName::intern("overrun-test")).with_cpu(handle),
+        None,
+    );
     let before = stats();
     let start_cpu = cpu_now();
     {
-        let _scope = crate::SpanContextGuard::enter(Some(root));
+        let _scope = crate::SpanContextGuard::enter(Some(&root));
         slot.cpu.reset(start_cpu - LENT);
         forge_timer_signal(own.to_sival(), 3);
     }
@@ -300,7 +305,7 @@ fn overrun_weights_the_stack_and_the_span_gets_the_measured_cpu_time() {
     assert_eq!(after.periods - before.periods, 4);
     let mut weights = Vec::new();
     SamplerState::global().drain_into(|r| {
-        if r.root == Some(root) {
+        if r.root == Some(root.label()) {
             weights.push(r.weight)
         }
     });
@@ -328,13 +333,13 @@ fn a_local_root_kept_past_its_span_counts_for_no_span() {
     let mut lists = crate::root_cpu::SlotLists::default();
     let name = crate::SpanName::intern("kept-root-test");
     let old = lists.claim().expect("counters");
-    let kept = crate::LocalRoot::name_only(name).with_cpu(old);
+    let kept = crate::LocalRoot::claim(crate::RootLabel::name_only(name).with_cpu(old), None);
     lists.release(old);
     // The next root gets the same slot (nothing in flight) and never runs.
     let new = lists.claim().expect("counters");
     let stale_before = stats().stale_roots;
     {
-        let _scope = crate::SpanContextGuard::enter(Some(kept));
+        let _scope = crate::SpanContextGuard::enter(Some(&kept));
         // Until five signals came (about 50 ms of CPU on a quiet machine), at most 5 s.
         burn_until(Duration::from_secs(5), || {
             stats().stale_roots >= stale_before + 5

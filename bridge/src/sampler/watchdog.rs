@@ -75,7 +75,7 @@ use super::ring::SampleRecord;
 use super::slots::{ForkSafeLock, Slot};
 use super::stack::Registers;
 use super::unwind::{self, WalkEnd};
-use crate::span_context::LocalRoot;
+use crate::span_context::RootLabel;
 
 /// Default time a thread must spend inside one poll, off-CPU, before its stack is taken.
 pub const DEFAULT_THRESHOLD: Duration = Duration::from_millis(10);
@@ -175,7 +175,7 @@ pub enum WatchdogError {
 #[derive(Clone, Debug)]
 pub struct BlockedRecord {
     /// The root the thread was inside.
-    pub root: Option<LocalRoot>,
+    pub root: Option<RootLabel>,
     /// Wall time this look stands for, in nanoseconds.
     pub delay_ns: u64,
     /// Whether this is the first accepted look at this block (counted as a contention).
@@ -431,7 +431,7 @@ struct Tracked {
     generation: u64,
     seq: u64,
     /// The root the record names (the same for the whole sequence).
-    root: LocalRoot,
+    root: RootLabel,
     /// When this record (sequence) was first seen: the thread entered the root before.
     first_seen: u64,
     /// The thread's CPU clock at the last look, and when that look was.
@@ -727,7 +727,10 @@ impl Scanner {
                 self.tracked.resize_with(index + 1, || None);
             }
             // Let go, raced a write, or outside any root: not inside the same poll.
-            let Some((seq, Some(root))) = slot.read_cell_if_owned(generation) else {
+            let Some((seq, Some(root))) = slot
+                .read_cell_if_owned(generation)
+                .map(|(seq, word)| (seq, word.and_then(crate::label::Label::read)))
+            else {
                 if let Some(mut ended) = self.tracked[index].take() {
                     ended.end_run();
                 }

@@ -31,7 +31,7 @@
 use std::cell::Cell;
 use std::sync::atomic::{AtomicU64, Ordering};
 
-use crate::span_context::LocalRoot;
+use crate::label::Label;
 
 /// Close-generation counters (128 KiB): with 100,000 spans closing per second, an entry
 /// is refused by a neighbour's close with probability ~0.6 % per millisecond between two
@@ -55,7 +55,7 @@ struct Entry {
     owner: u64,
     span: u64,
     generation: u64,
-    label: Option<LocalRoot>,
+    label: Option<Label>,
 }
 
 const EMPTY: Entry = Entry {
@@ -92,7 +92,7 @@ impl Slot {
 
     /// The label cached on this thread, if the span has not closed since it was cached.
     #[inline]
-    pub(super) fn get(self) -> Option<Option<LocalRoot>> {
+    pub(super) fn get(self) -> Option<Option<Label>> {
         let entry = CACHE.try_with(|c| c[self.entry].get()).ok()?;
         (entry.owner == self.owner
             && entry.span == self.span
@@ -108,7 +108,7 @@ impl Slot {
 
     /// Caches `label`, looked up after the bucket read `generation`.
     #[inline]
-    pub(super) fn fill(self, generation: u64, label: Option<LocalRoot>) {
+    pub(super) fn fill(self, generation: u64, label: Option<Label>) {
         let _ = CACHE.try_with(|c| {
             c[self.entry].set(Entry {
                 owner: self.owner,
@@ -136,15 +136,10 @@ impl Slot {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::span_name::SpanName;
-    use opentelemetry::trace::{SpanId, TraceId};
 
-    fn label(n: u64) -> Option<LocalRoot> {
-        Some(LocalRoot::new(
-            SpanId::from(n),
-            TraceId::from(u128::from(n)),
-            Some(SpanName::intern("label-cache-test")),
-        ))
+    /// A distinct word per `n` (the cache only stores and compares words).
+    fn label(n: u64) -> Option<Label> {
+        Label::from_raw(n * 2 + 1)
     }
 
     #[test]

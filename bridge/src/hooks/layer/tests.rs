@@ -1,4 +1,5 @@
 use super::*;
+use crate::LocalRoot;
 use crate::{current_local_root, ProfileIdSpanProcessor, PROFILE_ID_ATTRIBUTE};
 use opentelemetry::trace::{
     SpanContext, SpanId, TraceFlags, TraceId, TraceState, TracerProvider as _,
@@ -362,7 +363,7 @@ fn guards_and_layer_exits_mixed_in_any_order() {
         let s = tracing::info_span!("s");
 
         // Guard first, dropped first.
-        let guard = SpanContextGuard::enter(Some(g));
+        let guard = SpanContextGuard::enter(Some(&g));
         let entered = s.enter();
         assert_eq!(label_name(), s_name);
         drop(guard);
@@ -380,7 +381,7 @@ fn guards_and_layer_exits_mixed_in_any_order() {
 
         // Span first, exits first.
         let entered = s.enter();
-        let guard = SpanContextGuard::enter(Some(g));
+        let guard = SpanContextGuard::enter(Some(&g));
         assert_eq!(label_name(), g_name);
         drop(entered);
         assert_eq!(
@@ -396,14 +397,14 @@ fn guards_and_layer_exits_mixed_in_any_order() {
         );
 
         // In order, both ways round.
-        let guard = SpanContextGuard::enter(Some(g));
+        let guard = SpanContextGuard::enter(Some(&g));
         let entered = s.enter();
         drop(entered);
         assert_eq!(label_name(), g_name);
         drop(guard);
         assert_eq!(label_name(), None);
         let entered = s.enter();
-        let guard = SpanContextGuard::enter(Some(g));
+        let guard = SpanContextGuard::enter(Some(&g));
         drop(guard);
         assert_eq!(label_name(), s_name);
         drop(entered);

@@ -88,7 +88,7 @@ impl ProfilingContext {
         match root {
             None => ProfilingContext { cx, label: None },
             Some(root) => {
-                let label = root.label();
+                let label = root.label().cloned();
                 let cx = if cx.get::<ResolvedRoot>() == Some(&root) {
                     cx
                 } else {
@@ -106,7 +106,7 @@ impl ProfilingContext {
 
     /// The label samples taken in this context carry.
     pub fn local_root(&self) -> Option<LocalRoot> {
-        self.label
+        self.label.clone()
     }
 
     /// Runs `f` with this context current: both the OpenTelemetry context
@@ -114,7 +114,7 @@ impl ProfilingContext {
     pub fn in_scope<R>(&self, f: impl FnOnce() -> R) -> R {
         crate::sampler::on_span_enter();
         let _otel = self.cx.clone().attach();
-        let _profiling = SpanContextGuard::enter(self.label);
+        let _profiling = SpanContextGuard::enter(self.label.as_ref());
         f()
     }
 
@@ -152,10 +152,12 @@ impl<F: Future> Future for ProfiledFuture<F> {
     fn poll(self: Pin<&mut Self>, task: &mut TaskContext<'_>) -> Poll<F::Output> {
         let this = self.project();
         let (inner, scope, wake) = (this.inner, &*this.scope, this.wake);
-        let cpu = scope.label.map_or(0, |root| root.cpu_raw());
+        let cpu = scope.label.as_ref().map_or(0, |root| root.cpu_raw());
         // Queued time is the root's: measured by the outermost wrapper of the root only (a
         // nested one is polled inside it, and its wakes are the same wakes).
-        if cpu == 0 || crate::current_local_root() == scope.label {
+        if cpu == 0
+            || crate::span_context::current_word() == scope.label.as_ref().and_then(LocalRoot::word)
+        {
             return scope.in_scope(|| inner.poll(task));
         }
         let stamp = wake.get_or_insert_with(|| WakeStamp::new(cpu));

@@ -20,6 +20,7 @@
 use std::cell::Cell;
 
 use crate::clock;
+use crate::label::Label;
 use crate::root_cpu;
 
 thread_local! {
@@ -29,20 +30,32 @@ thread_local! {
     static ENTERED_AT: Cell<u64> = const { Cell::new(0) };
 }
 
-/// The thread's record goes from the root with counters `from` to the one with `to` (packed
-/// `CpuHandle`s, 0 for none).
+/// The thread's record goes from the label `from` to the label `to` (two different words).
+/// Only the words' CPU bits are looked at unless one of them has counters: a switch
+/// between roots without counters reads neither the clock nor a slot.
 #[inline]
-pub(super) fn transition(from: u128, to: u128) {
-    if from == to || (from == 0 && to == 0) {
+pub(super) fn transition(from: Option<Label>, to: Option<Label>) {
+    let from_cpu = from.filter(|l| l.has_cpu());
+    let to_cpu = to.filter(|l| l.has_cpu());
+    if from_cpu.is_none() && to_cpu.is_none() {
         return;
     }
+    transition_cpu(from_cpu, to_cpu);
+}
+
+#[inline(never)]
+fn transition_cpu(from: Option<Label>, to: Option<Label>) {
     let now = clock::ticks();
     // `try_with`: a thread-local destructor may end a scope after this one is gone.
     let _ = ENTERED_AT.try_with(|entered| {
-        if from != 0 {
-            root_cpu::add_active(from, now.saturating_sub(entered.get()));
+        if let Some(from) = from {
+            // A root that ended meanwhile reads as 0: nothing is added.
+            let cpu = from.cpu_raw();
+            if cpu != 0 {
+                root_cpu::add_active(cpu, now.saturating_sub(entered.get()));
+            }
         }
-        if to != 0 {
+        if to.is_some() {
             entered.set(now);
         }
     });

@@ -30,16 +30,18 @@
 //! same one), so each `ProfilingLayer` instance is its own [`Owner`]; guards share one
 //! owner and number themselves per thread.
 //!
-//! The stack is a fixed array in a `const` thread-local with no destructor, so an enter or
-//! an exit is a plain TLS access with no allocation; nesting deeper than [`INLINE`] spills
-//! into a `Vec` (the one thread-local here with a destructor, so it is reached with
-//! `try_with`: thread-local destructors may enter and exit scopes after it is gone).
-//! Borrows are `try_borrow_mut`. An enter that cannot be recorded changes nothing.
+//! The stack is a fixed array of `Cell`s in the thread's one `const` thread-local (beside
+//! the record, see `PerThread`), with no destructor, so an enter or an exit is one plain TLS
+//! access with no allocation and no borrow flag: an entry is a key and one label word (24
+//! bytes). Nesting deeper than [`INLINE`] spills into a `Vec` (the one thread-local here
+//! with a destructor, so it is reached with `try_with`: thread-local destructors may enter
+//! and exit scopes after it is gone, and borrowed with `try_borrow_mut`). An enter that
+//! cannot be recorded changes nothing.
 
 use std::cell::{Cell, RefCell};
 use std::sync::atomic::{AtomicU64, Ordering};
 
-use super::LocalRoot;
+use crate::label::Label;
 
 /// Entries kept without allocation; deeper nesting is rare and spills to the heap.
 const INLINE: usize = 32;
@@ -80,28 +82,10 @@ pub(crate) struct Key {
     id: u64,
 }
 
-impl Key {
-    /// A key for a new guard's scope, different from every other guard's on this thread
-    /// (a per-thread count; guards are `!Send`, so they end on this thread).
-    #[inline]
-    pub(crate) fn next_guard() -> Key {
-        thread_local! {
-            // 0 is left for the empty entry's key.
-            static NEXT_GUARD: Cell<u64> = const { Cell::new(1) };
-        }
-        let id = NEXT_GUARD.with(|next| {
-            let id = next.get();
-            next.set(id + 1);
-            id
-        });
-        Key { owner: GUARDS, id }
-    }
-}
-
 #[derive(Clone, Copy)]
 struct Entry {
     key: Key,
-    previous: Option<LocalRoot>,
+    previous: Option<Label>,
 }
 
 const EMPTY: Entry = Entry {
@@ -112,133 +96,240 @@ const EMPTY: Entry = Entry {
     previous: None,
 };
 
-struct Stack {
-    len: usize,
-    inline: [Entry; INLINE],
+/// One thread's scope stack (in `PerThread`): entries below [`INLINE`] here, deeper ones
+/// in [`SPILL`]. Only its own thread touches it.
+pub(crate) struct Stack {
+    len: Cell<usize>,
+    /// The next guard's id on this thread (0 is left for the empty entry's key).
+    next_guard: Cell<u64>,
+    inline: [Slot; INLINE],
+}
+
+/// One inline entry, a `Cell` per word: an entry is written as three 8-byte stores and
+/// read as three loads (a whole-`Entry` cell is built on the stack and copied with a
+/// 16-byte load of two 8-byte stores, a store-forwarding stall of ~12 cycles per push).
+struct Slot {
+    owner: Cell<u64>,
+    id: Cell<u64>,
+    previous: Cell<u64>,
+}
+
+impl Slot {
+    const fn new() -> Slot {
+        Slot {
+            owner: Cell::new(GUARDS),
+            id: Cell::new(0),
+            previous: Cell::new(0),
+        }
+    }
+
+    #[inline]
+    fn get(&self) -> Entry {
+        Entry {
+            key: Key {
+                owner: self.owner.get(),
+                id: self.id.get(),
+            },
+            previous: Label::from_raw(self.previous.get()),
+        }
+    }
+
+    #[inline]
+    fn set(&self, entry: Entry) {
+        self.owner.set(entry.key.owner);
+        self.id.set(entry.key.id);
+        self.previous.set(crate::label::word_of(entry.previous));
+    }
 }
 
 thread_local! {
-    static STACK: RefCell<Stack> = const { RefCell::new(Stack { len: 0, inline: [EMPTY; INLINE] }) };
     static SPILL: RefCell<Vec<Entry>> = const { RefCell::new(Vec::new()) };
 }
 
 impl Stack {
+    pub(crate) const fn new() -> Stack {
+        Stack {
+            len: Cell::new(0),
+            next_guard: Cell::new(1),
+            inline: [const { Slot::new() }; INLINE],
+        }
+    }
+
     fn get(&self, i: usize) -> Entry {
         if i < INLINE {
-            self.inline[i]
+            self.inline[i].get()
         } else {
             SPILL
-                .try_with(|s| s.borrow().get(i - INLINE).copied())
+                .try_with(|s| s.try_borrow().ok()?.get(i - INLINE).copied())
                 .ok()
                 .flatten()
                 .unwrap_or(EMPTY)
         }
     }
 
-    fn set(&mut self, i: usize, entry: Entry) {
+    fn set(&self, i: usize, entry: Entry) {
         if i < INLINE {
-            self.inline[i] = entry;
+            self.inline[i].set(entry);
         } else {
             let _ = SPILL.try_with(|s| {
-                if let Some(slot) = s.borrow_mut().get_mut(i - INLINE) {
+                if let Some(slot) = s
+                    .try_borrow_mut()
+                    .ok()
+                    .as_mut()
+                    .and_then(|s| s.get_mut(i - INLINE))
+                {
                     *slot = entry;
                 }
             });
         }
     }
+
+    /// Records that `key` was entered while `previous` was the thread's context; false if
+    /// nothing was recorded: deeper than [`INLINE`] and the spill is borrowed (a
+    /// re-entrant call) or already destroyed (in a thread-local destructor).
+    #[inline]
+    fn push(&self, key: Key, previous: Option<Label>) -> bool {
+        let len = self.len.get();
+        if let Some(slot) = self.inline.get(len) {
+            slot.owner.set(key.owner);
+            slot.id.set(key.id);
+            slot.previous.set(crate::label::word_of(previous));
+        } else if !spill_push(Entry { key, previous }) {
+            return false;
+        }
+        self.len.set(len + 1);
+        true
+    }
+
+    /// What exiting `key` leaves: `Some(context to restore)` when it was the innermost
+    /// scope, `None` when it exited out of order (or was never seen), in which case the
+    /// scope entered after it takes over restoring its `previous` and nothing changes now.
+    #[inline]
+    fn pop(&self, key: Key) -> Option<Option<Label>> {
+        let len = self.len.get();
+        // Fast path: the innermost scope exits, all inline (the usual case).
+        if (1..=INLINE).contains(&len) {
+            let top = &self.inline[len - 1];
+            if top.owner.get() == key.owner && top.id.get() == key.id {
+                self.len.set(len - 1);
+                return Some(Label::from_raw(top.previous.get()));
+            }
+        }
+        self.pop_slow(key)
+    }
+
+    #[cold]
+    #[inline(never)]
+    fn pop_slow(&self, key: Key) -> Option<Option<Label>> {
+        let len = self.len.get();
+        let pos = (0..len).rev().find(|&i| self.get(i).key == key)?;
+        let removed = self.get(pos);
+        let restore = if pos + 1 == len {
+            Some(removed.previous)
+        } else {
+            // Splice: shift later entries down; the one just above inherits `previous`.
+            let mut above = self.get(pos + 1);
+            above.previous = removed.previous;
+            self.set(pos, above);
+            for i in pos + 1..len - 1 {
+                let next = self.get(i + 1);
+                self.set(i, next);
+            }
+            None
+        };
+        if len > INLINE {
+            let _ = SPILL.try_with(|s| s.try_borrow_mut().map(|mut s| s.pop()));
+        }
+        self.len.set(len - 1);
+        restore
+    }
+}
+
+impl Stack {
+    /// Forgets every scope (tests that leave guards behind on purpose).
+    #[cfg(test)]
+    pub(crate) fn clear_for_test(&self) {
+        self.len.set(0);
+        let _ = SPILL.try_with(|s| s.borrow_mut().clear());
+    }
+}
+
+/// Pushes `entry` on the spill; false if it is borrowed or destroyed.
+#[cold]
+#[inline(never)]
+fn spill_push(entry: Entry) -> bool {
+    SPILL
+        .try_with(|s| s.try_borrow_mut().map(|mut s| s.push(entry)).is_ok())
+        .unwrap_or(false)
 }
 
 /// Makes `root` the calling thread's context as the scope `key`, to be ended by
 /// [`exit`]`(key)` on this thread.
 #[inline]
-pub(crate) fn enter(key: Key, root: Option<LocalRoot>) {
-    let previous = super::replace(root);
-    if !push(key, previous) {
-        // Not recorded, so no exit will restore it: leave the context as it was.
-        super::replace(previous);
+pub(crate) fn enter(key: Key, root: Option<Label>) {
+    super::with_thread(|t| enter_on(t, key, root));
+}
+
+#[inline]
+fn enter_on(t: &super::PerThread, key: Key, root: Option<Label>) {
+    let previous = t.cell.own_word();
+    // Not recorded: no exit will restore it, so the context stays as it was.
+    if t.scopes.push(key, previous) && previous != root {
+        t.cell.switch(previous, root);
     }
+}
+
+/// Enters a new guard's scope (a key no other guard on the thread has: guards are `!Send`,
+/// so they end on this thread) and returns its key. One TLS access.
+#[inline]
+pub(crate) fn enter_guard(root: Option<Label>) -> Key {
+    super::with_thread(|t| {
+        let id = t.scopes.next_guard.get();
+        t.scopes.next_guard.set(id + 1);
+        let key = Key { owner: GUARDS, id };
+        enter_on(t, key, root);
+        key
+    })
 }
 
 /// Ends the scope `key` on the calling thread: restores the context from before it if it
 /// is the innermost scope, otherwise hands that context to the scope entered after it.
 #[inline]
 pub(crate) fn exit(key: Key) {
-    if let Some(previous) = pop(key) {
-        super::replace(previous);
-    }
-}
-
-/// Records that `key` was entered while `previous` was the thread's context; false if
-/// nothing was recorded: the stack was borrowed (a re-entrant call), or it is deeper than
-/// [`INLINE`] and the spill was already destroyed (in a thread-local destructor).
-#[inline]
-fn push(key: Key, previous: Option<LocalRoot>) -> bool {
-    STACK.with(|stack| {
-        let Ok(mut stack) = stack.try_borrow_mut() else {
-            return false;
-        };
-        let entry = Entry { key, previous };
-        if stack.len < INLINE {
-            let len = stack.len;
-            stack.inline[len] = entry;
-        } else if SPILL.try_with(|s| s.borrow_mut().push(entry)).is_err() {
-            // The spill is destroyed: this thread is exiting. Not recorded.
-            return false;
-        }
-        stack.len += 1;
-        true
-    })
-}
-
-/// What exiting `key` leaves: `Some(context to restore)` when it was the innermost scope,
-/// `None` when it exited out of order (or was never seen), in which case the scope
-/// entered after it takes over restoring its `previous` and nothing changes now.
-#[inline]
-fn pop(key: Key) -> Option<Option<LocalRoot>> {
-    STACK.with(|stack| {
-        let mut stack = stack.try_borrow_mut().ok()?;
-        let len = stack.len;
-        // Fast path: the innermost scope exits, all inline (the usual case).
-        if (1..=INLINE).contains(&len) && stack.inline[len - 1].key == key {
-            stack.len = len - 1;
-            return Some(stack.inline[len - 1].previous);
-        }
-        let pos = (0..len).rev().find(|&i| stack.get(i).key == key)?;
-        let removed = stack.get(pos);
-        let restore = if pos + 1 == len {
-            Some(removed.previous)
-        } else {
-            // Splice: shift later entries down; the one just above inherits `previous`.
-            let mut above = stack.get(pos + 1);
-            above.previous = removed.previous;
-            stack.set(pos, above);
-            for i in pos + 1..len - 1 {
-                let next = stack.get(i + 1);
-                stack.set(i, next);
+    super::with_thread(|t| {
+        if let Some(previous) = t.scopes.pop(key) {
+            let current = t.cell.own_word();
+            if current != previous {
+                t.cell.switch(current, previous);
             }
-            None
-        };
-        if len > INLINE {
-            let _ = SPILL.try_with(|s| s.borrow_mut().pop());
         }
-        stack.len = len - 1;
-        restore
-    })
+    });
+}
+
+/// [`Stack::push`] on the calling thread's stack (tests).
+#[cfg(test)]
+fn push(key: Key, previous: Option<Label>) -> bool {
+    super::THREAD.with(|t| t.scopes.push(key, previous))
+}
+
+/// [`Stack::pop`] on the calling thread's stack (tests).
+#[cfg(test)]
+fn pop(key: Key) -> Option<Option<Label>> {
+    super::THREAD.with(|t| t.scopes.pop(key))
 }
 
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::span_name::SpanName;
+    use crate::LocalRoot;
 
     fn key(span: u64) -> Key {
         Key { owner: 7, id: span }
     }
 
-    fn root(n: u32) -> Option<LocalRoot> {
-        Some(LocalRoot::name_only(SpanName::intern(&format!(
-            "entered-test/{n}"
-        ))))
+    /// A distinct word per `n` (the stack only compares words).
+    fn root(n: u32) -> Option<Label> {
+        Label::from_raw(u64::from(n) * 2 + 1)
     }
 
     /// Deep nesting crosses into the spill region and out-of-order exits splice correctly
@@ -289,17 +380,19 @@ mod tests {
         use opentelemetry::trace::{SpanId, TraceId};
         use std::sync::atomic::AtomicU8;
         // No names: interning uses a thread-local of its own, gone by then too.
-        fn root(n: u32) -> Option<LocalRoot> {
+        fn root(n: u32) -> LocalRoot {
             let id = SpanId::from(u64::from(n) + 1);
-            Some(LocalRoot::new(id, TraceId::from(1), None))
+            LocalRoot::new(id, TraceId::from(1), None)
         }
         // 0: destructor did not run; 1: ran and left no context; 2: left one.
         static OUTCOME: AtomicU8 = AtomicU8::new(0);
         struct EndsLate;
         impl Drop for EndsLate {
             fn drop(&mut self) {
-                let guards: Vec<_> = (0..INLINE as u32 + 4)
-                    .map(|n| crate::SpanContextGuard::enter(root(n)))
+                let roots: Vec<_> = (0..INLINE as u32 + 4).map(root).collect();
+                let guards: Vec<_> = roots
+                    .iter()
+                    .map(|root| crate::SpanContextGuard::enter(Some(root)))
                     .collect();
                 // Front to back: every drop but the last is out of order.
                 drop(guards);
@@ -313,8 +406,10 @@ mod tests {
         std::thread::spawn(|| {
             // First used first: destroyed after the spill, which is first used below.
             LATE.with(|_| {});
-            let guards: Vec<_> = (0..INLINE as u32 + 1)
-                .map(|n| crate::SpanContextGuard::enter(root(n)))
+            let roots: Vec<_> = (0..INLINE as u32 + 1).map(root).collect();
+            let guards: Vec<_> = roots
+                .iter()
+                .map(|root| crate::SpanContextGuard::enter(Some(root)))
                 .collect();
             drop(guards);
         })

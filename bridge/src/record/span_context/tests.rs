@@ -1,6 +1,13 @@
 use super::*;
+use crate::span_name::SpanName;
+use opentelemetry::trace::{SpanId, TraceId};
 use std::sync::atomic::{AtomicBool, AtomicU64, AtomicUsize};
 use std::sync::Arc;
+
+/// What `current_local_root` reads while `root` runs.
+fn seen(root: &LocalRoot) -> Option<RootLabel> {
+    Some(root.label())
+}
 
 fn root(n: u64) -> LocalRoot {
     // Every field differs between roots, so a torn read would be visible as a mix.
@@ -15,17 +22,17 @@ fn root(n: u64) -> LocalRoot {
 fn guards_nest_and_restore() {
     let (a, b) = (root(1), root(2));
     assert_eq!(current_local_root(), None);
-    let outer = SpanContextGuard::enter(Some(a));
+    let outer = SpanContextGuard::enter(Some(&a));
     {
-        let _inner = SpanContextGuard::enter(Some(b));
-        assert_eq!(current_local_root(), Some(b));
+        let _inner = SpanContextGuard::enter(Some(&b));
+        assert_eq!(current_local_root(), seen(&b));
         {
             let _cleared = SpanContextGuard::enter(None);
             assert_eq!(current_local_root(), None);
         }
-        assert_eq!(current_local_root(), Some(b));
+        assert_eq!(current_local_root(), seen(&b));
     }
-    assert_eq!(current_local_root(), Some(a));
+    assert_eq!(current_local_root(), seen(&a));
     drop(outer);
     assert_eq!(current_local_root(), None);
 }
@@ -35,10 +42,14 @@ fn guards_nest_and_restore() {
 #[test]
 fn guards_dropped_out_of_order_keep_the_live_scope() {
     let (a, b, c) = (root(3), root(4), root(5));
-    let ga = SpanContextGuard::enter(Some(a));
-    let gb = SpanContextGuard::enter(Some(b));
+    let ga = SpanContextGuard::enter(Some(&a));
+    let gb = SpanContextGuard::enter(Some(&b));
     drop(ga);
-    assert_eq!(current_local_root(), Some(b), "a's drop cleared the live b");
+    assert_eq!(
+        current_local_root(),
+        seen(&b),
+        "a's drop cleared the live b"
+    );
     drop(gb);
     assert_eq!(
         current_local_root(),
@@ -47,13 +58,13 @@ fn guards_dropped_out_of_order_keep_the_live_scope() {
     );
 
     // The middle one of three.
-    let ga = SpanContextGuard::enter(Some(a));
-    let gb = SpanContextGuard::enter(Some(b));
-    let gc = SpanContextGuard::enter(Some(c));
+    let ga = SpanContextGuard::enter(Some(&a));
+    let gb = SpanContextGuard::enter(Some(&b));
+    let gc = SpanContextGuard::enter(Some(&c));
     drop(gb);
-    assert_eq!(current_local_root(), Some(c));
+    assert_eq!(current_local_root(), seen(&c));
     drop(gc);
-    assert_eq!(current_local_root(), Some(a), "c restores what b found");
+    assert_eq!(current_local_root(), seen(&a), "c restores what b found");
     drop(ga);
     assert_eq!(current_local_root(), None);
 }
@@ -63,6 +74,7 @@ fn guards_dropped_out_of_order_keep_the_live_scope() {
 #[test]
 fn guards_held_across_awaits_in_join() {
     let (a, b) = (root(6), root(7));
+    let (a, b) = (&a, &b);
     let rt = tokio::runtime::Builder::new_current_thread()
         .build()
         .expect("runtime");
@@ -82,7 +94,7 @@ fn guards_held_across_awaits_in_join() {
         );
         seen
     });
-    assert_eq!(b_seen_at_end, Some(b), "a's guard ending cleared b's");
+    assert_eq!(b_seen_at_end, seen(b), "a's guard ending cleared b's");
     assert_eq!(
         current_local_root(),
         None,
@@ -101,8 +113,8 @@ fn ids_round_trip() {
     assert_eq!(r.trace_id_u128(), 0xdead_beef_u128 << 64 | 0xdead_beef);
     let n = LocalRoot::name_only(SpanName::intern("x"));
     assert_eq!((n.span_id(), n.trace_id()), (None, None));
-    let _g = SpanContextGuard::enter(Some(n));
-    assert_eq!(current_local_root(), Some(n));
+    let _g = SpanContextGuard::enter(Some(&n));
+    assert_eq!(current_local_root(), seen(&n));
 }
 
 /// A reader on another thread, racing a writer that alternates two roots as fast as it can,
@@ -112,12 +124,14 @@ fn cross_thread_reads_are_never_torn() {
     let cell = Arc::new(SpanContextCell::new());
     let stop = Arc::new(AtomicBool::new(false));
     let (a, b) = (root(11), root(22));
+    let (wa, wb) = (a.word(), b.word());
+    let (a, b) = (a.label(), b.label());
     let writer = {
         let (cell, stop) = (cell.clone(), stop.clone());
         std::thread::spawn(move || {
             let mut i = 0u64;
             while !stop.load(Ordering::Relaxed) {
-                cell.write(Some(if i.is_multiple_of(2) { a } else { b }));
+                cell.write(if i.is_multiple_of(2) { wa } else { wb });
                 i += 1;
             }
             i
@@ -141,28 +155,30 @@ fn cross_thread_reads_are_never_torn() {
     );
 }
 
-/// The sequence at its wrap (`u64::MAX` → 0): reads stay whole, an odd sequence reads as
-/// a write in progress, and every write still changes the sequence a reader compares (the
+/// The sequence at its wrap (`u64::MAX` → 0): snapshots stay whole, an odd sequence reads
+/// as a write in progress to them, and every write still changes the sequence a reader compares (the
 /// watchdog's "same poll" test), across the wrap too.
 #[test]
 fn the_sequence_wraps_without_a_repeat_or_a_torn_read() {
     let cell = SpanContextCell::new();
     let (a, b) = (root(31), root(32));
     cell.set_sequence(u64::MAX - 3);
-    cell.write(Some(a));
+    cell.write(a.word());
     let (before, read) = cell.snapshot().expect("no write in progress");
-    assert_eq!((before, read), (u64::MAX - 1, Some(a)));
-    cell.write(Some(b));
+    assert_eq!((before, read), (u64::MAX - 1, seen(&a)));
+    cell.write(b.word());
     let (after, read) = cell.snapshot().expect("no write in progress");
-    assert_eq!((after, read), (0, Some(b)), "wrapped");
+    assert_eq!((after, read), (0, seen(&b)), "wrapped");
     assert_ne!(after, before);
-    cell.write(Some(a));
+    cell.write(a.word());
     let (again, read) = cell.snapshot().expect("no write in progress");
-    assert_eq!(read, Some(a));
+    assert_eq!(read, seen(&a));
     assert!(again != before && again != after);
     cell.set_sequence(u64::MAX);
     assert_eq!(cell.snapshot(), None, "odd: a write in progress");
-    assert_eq!(cell.read(), None);
+    // The handler runs on the owning thread, between two of the writer's instructions:
+    // the word alone is always whole, the sequence is not its concern.
+    assert_eq!(cell.read(), seen(&a));
 }
 
 static HANDLER_CELL: AtomicUsize = AtomicUsize::new(0);
@@ -230,7 +246,11 @@ fn signal_handler_reads_are_never_torn() {
             let _ = ready_tx.send(unsafe { libc::pthread_self() });
             let mut i = 0u64;
             while !stop.load(Ordering::Relaxed) {
-                replace(Some(if i.is_multiple_of(2) { a } else { b }));
+                drop(SpanContextGuard::enter(Some(if i.is_multiple_of(2) {
+                    &a
+                } else {
+                    &b
+                })));
                 i += 1;
             }
         })
@@ -251,4 +271,50 @@ fn signal_handler_reads_are_never_torn() {
     );
     assert_eq!(st, 0, "torn reads: a {sa}, b {sb}, none {sn}, torn {st}");
     assert!(sa > 0 && sb > 0, "a {sa}, b {sb}, none {sn}");
+}
+
+/// A scope whose root's last handle is dropped while the scope is still on the stack (a
+/// guard forgotten with `mem::forget`; the borrow keeps it from happening otherwise):
+/// from then on the record names a released slot, and reads (the handler's, the
+/// watchdog's) report no label, never the label of a root that reuses the slot, also
+/// when a later scope's exit restores the stale word.
+#[test]
+fn a_word_outliving_its_root_reads_as_no_label() {
+    let a = root(51);
+    let word = a.word().expect("a slot");
+    std::mem::forget(SpanContextGuard::enter(Some(&a)));
+    assert_eq!(current_local_root(), seen(&a));
+    drop(a);
+    assert_eq!(current_local_root(), None, "released: no label");
+    // Claims that may take the slot again (the free list is LIFO; another test's thread
+    // may take it first): the old word never reads as any of them.
+    let reused: Vec<_> = (0..64).map(|n| root(1000 + n)).collect();
+    assert_eq!(current_local_root(), None, "reused: still no label");
+    assert!(
+        reused.iter().all(|r| r.word() != Some(word)),
+        "a generation repeated"
+    );
+    {
+        let _above = SpanContextGuard::enter(Some(&reused[0]));
+        assert_eq!(current_local_root(), seen(&reused[0]));
+    }
+    assert_eq!(
+        current_local_root(),
+        None,
+        "the stale word restored reads as none"
+    );
+    // Leave the thread clean for the next test on it.
+    super::forget_scopes_for_test();
+}
+
+/// `with_trace_flags` after the claim reaches what the handler reads.
+#[test]
+fn trace_flags_set_after_the_claim_are_read() {
+    use opentelemetry::trace::TraceFlags;
+    let a = root(52).with_trace_flags(TraceFlags::new(0x03));
+    let _g = SpanContextGuard::enter(Some(&a));
+    assert_eq!(
+        current_local_root().map(|r| r.trace_flags()),
+        Some(TraceFlags::new(0x03))
+    );
 }

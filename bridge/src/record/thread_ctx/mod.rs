@@ -26,7 +26,7 @@
 //! {
 //!     // Every context switch of the crate now also updates this thread's record.
 //!     let root = LocalRoot::new(SpanId::from(7), TraceId::from(9), None);
-//!     let _guard = SpanContextGuard::enter(Some(root));
+//!     let _guard = SpanContextGuard::enter(Some(&root));
 //! }
 //! thread_ctx::disable();
 //! # Ok::<(), thread_ctx::ThreadContextError>(())
@@ -139,10 +139,19 @@ pub fn is_enabled() -> bool {
 /// Publishes the calling thread's new local root (`None`: no span). Called by
 /// `span_context::replace` at every root transition, on the owning thread.
 #[inline]
-pub(crate) fn publish(root: Option<crate::LocalRoot>) {
+pub(crate) fn publish(label: Option<crate::label::Label>) {
+    if STATE.load(Ordering::Relaxed) != NEVER {
+        publish_on(label);
+    }
+}
+
+/// [`publish`] once the writer was ever on (out of line: a switch of a process that never
+/// enabled it pays one load and a branch).
+#[inline(never)]
+fn publish_on(label: Option<crate::label::Label>) {
     match STATE.load(Ordering::Relaxed) {
-        NEVER => {}
-        ON => record::write(root),
+        // A label whose root ended meanwhile (a stale word restored) reads as none.
+        ON => record::publish(label),
         _ => record::invalidate(),
     }
 }

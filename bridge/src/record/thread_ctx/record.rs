@@ -29,7 +29,8 @@ use std::cell::{Cell, UnsafeCell};
 use std::ptr;
 use std::sync::atomic::{compiler_fence, AtomicPtr, AtomicU16, AtomicU64, AtomicU8, Ordering};
 
-use crate::span_context::LocalRoot;
+use crate::label::Label;
+use crate::span_context::RootLabel;
 use crate::span_name::{SpanName, MAX_SPAN_NAMES};
 
 /// Longest attribute value the record format can carry (its length is one byte).
@@ -56,6 +57,10 @@ pub(crate) struct Record {
     attached: Cell<bool>,
     /// The raw [`SpanName`] whose entry `attrs_data` holds (0: none).
     name: Cell<u32>,
+    /// The label word whose value the fields hold (0: none). Words never repeat, so the
+    /// same word is the same label: entering it again (the next poll of the same root)
+    /// only sets `valid` again, after checking the root still owns its slot.
+    word: Cell<u64>,
 }
 
 const _: () = {
@@ -80,6 +85,7 @@ impl Record {
             attrs_data: UnsafeCell::new([0; ATTRS_CAPACITY]),
             attached: Cell::new(false),
             name: Cell::new(0),
+            word: Cell::new(0),
         }
     }
 
@@ -87,15 +93,13 @@ impl Record {
     /// allocation, no lock, no system call (the first call on a thread also stores the
     /// record's address in the thread's `otel_thread_ctx_v1`).
     #[inline]
-    fn write(&self, root: Option<LocalRoot>) {
+    fn write(&self, root: Option<RootLabel>) {
         if !self.attached.get() {
             self.attach();
         }
         self.valid.store(0, Ordering::Relaxed);
         compiler_fence(Ordering::SeqCst);
-        let Some(root) =
-            root.filter(|r| r.span_id_u64() != 0 || r.trace_id_u128() != 0 || r.name().is_some())
-        else {
+        let Some(root) = root.filter(is_published) else {
             // Detached: the record stays invalid until the next root.
             return;
         };
@@ -118,6 +122,26 @@ impl Record {
         }
         compiler_fence(Ordering::SeqCst);
         self.valid.store(1, Ordering::Relaxed);
+    }
+
+    /// Publishes the root `label` names (`None`, or a label whose root ended: no span).
+    #[inline]
+    fn publish(&self, label: Option<Label>) {
+        if let Some(label) = label {
+            if label.word() == self.word.get() && self.attached.get() && label.is_live() {
+                // The fields already hold this label: only valid again.
+                compiler_fence(Ordering::SeqCst);
+                self.valid.store(1, Ordering::Relaxed);
+                return;
+            }
+        }
+        let value = label.and_then(Label::read).filter(is_published);
+        self.write(value);
+        // "No span" leaves the fields as they were (only `valid` changed): they still hold
+        // the label `word` names.
+        if value.is_some() {
+            self.word.set(crate::label::word_of(label));
+        }
     }
 
     /// Copies the pre-encoded entry of `name` into `attrs-data` (nothing for 0, or for a
@@ -186,16 +210,26 @@ impl Record {
     }
 }
 
+/// Whether a label says anything a record carries (ids or a name).
+fn is_published(root: &RootLabel) -> bool {
+    root.span_id_u64() != 0 || root.trace_id_u128() != 0 || root.name().is_some()
+}
+
 thread_local! {
     // `const` and no `Drop`: a plain TLS offset, valid until the thread exits, as long
     // as the thread's `otel_thread_ctx_v1` that points at it.
     pub(crate) static RECORD: Record = const { Record::new() };
 }
 
-/// Writes `root` into the calling thread's record.
+/// Publishes `label` in the calling thread's record.
 #[inline]
-pub(crate) fn write(root: Option<LocalRoot>) {
-    RECORD.with(|record| record.write(root));
+pub(crate) fn publish(label: Option<Label>) {
+    // The address through a closure small enough that `LocalKey::with` inlines to one TLS
+    // offset (with the write inside, it stays a call through the key's accessor).
+    let record = RECORD.with(|record| record as *const Record);
+    // SAFETY: a `const` thread-local without destructor: it lives until the thread exits,
+    // and the reference does not leave this call, on this thread.
+    unsafe { &*record }.publish(label);
 }
 
 /// Marks the calling thread's record invalid (if it has one).

@@ -35,7 +35,7 @@ fn thread_ctx_record_follows_the_root_and_encodes_its_name() {
             Some(name),
         );
         {
-            let _guard = SpanContextGuard::enter(Some(root));
+            let _guard = SpanContextGuard::enter(Some(&root));
             let (trace, span, flags, attrs) = decoded().expect("valid while in the span");
             assert_eq!(trace, 0x1112_1314_1516_1718_191a_1b1c_1d1e_1f20);
             assert_eq!(span, 0x0102_0304_0506_0708);
@@ -66,8 +66,13 @@ fn thread_ctx_record_follows_the_root_and_encodes_its_name() {
                 assert_eq!(u16::from_ne_bytes([bytes[26], bytes[27]]), 2 + 27);
             });
             // The root's own flags byte, here sampled + random (W3C level 2).
-            let random = root.with_trace_flags(TraceFlags::new(0x03));
-            let _inner = SpanContextGuard::enter(Some(random));
+            let random = LocalRoot::new(
+                SpanId::from(0x0102_0304_0506_0708),
+                TraceId::from(0x1112_1314_1516_1718_191a_1b1c_1d1e_1f20),
+                Some(name),
+            )
+            .with_trace_flags(TraceFlags::new(0x03));
+            let _inner = SpanContextGuard::enter(Some(&random));
             record::RECORD.with(|r| {
                 let bytes = unsafe {
                     std::slice::from_raw_parts((r as *const record::Record).cast::<u8>(), 28)
@@ -121,7 +126,7 @@ fn thread_ctx_name_only_roots_and_long_names() {
     std::thread::spawn(|| {
         let long = "é".repeat(200); // 400 bytes: cut at a character boundary
         let root = LocalRoot::name_only(SpanName::intern(&long));
-        let _guard = SpanContextGuard::enter(Some(root));
+        let _guard = SpanContextGuard::enter(Some(&root));
         let (trace, span, flags, attrs) = decoded().expect("valid");
         assert_eq!(
             (trace, span, flags),
@@ -132,8 +137,41 @@ fn thread_ctx_name_only_roots_and_long_names() {
         assert_eq!(std::str::from_utf8(&attrs[2..]).unwrap(), "é".repeat(127));
         // A root without a name clears the attribute.
         let plain = LocalRoot::new(SpanId::from(5), TraceId::from(6), None);
-        let _inner = SpanContextGuard::enter(Some(plain));
+        let _inner = SpanContextGuard::enter(Some(&plain));
         assert_eq!(decoded(), Some((6, 5, 1, Vec::new())));
+    })
+    .join()
+    .unwrap();
+}
+
+/// The record keeps the word whose label its fields hold: the same root entered again
+/// (the next poll) is valid again with its own fields; a root released while a forgotten
+/// scope still names it, and the slot reused by another root, is published as no span
+/// when that scope's word comes back, never as the root that reuses the slot.
+#[test]
+fn thread_ctx_same_root_again_and_a_released_root_restored() {
+    let _serial = on();
+    std::thread::spawn(|| {
+        let a = LocalRoot::new(SpanId::from(21), TraceId::from(22), None);
+        for _ in 0..3 {
+            let _poll = SpanContextGuard::enter(Some(&a));
+            assert_eq!(decoded(), Some((22, 21, 1, Vec::new())));
+            drop(_poll);
+            assert_eq!(decoded(), None, "between polls");
+        }
+        // A forgotten guard leaves a's word on the stack; then a is released.
+        std::mem::forget(SpanContextGuard::enter(Some(&a)));
+        drop(a);
+        // Usually a's slot (the free list is LIFO), unless another test's thread claimed
+        // in between: either way a's word must not publish b.
+        let b = LocalRoot::new(SpanId::from(31), TraceId::from(32), None);
+        {
+            let _b = SpanContextGuard::enter(Some(&b));
+            assert_eq!(decoded(), Some((32, 31, 1, Vec::new())));
+        }
+        // b's scope ended: a's stale word is the context again.
+        assert_eq!(decoded(), None, "a released root is no span, never b");
+        crate::span_context::forget_scopes_for_test();
     })
     .join()
     .unwrap();
@@ -144,13 +182,13 @@ fn thread_ctx_disable_invalidates_and_stops_writing() {
     let _serial = on();
     std::thread::spawn(|| {
         let root = LocalRoot::new(SpanId::from(11), TraceId::from(12), None);
-        let guard = SpanContextGuard::enter(Some(root));
+        let guard = SpanContextGuard::enter(Some(&root));
         assert!(decoded().is_some());
         disable();
         assert!(!is_enabled());
         assert_eq!(decoded(), None, "disable invalidates the caller's record");
         let other = LocalRoot::new(SpanId::from(13), TraceId::from(14), None);
-        let inner = SpanContextGuard::enter(Some(other));
+        let inner = SpanContextGuard::enter(Some(&other));
         assert_eq!(decoded(), None, "nothing written while off");
         drop(inner);
         drop(guard);

@@ -31,9 +31,10 @@ use loom::thread;
 use opentelemetry::trace::{SpanId, TraceId};
 
 use super::{Owner, Slot, SlotTable, CHUNK};
+use crate::label::Label;
 use crate::sampler::ring::Ring;
 use crate::sampler::stack::StackBounds;
-use crate::span_context::{LocalRoot, SpanContextCell};
+use crate::span_context::SpanContextCell;
 
 /// loom threads run on generator stacks of 32 KiB by default; the owners' claims, samples
 /// and releases get room to spare.
@@ -201,14 +202,14 @@ fn loom_slots_with_a_relaxed_free_list_hand_a_slot_over_unordered() {
     });
 }
 
-/// What the owner's record holds while it lives.
-fn root() -> LocalRoot {
-    LocalRoot::new(SpanId::from(7), TraceId::from(9), None)
+/// What the owner's record holds while it lives (a label word).
+fn root() -> Label {
+    Label::from_raw(7).expect("non-zero")
 }
 
 /// What a reader of the record after the owner exited would find.
-fn poison() -> LocalRoot {
-    LocalRoot::new(SpanId::from(0xdead), TraceId::from(0xdead), None)
+fn poison() -> Label {
+    Label::from_raw(0xdead).expect("non-zero")
 }
 
 fn watchdog_and_exiting_owner() {

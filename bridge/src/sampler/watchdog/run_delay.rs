@@ -16,7 +16,7 @@ use std::os::unix::fs::FileExt as _;
 
 use super::Slot;
 use crate::root_cpu;
-use crate::span_context::LocalRoot;
+use crate::span_context::RootLabel;
 
 /// How often a thread's run delay is read while it is inside a root.
 pub(crate) const PERIOD_NS: u64 = 50_000_000;
@@ -26,7 +26,7 @@ struct Reader {
     tid: libc::pid_t,
     file: File,
     /// What the last read saw: the slot's generation, the root, the run delay.
-    last: Option<(u64, LocalRoot, u64)>,
+    last: Option<(u64, RootLabel, u64)>,
     next_read: u64,
 }
 
@@ -45,7 +45,7 @@ impl RunDelay {
         slot: &Slot,
         index: usize,
         generation: u64,
-        root: LocalRoot,
+        root: RootLabel,
         now: u64,
     ) {
         let raw = root.cpu_raw();
@@ -79,7 +79,7 @@ impl RunDelay {
         // The tid read above is the owner's only if the slot kept its owner meanwhile.
         if !slot
             .read_cell_if_owned(generation)
-            .is_some_and(|(_, now_root)| now_root == Some(root))
+            .is_some_and(|(_, word)| word.and_then(crate::label::Label::read) == Some(root))
         {
             reader.last = None;
             return;

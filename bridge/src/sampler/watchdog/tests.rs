@@ -11,6 +11,7 @@ use super::*;
 use crate::sampler::{test_turn, Sampler, SamplerConfig};
 use crate::span_context::SpanContextGuard;
 use crate::symbolize::Symbolizer;
+use crate::LocalRoot;
 
 #[test]
 fn syscall_lines_parse() {
@@ -108,7 +109,8 @@ fn blocked_stacks_name_the_blocking_function() {
         std::thread::spawn(move || {
             crate::sampler::register_current_thread().expect("register");
             ready.wait();
-            let _root = SpanContextGuard::enter(Some(root(0x51)));
+            let entered = root(0x51);
+            let _root = SpanContextGuard::enter(Some(&entered));
             watchdog_test_blocks_in_sleep(block);
         })
     };
@@ -117,7 +119,8 @@ fn blocked_stacks_name_the_blocking_function() {
         std::thread::spawn(move || {
             crate::sampler::register_current_thread().expect("register");
             ready.wait();
-            let _root = SpanContextGuard::enter(Some(root(0xb0)));
+            let entered = root(0xb0);
+            let _root = SpanContextGuard::enter(Some(&entered));
             watchdog_test_burns_cpu(&stop)
         })
     };
@@ -242,7 +245,8 @@ fn the_per_tick_cap_rotates_over_blocked_threads() {
             std::thread::spawn(move || {
                 crate::sampler::register_current_thread().expect("register");
                 ready.wait();
-                let _root = SpanContextGuard::enter(Some(root(0x100 + i)));
+                let entered = root(0x100 + i);
+                let _root = SpanContextGuard::enter(Some(&entered));
                 watchdog_test_blocks_in_sleep(block);
             })
         })
@@ -301,7 +305,8 @@ fn a_loop_of_short_blocking_calls_counts_as_blocked() {
             crate::sampler::register_current_thread().expect("register");
             ready.wait();
             let started = Instant::now();
-            let _root = SpanContextGuard::enter(Some(root(0x4a)));
+            let entered = root(0x4a);
+            let _root = SpanContextGuard::enter(Some(&entered));
             watchdog_test_naps_in_a_loop(naps, nap);
             started.elapsed()
         })
@@ -372,7 +377,7 @@ fn a_runs_untaken_time_goes_to_its_last_stack_or_is_counted() {
     let run = |last: Option<Block>| Tracked {
         generation: 1,
         seq: 2,
-        root: root(0x5b),
+        root: root(0x5b).label(),
         first_seen: 0,
         cpu: Some(0),
         last_look: 0,
@@ -392,7 +397,7 @@ fn a_runs_untaken_time_goes_to_its_last_stack_or_is_counted() {
     drain_blocked(|r| records.push(r.clone()));
     assert_eq!(records.len(), 1, "{records:?}");
     let record = &records[0];
-    assert_eq!(record.root, Some(root(0x5b)));
+    assert_eq!(record.root, Some(root(0x5b).label()));
     assert_eq!(record.delay_ns, 7_000_000);
     assert_eq!(&record.frames[..], &[0x1000, 0x2000]);
     assert!(
@@ -426,7 +431,8 @@ fn a_contended_mutex_names_the_waiting_function() {
         std::thread::spawn(move || {
             crate::sampler::register_current_thread().expect("register");
             ready.wait();
-            let _root = SpanContextGuard::enter(Some(root(0x10c)));
+            let entered = root(0x10c);
+            let _root = SpanContextGuard::enter(Some(&entered));
             watchdog_test_waits_for_a_lock(&lock)
         })
     };
@@ -474,7 +480,8 @@ fn a_slot_reclaimed_between_the_read_and_the_look_pushes_nothing() {
         // read, and exits (its slot is let go).
         let (slot, generation, seq) = std::thread::spawn(move || {
             crate::sampler::register_current_thread().expect("register");
-            let _root = SpanContextGuard::enter(Some(root(0x7e)));
+            let entered = root(0x7e);
+            let _root = SpanContextGuard::enter(Some(&entered));
             let slot = super::super::current_slot().expect("slot");
             let generation = slot.generation();
             let (seq, _) = slot.read_cell_if_owned(generation).expect("record");
@@ -490,7 +497,8 @@ fn a_slot_reclaimed_between_the_read_and_the_look_pushes_nothing() {
             let (claimed, go_on) = (claimed.clone(), go_on.clone());
             std::thread::spawn(move || {
                 crate::sampler::register_current_thread().expect("register");
-                let _root = SpanContextGuard::enter(Some(root(0x7f)));
+                let entered = root(0x7f);
+                let _root = SpanContextGuard::enter(Some(&entered));
                 let same = super::super::current_slot().is_some_and(|s| std::ptr::eq(s, slot));
                 claimed.wait();
                 go_on.wait();
@@ -508,7 +516,7 @@ fn a_slot_reclaimed_between_the_read_and_the_look_pushes_nothing() {
         let mut tracked = Tracked {
             generation,
             seq,
-            root: root(0x7e),
+            root: root(0x7e).label(),
             first_seen: 0,
             cpu: Some(u64::MAX),
             last_look: 0,
@@ -534,7 +542,7 @@ fn a_slot_reclaimed_between_the_read_and_the_look_pushes_nothing() {
             continue;
         }
         assert!(
-            pushed.iter().all(|r| *r != Some(root(0x7e))),
+            pushed.iter().all(|r| *r != Some(root(0x7e).label())),
             "a look at the reclaimed slot pushed the old root's block: {pushed:?}"
         );
         return;

@@ -1,0 +1,319 @@
+//! The label slots: every live root's label (ids, name, flags, CPU counters) written once
+//! into a never-freed, generation-checked slot, named by one 64-bit [`Label`] word.
+//!
+//! ```text
+//!  claim (root resolved)              reader (handler, watchdog, any thread)   release (last handle)
+//!  pop a free slot (or a fresh one)   g = generation (Acquire)                 generation += 1 (even)
+//!  fence(Release)                     g == word's? else "no label"             push on the free list
+//!  write the fields                   load the fields                          (or retire, see below)
+//!  generation += 1 (odd) (Release)    fence(Acquire)
+//!  word = cpu bit | index | gen       generation == g still? else "no label"
+//! ```
+//!
+//! **The word.** Bit 63: the label has CPU counters (so a root transition knows whether to
+//! read the clock without touching the slot); bits 40..63: the slot index (2²³ slots,
+//! 8,388,608 labels alive at once); bits 0..40: the generation, odd while a root owns the
+//! slot, so no valid word is 0 and `Option<Label>` is one word.
+//!
+//! **Generations never come back.** A reader accepts fields only when the generation it
+//! reads before and after them is the word's, so a generation must never be handed out
+//! twice. It moves by 2 per reuse; the release that would take it to 2⁴⁰ − 1 (the last odd
+//! value the word can carry) retires the slot instead of listing it. A reuse is a claim and
+//! a release (two compare-and-swaps on the free list's line, an `Arc` allocated and freed,
+//! well over 100 ns), so a slot lasts 2³⁹ reuses: 15 hours at 10⁷ roots a second all on one
+//! slot, 64 days at 10⁵. Retiring costs that slot's 64 bytes, once per that much time.
+//!
+//! **Reading is loads only** (a signal handler may do it): two loads of the generation,
+//! six of fields, an acquire fence (no instruction on x86-64). A torn read — the slot
+//! released and claimed again between the two generation loads — reports "no label", as a
+//! stale word does.
+//!
+//! **The free list** is a lock-free stack (Treiber) of slot indexes, its head tagged with
+//! a 40-bit count of pushes and pops, so a head that was popped and pushed back between a
+//! reader's load and its compare-and-swap is told apart. Slots are never freed, so reading
+//! the link of a slot another thread just popped is harmless. No lock: a root can be
+//! claimed from any hook, and a process forked in the middle of a claim finds the list
+//! whole.
+
+use crate::sync::{fence, AtomicU32, AtomicU64, Ordering};
+
+use super::{Label, RootLabel};
+use crate::never_freed::NeverFreed;
+use crate::span_name::SpanName;
+
+/// Slots per chunk (a model's table needs a few).
+const CHUNK: usize = if cfg!(loom) { 4 } else { 1024 };
+/// Chunks at most: the word's 23 index bits.
+const MAX_CHUNKS: usize = if cfg!(loom) {
+    4
+} else {
+    (1 << INDEX_BITS) / 1024
+};
+
+/// Bits of the word holding the generation.
+pub(crate) const GENERATION_BITS: u32 = 40;
+const GENERATION_MASK: u64 = (1 << GENERATION_BITS) - 1;
+/// Bits of the word holding the slot index.
+const INDEX_BITS: u32 = 23;
+const INDEX_MASK: u64 = (1 << INDEX_BITS) - 1;
+/// The word's "has CPU counters" bit.
+pub(crate) const CPU_BIT: u64 = 1 << 63;
+
+/// Bits of the free list's head holding index + 1 (0: empty).
+const HEAD_INDEX_BITS: u32 = 24;
+const HEAD_INDEX_MASK: u64 = (1 << HEAD_INDEX_BITS) - 1;
+
+/// One label. 64 bytes: one cache line, read by the handler of every sample under it.
+#[repr(C, align(64))]
+struct Slot {
+    /// Odd while a root owns the slot; never handed out twice (see the module docs).
+    generation: AtomicU64,
+    span_id: AtomicU64,
+    trace_hi: AtomicU64,
+    trace_lo: AtomicU64,
+    cpu_hi: AtomicU64,
+    cpu_lo: AtomicU64,
+    name: AtomicU32,
+    /// The W3C trace flags byte; the only field written after the claim (one store,
+    /// [`LabelTable::set_flags`]), so a reader sees the old or the new byte, either of
+    /// them the root's.
+    flags: AtomicU32,
+    /// Free list link: index + 1 of the next free slot (0: none).
+    next_free: AtomicU32,
+}
+
+impl Slot {
+    fn new() -> Slot {
+        Slot {
+            generation: AtomicU64::new(0),
+            span_id: AtomicU64::new(0),
+            trace_hi: AtomicU64::new(0),
+            trace_lo: AtomicU64::new(0),
+            cpu_hi: AtomicU64::new(0),
+            cpu_lo: AtomicU64::new(0),
+            name: AtomicU32::new(0),
+            flags: AtomicU32::new(0),
+            next_free: AtomicU32::new(0),
+        }
+    }
+}
+
+/// The slots and their free list: the process has one ([`LABELS`]), a model builds its own.
+pub(crate) struct LabelTable {
+    slots: NeverFreed<Slot, CHUNK, MAX_CHUNKS>,
+    /// Tag (40 bits, counts pushes and pops) << 24 | index + 1 of the top free slot.
+    free: AtomicU64,
+    /// Slots retired because their generation reached the word's last value.
+    retired: AtomicU64,
+    /// Labels that could not be claimed: the table was full.
+    exhausted: AtomicU64,
+}
+
+crate::sync::lazy_static_value! {
+    /// The process's labels.
+    pub(crate) static LABELS: LabelTable = LabelTable::new();
+}
+
+impl LabelTable {
+    crate::sync::const_fn! {
+        pub(crate) fn new() -> LabelTable {
+            LabelTable {
+                slots: NeverFreed::new(),
+                free: AtomicU64::new(0),
+                retired: AtomicU64::new(0),
+                exhausted: AtomicU64::new(0),
+            }
+        }
+    }
+
+    /// Writes `value` into a free slot and returns its word; `None` when all 2²³ slots
+    /// are taken (counted).
+    pub(crate) fn claim(&self, value: &RootLabel) -> Option<Label> {
+        let Some((index, slot)) = self.pop().or_else(|| self.slots.fresh(|_| Slot::new())) else {
+            self.exhausted.fetch_add(1, Ordering::Relaxed);
+            return None;
+        };
+        // Even: free (a fresh slot's 0, or its last release's).
+        let generation = slot.generation.load(Ordering::Relaxed) + 1;
+        // A reader that loads one of the stores below, then its acquire fence, then the
+        // generation, sees at least the release that freed the slot (ordered before this
+        // fence through the free list): it never takes these fields for the old owner's.
+        fence(Ordering::Release);
+        slot.span_id.store(value.span_id, Ordering::Relaxed);
+        slot.trace_hi
+            .store((value.trace_id >> 64) as u64, Ordering::Relaxed);
+        slot.trace_lo
+            .store(value.trace_id as u64, Ordering::Relaxed);
+        slot.cpu_hi
+            .store((value.cpu >> 64) as u64, Ordering::Relaxed);
+        slot.cpu_lo.store(value.cpu as u64, Ordering::Relaxed);
+        slot.name
+            .store(value.name.map_or(0, SpanName::to_raw), Ordering::Relaxed);
+        slot.flags.store(u32::from(value.flags), Ordering::Relaxed);
+        slot.generation.store(generation, Ordering::Release);
+        let cpu = if value.cpu != 0 { CPU_BIT } else { 0 };
+        Some(Label::from_word(
+            cpu | u64::from(index) << GENERATION_BITS | generation,
+        ))
+    }
+
+    /// The label `label` names, if its root still owns the slot. Loads only:
+    /// async-signal-safe, from any thread.
+    #[inline]
+    pub(crate) fn read(&self, label: Label) -> Option<RootLabel> {
+        let word = label.word();
+        let generation = word & GENERATION_MASK;
+        let slot = self
+            .slots
+            .get(((word >> GENERATION_BITS) & INDEX_MASK) as u32)?;
+        if slot.generation.load(Ordering::Acquire) != generation {
+            return None;
+        }
+        let span_id = slot.span_id.load(Ordering::Relaxed);
+        let hi = slot.trace_hi.load(Ordering::Relaxed);
+        let lo = slot.trace_lo.load(Ordering::Relaxed);
+        let cpu_hi = slot.cpu_hi.load(Ordering::Relaxed);
+        let cpu_lo = slot.cpu_lo.load(Ordering::Relaxed);
+        let name = slot.name.load(Ordering::Relaxed);
+        let flags = slot.flags.load(Ordering::Relaxed);
+        fence(Ordering::Acquire);
+        if slot.generation.load(Ordering::Relaxed) != generation {
+            return None;
+        }
+        Some(RootLabel {
+            span_id,
+            trace_id: u128::from(hi) << 64 | u128::from(lo),
+            name: SpanName::from_raw(name),
+            flags: flags as u8,
+            cpu: u128::from(cpu_hi) << 64 | u128::from(cpu_lo),
+        })
+    }
+
+    /// Whether `label`'s root still owns its slot.
+    #[inline]
+    pub(crate) fn is_live(&self, label: Label) -> bool {
+        let word = label.word();
+        self.slots
+            .get(((word >> GENERATION_BITS) & INDEX_MASK) as u32)
+            .is_some_and(|slot| slot.generation.load(Ordering::Acquire) == word & GENERATION_MASK)
+    }
+
+    /// Sets the trace flags of `label`'s slot (its owner only, before or while it is
+    /// entered: one store, readers see either byte).
+    pub(crate) fn set_flags(&self, label: Label, flags: u8) {
+        let word = label.word();
+        if let Some(slot) = self
+            .slots
+            .get(((word >> GENERATION_BITS) & INDEX_MASK) as u32)
+        {
+            if slot.generation.load(Ordering::Relaxed) == word & GENERATION_MASK {
+                slot.flags.store(u32::from(flags), Ordering::Relaxed);
+            }
+        }
+    }
+
+    /// Ends `label`'s ownership of its slot: from now on every read of it reports "no
+    /// label", and the slot goes back on the free list (or is retired, see the module
+    /// docs). Its last handle only.
+    pub(crate) fn release(&self, label: Label) {
+        let word = label.word();
+        let index = ((word >> GENERATION_BITS) & INDEX_MASK) as u32;
+        let Some(slot) = self.slots.get(index) else {
+            return;
+        };
+        let released = (word & GENERATION_MASK) + 1;
+        if slot
+            .generation
+            .compare_exchange(
+                word & GENERATION_MASK,
+                released,
+                Ordering::Release,
+                Ordering::Relaxed,
+            )
+            .is_err()
+        {
+            return;
+        }
+        if released + 1 > GENERATION_MASK {
+            self.retired.fetch_add(1, Ordering::Relaxed);
+            return;
+        }
+        self.push(index, slot);
+    }
+
+    /// Pops the top free slot.
+    fn pop(&self) -> Option<(u32, &'static Slot)> {
+        let mut head = self.free.load(Ordering::Acquire);
+        loop {
+            let top = (head & HEAD_INDEX_MASK) as u32;
+            let index = top.checked_sub(1)?;
+            let slot = self.slots.get(index)?;
+            let next = slot.next_free.load(Ordering::Relaxed);
+            let tag = (head >> HEAD_INDEX_BITS).wrapping_add(1);
+            let new = tag << HEAD_INDEX_BITS | u64::from(next);
+            match self
+                .free
+                .compare_exchange_weak(head, new, Ordering::AcqRel, Ordering::Acquire)
+            {
+                Ok(_) => return Some((index, slot)),
+                Err(now) => head = now,
+            }
+        }
+    }
+
+    /// Pushes `slot` (at `index`) on the free list.
+    fn push(&self, index: u32, slot: &Slot) {
+        let mut head = self.free.load(Ordering::Relaxed);
+        loop {
+            slot.next_free
+                .store((head & HEAD_INDEX_MASK) as u32, Ordering::Relaxed);
+            let tag = (head >> HEAD_INDEX_BITS).wrapping_add(1);
+            let new = tag << HEAD_INDEX_BITS | (u64::from(index) + 1);
+            match self
+                .free
+                .compare_exchange_weak(head, new, Ordering::Release, Ordering::Relaxed)
+            {
+                Ok(_) => return,
+                Err(now) => head = now,
+            }
+        }
+    }
+
+    /// Slots retired so far.
+    #[cfg(test)]
+    pub(crate) fn retired(&self) -> u64 {
+        self.retired.load(Ordering::Relaxed)
+    }
+
+    /// Labels refused because the table was full.
+    pub(crate) fn exhausted(&self) -> u64 {
+        self.exhausted.load(Ordering::Relaxed)
+    }
+
+    /// Sets the generation of the free slot `index` (tests: next to the word's last value,
+    /// 2³⁹ reuses being out of a test's reach).
+    #[cfg(test)]
+    pub(crate) fn set_generation(&self, index: u32, generation: u64) {
+        assert_eq!(generation & 1, 0, "a free slot's generation is even");
+        self.slots
+            .get(index)
+            .expect("allocated")
+            .generation
+            .store(generation, Ordering::SeqCst);
+    }
+}
+
+/// The slot index a word names (tests).
+#[cfg(test)]
+pub(crate) fn index_of(label: Label) -> u32 {
+    ((label.word() >> GENERATION_BITS) & INDEX_MASK) as u32
+}
+
+/// The generation a word names (tests).
+#[cfg(test)]
+pub(crate) fn generation_of(label: Label) -> u64 {
+    label.word() & GENERATION_MASK
+}
+
+#[cfg(all(test, loom))]
+mod loom_model;
