@@ -172,8 +172,9 @@ thread_local! {
 #[inline(always)]
 pub(super) fn with_thread<R>(f: impl FnOnce(&PerThread) -> R) -> R {
     let this = THREAD.with(|t| t as *const PerThread);
-    // SAFETY: a `const` thread-local without destructor: its storage lives until the
-    // thread exits, and the reference does not leave `f`, which runs on this thread.
+    // SAFETY: `with` returned, so the thread-local is alive; it has no destructor (it is
+    // freed with the thread), and the reference does not leave `f`, which runs on this
+    // thread: it cannot outlive the storage.
     f(unsafe { &*this })
 }
 

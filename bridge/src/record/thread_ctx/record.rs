@@ -227,8 +227,8 @@ pub(crate) fn publish(label: Option<Label>) {
     // The address through a closure small enough that `LocalKey::with` inlines to one TLS
     // offset (with the write inside, it stays a call through the key's accessor).
     let record = RECORD.with(|record| record as *const Record);
-    // SAFETY: a `const` thread-local without destructor: it lives until the thread exits,
-    // and the reference does not leave this call, on this thread.
+    // SAFETY: `with` returned, so the thread-local is alive; it has no destructor (it is
+    // freed with the thread), and the reference does not leave this call, on this thread.
     unsafe { &*record }.publish(label);
 }
 
