@@ -438,3 +438,129 @@ impl<F: std::future::Future> WithDefault for F {
         tracing::instrument::WithSubscriber::with_subscriber(self, d)
     }
 }
+
+/// Many short roots with child spans, across worker threads, at a high rate: label slots
+/// are released and reused all the time. Every sample labelled with a root's span id is
+/// counted in that root's evidence, and no sample carries the id of a root that was not
+/// running (the label of a reused slot is never read under an old word).
+#[test]
+fn short_roots_reusing_label_slots_keep_their_samples() {
+    let _turn = common::turn();
+    let exporter = InMemorySpanExporter::default();
+    let provider = SdkTracerProvider::builder()
+        .with_span_processor(CpuEvidenceProcessor::new(SimpleSpanProcessor::new(
+            exporter.clone(),
+        )))
+        .build();
+    let dispatch = tracing::Dispatch::new(
+        tracing_subscriber::registry()
+            .with(tracing_opentelemetry::layer().with_tracer(provider.tracer("reuse")))
+            .with(ProfilingLayer::default()),
+    );
+    let sampler =
+        Arc::new(Sampler::start(SamplerConfig::default().with_frequency_hz(1000)).expect("start"));
+    sampler.drain(|_| {});
+    let records: Arc<Mutex<Vec<Sample>>> = Arc::default();
+    let stop = Arc::new(std::sync::atomic::AtomicBool::new(false));
+    let collector = {
+        let (records, stop, sampler) = (records.clone(), stop.clone(), sampler.clone());
+        std::thread::spawn(move || {
+            while !stop.load(std::sync::atomic::Ordering::Relaxed) {
+                std::thread::sleep(Duration::from_millis(5));
+                let mut out = records.lock().expect("records");
+                sampler.drain(|r: &SampleRecord| out.push((r.root, r.frames().to_vec(), r.weight)));
+            }
+        })
+    };
+    let runtime = tokio::runtime::Builder::new_multi_thread()
+        .worker_threads(2)
+        .enable_all()
+        .on_thread_start(sampler::tokio_on_thread_start())
+        .on_thread_stop(sampler::tokio_on_thread_stop())
+        .build()
+        .expect("runtime");
+    let _default = tracing::dispatcher::set_default(&dispatch);
+    runtime.block_on(async {
+        let mut handles = Vec::new();
+        for k in 0..400usize {
+            let span = tracing::info_span!(parent: None, "short-root", k);
+            handles.push(tokio::spawn(
+                async move {
+                    for step in 0..3 {
+                        let child = tracing::info_span!("child", step);
+                        async {
+                            run_cpu(k % 8, Duration::from_micros(700));
+                            tokio::task::yield_now().await;
+                        }
+                        .instrument(child)
+                        .await;
+                    }
+                }
+                .instrument(span)
+                .with_subscriber_default(dispatch.clone()),
+            ));
+            if k % 16 == 15 {
+                for handle in handles.drain(..) {
+                    handle.await.expect("task");
+                }
+            }
+        }
+        for handle in handles {
+            handle.await.expect("task");
+        }
+    });
+    drop(runtime);
+    stop.store(true, std::sync::atomic::Ordering::Relaxed);
+    collector.join().expect("collector");
+    sampler.drain(|r| {
+        records
+            .lock()
+            .expect("records")
+            .push((r.root, r.frames().to_vec(), r.weight))
+    });
+    drop(sampler);
+    let records = records.lock().expect("records");
+    let mut labelled: HashMap<opentelemetry::trace::SpanId, i64> = HashMap::new();
+    for (root, _, _) in records.iter() {
+        if let Some(id) = root.and_then(|r| r.span_id()) {
+            *labelled.entry(id).or_default() += 1;
+        }
+    }
+    let spans = exporter.get_finished_spans().expect("spans");
+    let roots: HashMap<_, _> = spans
+        .iter()
+        .filter(|s| s.name == "short-root")
+        .map(|s| (s.span_context.span_id(), s))
+        .collect();
+    assert_eq!(roots.len(), 400);
+    let mut mismatched = Vec::new();
+    let mut total = 0;
+    for (id, span) in &roots {
+        let samples = span
+            .attributes
+            .iter()
+            .find(|kv| kv.key.as_str() == CPU_SAMPLES_ATTRIBUTE)
+            .and_then(|kv| match kv.value {
+                opentelemetry::Value::I64(v) => Some(v),
+                _ => None,
+            })
+            .expect("evidence attribute");
+        let count = labelled.get(id).copied().unwrap_or(0);
+        total += count;
+        if samples != count {
+            mismatched.push((*id, samples, count));
+        }
+    }
+    let foreign: Vec<_> = labelled
+        .keys()
+        .filter(|id| !roots.contains_key(id))
+        .collect();
+    assert!(total >= 100, "too few samples to judge: {total}");
+    assert!(
+        mismatched.is_empty() && foreign.is_empty(),
+        "{} of {} roots: counted != labelled {:?}; labels of no root: {foreign:?}",
+        mismatched.len(),
+        roots.len(),
+        &mismatched[..mismatched.len().min(10)]
+    );
+}
