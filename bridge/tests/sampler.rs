@@ -149,26 +149,8 @@ fn samples_carry_the_span_that_was_running() {
         Arc::new(Sampler::start(SamplerConfig::default().with_frequency_hz(250)).expect("start"));
     // Records left by earlier tests (other spans, other work) are not this test's.
     sampler.drain(|_| {});
-    let records: Arc<Mutex<Vec<Sample>>> = Arc::default();
-    let stop = Arc::new(std::sync::atomic::AtomicBool::new(false));
-    let collector = {
-        let (records, stop, sampler) = (records.clone(), stop.clone(), sampler.clone());
-        std::thread::spawn(move || {
-            // The collector's part, through the public handle (shared with this thread).
-            while !stop.load(std::sync::atomic::Ordering::Relaxed) {
-                std::thread::sleep(Duration::from_millis(20));
-                let mut out = records.lock().expect("records");
-                sampler.drain(|r: &SampleRecord| out.push((r.root, r.frames().to_vec(), r.weight)));
-            }
-        })
-    };
-    let runtime = tokio::runtime::Builder::new_multi_thread()
-        .worker_threads(2)
-        .enable_all()
-        .on_thread_start(sampler::tokio_on_thread_start())
-        .on_thread_stop(sampler::tokio_on_thread_stop())
-        .build()
-        .expect("runtime");
+    let drainer = Drainer::start(&sampler, Duration::from_millis(20));
+    let runtime = sampled_runtime();
     let _default = tracing::dispatcher::set_default(&dispatch);
     let (cpu_ids, io_ids) = runtime.block_on(async {
         let mut cpu = Vec::new();
@@ -218,19 +200,9 @@ fn samples_carry_the_span_that_was_running() {
         (cpu_ids, io_ids)
     });
     drop(runtime);
-    stop.store(true, std::sync::atomic::Ordering::Relaxed);
-    collector.join().expect("collector");
     let stats_before_stop = sampler.stats();
-    // Every span has ended and the runtime's threads have exited: the last records are
-    // all buffered, so draining them before the stop misses none.
-    sampler.drain(|r| {
-        records
-            .lock()
-            .expect("records")
-            .push((r.root, r.frames().to_vec(), r.weight))
-    });
+    let records = drainer.finish(&sampler);
     drop(sampler);
-    let records = records.lock().expect("records");
 
     let mut cache = HashMap::new();
     let mut per_k: HashMap<usize, (u64, u64)> = HashMap::new(); // (right, wrong)
@@ -439,6 +411,60 @@ impl<F: std::future::Future> WithDefault for F {
     }
 }
 
+/// Drains the sampler from a thread of its own while a test runs (the collector's part,
+/// through the public handle), and once more at the end.
+struct Drainer {
+    records: Arc<Mutex<Vec<Sample>>>,
+    stop: Arc<std::sync::atomic::AtomicBool>,
+    thread: std::thread::JoinHandle<()>,
+}
+
+impl Drainer {
+    fn start(sampler: &Arc<Sampler>, every: Duration) -> Drainer {
+        let records: Arc<Mutex<Vec<Sample>>> = Arc::default();
+        let stop = Arc::new(std::sync::atomic::AtomicBool::new(false));
+        let thread = {
+            let (records, stop, sampler) = (records.clone(), stop.clone(), sampler.clone());
+            std::thread::spawn(move || {
+                while !stop.load(std::sync::atomic::Ordering::Relaxed) {
+                    std::thread::sleep(every);
+                    let mut out = records.lock().expect("records");
+                    sampler.drain(|r: &SampleRecord| {
+                        out.push((r.root, r.frames().to_vec(), r.weight))
+                    });
+                }
+            })
+        };
+        Drainer {
+            records,
+            stop,
+            thread,
+        }
+    }
+
+    /// Every record, the last ones included. Call once every span has ended and the
+    /// runtime's threads have exited: the last records are then all buffered, so draining
+    /// them before the sampler stops misses none.
+    fn finish(self, sampler: &Sampler) -> Vec<Sample> {
+        self.stop.store(true, std::sync::atomic::Ordering::Relaxed);
+        self.thread.join().expect("drainer");
+        let mut records = self.records.lock().expect("records");
+        sampler.drain(|r| records.push((r.root, r.frames().to_vec(), r.weight)));
+        std::mem::take(&mut *records)
+    }
+}
+
+/// A two-worker tokio runtime whose threads register with the sampler.
+fn sampled_runtime() -> tokio::runtime::Runtime {
+    tokio::runtime::Builder::new_multi_thread()
+        .worker_threads(2)
+        .enable_all()
+        .on_thread_start(sampler::tokio_on_thread_start())
+        .on_thread_stop(sampler::tokio_on_thread_stop())
+        .build()
+        .expect("runtime")
+}
+
 /// Many short roots with child spans, across worker threads, at a high rate: label slots
 /// are released and reused all the time. Every sample labelled with a root's span id is
 /// counted in that root's evidence, and no sample carries the id of a root that was not
@@ -460,25 +486,8 @@ fn short_roots_reusing_label_slots_keep_their_samples() {
     let sampler =
         Arc::new(Sampler::start(SamplerConfig::default().with_frequency_hz(1000)).expect("start"));
     sampler.drain(|_| {});
-    let records: Arc<Mutex<Vec<Sample>>> = Arc::default();
-    let stop = Arc::new(std::sync::atomic::AtomicBool::new(false));
-    let collector = {
-        let (records, stop, sampler) = (records.clone(), stop.clone(), sampler.clone());
-        std::thread::spawn(move || {
-            while !stop.load(std::sync::atomic::Ordering::Relaxed) {
-                std::thread::sleep(Duration::from_millis(5));
-                let mut out = records.lock().expect("records");
-                sampler.drain(|r: &SampleRecord| out.push((r.root, r.frames().to_vec(), r.weight)));
-            }
-        })
-    };
-    let runtime = tokio::runtime::Builder::new_multi_thread()
-        .worker_threads(2)
-        .enable_all()
-        .on_thread_start(sampler::tokio_on_thread_start())
-        .on_thread_stop(sampler::tokio_on_thread_stop())
-        .build()
-        .expect("runtime");
+    let drainer = Drainer::start(&sampler, Duration::from_millis(5));
+    let runtime = sampled_runtime();
     let _default = tracing::dispatcher::set_default(&dispatch);
     runtime.block_on(async {
         let mut handles = Vec::new();
@@ -510,16 +519,8 @@ fn short_roots_reusing_label_slots_keep_their_samples() {
         }
     });
     drop(runtime);
-    stop.store(true, std::sync::atomic::Ordering::Relaxed);
-    collector.join().expect("collector");
-    sampler.drain(|r| {
-        records
-            .lock()
-            .expect("records")
-            .push((r.root, r.frames().to_vec(), r.weight))
-    });
+    let records = drainer.finish(&sampler);
     drop(sampler);
-    let records = records.lock().expect("records");
     let mut labelled: HashMap<opentelemetry::trace::SpanId, i64> = HashMap::new();
     for (root, _, _) in records.iter() {
         if let Some(id) = root.and_then(|r| r.span_id()) {
