@@ -47,6 +47,7 @@ extern "C" fn in_parent() {
 /// parent's threads, then the locks are released.
 extern "C" fn in_child() {
     crate::sampler::after_fork_in_child();
+    crate::thread_ctx::after_fork_in_child();
     crate::thread_ctx::release_after_fork();
     crate::span_name::release_after_fork();
     crate::evidence::release_after_fork();

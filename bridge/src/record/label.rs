@@ -24,7 +24,8 @@ use crate::span_name::{SpanName, MAX_SPAN_NAMES};
 
 pub(crate) mod table;
 
-use table::{CPU_BIT, LABELS};
+use table::CPU_BIT;
+pub(crate) use table::{slot_index, LABELS};
 
 /// The local root span a sample is labelled with: what the profiler reads at the moment
 /// a sample is taken.
@@ -152,12 +153,6 @@ impl Label {
     #[inline]
     pub(crate) fn read(self) -> Option<RootLabel> {
         LABELS.read(self)
-    }
-
-    /// Whether the label's root still owns its slot (one load of its generation).
-    #[inline]
-    pub(crate) fn is_live(self) -> bool {
-        LABELS.is_live(self)
     }
 
     /// The root's packed CPU counters (0: none, or the root ended).

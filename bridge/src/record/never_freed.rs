@@ -78,6 +78,28 @@ impl<T: 'static, const CHUNK: usize, const CHUNKS: usize> NeverFreed<T, CHUNK, C
         Some((index as u32, slot))
     }
 
+    /// The slot at `index`, its chunk allocated (each slot built by `init(index)`) if it is
+    /// not yet: a table indexed like another one (the OTEP records of the label slots),
+    /// whose slots exist only once something needs them. `None` past the capacity. Never
+    /// from a handler.
+    pub(crate) fn at(&self, index: u32, init: impl Fn(u32) -> T) -> Option<&'static T> {
+        if let Some(slot) = self.get(index) {
+            return Some(slot);
+        }
+        let cell = self.chunks.get(index as usize / CHUNK)?;
+        let base = (index as usize / CHUNK * CHUNK) as u32;
+        let chunk: Box<[T; CHUNK]> = Box::new(std::array::from_fn(|i| init(base + i as u32)));
+        let chunk = Box::into_raw(chunk);
+        if cell
+            .compare_exchange(null_mut(), chunk, Ordering::AcqRel, Ordering::Acquire)
+            .is_err()
+        {
+            // SAFETY: ours, never published.
+            drop(unsafe { Box::from_raw(chunk) });
+        }
+        self.get(index)
+    }
+
     /// Every slot handed out so far (in index order).
     pub(crate) fn iter(&self) -> impl Iterator<Item = &'static T> + '_ {
         // SeqCst: see `fresh`.

@@ -35,7 +35,8 @@
 //! claimed from any hook, and a process forked in the middle of a claim finds the list
 //! whole.
 
-use crate::sync::{fence, AtomicU32, AtomicU64, Ordering};
+use crate::sync::{fence, AtomicBool, AtomicU32, AtomicU64, Ordering};
+use crate::thread_ctx::Naming;
 
 use super::{Label, RootLabel};
 use crate::never_freed::NeverFreed;
@@ -107,7 +108,20 @@ pub(crate) struct LabelTable {
     retired: AtomicU64,
     /// Labels that could not be claimed: the table was full.
     exhausted: AtomicU64,
+    /// Released slots a thread's OTEP 4947 pointer may still name: a stack like `free`,
+    /// emptied in batches by [`LabelTable::reclaim`].
+    limbo: AtomicU64,
+    /// Slots in `limbo` (about: pushes and takes race).
+    in_limbo: AtomicU64,
+    /// Whether a claim is reclaiming (one at a time).
+    reclaiming: AtomicBool,
+    /// The slots' OTEP 4947 records and the threads that name them.
+    naming: Naming,
 }
+
+/// Released slots waiting in limbo before a claim reclaims them: one heavy barrier and a
+/// scan of the threads' mirrors per this many.
+const RECLAIM_BATCH: u64 = if cfg!(loom) { 1 } else { 64 };
 
 crate::sync::lazy_static_value! {
     /// The process's labels.
@@ -122,6 +136,10 @@ impl LabelTable {
                 free: AtomicU64::new(0),
                 retired: AtomicU64::new(0),
                 exhausted: AtomicU64::new(0),
+                limbo: AtomicU64::new(0),
+                in_limbo: AtomicU64::new(0),
+                reclaiming: AtomicBool::new(false),
+                naming: Naming::new(),
             }
         }
     }
@@ -129,7 +147,11 @@ impl LabelTable {
     /// Writes `value` into a free slot and returns its word; `None` when all 2²³ slots
     /// are taken (counted).
     pub(crate) fn claim(&self, value: &RootLabel) -> Option<Label> {
-        let Some((index, slot)) = self.pop().or_else(|| self.slots.fresh(|_| Slot::new())) else {
+        let Some((index, slot)) = self
+            .pop(&self.free)
+            .or_else(|| self.reclaim().then(|| self.pop(&self.free)).flatten())
+            .or_else(|| self.slots.fresh(|_| Slot::new()))
+        else {
             self.exhausted.fetch_add(1, Ordering::Relaxed);
             return None;
         };
@@ -208,6 +230,7 @@ impl LabelTable {
         {
             if slot.generation.load(Ordering::Relaxed) == word & GENERATION_MASK {
                 slot.flags.store(u32::from(flags), Ordering::Relaxed);
+                self.naming.set_flags(slot_index(word), word, flags);
             }
         }
     }
@@ -234,16 +257,78 @@ impl LabelTable {
         {
             return;
         }
+        let named = self.naming.release(index);
         if released + 1 > GENERATION_MASK {
             self.retired.fetch_add(1, Ordering::Relaxed);
             return;
         }
-        self.push(index, slot);
+        if named {
+            self.push(&self.limbo, index, slot);
+            self.in_limbo.fetch_add(1, Ordering::Relaxed);
+        } else {
+            self.push(&self.free, index, slot);
+        }
     }
 
-    /// Pops the top free slot.
-    fn pop(&self) -> Option<(u32, &'static Slot)> {
-        let mut head = self.free.load(Ordering::Acquire);
+    /// Frees the slots in limbo that no thread's `otel_thread_ctx_v1` names any more
+    /// (`naming.rs`), when there are at least [`RECLAIM_BATCH`] and no other claim is at
+    /// it. True when it freed any.
+    fn reclaim(&self) -> bool {
+        if self.in_limbo.load(Ordering::Relaxed) < RECLAIM_BATCH
+            || self.reclaiming.swap(true, Ordering::Acquire)
+        {
+            return false;
+        }
+        let freed = self.reclaim_now();
+        self.reclaiming.store(false, Ordering::Release);
+        freed
+    }
+
+    /// [`Self::reclaim`]'s work: take the limbo, one heavy barrier, a scan, then each slot
+    /// to the free list or back to limbo.
+    fn reclaim_now(&self) -> bool {
+        // Take the whole stack, keeping the tag counting.
+        let mut head = self.limbo.load(Ordering::Acquire);
+        loop {
+            if head & HEAD_INDEX_MASK == 0 {
+                return false;
+            }
+            let tag = (head >> HEAD_INDEX_BITS).wrapping_add(1);
+            match self.limbo.compare_exchange_weak(
+                head,
+                tag << HEAD_INDEX_BITS,
+                Ordering::AcqRel,
+                Ordering::Acquire,
+            ) {
+                Ok(_) => break,
+                Err(now) => head = now,
+            }
+        }
+        let named = self.naming.named();
+        let mut top = (head & HEAD_INDEX_MASK) as u32;
+        let mut freed = 0u64;
+        while let Some(index) = top.checked_sub(1) {
+            let Some(slot) = self.slots.get(index) else {
+                break;
+            };
+            // Ours alone now: read the link before a push rewrites it.
+            top = slot.next_free.load(Ordering::Relaxed);
+            match &named {
+                Some(named) if named.binary_search(&index).is_err() => {
+                    self.naming.free(index);
+                    self.push(&self.free, index, slot);
+                    freed += 1;
+                }
+                _ => self.push(&self.limbo, index, slot),
+            }
+        }
+        self.in_limbo.fetch_sub(freed, Ordering::Relaxed);
+        freed > 0
+    }
+
+    /// Pops the top slot of `stack`.
+    fn pop(&self, stack: &AtomicU64) -> Option<(u32, &'static Slot)> {
+        let mut head = stack.load(Ordering::Acquire);
         loop {
             let top = (head & HEAD_INDEX_MASK) as u32;
             let index = top.checked_sub(1)?;
@@ -251,32 +336,55 @@ impl LabelTable {
             let next = slot.next_free.load(Ordering::Relaxed);
             let tag = (head >> HEAD_INDEX_BITS).wrapping_add(1);
             let new = tag << HEAD_INDEX_BITS | u64::from(next);
-            match self
-                .free
-                .compare_exchange_weak(head, new, Ordering::AcqRel, Ordering::Acquire)
-            {
+            match stack.compare_exchange_weak(head, new, Ordering::AcqRel, Ordering::Acquire) {
                 Ok(_) => return Some((index, slot)),
                 Err(now) => head = now,
             }
         }
     }
 
-    /// Pushes `slot` (at `index`) on the free list.
-    fn push(&self, index: u32, slot: &Slot) {
-        let mut head = self.free.load(Ordering::Relaxed);
+    /// Pushes `slot` (at `index`) on `stack`.
+    fn push(&self, stack: &AtomicU64, index: u32, slot: &Slot) {
+        let mut head = stack.load(Ordering::Relaxed);
         loop {
             slot.next_free
                 .store((head & HEAD_INDEX_MASK) as u32, Ordering::Relaxed);
             let tag = (head >> HEAD_INDEX_BITS).wrapping_add(1);
             let new = tag << HEAD_INDEX_BITS | (u64::from(index) + 1);
-            match self
-                .free
-                .compare_exchange_weak(head, new, Ordering::Release, Ordering::Relaxed)
-            {
+            match stack.compare_exchange_weak(head, new, Ordering::Release, Ordering::Relaxed) {
                 Ok(_) => return,
                 Err(now) => head = now,
             }
         }
+    }
+
+    /// The slots' OTEP 4947 records and the threads' mirrors.
+    #[inline]
+    pub(crate) fn naming(&self) -> &Naming {
+        &self.naming
+    }
+
+    /// In a forked child: a reclaim the parent's other thread was running is gone (the
+    /// slots it had taken stay out of use).
+    pub(crate) fn after_fork_in_child(&self) {
+        self.reclaiming.store(false, Ordering::Relaxed);
+    }
+
+    /// Runs a reclaim now, whatever the limbo holds (tests).
+    #[cfg(test)]
+    pub(crate) fn reclaim_for_test(&self) -> bool {
+        while self.reclaiming.swap(true, Ordering::Acquire) {
+            crate::sync::yield_now();
+        }
+        let freed = self.reclaim_now();
+        self.reclaiming.store(false, Ordering::Release);
+        freed
+    }
+
+    /// Slots in limbo (tests).
+    #[cfg(test)]
+    pub(crate) fn in_limbo(&self) -> u64 {
+        self.in_limbo.load(Ordering::Relaxed)
     }
 
     /// Slots retired so far.
@@ -303,10 +411,16 @@ impl LabelTable {
     }
 }
 
+/// The slot index a word names.
+#[inline]
+pub(crate) fn slot_index(word: u64) -> u32 {
+    ((word >> GENERATION_BITS) & INDEX_MASK) as u32
+}
+
 /// The slot index a word names (tests).
 #[cfg(test)]
 pub(crate) fn index_of(label: Label) -> u32 {
-    ((label.word() >> GENERATION_BITS) & INDEX_MASK) as u32
+    slot_index(label.word())
 }
 
 /// The generation a word names (tests).

@@ -191,3 +191,43 @@ fn the_last_clone_releases_the_slot() {
     drop(clone);
     assert_eq!(word.read(), None, "released with the last");
 }
+
+/// A released root whose OTEP 4947 record no thread ever filled goes straight back to
+/// the free list; one whose record was published waits in limbo while a thread's mirror
+/// names it, and a reclaim frees it once none does.
+#[test]
+fn released_slots_wait_in_limbo_only_while_a_thread_may_name_them() {
+    let table = LabelTable::new();
+    let a = table.claim(&value(1)).expect("room");
+    table.release(a);
+    assert_eq!(table.in_limbo(), 0, "never published: no limbo");
+    let b = table.claim(&value(2)).expect("room");
+    assert_eq!(index_of(b), index_of(a), "reused at once");
+
+    let mirror = table.naming().lease().expect("a mirror");
+    let record = crate::thread_ctx::to_name(&table, mirror, b).expect("b is alive");
+    assert!(record.holds(b.word()));
+    table.release(b);
+    assert!(!record.holds(b.word()), "the release forgets the record");
+    assert_eq!(table.in_limbo(), 1, "published: limbo");
+    let c = table.claim(&value(3)).expect("room");
+    assert_ne!(index_of(c), index_of(b), "not reused while in limbo");
+    assert!(!table.reclaim_for_test(), "the mirror still names b's slot");
+    assert_eq!(table.in_limbo(), 1);
+    mirror.give_back();
+    assert!(table.reclaim_for_test(), "named by none: freed");
+    assert_eq!(table.in_limbo(), 0);
+    let d = table.claim(&value(4)).expect("room");
+    assert_eq!(index_of(d), index_of(b), "freed, then reused");
+    assert!(
+        !record.holds(d.word()),
+        "filled afresh by d's first publication"
+    );
+    let mirror = table.naming().lease().expect("a mirror");
+    assert!(crate::thread_ctx::to_name(&table, mirror, d).is_some());
+    assert_eq!(
+        record.decode().map(|(trace, span, _, _)| (trace, span)),
+        Some((value(4).trace_id, 4))
+    );
+    mirror.give_back();
+}

@@ -41,12 +41,18 @@
 
 use std::sync::atomic::{AtomicU8, Ordering};
 
+mod naming;
 mod process;
 mod record;
+mod thread;
 
+#[cfg(test)]
+pub(crate) use naming::to_name;
+pub(crate) use naming::Naming;
 pub(crate) use process::{hold_for_fork, release_after_fork};
 pub use process::{PROCESS_CONTEXT_HEADER_LEN, PROCESS_CONTEXT_SIGNATURE, PROCESS_CONTEXT_VERSION};
 pub(crate) use record::register_name;
+pub(crate) use thread::after_fork_in_child;
 
 /// The TLS symbol readers look up: a pointer to the thread's record, or NULL.
 pub const SYMBOL: &str = "otel_thread_ctx_v1";
@@ -127,7 +133,7 @@ pub fn enable_with_resource(resource: &[(String, String)]) -> Result<(), ThreadC
 pub fn disable() {
     if STATE.load(Ordering::Relaxed) == ON {
         STATE.store(OFF, Ordering::Relaxed);
-        record::invalidate();
+        thread::invalidate();
     }
 }
 
@@ -151,8 +157,8 @@ pub(crate) fn publish(label: Option<crate::label::Label>) {
 fn publish_on(label: Option<crate::label::Label>) {
     match STATE.load(Ordering::Relaxed) {
         // A label whose root ended meanwhile (a stale word restored) reads as none.
-        ON => record::publish(label),
-        _ => record::invalidate(),
+        ON => thread::publish(label),
+        _ => thread::invalidate(),
     }
 }
 

@@ -1,13 +1,12 @@
-//! The calling thread's Thread Local Context Record (OTEP 4947), written in place.
+//! The Thread Local Context Records (OTEP 4947): one per label slot, written once per
+//! root, named by pointer from every thread that runs the root.
 //!
-//! One record per thread, in a `const` thread-local (no lazy initialisation, no
-//! destructor). The first write on a thread stores the record's address in the thread's
-//! `otel_thread_ctx_v1` slot (the C variable of `tls.c`); from then on the slot never
-//! changes and updates follow the OTEP's in-place protocol on the `valid` byte:
-//! `valid = 0`, compiler fence, fields, compiler fence, `valid = 1`. Readers read a thread
-//! only while it is stopped or interrupted (the OTEP's concurrency model), so a reader
-//! that stops the thread in the middle of an update sees `valid == 0` and skips it: no
-//! CPU fence is needed, and the compiler fences compile to nothing.
+//! A thread's `otel_thread_ctx_v1` points at the record of the root it runs (or is NULL:
+//! no span). The record sits beside the root's label slot, at the same index
+//! ([`SlotRecord`]), and is filled by the first thread that publishes the root; every
+//! later switch to the root, on any thread, stores the pointer again and writes nothing
+//! else. A record's bytes are written only while no thread names its slot: `naming.rs`
+//! says how a released slot waits until every thread has moved off it.
 //!
 //! Layout (byte-packed, native endianness, OTEP 4947 "Thread-Local Context Record"):
 //!
@@ -22,16 +21,16 @@
 //!
 //! This crate publishes one attribute, the local root span's name, under key index 0
 //! ([`super::SPAN_NAME_KEY`]). Its entry is encoded once per distinct name when the name
-//! is interned ([`register_name`]) and copied into the record only when the name differs
-//! from the one already there, so a switch allocates nothing and takes no lock.
+//! is interned ([`register_name`]) and copied into a record when the record is filled,
+//! so publishing allocates nothing and takes no lock.
 
-use std::cell::{Cell, UnsafeCell};
+use std::cell::UnsafeCell;
 use std::ptr;
-use std::sync::atomic::{compiler_fence, AtomicPtr, AtomicU16, AtomicU64, AtomicU8, Ordering};
+use std::sync::atomic::{compiler_fence, AtomicPtr, AtomicU16, AtomicU8};
 
-use crate::label::Label;
-use crate::span_context::RootLabel;
+use crate::label::RootLabel;
 use crate::span_name::{SpanName, MAX_SPAN_NAMES};
+use crate::sync::{AtomicU64, Ordering};
 
 /// Longest attribute value the record format can carry (its length is one byte).
 pub(crate) const MAX_VALUE_LEN: usize = 255;
@@ -40,27 +39,24 @@ pub(crate) const MAX_VALUE_LEN: usize = 255;
 const ATTRS_CAPACITY: usize = 2 + MAX_VALUE_LEN;
 
 /// Offset of `attrs-data`, the fixed header a reader reads first.
-pub(crate) const HEADER_LEN: usize = 28;
+const HEADER_LEN: usize = 28;
 
-/// One thread's record. The first [`HEADER_LEN`] + `attrs-data-size` bytes are the OTEP
-/// record; the two fields after `attrs_data` are this writer's own bookkeeping, which no
-/// reader looks at (readers stop at `attrs-data-size`).
+/// [`SlotRecord::word`] while one thread fills the record: a word with an even
+/// generation, which no root ever has.
+const FILLING: u64 = 2;
+
+/// One OTEP record: exactly the bytes a reader reads (the header, then `attrs-data`).
+/// Fields are atomics written with relaxed stores: a reader in another process reads them
+/// while the thread naming the record is stopped, and this process never reads them but
+/// in tests.
 #[repr(C, align(8))]
 pub(crate) struct Record {
-    trace_id: [AtomicU64; 2],
-    span_id: AtomicU64,
+    trace_id: [std::sync::atomic::AtomicU64; 2],
+    span_id: std::sync::atomic::AtomicU64,
     valid: AtomicU8,
     trace_flags: AtomicU8,
     attrs_data_size: AtomicU16,
     attrs_data: UnsafeCell<[u8; ATTRS_CAPACITY]>,
-    /// Whether this thread's `otel_thread_ctx_v1` points here yet.
-    attached: Cell<bool>,
-    /// The raw [`SpanName`] whose entry `attrs_data` holds (0: none).
-    name: Cell<u32>,
-    /// The label word whose value the fields hold (0: none). Words never repeat, so the
-    /// same word is the same label: entering it again (the next poll of the same root)
-    /// only sets `valid` again, after checking the root still owns its slot.
-    word: Cell<u64>,
 }
 
 const _: () = {
@@ -71,126 +67,143 @@ const _: () = {
     assert!(std::mem::offset_of!(Record, attrs_data_size) == 26);
     assert!(std::mem::offset_of!(Record, attrs_data) == HEADER_LEN);
     // The OTEP recommends at most 640 bytes for the whole record.
-    assert!(HEADER_LEN + ATTRS_CAPACITY <= 640);
+    assert!(std::mem::size_of::<Record>() <= 640);
 };
 
-impl Record {
-    const fn new() -> Record {
-        Record {
-            trace_id: [AtomicU64::new(0), AtomicU64::new(0)],
-            span_id: AtomicU64::new(0),
-            valid: AtomicU8::new(0),
-            trace_flags: AtomicU8::new(0),
-            attrs_data_size: AtomicU16::new(0),
-            attrs_data: UnsafeCell::new([0; ATTRS_CAPACITY]),
-            attached: Cell::new(false),
-            name: Cell::new(0),
-            word: Cell::new(0),
+/// A label slot's record and the word of the root whose label it holds.
+#[repr(C, align(64))]
+pub(crate) struct SlotRecord {
+    /// The label word whose value the record holds; 0: none (never filled, or its root
+    /// was released); [`FILLING`]: a thread is filling it.
+    word: AtomicU64,
+    record: Record,
+}
+
+// SAFETY: `attrs_data` is written only by the one thread that moved `word` to FILLING
+// (and read only by tests on the thread that filled it); everything else is atomic.
+unsafe impl Sync for SlotRecord {}
+
+impl SlotRecord {
+    pub(crate) fn new() -> SlotRecord {
+        SlotRecord {
+            word: AtomicU64::new(0),
+            record: Record {
+                trace_id: [
+                    std::sync::atomic::AtomicU64::new(0),
+                    std::sync::atomic::AtomicU64::new(0),
+                ],
+                span_id: std::sync::atomic::AtomicU64::new(0),
+                valid: AtomicU8::new(0),
+                trace_flags: AtomicU8::new(0),
+                attrs_data_size: AtomicU16::new(0),
+                attrs_data: UnsafeCell::new([0; ATTRS_CAPACITY]),
+            },
         }
     }
 
-    /// Publishes `root` (or "no span" for `None`). Owning thread only; a few stores, no
-    /// allocation, no lock, no system call (the first call on a thread also stores the
-    /// record's address in the thread's `otel_thread_ctx_v1`).
+    /// Whether the record holds `word`'s label (acquire: its bytes are complete).
     #[inline]
-    fn write(&self, root: Option<RootLabel>) {
-        if !self.attached.get() {
-            self.attach();
+    pub(crate) fn holds(&self, word: u64) -> bool {
+        self.word.load(Ordering::Acquire) == word
+    }
+
+    /// The record's address, what `otel_thread_ctx_v1` holds while a thread runs the root.
+    #[inline]
+    pub(crate) fn record(&self) -> *const Record {
+        &self.record
+    }
+
+    /// Fills the record with `value`, the label of `word`, if no one has: true when it
+    /// holds `word` afterwards. The caller has announced the slot (`naming.rs`) and seen
+    /// its root alive after that, so no thread names the slot under an older root.
+    pub(crate) fn fill(&self, word: u64, value: &RootLabel) -> bool {
+        match self
+            .word
+            .compare_exchange(0, FILLING, Ordering::Acquire, Ordering::Acquire)
+        {
+            Ok(_) => {}
+            Err(now) => return now == word,
         }
+        self.record.fill(value);
+        // A release of the root meanwhile set the word to 0: this fill is for nobody.
+        self.word
+            .compare_exchange(FILLING, word, Ordering::Release, Ordering::Relaxed)
+            .is_ok()
+    }
+
+    /// Takes back a fill of `word` whose root turned out released (see [`Self::fill`]).
+    pub(crate) fn unfill(&self, word: u64) {
+        let _ = self
+            .word
+            .compare_exchange(word, 0, Ordering::Release, Ordering::Relaxed);
+    }
+
+    /// At the root's release: the record holds no root any more. Returns what it held (0:
+    /// nothing, so no thread can be naming the slot for this root).
+    pub(crate) fn forget(&self) -> u64 {
+        self.word.swap(0, Ordering::AcqRel)
+    }
+
+    /// Sets the trace flags byte if the record holds `word` (one store: a reader sees
+    /// the old byte or the new one, both the root's).
+    pub(crate) fn set_flags(&self, word: u64, flags: u8) {
+        if self.holds(word) {
+            self.record.trace_flags.store(flags, Ordering::Relaxed);
+        }
+    }
+
+    /// The record as a reader would decode it (tests).
+    #[cfg(test)]
+    pub(crate) fn decode(&self) -> Option<(u128, u64, u8, Vec<u8>)> {
+        self.record.decode()
+    }
+}
+
+impl Record {
+    /// Writes `value` (`valid` 0 while the fields change, in case a reader names a record
+    /// its root left; the compiler fences keep the stores in that order).
+    fn fill(&self, value: &RootLabel) {
         self.valid.store(0, Ordering::Relaxed);
         compiler_fence(Ordering::SeqCst);
-        let Some(root) = root.filter(is_published) else {
-            // Detached: the record stays invalid until the next root.
-            return;
-        };
-        let trace = root.trace_id_u128();
-        let span = root.span_id_u64();
+        let trace = value.trace_id_u128();
+        let span = value.span_id_u64();
         // Stored so that memory holds the W3C (big-endian) byte order.
         self.trace_id[0].store(((trace >> 64) as u64).to_be(), Ordering::Relaxed);
         self.trace_id[1].store((trace as u64).to_be(), Ordering::Relaxed);
         self.span_id.store(span.to_be(), Ordering::Relaxed);
         // The root span's own W3C flags (sampled, random, …); none without ids.
         let flags = if span != 0 || trace != 0 {
-            root.trace_flags().to_u8()
+            value.trace_flags().to_u8()
         } else {
             0
         };
         self.trace_flags.store(flags, Ordering::Relaxed);
-        let name = root.name().map_or(0, SpanName::to_raw);
-        if name != self.name.get() {
-            self.set_name(name);
-        }
+        self.set_name(value.name().map_or(0, SpanName::to_raw));
         compiler_fence(Ordering::SeqCst);
         self.valid.store(1, Ordering::Relaxed);
     }
 
-    /// Publishes the root `label` names (`None`, or a label whose root ended: no span).
-    #[inline]
-    fn publish(&self, label: Option<Label>) {
-        if let Some(label) = label {
-            if label.word() == self.word.get() && self.attached.get() && label.is_live() {
-                // The fields already hold this label: only valid again.
-                compiler_fence(Ordering::SeqCst);
-                self.valid.store(1, Ordering::Relaxed);
-                return;
-            }
-        }
-        let value = label.and_then(Label::read).filter(is_published);
-        self.write(value);
-        // "No span" leaves the fields as they were (only `valid` changed): they still hold
-        // the label `word` names.
-        if value.is_some() {
-            self.word.set(crate::label::word_of(label));
-        }
-    }
-
     /// Copies the pre-encoded entry of `name` into `attrs-data` (nothing for 0, or for a
     /// name not registered).
-    #[inline]
     fn set_name(&self, name: u32) {
         let entry = NAMES
             .get(name as usize)
             .map_or(ptr::null_mut(), |slot| slot.load(Ordering::Acquire));
         if name == 0 || entry.is_null() {
             self.attrs_data_size.store(0, Ordering::Relaxed);
-            self.name.set(0);
             return;
         }
         // SAFETY: a registered entry is a leaked, never-freed buffer of `2 + entry[1]`
-        // bytes (at most ATTRS_CAPACITY); `attrs_data` is written by this thread only.
+        // bytes (at most ATTRS_CAPACITY); `attrs_data` is written by the filling thread
+        // only (see `SlotRecord`'s `Sync`).
         unsafe {
             let len = 2 + usize::from(*entry.add(1));
             ptr::copy_nonoverlapping(entry, self.attrs_data.get().cast::<u8>(), len);
             self.attrs_data_size.store(len as u16, Ordering::Relaxed);
         }
-        self.name.set(name);
     }
 
-    /// Points this thread's `otel_thread_ctx_v1` at the record (once per thread).
-    #[cold]
-    #[inline(never)]
-    fn attach(&self) {
-        self.attached.set(true);
-        let Some(slot) = tls_slot() else {
-            return;
-        };
-        // SAFETY: the slot is this thread's own 8-byte, pointer-aligned TLS variable, and
-        // the record lives as long as the thread (both are freed when it exits).
-        let slot = unsafe { AtomicPtr::<Record>::from_ptr(slot.cast()) };
-        compiler_fence(Ordering::SeqCst);
-        slot.store(self as *const Record as *mut Record, Ordering::Relaxed);
-    }
-
-    /// Marks the record invalid, if it was ever attached.
-    #[inline]
-    fn invalidate(&self) {
-        if self.attached.get() {
-            self.valid.store(0, Ordering::Relaxed);
-        }
-    }
-
-    /// This thread's record as a reader would decode it: `None` when invalid, else
-    /// (trace id, span id, trace flags, attrs-data). For tests on the owning thread.
+    /// `None` when invalid, else (trace id, span id, trace flags, attrs-data). Tests.
     #[cfg(test)]
     pub(crate) fn decode(&self) -> Option<(u128, u64, u8, Vec<u8>)> {
         if self.valid.load(Ordering::Relaxed) != 1 {
@@ -199,7 +212,8 @@ impl Record {
         let hi = u64::from_be(self.trace_id[0].load(Ordering::Relaxed));
         let lo = u64::from_be(self.trace_id[1].load(Ordering::Relaxed));
         let size = usize::from(self.attrs_data_size.load(Ordering::Relaxed));
-        // SAFETY: owning thread, no concurrent writer.
+        // SAFETY: the record was filled before it was published (acquire on `word`), and
+        // no one writes it while a thread names it.
         let attrs = unsafe { (&(*self.attrs_data.get()))[..size].to_vec() };
         Some((
             (u128::from(hi) << 64) | u128::from(lo),
@@ -211,31 +225,8 @@ impl Record {
 }
 
 /// Whether a label says anything a record carries (ids or a name).
-fn is_published(root: &RootLabel) -> bool {
+pub(crate) fn is_published(root: &RootLabel) -> bool {
     root.span_id_u64() != 0 || root.trace_id_u128() != 0 || root.name().is_some()
-}
-
-thread_local! {
-    // `const` and no `Drop`: a plain TLS offset, valid until the thread exits, as long
-    // as the thread's `otel_thread_ctx_v1` that points at it.
-    pub(crate) static RECORD: Record = const { Record::new() };
-}
-
-/// Publishes `label` in the calling thread's record.
-#[inline]
-pub(crate) fn publish(label: Option<Label>) {
-    // The address through a closure small enough that `LocalKey::with` inlines to one TLS
-    // offset (with the write inside, it stays a call through the key's accessor).
-    let record = RECORD.with(|record| record as *const Record);
-    // SAFETY: `with` returned, so the thread-local is alive; it has no destructor (it is
-    // freed with the thread), and the reference does not leave this call, on this thread.
-    unsafe { &*record }.publish(label);
-}
-
-/// Marks the calling thread's record invalid (if it has one).
-#[inline]
-pub(crate) fn invalidate() {
-    let _ = RECORD.try_with(Record::invalidate);
 }
 
 /// Pre-encoded `attrs-data` entries by raw [`SpanName`] (index 0 unused): key index
@@ -264,27 +255,4 @@ pub(crate) fn register_name(raw: u32, name: &str) {
     entry.extend_from_slice(&name.as_bytes()[..end]);
     let entry: &'static mut [u8] = Box::leak(entry.into_boxed_slice());
     slot.store(entry.as_mut_ptr(), Ordering::Release);
-}
-
-/// The address of the calling thread's `otel_thread_ctx_v1`.
-#[cfg(otel_thread_ctx)]
-fn tls_slot() -> Option<*mut *mut std::ffi::c_void> {
-    extern "C" {
-        fn otel_profiling_thread_ctx_slot() -> *mut *mut std::ffi::c_void;
-    }
-    // SAFETY: the C accessor only computes the address of its thread-local variable.
-    Some(unsafe { otel_profiling_thread_ctx_slot() })
-}
-
-/// No `otel_thread_ctx_v1` on this platform.
-#[cfg(not(otel_thread_ctx))]
-fn tls_slot() -> Option<*mut *mut std::ffi::c_void> {
-    None
-}
-
-/// The calling thread's `otel_thread_ctx_v1` value (for tests).
-#[cfg(all(test, otel_thread_ctx))]
-pub(crate) fn slot_value() -> *mut std::ffi::c_void {
-    // SAFETY: reading this thread's own variable.
-    tls_slot().map_or(ptr::null_mut(), |slot| unsafe { *slot })
 }

@@ -10,7 +10,7 @@ use std::sync::{Mutex, PoisonError};
 static SERIAL: Mutex<()> = Mutex::new(());
 
 fn decoded() -> Option<(u128, u64, u8, Vec<u8>)> {
-    record::RECORD.with(record::Record::decode)
+    thread::decoded()
 }
 
 fn on() -> std::sync::MutexGuard<'static, ()> {
@@ -23,11 +23,7 @@ fn on() -> std::sync::MutexGuard<'static, ()> {
 fn thread_ctx_record_follows_the_root_and_encodes_its_name() {
     let _serial = on();
     std::thread::spawn(|| {
-        #[cfg(otel_thread_ctx)]
-        assert!(
-            record::slot_value().is_null(),
-            "no record before the first span"
-        );
+        assert!(thread::slot_value().is_null(), "NULL before the first span");
         let name = SpanName::intern("thread-ctx/GET /orders/{id}");
         let root = LocalRoot::new(
             SpanId::from(0x0102_0304_0506_0708),
@@ -44,18 +40,14 @@ fn thread_ctx_record_follows_the_root_and_encodes_its_name() {
             assert_eq!(attrs[0], SPAN_NAME_KEY);
             assert_eq!(usize::from(attrs[1]), text.len());
             assert_eq!(&attrs[2..], text);
-            #[cfg(otel_thread_ctx)]
-            record::RECORD.with(|r| {
-                assert_eq!(
-                    record::slot_value().cast_const(),
-                    (r as *const record::Record).cast()
-                )
-            });
+            // The pointer names the record beside the root's label slot.
+            let slot = crate::label::slot_index(root.word().unwrap().word());
+            let record = crate::label::LABELS.naming().record(slot).unwrap();
+            assert_eq!(thread::slot_value(), record.record());
             // In memory the ids are the W3C bytes, in order.
-            record::RECORD.with(|r| {
-                let bytes = unsafe {
-                    std::slice::from_raw_parts((r as *const record::Record).cast::<u8>(), 28)
-                };
+            {
+                let bytes =
+                    unsafe { std::slice::from_raw_parts(thread::slot_value().cast::<u8>(), 28) };
                 assert_eq!(
                     bytes[..16],
                     0x1112_1314_1516_1718_191a_1b1c_1d1e_1f20u128.to_be_bytes()
@@ -64,7 +56,7 @@ fn thread_ctx_record_follows_the_root_and_encodes_its_name() {
                 assert_eq!(bytes[24], 1, "valid");
                 assert_eq!(bytes[25], 0x01, "trace flags: sampled");
                 assert_eq!(u16::from_ne_bytes([bytes[26], bytes[27]]), 2 + 27);
-            });
+            }
             // The root's own flags byte, here sampled + random (W3C level 2).
             let random = LocalRoot::new(
                 SpanId::from(0x0102_0304_0506_0708),
@@ -73,16 +65,16 @@ fn thread_ctx_record_follows_the_root_and_encodes_its_name() {
             )
             .with_trace_flags(TraceFlags::new(0x03));
             let _inner = SpanContextGuard::enter(Some(&random));
-            record::RECORD.with(|r| {
-                let bytes = unsafe {
-                    std::slice::from_raw_parts((r as *const record::Record).cast::<u8>(), 28)
-                };
+            {
+                let bytes =
+                    unsafe { std::slice::from_raw_parts(thread::slot_value().cast::<u8>(), 28) };
                 assert_eq!(bytes[24], 1, "valid");
                 assert_eq!(bytes[25], 0x03, "trace flags: the root's");
-            });
+            }
             assert_eq!(decoded().map(|(_, _, flags, _)| flags), Some(0x03));
         }
         assert_eq!(decoded(), None, "invalid once no span runs");
+        assert!(thread::slot_value().is_null(), "NULL once no span runs");
     })
     .join()
     .unwrap();
@@ -304,4 +296,87 @@ fn thread_ctx_fork_child_publishes_its_own_context() {
         libc::WIFEXITED(status) && libc::WEXITSTATUS(status) == 0,
         "{status:#x}"
     );
+}
+
+/// Threads running one root name one record: its bytes are written once, by the first.
+#[test]
+fn thread_ctx_threads_running_one_root_name_one_record() {
+    let _serial = on();
+    let root = LocalRoot::new(SpanId::from(41), TraceId::from(42), None);
+    let named = |root: &LocalRoot| {
+        let _guard = SpanContextGuard::enter(Some(root));
+        (thread::slot_value() as usize, decoded())
+    };
+    let here = named(&root);
+    let there = std::thread::scope(|s| s.spawn(|| named(&root)).join().unwrap());
+    assert_ne!(here.0, 0);
+    assert_eq!(here, there, "one record, named by both threads");
+    assert_eq!(here.1, Some((42, 41, 1, Vec::new())));
+}
+
+/// A released root's slot is not reused (its record not rewritten) while a thread's
+/// `otel_thread_ctx_v1` still names it, however many roots come and go and reclaims run;
+/// once that thread moved off (here: exited), a reclaim frees it and a new root fills
+/// the same record with its own bytes.
+#[test]
+fn thread_ctx_a_named_slot_is_reused_only_once_no_thread_names_it() {
+    use crate::label::{slot_index, LABELS};
+    let _serial = on();
+    let (named_tx, named_rx) = std::sync::mpsc::channel();
+    let (exit_tx, exit_rx) = std::sync::mpsc::channel::<()>();
+    let holder = std::thread::spawn(move || {
+        let a = LocalRoot::new(SpanId::from(51), TraceId::from(52), None);
+        // The scope stays on the stack (and the pointer on a's record) after a is gone.
+        std::mem::forget(SpanContextGuard::enter(Some(&a)));
+        let index = slot_index(a.word().unwrap().word());
+        drop(a);
+        named_tx
+            .send((index, thread::slot_value() as usize))
+            .unwrap();
+        exit_rx.recv().unwrap();
+        crate::span_context::forget_scopes_for_test();
+    });
+    let (index, pointer) = named_rx.recv().unwrap();
+    assert_ne!(pointer, 0);
+    let record = || unsafe { &*(pointer as *const record::Record) }.decode();
+    assert_eq!(record(), Some((52, 51, 1, Vec::new())));
+    // Roots published and released on this thread, reclaims between them: never a's slot.
+    for i in 0..300u64 {
+        let root = LocalRoot::new(SpanId::from(1000 + i), TraceId::from(7), None);
+        drop(SpanContextGuard::enter(Some(&root)));
+        assert_ne!(
+            slot_index(root.word().unwrap().word()),
+            index,
+            "reused while named"
+        );
+        drop(root);
+        if i % 50 == 0 {
+            LABELS.reclaim_for_test();
+        }
+    }
+    assert_eq!(
+        record(),
+        Some((52, 51, 1, Vec::new())),
+        "rewritten while named"
+    );
+    // The holder exits: its mirror goes back, the slot is freed and reused.
+    exit_tx.send(()).unwrap();
+    holder.join().unwrap();
+    LABELS.reclaim_for_test();
+    let reused = (0..10_000u64).find_map(|i| {
+        let root = LocalRoot::new(SpanId::from(5000 + i), TraceId::from(9), None);
+        let guard = SpanContextGuard::enter(Some(&root));
+        let hit = (slot_index(root.word().unwrap().word()) == index)
+            .then(|| (thread::slot_value() as usize, decoded()));
+        drop(guard);
+        if i % 50 == 49 {
+            LABELS.reclaim_for_test();
+        }
+        hit
+    });
+    let (again, value) = reused.expect("a's slot is reused once no thread names it");
+    assert_eq!(again, pointer, "the same record");
+    let (trace, span, _, _) = value.expect("valid");
+    assert_eq!(trace, 9);
+    assert!(span >= 5000, "the new root's own bytes");
 }

@@ -1,0 +1,311 @@
+//! Which label slots a thread's `otel_thread_ctx_v1` may name, so that a slot's record is
+//! rewritten only when none does (out-of-process readers check no generation: a pointer
+//! to a rewritten record would give them another root's ids).
+//!
+//! ```text
+//!  publisher (owning thread)               release (last handle)     reclaim (a claim, in batches)
+//!  mirror.current = word (Release)         generation += 1           take the whole limbo
+//!  light barrier                           record.word = 0           heavy barrier
+//!  record holds word, and root alive?      record held a root?       scan every mirror's current
+//!    else publish NULL                       limbo : free list       free the slots none names,
+//!  otel_thread_ctx_v1 = &record                                        the others back to limbo
+//! ```
+//!
+//! Each thread that publishes has a never-freed [`Mirror`] of the word it last named. A
+//! thread stores NULL in `otel_thread_ctx_v1` before its mirror moves to another slot, so
+//! while the pointer names a slot, the mirror does. This is an asymmetric Dekker: the
+//! publisher stores its mirror and loads the record's word; the reclaimer's release stored
+//! the record's word and it loads the mirrors. The heavy barrier is
+//! `membarrier(MEMBARRIER_CMD_PRIVATE_EXPEDITED)`, which runs a full barrier on every CPU
+//! running one of our threads, so the publisher's side needs only a compiler fence; where
+//! `membarrier` is not available both sides use `fence(SeqCst)`. Either the publisher's
+//! load sees the release (and publishes NULL) or the reclaimer's scan sees the mirror
+//! (and keeps the slot in limbo).
+//!
+//! The per-poll case — the same root entered again on a thread whose mirror already names
+//! it — stores nothing but the pointer: the mirror has named the slot since its barrier.
+
+use crate::never_freed::NeverFreed;
+use crate::sync::{AtomicBool, AtomicU64, Ordering};
+
+use super::record::{is_published, SlotRecord};
+use crate::label::table::LabelTable;
+use crate::label::{slot_index, Label};
+
+/// Records per chunk, as the label slots (a model's table needs a few).
+const CHUNK: usize = if cfg!(loom) { 4 } else { 1024 };
+const CHUNKS: usize = if cfg!(loom) { 4 } else { 8192 };
+
+/// Mirrors: one per thread that ever published, reused after the thread exits.
+const MIRROR_CHUNK: usize = if cfg!(loom) { 2 } else { 64 };
+const MIRROR_CHUNKS: usize = if cfg!(loom) { 2 } else { 1024 };
+
+/// The word a thread last named (0: none). Owned by one thread at a time.
+pub(crate) struct Mirror {
+    current: AtomicU64,
+    owned: AtomicBool,
+}
+
+impl Mirror {
+    fn new() -> Mirror {
+        Mirror {
+            current: AtomicU64::new(0),
+            owned: AtomicBool::new(false),
+        }
+    }
+
+    /// Announces that the owning thread is about to name `word`'s slot. When the mirror
+    /// already names it, nothing: it has since that store's barrier.
+    #[inline]
+    pub(crate) fn announce(&self, word: u64) {
+        if self.current.load(Ordering::Relaxed) != word {
+            self.current.store(word, Ordering::Release);
+            barrier::light();
+        }
+    }
+
+    /// The owning thread names nothing any more and gives the mirror back (at its exit,
+    /// after storing NULL in its `otel_thread_ctx_v1`).
+    pub(crate) fn give_back(&self) {
+        self.current.store(0, Ordering::Release);
+        self.owned.store(false, Ordering::Release);
+    }
+}
+
+/// The label slots' records and the threads' mirrors (one per label table).
+pub(crate) struct Naming {
+    records: NeverFreed<SlotRecord, CHUNK, CHUNKS>,
+    mirrors: NeverFreed<Mirror, MIRROR_CHUNK, MIRROR_CHUNKS>,
+}
+
+impl Naming {
+    crate::sync::const_fn! {
+        pub(crate) fn new() -> Naming {
+            Naming {
+                records: NeverFreed::new(),
+                mirrors: NeverFreed::new(),
+            }
+        }
+    }
+
+    /// The record of slot `index`, allocated with its chunk if need be (the thread
+    /// context's first publication of a slot in that range).
+    #[inline]
+    pub(crate) fn record(&self, index: u32) -> Option<&'static SlotRecord> {
+        match self.records.get(index) {
+            Some(record) => Some(record),
+            None => self.allocate(index),
+        }
+    }
+
+    #[cold]
+    #[inline(never)]
+    fn allocate(&self, index: u32) -> Option<&'static SlotRecord> {
+        self.records.at(index, |_| SlotRecord::new())
+    }
+
+    /// A mirror for a thread that is about to publish for the first time (`None`: all
+    /// taken, the thread publishes nothing).
+    pub(crate) fn lease(&self) -> Option<&'static Mirror> {
+        barrier::init();
+        let free = self.mirrors.iter().find(|mirror| {
+            mirror
+                .owned
+                .compare_exchange(false, true, Ordering::Acquire, Ordering::Relaxed)
+                .is_ok()
+        });
+        let mirror = free.or_else(|| {
+            let (_, mirror) = self.mirrors.fresh(|_| Mirror::new())?;
+            mirror.owned.store(true, Ordering::Relaxed);
+            Some(mirror)
+        })?;
+        mirror.current.store(0, Ordering::Relaxed);
+        Some(mirror)
+    }
+
+    /// At a root's release (after its generation moved on): its record holds nothing any
+    /// more. True when a thread may still name the slot (the record held the root, or a
+    /// thread was filling it): the slot must wait in limbo. False: no thread ever named
+    /// the slot for this root (or the thread context was never on).
+    #[inline]
+    pub(crate) fn release(&self, index: u32) -> bool {
+        self.records
+            .get(index)
+            .is_some_and(|record| record.forget() != 0)
+    }
+
+    /// The heavy half of the barrier, then the slot indexes some thread's mirror names,
+    /// sorted (`None`: no barrier could be had, nothing may be freed).
+    pub(crate) fn named(&self) -> Option<Vec<u32>> {
+        if !barrier::heavy() {
+            return None;
+        }
+        let mut named: Vec<u32> = self
+            .mirrors
+            .iter()
+            .map(|mirror| mirror.current.load(Ordering::Acquire))
+            .filter(|&word| word != 0)
+            .map(slot_index)
+            .collect();
+        named.sort_unstable();
+        Some(named)
+    }
+
+    /// A slot none names goes back to the free list: a late fill (a thread that saw its
+    /// root alive just before the release) is dropped, so the next root fills afresh.
+    pub(crate) fn free(&self, index: u32) {
+        if let Some(record) = self.records.get(index) {
+            record.forget();
+        }
+    }
+
+    /// Sets the flags byte of slot `index`'s record if it holds `word`.
+    pub(crate) fn set_flags(&self, index: u32, word: u64, flags: u8) {
+        if let Some(record) = self.records.get(index) {
+            record.set_flags(word, flags);
+        }
+    }
+
+    /// In a forked child (one thread): the parent's other threads are gone, and so are
+    /// the slots they named. Every mirror but `keep` is given back.
+    pub(crate) fn after_fork_in_child(&self, keep: Option<&Mirror>) {
+        for mirror in self.mirrors.iter() {
+            if !keep.is_some_and(|keep| std::ptr::eq(keep, mirror)) {
+                mirror.give_back();
+            }
+        }
+        barrier::after_fork_in_child();
+    }
+}
+
+/// The record a thread about to run `label`'s root may name, with `mirror` announcing
+/// it: `None` when the root ended (or its record is being filled by another thread). The
+/// first thread to publish a root fills its record.
+#[inline]
+pub(crate) fn to_name(
+    table: &LabelTable,
+    mirror: &Mirror,
+    label: Label,
+) -> Option<&'static SlotRecord> {
+    let word = label.word();
+    mirror.announce(word);
+    let record = table.naming().record(slot_index(word))?;
+    if record.holds(word) && table.is_live(label) {
+        return Some(record);
+    }
+    fill(table, label, record).then_some(record)
+}
+
+/// Fills `record` for `label` if the root is alive: true when the record holds it.
+#[cold]
+#[inline(never)]
+fn fill(table: &LabelTable, label: Label, record: &SlotRecord) -> bool {
+    let word = label.word();
+    // `read` checks the generation: the root is alive after the announcement.
+    let Some(value) = table.read(label).filter(is_published) else {
+        return false;
+    };
+    if !record.fill(word, &value) {
+        return false;
+    }
+    // Released between the read and the fill: take it back (nobody names it yet).
+    if !table.is_live(label) {
+        record.unfill(word);
+        return false;
+    }
+    true
+}
+
+/// The two halves of the asymmetric barrier (see the module docs).
+pub(crate) mod barrier {
+    use crate::sync::{fence, Ordering};
+    use std::sync::atomic::{compiler_fence, AtomicU8};
+    use std::sync::Once;
+
+    const FENCE: u8 = 0;
+    const MEMBARRIER: u8 = 1;
+
+    /// How the heavy half is had. `FENCE` until [`init`] registers `membarrier` (and
+    /// under loom, whose models check the fence form).
+    static MODE: AtomicU8 = AtomicU8::new(FENCE);
+    static INIT: Once = Once::new();
+
+    #[cfg(all(target_os = "linux", not(loom)))]
+    mod membarrier {
+        const PRIVATE_EXPEDITED: libc::c_long = 1 << 3;
+        const REGISTER_PRIVATE_EXPEDITED: libc::c_long = 1 << 4;
+
+        fn call(cmd: libc::c_long) -> bool {
+            // SAFETY: membarrier(2) takes two integers and touches no memory of ours.
+            unsafe {
+                libc::syscall(
+                    libc::SYS_membarrier,
+                    cmd,
+                    0 as libc::c_long,
+                    0 as libc::c_long,
+                ) == 0
+            }
+        }
+
+        pub(super) fn register() -> bool {
+            call(REGISTER_PRIVATE_EXPEDITED)
+        }
+
+        pub(super) fn run() -> bool {
+            call(PRIVATE_EXPEDITED)
+        }
+    }
+
+    #[cfg(not(all(target_os = "linux", not(loom))))]
+    mod membarrier {
+        pub(super) fn register() -> bool {
+            false
+        }
+
+        pub(super) fn run() -> bool {
+            false
+        }
+    }
+
+    /// Chooses the form, once per process, before any thread publishes (every publisher
+    /// leases a mirror first, which calls this).
+    pub(crate) fn init() {
+        INIT.call_once(|| {
+            if membarrier::register() {
+                MODE.store(MEMBARRIER, Ordering::Relaxed);
+            }
+        });
+    }
+
+    /// The publisher's half: a compiler fence when `membarrier` is the other half.
+    #[inline]
+    pub(crate) fn light() {
+        if MODE.load(Ordering::Relaxed) == MEMBARRIER {
+            compiler_fence(Ordering::SeqCst);
+        } else {
+            fence(Ordering::SeqCst);
+        }
+    }
+
+    /// The reclaimer's half (false: `membarrier` failed, nothing may be freed).
+    pub(crate) fn heavy() -> bool {
+        if MODE.load(Ordering::Relaxed) == MEMBARRIER {
+            membarrier::run()
+        } else {
+            fence(Ordering::SeqCst);
+            true
+        }
+    }
+
+    /// In a forked child (one thread, so no publisher is between its halves): a new
+    /// address space registers again, else both halves become fences.
+    pub(crate) fn after_fork_in_child() {
+        if MODE.load(Ordering::Relaxed) == MEMBARRIER && !membarrier::register() {
+            MODE.store(FENCE, Ordering::Relaxed);
+        }
+    }
+}
+
+#[cfg(all(test, loom))]
+#[path = "naming/loom_model.rs"]
+mod loom_model;

@@ -1,0 +1,114 @@
+//! loom model of the thread context's naming protocol (`naming.rs`): a released slot's
+//! record is rewritten only once no thread's `otel_thread_ctx_v1` names it.
+//!
+//! Root A's label is claimed. A publisher thread leases a mirror and names A's record
+//! (filling it if it is first), reads the record twice as a reader stopping the thread
+//! would, then exits (its mirror goes back). Meanwhile the owner releases A, reclaims, and
+//! claims B, which may take A's slot (the free list is LIFO): then B's first publication
+//! fills the same record. Property: whenever the publisher names A's record, both reads
+//! give A's ids, never B's (a rewrite while named). After the publisher exited, a
+//! reclaim frees A's slot for good: B or the next root reuses it (the property is not
+//! vacuous, and nothing leaks). The barrier is the fence form (`membarrier` is the same
+//! order with the publisher's fence moved into the reclaimer's system call).
+
+use loom::sync::Arc;
+use loom::thread;
+
+use super::super::record::is_published;
+use super::{to_name, Naming};
+use crate::label::table::{index_of, LabelTable};
+use crate::label::RootLabel;
+use crate::sync::{AtomicU64, Ordering};
+
+/// A value whose ids differ from the other values' (`n` ≥ 1).
+fn value(n: u64) -> RootLabel {
+    RootLabel {
+        span_id: n,
+        trace_id: u128::from(n) << 64 | u128::from(n + 100),
+        name: None,
+        flags: 1,
+        cpu: 0,
+    }
+}
+
+/// `prefilled`: A was published before (its record holds A), so the publisher only
+/// names it: the asymmetric Dekker alone. Otherwise the publisher fills it, racing the
+/// release (a late fill must be taken back, never left for B's slot).
+fn publisher_and_reuse(prefilled: bool) {
+    let table = Arc::new(LabelTable::new());
+    let a = table.claim(&value(1)).expect("slot for A");
+    assert!(is_published(&value(1)));
+    // The records' chunk and both mirrors exist before the threads start: they are
+    // published through plain `std` atomics (never-freed tables), which loom cannot see.
+    let naming: &Naming = table.naming();
+    let record = naming.record(index_of(a)).expect("A's record");
+    if prefilled {
+        assert!(record.fill(a.word(), &value(1)));
+    }
+    let (publisher_mirror, owner_mirror) = (
+        naming.lease().expect("a mirror"),
+        naming.lease().expect("a mirror"),
+    );
+    // Stands for the publisher's `otel_thread_ctx_v1`: its stores are where a reader may
+    // stop the thread (and where loom may switch threads).
+    let pointer = Arc::new(AtomicU64::new(0));
+    let publisher = {
+        let (table, pointer) = (table.clone(), pointer.clone());
+        thread::spawn(move || {
+            let mirror = publisher_mirror;
+            if let Some(record) = to_name(&table, mirror, a) {
+                pointer.store(1, Ordering::Relaxed);
+                for _ in 0..2 {
+                    let (trace, span, _, _) = record.decode().expect("valid");
+                    assert_eq!(
+                        (trace, span),
+                        (value(1).trace_id, 1),
+                        "rewritten while named"
+                    );
+                    pointer.store(1, Ordering::Relaxed);
+                }
+                pointer.store(0, Ordering::Relaxed);
+            }
+            mirror.give_back();
+        })
+    };
+    table.release(a);
+    table.reclaim_for_test();
+    let b = table.claim(&value(2)).expect("slot for B");
+    // B's first publication (fills the record if B took A's slot and no one named it).
+    let _ = to_name(&table, owner_mirror, b);
+    owner_mirror.give_back();
+    publisher.join().expect("publisher");
+    if index_of(b) != index_of(a) {
+        table.reclaim_for_test();
+        let c = table.claim(&value(3)).expect("slot for C");
+        assert_eq!(
+            index_of(c),
+            index_of(a),
+            "A's slot freed once no thread names it"
+        );
+    }
+}
+
+#[test]
+fn loom_thread_ctx_record_never_rewritten_while_named() {
+    crate::sync::check("thread ctx naming", 4, || publisher_and_reuse(true));
+}
+
+#[test]
+fn loom_thread_ctx_first_fill_racing_the_release() {
+    crate::sync::check("thread ctx naming, first fill", 2, || {
+        publisher_and_reuse(false)
+    });
+}
+
+/// The broken variant: without the two halves of the barrier, the reclaimer can miss the
+/// publisher's mirror while the publisher misses the release, and B's fill rewrites the
+/// record the publisher names.
+#[test]
+#[should_panic(expected = "rewritten while named")]
+fn loom_thread_ctx_without_the_barrier_rewrites_a_named_record() {
+    crate::sync::without_fences(|| {
+        crate::sync::check("thread ctx naming, broken", 2, || publisher_and_reuse(true))
+    });
+}
