@@ -34,6 +34,15 @@
 //! the link of a slot another thread just popped is harmless. No lock: a root can be
 //! claimed from any hook, and a process forked in the middle of a claim finds the list
 //! whole.
+//!
+//! **Limbo.** A released slot whose OTEP 4947 record was published may still be named by
+//! a thread's `otel_thread_ctx_v1`, which out-of-process readers follow without checking
+//! any generation. Such a slot waits in a second stack, the limbo, until a claim that
+//! finds the free list empty reclaims it: one heavy barrier and a scan of the threads'
+//! mirrors per batch of [`RECLAIM_BATCH`] (see `thread_ctx/naming.rs`). Slots still
+//! named stay (an idle thread's mirror keeps the last root it ran, at most one slot per
+//! thread); the next reclaim waits for a batch more than that. A slot never published
+//! goes straight back to the free list.
 
 use crate::sync::{fence, AtomicBool, AtomicU32, AtomicU64, Ordering};
 use crate::thread_ctx::Naming;
@@ -113,6 +122,12 @@ pub(crate) struct LabelTable {
     limbo: AtomicU64,
     /// Slots in `limbo` (about: pushes and takes race).
     in_limbo: AtomicU64,
+    /// Slots the last reclaim kept in limbo (still named: an idle thread's mirror names
+    /// the last root it ran until it runs another). The next reclaim waits for a batch
+    /// more, so slots that stay named never cost a barrier per claim.
+    kept: AtomicU64,
+    /// Reclaims run (each one heavy barrier).
+    reclaims: AtomicU64,
     /// Whether a claim is reclaiming (one at a time).
     reclaiming: AtomicBool,
     /// The slots' OTEP 4947 records and the threads that name them.
@@ -138,6 +153,8 @@ impl LabelTable {
                 exhausted: AtomicU64::new(0),
                 limbo: AtomicU64::new(0),
                 in_limbo: AtomicU64::new(0),
+                kept: AtomicU64::new(0),
+                reclaims: AtomicU64::new(0),
                 reclaiming: AtomicBool::new(false),
                 naming: Naming::new(),
             }
@@ -271,10 +288,10 @@ impl LabelTable {
     }
 
     /// Frees the slots in limbo that no thread's `otel_thread_ctx_v1` names any more
-    /// (`naming.rs`), when there are at least [`RECLAIM_BATCH`] and no other claim is at
-    /// it. True when it freed any.
+    /// (`naming.rs`), when [`RECLAIM_BATCH`] more are there than the last reclaim kept
+    /// and no other claim is at it. True when it freed any.
     fn reclaim(&self) -> bool {
-        if self.in_limbo.load(Ordering::Relaxed) < RECLAIM_BATCH
+        if self.in_limbo.load(Ordering::Relaxed) < self.kept.load(Ordering::Relaxed) + RECLAIM_BATCH
             || self.reclaiming.swap(true, Ordering::Acquire)
         {
             return false;
@@ -304,9 +321,10 @@ impl LabelTable {
                 Err(now) => head = now,
             }
         }
+        self.reclaims.fetch_add(1, Ordering::Relaxed);
         let named = self.naming.named();
         let mut top = (head & HEAD_INDEX_MASK) as u32;
-        let mut freed = 0u64;
+        let (mut freed, mut kept) = (0u64, 0u64);
         while let Some(index) = top.checked_sub(1) {
             let Some(slot) = self.slots.get(index) else {
                 break;
@@ -319,10 +337,14 @@ impl LabelTable {
                     self.push(&self.free, index, slot);
                     freed += 1;
                 }
-                _ => self.push(&self.limbo, index, slot),
+                _ => {
+                    self.push(&self.limbo, index, slot);
+                    kept += 1;
+                }
             }
         }
         self.in_limbo.fetch_sub(freed, Ordering::Relaxed);
+        self.kept.store(kept, Ordering::Relaxed);
         freed > 0
     }
 
@@ -379,6 +401,12 @@ impl LabelTable {
         let freed = self.reclaim_now();
         self.reclaiming.store(false, Ordering::Release);
         freed
+    }
+
+    /// Reclaims run so far (tests).
+    #[cfg(test)]
+    pub(crate) fn reclaims(&self) -> u64 {
+        self.reclaims.load(Ordering::Relaxed)
     }
 
     /// Slots in limbo (tests).

@@ -231,3 +231,42 @@ fn released_slots_wait_in_limbo_only_while_a_thread_may_name_them() {
     );
     mirror.give_back();
 }
+
+/// Slots that stay named (idle threads' mirrors keep the last root they ran) do not make
+/// every later claim pay a barrier: a reclaim waits for a batch more than it kept.
+#[test]
+fn slots_that_stay_named_cost_one_reclaim_per_batch() {
+    let table = LabelTable::new();
+    let named: Vec<_> = (0..70)
+        .map(|n| {
+            let label = table.claim(&value(n + 1)).expect("room");
+            let mirror = table.naming().lease().expect("a mirror");
+            crate::thread_ctx::to_name(&table, mirror, label).expect("alive");
+            (label, mirror)
+        })
+        .collect();
+    for (label, _) in &named {
+        table.release(*label);
+    }
+    assert_eq!(table.in_limbo(), 70);
+    // Free list empty, limbo over a batch: the first claim reclaims, keeps all 70.
+    let _first = table.claim(&value(100)).expect("room");
+    assert_eq!(table.reclaims(), 1);
+    // Each of these claims finds the free list empty.
+    let held: Vec<_> = (0..500)
+        .map(|n| table.claim(&value(200 + n)).expect("room"))
+        .collect();
+    assert_eq!(
+        table.reclaims(),
+        1,
+        "no barrier per claim for slots still named"
+    );
+    for label in held {
+        table.release(label); // never published: straight to the free list
+    }
+    for (_, mirror) in &named {
+        mirror.give_back();
+    }
+    assert!(table.reclaim_for_test());
+    assert_eq!(table.in_limbo(), 0, "freed once no thread names them");
+}
