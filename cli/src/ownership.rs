@@ -12,6 +12,13 @@
 //! qualified name is one of those (or given with `--crate`), a dependency when it is a
 //! crate seen only under dependency paths, and otherwise classified by name as before
 //! ([`library_group`]: known runtime and library families, C library functions).
+//!
+//! The profiler's own frames (the `otel_profiling` crate: its span hooks, the sampler)
+//! are never the user's code, whatever their files say: a service built against the
+//! bridge as a path dependency (a vendored copy, this repository's examples) would
+//! otherwise see a sample landing in a span hook as its own top function, where a report
+//! read from Pyroscope (names only) calls it the profiler's. `--crate otel-profiling`
+//! still makes them the user's.
 
 use std::collections::{BTreeSet, HashMap};
 use std::sync::Arc;
@@ -49,6 +56,9 @@ impl Ownership {
             let Some(krate) = owning_crate(function) else {
                 continue;
             };
+            if krate == PROFILER_CRATE && !named.contains(krate) {
+                continue;
+            }
             match dependency_crate(file) {
                 None => {
                     user_crates.insert(krate.to_owned());
@@ -85,8 +95,12 @@ impl Ownership {
         if frame == NO_STACK {
             return Some(Arc::from(NO_STACK));
         }
-        if owning_crate(frame).is_some_and(|krate| self.named.contains(krate)) {
+        let krate = owning_crate(frame);
+        if krate.is_some_and(|krate| self.named.contains(krate)) {
             return None;
+        }
+        if krate == Some(PROFILER_CRATE) {
+            return Some(Arc::from(PROFILER_CRATE));
         }
         if let Some(file) = self.sources.get(frame) {
             return dependency_crate(file).map(|krate| family_or(&krate));
@@ -112,6 +126,9 @@ impl Ownership {
         self.user_crates.iter().map(String::as_str)
     }
 }
+
+/// The profiler's own crate: its frames are its own, never the user's (module docs).
+const PROFILER_CRATE: &str = "otel_profiling";
 
 /// The family a crate belongs to (`tokio_util` → `tokio`), else the crate itself.
 fn family_or(krate: &str) -> Arc<str> {
