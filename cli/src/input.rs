@@ -79,10 +79,16 @@ impl Input {
         if (self.without_debug_info.is_empty() && !self.names_only) || !self.sources.is_empty() {
             return Arc::new(owners);
         }
-        // No source files: the crates whose `main` ran are the user's.
+        // No source files: the crates whose `main` ran are the user's. Read from a backend
+        // (names only), a sample without a span id is the workload around the span
+        // (`investigate`'s fallback, "concurrent workload activity, not this span"): it
+        // decides nothing, or a main-thread sample that happened to fall in that window
+        // would make the binary's crate the only user crate and the span's own code (a
+        // library crate of the same workspace) a dependency.
         let mains: std::collections::BTreeSet<String> = self
             .samples
             .iter()
+            .filter(|s| !self.names_only || s.span_id.is_some())
             .flat_map(|s| s.frames.iter())
             .filter_map(|f| {
                 let krate = f.strip_suffix("::main")?;
@@ -296,6 +302,40 @@ mod tests {
             cgroup_cpu_limit_millicpus: None,
             busy_ns: None,
         }
+    }
+
+    #[test]
+    fn the_workload_around_a_span_does_not_decide_whose_code_it_is() {
+        let sample = |frames: &[&str], span_id: Option<SpanId>| Sample {
+            frames: frames.iter().rev().map(|f| Arc::from(*f)).collect(),
+            cpu_ns: 10_000_000,
+            count: 1,
+            span_id,
+            trace_id: None,
+            span_name: None,
+            window: span_id.is_none().then_some((0, 1)),
+        };
+        let mut input = Input {
+            samples: vec![sample(
+                &["svc_lib::handler", "svc_lib::write_export"],
+                Some(SpanId::from(7)),
+            )],
+            names_only: true,
+            ..Input::default()
+        };
+        assert!(input.ownership().is_user("svc_lib::write_export"));
+        // A main-thread sample of the service's profile over the span's interval (the
+        // `investigate` fallback): still the span's code.
+        input
+            .samples
+            .push(sample(&["svc::main", "svc_lib::serve"], None));
+        assert!(input.ownership().is_user("svc_lib::write_export"));
+        // The span's own sample naming `main`: the entry crate rule, as before.
+        input
+            .samples
+            .push(sample(&["svc::main", "svc_lib::serve"], Some(SpanId::from(7))));
+        assert!(!input.ownership().is_user("svc_lib::write_export"));
+        assert!(input.ownership().is_user("svc::main"));
     }
 
     #[test]
