@@ -331,9 +331,10 @@ mod tests {
             .push(sample(&["svc::main", "svc_lib::serve"], None));
         assert!(input.ownership().is_user("svc_lib::write_export"));
         // The span's own sample naming `main`: the entry crate rule, as before.
-        input
-            .samples
-            .push(sample(&["svc::main", "svc_lib::serve"], Some(SpanId::from(7))));
+        input.samples.push(sample(
+            &["svc::main", "svc_lib::serve"],
+            Some(SpanId::from(7)),
+        ));
         assert!(!input.ownership().is_user("svc_lib::write_export"));
         assert!(input.ownership().is_user("svc::main"));
     }

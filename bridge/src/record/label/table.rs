@@ -228,15 +228,6 @@ impl LabelTable {
         })
     }
 
-    /// Whether `label`'s root still owns its slot.
-    #[inline]
-    pub(crate) fn is_live(&self, label: Label) -> bool {
-        let word = label.word();
-        self.slots
-            .get(((word >> GENERATION_BITS) & INDEX_MASK) as u32)
-            .is_some_and(|slot| slot.generation.load(Ordering::Acquire) == word & GENERATION_MASK)
-    }
-
     /// Sets the trace flags of `label`'s slot (its owner only, before or while it is
     /// entered: one store, readers see either byte).
     pub(crate) fn set_flags(&self, label: Label, flags: u8) {
@@ -274,7 +265,7 @@ impl LabelTable {
         {
             return;
         }
-        let named = self.naming.release(index);
+        let named = self.naming.release(word);
         if released + 1 > GENERATION_MASK {
             self.retired.fetch_add(1, Ordering::Relaxed);
             return;
@@ -333,7 +324,6 @@ impl LabelTable {
             top = slot.next_free.load(Ordering::Relaxed);
             match &named {
                 Some(named) if named.binary_search(&index).is_err() => {
-                    self.naming.free(index);
                     self.push(&self.free, index, slot);
                     freed += 1;
                 }
@@ -437,6 +427,12 @@ impl LabelTable {
             .generation
             .store(generation, Ordering::SeqCst);
     }
+}
+
+/// The generation a word carries.
+#[inline]
+pub(crate) fn generation(word: u64) -> u64 {
+    word & GENERATION_MASK
 }
 
 /// The slot index a word names.

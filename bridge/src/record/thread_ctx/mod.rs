@@ -6,9 +6,12 @@
 //! * Each thread's **Thread Local Context Record** (trace id, span id, trace flags, and
 //!   the root span's name as attribute 0) is reached through the ELF TLS variable
 //!   [`SYMBOL`] (`otel_thread_ctx_v1`), an 8-byte pointer exported in the dynamic symbol
-//!   table and accessed through TLS descriptors. It is updated at the same root-span
-//!   transitions as the crate's own span record: a few stores, no allocation, no lock,
-//!   no system call.
+//!   table and accessed through TLS descriptors. It points at the record of the local
+//!   root the thread runs (NULL: none), one record per root, written once beside the
+//!   root's label slot; the pointer moves at the same root-span transitions as the
+//!   crate's own span record: a store or two, no allocation, no lock, no system call. A
+//!   record is rewritten for another root only once no thread's pointer can name it
+//!   (`naming.rs`).
 //! * The **process context** is a mapping named `OTEL_CTX` holding the resource
 //!   attributes and the thread context's schema ([`SCHEMA_VERSION`]) and attribute key
 //!   map ([`ATTRIBUTE_KEYS`]); readers look there first.
@@ -98,7 +101,7 @@ const ON: u8 = 1;
 const OFF: u8 = 2;
 
 /// [`NEVER`]: the writer was never on (one relaxed load and a branch per transition);
-/// [`ON`]: it writes; [`OFF`]: it was on and now only invalidates a thread's record.
+/// [`ON`]: it publishes; [`OFF`]: it was on and now only sets a thread's pointer to NULL.
 static STATE: AtomicU8 = AtomicU8::new(NEVER);
 
 /// Publishes the process context with the resource from the environment
@@ -127,9 +130,9 @@ pub fn enable_with_resource(resource: &[(String, String)]) -> Result<(), ThreadC
     Ok(())
 }
 
-/// Stops updating thread records. The calling thread's record is marked invalid now;
-/// every other thread's at its next span transition (until then a reader still sees the
-/// root it was running). The process context stays published.
+/// Stops publishing thread records. The calling thread's `otel_thread_ctx_v1` is NULL
+/// now; every other thread's at its next span transition (until then a reader still sees
+/// the root it was running). The process context stays published.
 pub fn disable() {
     if STATE.load(Ordering::Relaxed) == ON {
         STATE.store(OFF, Ordering::Relaxed);

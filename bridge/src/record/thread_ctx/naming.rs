@@ -5,10 +5,10 @@
 //! ```text
 //!  publisher (owning thread)               release (last handle)     reclaim (a claim, in batches)
 //!  mirror.current = word (Release)         generation += 1           take the whole limbo
-//!  light barrier                           record.word = 0           heavy barrier
-//!  record holds word, and root alive?      record held a root?       scan every mirror's current
-//!    else publish NULL                       limbo : free list       free the slots none names,
-//!  otel_thread_ctx_v1 = &record                                        the others back to limbo
+//!  light barrier                           record.word = word + 1    heavy barrier
+//!  record holds word? (else fill it if       (the release mark)      scan every mirror's current
+//!    the root is alive, or publish NULL)   record held a root?       free the slots none names,
+//!  otel_thread_ctx_v1 = &record              limbo : free list         the others back to limbo
 //! ```
 //!
 //! Each thread that publishes has a never-freed [`Mirror`] of the word it last named. A
@@ -24,6 +24,13 @@
 //!
 //! The per-poll case — the same root entered again on a thread whose mirror already names
 //! it — stores nothing but the pointer: the mirror has named the slot since its barrier.
+//!
+//! **Fills.** The first thread to publish a root fills its record, after checking the root
+//! alive. A release replaces the record's word by the root's release mark, over which no
+//! fill of that root starts (only a later root's, whose generation is higher), and which
+//! makes a fill already started fail at its end. So a record that holds a word holds a
+//! root not yet released when it was read, and the per-poll case needs no generation
+//! check.
 
 use crate::never_freed::NeverFreed;
 use crate::sync::{AtomicBool, AtomicU64, Ordering};
@@ -62,6 +69,12 @@ impl Mirror {
             self.current.store(word, Ordering::Release);
             barrier::light();
         }
+    }
+
+    /// Whether the mirror names `word` (the owning thread's own value).
+    #[inline(always)]
+    pub(crate) fn names(&self, word: u64) -> bool {
+        self.current.load(Ordering::Relaxed) == word
     }
 
     /// The owning thread names nothing any more and gives the mirror back (at its exit,
@@ -123,15 +136,15 @@ impl Naming {
         Some(mirror)
     }
 
-    /// At a root's release (after its generation moved on): its record holds nothing any
-    /// more. True when a thread may still name the slot (the record held the root, or a
-    /// thread was filling it): the slot must wait in limbo. False: no thread ever named
-    /// the slot for this root (or the thread context was never on).
+    /// At the release of `word`'s root (after its generation moved on): its record holds
+    /// nothing any more. True when a thread may still name the slot (the record held the
+    /// root, or a thread was filling it): the slot must wait in limbo. False: no thread
+    /// ever named the slot for this root (or the thread context was never on).
     #[inline]
-    pub(crate) fn release(&self, index: u32) -> bool {
+    pub(crate) fn release(&self, word: u64) -> bool {
         self.records
-            .get(index)
-            .is_some_and(|record| record.forget() != 0)
+            .get(slot_index(word))
+            .is_some_and(|record| record.forget(word))
     }
 
     /// The heavy half of the barrier, then the slot indexes some thread's mirror names,
@@ -149,14 +162,6 @@ impl Naming {
             .collect();
         named.sort_unstable();
         Some(named)
-    }
-
-    /// A slot none names goes back to the free list: a late fill (a thread that saw its
-    /// root alive just before the release) is dropped, so the next root fills afresh.
-    pub(crate) fn free(&self, index: u32) {
-        if let Some(record) = self.records.get(index) {
-            record.forget();
-        }
     }
 
     /// Sets the flags byte of slot `index`'s record if it holds `word`.
@@ -190,10 +195,20 @@ pub(crate) fn to_name(
     let word = label.word();
     mirror.announce(word);
     let record = table.naming().record(slot_index(word))?;
-    if record.holds(word) && table.is_live(label) {
+    if record.holds(word) {
         return Some(record);
     }
     fill(table, label, record).then_some(record)
+}
+
+/// The record of `label`'s slot if it exists and holds the root (so the root was not
+/// released yet: see [`SlotRecord::fill`]): what a thread whose mirror already names the
+/// root may point at again.
+#[inline(always)]
+pub(crate) fn record_holding(table: &LabelTable, label: Label) -> Option<&'static SlotRecord> {
+    let word = label.word();
+    let record = table.naming().records.get(slot_index(word))?;
+    record.holds(word).then_some(record)
 }
 
 /// Fills `record` for `label` if the root is alive: true when the record holds it.
@@ -205,15 +220,9 @@ fn fill(table: &LabelTable, label: Label, record: &SlotRecord) -> bool {
     let Some(value) = table.read(label).filter(is_published) else {
         return false;
     };
-    if !record.fill(word, &value) {
-        return false;
-    }
-    // Released between the read and the fill: take it back (nobody names it yet).
-    if !table.is_live(label) {
-        record.unfill(word);
-        return false;
-    }
-    true
+    // A release after the read leaves its mark, which the fill does not start over
+    // (or which makes its end fail).
+    record.fill(word, &value)
 }
 
 /// The two halves of the asymmetric barrier (see the module docs).

@@ -28,7 +28,7 @@ use std::cell::UnsafeCell;
 use std::ptr;
 use std::sync::atomic::{compiler_fence, AtomicPtr, AtomicU16, AtomicU8};
 
-use crate::label::RootLabel;
+use crate::label::{generation, RootLabel};
 use crate::span_name::{SpanName, MAX_SPAN_NAMES};
 use crate::sync::{AtomicU64, Ordering};
 
@@ -41,9 +41,9 @@ const ATTRS_CAPACITY: usize = 2 + MAX_VALUE_LEN;
 /// Offset of `attrs-data`, the fixed header a reader reads first.
 const HEADER_LEN: usize = 28;
 
-/// [`SlotRecord::word`] while one thread fills the record: a word with an even
-/// generation, which no root ever has.
-const FILLING: u64 = 2;
+/// [`SlotRecord::word`] while one thread fills the record: the word of the last
+/// generation, which no root ever has (a slot retires before it).
+const FILLING: u64 = u64::MAX;
 
 /// One OTEP record: exactly the bytes a reader reads (the header, then `attrs-data`).
 /// Fields are atomics written with relaxed stores: a reader in another process reads them
@@ -73,10 +73,16 @@ const _: () = {
 /// A label slot's record and the word of the root whose label it holds.
 #[repr(C, align(64))]
 pub(crate) struct SlotRecord {
-    /// The label word whose value the record holds; 0: none (never filled, or its root
-    /// was released); [`FILLING`]: a thread is filling it.
+    /// The label word whose value the record holds (odd generation); the release mark of
+    /// the slot's last root (its word + 1: the generation the release gave the slot,
+    /// even), which only a later root of the slot may fill over; 0: never filled;
+    /// [`FILLING`]: a thread is filling it.
     word: AtomicU64,
     record: Record,
+    /// The raw [`SpanName`] whose entry `attrs-data` holds (0: none): a slot reused by a
+    /// root of the same name (the free list is LIFO) fills without copying it again.
+    /// Written by the filling thread only.
+    name: std::sync::atomic::AtomicU32,
 }
 
 // SAFETY: `attrs_data` is written only by the one thread that moved `word` to FILLING
@@ -98,6 +104,7 @@ impl SlotRecord {
                 attrs_data_size: AtomicU16::new(0),
                 attrs_data: UnsafeCell::new([0; ATTRS_CAPACITY]),
             },
+            name: std::sync::atomic::AtomicU32::new(0),
         }
     }
 
@@ -115,33 +122,46 @@ impl SlotRecord {
 
     /// Fills the record with `value`, the label of `word`, if no one has: true when it
     /// holds `word` afterwards. The caller has announced the slot (`naming.rs`) and seen
-    /// its root alive after that, so no thread names the slot under an older root.
+    /// its root alive after that. A fill never starts over the root's own release mark
+    /// (a thread that saw the root alive just before its release), so a record that holds
+    /// a word holds a root not released yet.
     pub(crate) fn fill(&self, word: u64, value: &RootLabel) -> bool {
-        match self
-            .word
-            .compare_exchange(0, FILLING, Ordering::Acquire, Ordering::Acquire)
-        {
-            Ok(_) => {}
-            Err(now) => return now == word,
+        let mut now = self.word.load(Ordering::Acquire);
+        loop {
+            if now == word {
+                return true;
+            }
+            let older_mark = now == 0 || (now & 1 == 0 && generation(now) < generation(word));
+            if !older_mark {
+                // Being filled, or the root's release mark (or a later root's word).
+                return false;
+            }
+            match self
+                .word
+                .compare_exchange(now, FILLING, Ordering::Acquire, Ordering::Acquire)
+            {
+                Ok(_) => break,
+                Err(seen) => now = seen,
+            }
         }
-        self.record.fill(value);
-        // A release of the root meanwhile set the word to 0: this fill is for nobody.
+        let name = value.name().map_or(0, SpanName::to_raw);
+        let same_name = self.name.load(Ordering::Relaxed) == name;
+        self.record.fill(value, same_name);
+        if !same_name {
+            self.name.store(name, Ordering::Relaxed);
+        }
+        // A release of the root meanwhile left its mark: this fill is for nobody.
         self.word
             .compare_exchange(FILLING, word, Ordering::Release, Ordering::Relaxed)
             .is_ok()
     }
 
-    /// Takes back a fill of `word` whose root turned out released (see [`Self::fill`]).
-    pub(crate) fn unfill(&self, word: u64) {
-        let _ = self
-            .word
-            .compare_exchange(word, 0, Ordering::Release, Ordering::Relaxed);
-    }
-
-    /// At the root's release: the record holds no root any more. Returns what it held (0:
-    /// nothing, so no thread can be naming the slot for this root).
-    pub(crate) fn forget(&self) -> u64 {
-        self.word.swap(0, Ordering::AcqRel)
+    /// At the release of `word`'s root: the record holds no root any more, and carries
+    /// the release's mark. True when a thread may still name the slot (the record held
+    /// the root, or a thread was filling it): the slot must wait in limbo.
+    pub(crate) fn forget(&self, word: u64) -> bool {
+        let held = self.word.swap(word + 1, Ordering::AcqRel);
+        held == word || held == FILLING
     }
 
     /// Sets the trace flags byte if the record holds `word` (one store: a reader sees
@@ -161,8 +181,9 @@ impl SlotRecord {
 
 impl Record {
     /// Writes `value` (`valid` 0 while the fields change, in case a reader names a record
-    /// its root left; the compiler fences keep the stores in that order).
-    fn fill(&self, value: &RootLabel) {
+    /// its root left; the compiler fences keep the stores in that order), its name entry
+    /// unless `same_name` (`attrs-data` already holds it).
+    fn fill(&self, value: &RootLabel, same_name: bool) {
         self.valid.store(0, Ordering::Relaxed);
         compiler_fence(Ordering::SeqCst);
         let trace = value.trace_id_u128();
@@ -178,7 +199,9 @@ impl Record {
             0
         };
         self.trace_flags.store(flags, Ordering::Relaxed);
-        self.set_name(value.name().map_or(0, SpanName::to_raw));
+        if !same_name {
+            self.set_name(value.name().map_or(0, SpanName::to_raw));
+        }
         compiler_fence(Ordering::SeqCst);
         self.valid.store(1, Ordering::Relaxed);
     }

@@ -3,7 +3,7 @@
 //!
 //! A switch to another root stores NULL first (the pointer must never name a slot the
 //! mirror has moved off), announces the new slot in the mirror, checks that the slot's
-//! record holds the root and the root is alive, and stores the record's address. The
+//! record holds the root, and stores the record's address. The
 //! first thread to publish a root fills its record. A switch to "no span" stores NULL.
 //! Readers read a thread only while it is stopped or interrupted (the OTEP's concurrency
 //! model), so they see the pointer and the record in this thread's program order: the
@@ -14,7 +14,7 @@ use std::ffi::c_void;
 use std::ptr;
 use std::sync::atomic::{compiler_fence, AtomicPtr, Ordering};
 
-use super::naming::{to_name, Mirror};
+use super::naming::{record_holding, to_name, Mirror};
 use crate::label::{word_of, Label, LABELS};
 
 /// The calling thread's publisher state.
@@ -66,24 +66,47 @@ fn with_thread<R>(f: impl FnOnce(&Thread) -> R) -> R {
 
 impl Thread {
     /// Publishes the root `label` names (`None`, or a label whose root ended: no span).
-    #[inline]
+    ///
+    /// The two common cases stay small enough to need no saved register: "no span"
+    /// (one store of NULL), and the root the thread's mirror already names (every poll
+    /// after a root's first on this thread: two loads, the pointer store). Everything
+    /// else (a new root, the first publication, a record to fill) is [`Self::name`].
+    #[inline(always)]
     fn publish(&self, label: Option<Label>) {
         let word = word_of(label);
-        if word == self.named.get() {
+        let named = self.named.get();
+        if word == named {
             return;
         }
+        let Some(label) = label else {
+            // `named` is not 0, so the pointer was looked up.
+            self.store(self.slot.get(), ptr::null());
+            self.named.set(0);
+            return;
+        };
+        let mirror = self.mirror.get();
+        let slot = self.slot.get();
+        // SAFETY: mirrors are never freed. The mirror naming `word` means the pointer is
+        // NULL (else the mirror would name `named`) and the mirror's barrier is behind us.
+        if named == 0 && !slot.is_null() && !mirror.is_null() && unsafe { &*mirror }.names(word) {
+            if let Some(record) = record_holding(&LABELS, label) {
+                self.store(slot, record.record().cast());
+                self.named.set(word);
+                return;
+            }
+        }
+        self.name(label);
+    }
+
+    /// [`Self::publish`] for a new root: NULL first if the pointer names another, then
+    /// the mirror, the record (filled if this thread is the first), the pointer.
+    #[cold]
+    #[inline(never)]
+    fn name(&self, label: Label) {
         if self.named.get() != 0 {
             self.point_at(ptr::null());
             self.named.set(0);
         }
-        if let Some(label) = label {
-            self.name(label);
-        }
-    }
-
-    /// Names `label`'s record, if it holds the root and the root is alive.
-    #[inline]
-    fn name(&self, label: Label) {
         let Some(mirror) = self.mirror() else {
             return;
         };
@@ -119,7 +142,6 @@ impl Thread {
     }
 
     /// Stores `record` (or NULL) in the thread's `otel_thread_ctx_v1`.
-    #[inline]
     fn point_at(&self, record: *const c_void) {
         let mut slot = self.slot.get();
         if slot.is_null() {
@@ -131,6 +153,12 @@ impl Thread {
                 None => return,
             }
         }
+        self.store(slot, record);
+    }
+
+    /// Stores `record` (or NULL) in `slot`, the thread's `otel_thread_ctx_v1`.
+    #[inline(always)]
+    fn store(&self, slot: *mut *mut c_void, record: *const c_void) {
         // The record's bytes (and the NULL before a mirror moves) come first in this
         // thread's program order, which is the order a reader stopping it sees.
         compiler_fence(Ordering::SeqCst);

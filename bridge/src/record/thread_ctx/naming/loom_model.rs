@@ -77,8 +77,13 @@ fn publisher_and_reuse(prefilled: bool) {
     let b = table.claim(&value(2)).expect("slot for B");
     // B's first publication (fills the record if B took A's slot and no one named it).
     let _ = to_name(&table, owner_mirror, b);
-    owner_mirror.give_back();
     publisher.join().expect("publisher");
+    // Whatever the race did, B (alive) can be published now, with its own bytes: no
+    // late fill of A is left in the record of the slot B took.
+    let record = to_name(&table, owner_mirror, b).expect("B publishable");
+    let (trace, span, _, _) = record.decode().expect("valid");
+    assert_eq!((trace, span), (value(2).trace_id, 2), "B's own record");
+    owner_mirror.give_back();
     if index_of(b) != index_of(a) {
         table.reclaim_for_test();
         let c = table.claim(&value(3)).expect("slot for C");
