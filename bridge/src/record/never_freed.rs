@@ -61,31 +61,20 @@ impl<T: 'static, const CHUNK: usize, const CHUNKS: usize> NeverFreed<T, CHUNK, C
             self.fresh.fetch_sub(1, Ordering::SeqCst);
             return None;
         }
-        let cell = &self.chunks[index / CHUNK];
-        if cell.load(Ordering::Acquire).is_null() {
-            let base = (index / CHUNK * CHUNK) as u32;
-            let chunk: Box<[T; CHUNK]> = Box::new(std::array::from_fn(|i| init(base + i as u32)));
-            let chunk = Box::into_raw(chunk);
-            if cell
-                .compare_exchange(null_mut(), chunk, Ordering::AcqRel, Ordering::Acquire)
-                .is_err()
-            {
-                // SAFETY: ours, never published.
-                drop(unsafe { Box::from_raw(chunk) });
-            }
-        }
-        let slot = self.get(index as u32)?;
+        let slot = self.at(index as u32, init)?;
         Some((index as u32, slot))
     }
 
     /// The slot at `index`, its chunk allocated (each slot built by `init(index)`) if it is
-    /// not yet: a table indexed like another one (the OTEP records of the label slots),
-    /// whose slots exist only once something needs them. `None` past the capacity. Never
-    /// from a handler.
+    /// not yet: what `fresh` does for the index it takes, and what a table indexed like
+    /// another one uses (the OTEP records of the label slots), whose slots exist only once
+    /// something needs them (such a table never calls `fresh`, so `iter` sees none of
+    /// them). `None` past the capacity. Never from a handler.
     pub(crate) fn at(&self, index: u32, init: impl Fn(u32) -> T) -> Option<&'static T> {
         if let Some(slot) = self.get(index) {
             return Some(slot);
         }
+        // The chunk's first user: build it, publish it unless another first user did.
         let cell = self.chunks.get(index as usize / CHUNK)?;
         let base = (index as usize / CHUNK * CHUNK) as u32;
         let chunk: Box<[T; CHUNK]> = Box::new(std::array::from_fn(|i| init(base + i as u32)));
@@ -127,6 +116,23 @@ mod tests {
         assert!(TABLE.fresh(|_| 0).is_none(), "full");
         assert!(TABLE.get(12).is_none() && TABLE.get(u32::MAX).is_none());
         assert_eq!(TABLE.iter().count(), 12);
+    }
+
+    #[test]
+    fn at_allocates_the_chunk_of_any_index_once() {
+        static TABLE: NeverFreed<u64, 4, 3> = NeverFreed::new();
+        assert!(TABLE.get(9).is_none(), "not allocated yet");
+        let slot = TABLE.at(9, |i| u64::from(i) * 10).expect("in range");
+        assert_eq!(*slot, 90, "built with its own index");
+        assert!(std::ptr::eq(TABLE.at(9, |_| 0).expect("in range"), slot));
+        assert_eq!(TABLE.get(8).copied(), Some(80), "the whole chunk");
+        assert!(TABLE.get(4).is_none(), "other chunks untouched");
+        assert!(TABLE.at(12, |_| 0).is_none(), "past the capacity");
+        assert_eq!(
+            TABLE.iter().count(),
+            0,
+            "`iter` lists what `fresh` handed out"
+        );
     }
 
     #[test]
