@@ -28,6 +28,10 @@ pub const SETUPS: &[(&str, &str)] = &[
         "required",
         "+ what issues 11 and 12 require, at the least (see `required`)",
     ),
+    (
+        "required-all",
+        "+ what everything on requires, at the least (see `required_all`)",
+    ),
     ("layer", "+ ProfilingLayer"),
     ("processor", "+ CpuEvidenceProcessor with the profile id"),
     ("bridge", "+ sampler running (counters, active time)"),
@@ -73,12 +77,13 @@ impl Setup {
         let batch = setup.ends_with("-batch");
         let bridged = !matches!(
             setup,
-            "otel" | "layer" | "otel-batch" | "floor" | "api-floor" | "required"
+            "otel" | "layer" | "otel-batch" | "floor" | "api-floor" | "required" | "required-all"
         );
         let builder = SdkTracerProvider::builder();
         let provider = match (setup, batch, bridged) {
             ("floor" | "api-floor", _, _) => builder.with_span_processor(Discard(true)),
             ("required", _, _) => builder.with_span_processor(required::Processor),
+            ("required-all", _, _) => builder.with_span_processor(required_all::Processor),
             (_, false, false) => builder.with_span_processor(Discard(false)),
             (_, false, true) => builder.with_span_processor(
                 CpuEvidenceProcessor::new(Discard(false))
@@ -99,6 +104,7 @@ impl Setup {
             "floor" => tracing::Dispatch::new(registry.with(FloorLayer)),
             "api-floor" => tracing::Dispatch::new(registry.with(ApiFloorLayer::default())),
             "required" => tracing::Dispatch::new(registry.with(required::Layer::default())),
+            "required-all" => tracing::Dispatch::new(registry.with(required_all::Layer::default())),
             "otel" | "otel-batch" => tracing::Dispatch::new(registry),
             _ => tracing::Dispatch::new(registry.with(ProfilingLayer::default())),
         };
@@ -268,6 +274,8 @@ pub fn lifecycles(n: u32) {
         drop(black_box(span));
     }
 }
+
+pub mod required_all;
 
 /// The required-work floor: what issues 11 and 12 ask of every root span lifecycle, done
 /// the cheapest way the public APIs allow, and nothing a general implementation needs on
@@ -473,7 +481,7 @@ pub mod required {
     #[derive(Debug)]
     pub struct Processor;
 
-    fn hex(id: u64) -> String {
+    pub fn hex(id: u64) -> String {
         const DIGITS: &[u8; 16] = b"0123456789abcdef";
         let mut out = String::with_capacity(16);
         for shift in (0..16).rev() {
