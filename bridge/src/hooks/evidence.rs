@@ -15,7 +15,7 @@
 use std::cell::RefCell;
 use std::collections::HashMap;
 use std::hash::{BuildHasherDefault, Hasher};
-use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicU64, AtomicUsize, Ordering};
 use std::sync::{Arc, MutexGuard, OnceLock};
 use std::time::Duration;
 
@@ -26,6 +26,7 @@ use opentelemetry_sdk::trace::{Span, SpanData, SpanProcessor};
 use opentelemetry_sdk::Resource;
 
 use crate::fork::AtforkMutex;
+use crate::label::{release_slot, Label, LabelOwner};
 use crate::local_root::is_local_root;
 use crate::processor::{mark_profile_id_known, ProfileIdScope};
 use crate::root_cpu::{CpuHandle, RootTotals, SlotLists};
@@ -81,7 +82,9 @@ const SHARDS: usize = 64;
 const SWEEP_EVERY: u32 = 1024;
 
 /// What spans and contexts of one root hold: while any holds it, the root is alive (the
-/// orphan sweep looks at the reference count).
+/// orphan sweep looks at the reference count). It also owns the root's label slot once
+/// the root's first handle is made ([`LabelOwner`]), so a root costs one allocation for
+/// both, released with the last of the table's entry and the root's handles.
 #[derive(Debug)]
 pub(crate) struct RootCounters {
     handle: CpuHandle,
@@ -89,6 +92,24 @@ pub(crate) struct RootCounters {
     /// then do the totals say something. A root nothing followed ends with no evidence,
     /// not with a zero that would read as "never ran".
     followed: AtomicBool,
+    /// The word of the label slot this owns (0: none yet).
+    label: AtomicU64,
+}
+
+impl LabelOwner for RootCounters {
+    fn adopt(&self, label: Label) -> bool {
+        self.label
+            .compare_exchange(0, label.word(), Ordering::AcqRel, Ordering::Relaxed)
+            .is_ok()
+    }
+}
+
+impl Drop for RootCounters {
+    fn drop(&mut self) {
+        if let Some(label) = Label::from_raw(*self.label.get_mut()) {
+            release_slot(label);
+        }
+    }
 }
 
 impl RootCounters {
@@ -176,6 +197,7 @@ fn table() -> &'static [AtforkMutex<Shard>] {
 }
 
 /// The locked shard of `span_id`.
+#[inline]
 fn shard(span_id: u64) -> MutexGuard<'static, Shard> {
     let shards = shards();
     // Span ids are random: their low bits spread evenly.
@@ -213,8 +235,11 @@ fn claim(span_id: SpanId) -> Option<Arc<RootCounters>> {
         return None;
     }
     let key = u64::from_be_bytes(span_id.to_bytes());
-    let mut shard = shard(key);
-    let shard = &mut *shard;
+    // Entries taken out are dropped after the shard's lock: the last holder of an entry's
+    // counters releases the root's label slot, which may reclaim records (a syscall).
+    let mut gone = Vec::new();
+    let mut guard = shard(key);
+    let shard = &mut *guard;
     shard.inserts = shard.inserts.wrapping_add(1);
     if shard.inserts.is_multiple_of(SWEEP_EVERY) {
         let now = crate::clock::coarse_monotonic_ns();
@@ -223,6 +248,7 @@ fn claim(span_id: SpanId) -> Option<Arc<RootCounters>> {
             let orphan = e.is_orphan(now);
             if orphan {
                 slots.release(e.cpu.handle);
+                gone.push(e.cpu.clone());
             }
             !orphan
         });
@@ -232,18 +258,22 @@ fn claim(span_id: SpanId) -> Option<Arc<RootCounters>> {
     let cpu = Arc::new(RootCounters {
         handle,
         followed: AtomicBool::new(false),
+        label: AtomicU64::new(0),
     });
-    if let Some(old) = shard.entries.insert(
+    let replaced = shard.entries.insert(
         key,
         Entry {
             cpu: cpu.clone(),
             since: crate::clock::coarse_monotonic_ns(),
             throttled_at_start: crate::sampler::cgroup::throttled_ns(),
         },
-    ) {
+    );
+    if let Some(old) = &replaced {
         // The same span id twice (a caller reusing ids): the older root stops counting.
         shard.slots.release(old.cpu.handle);
     }
+    drop(guard);
+    drop((replaced, gone));
     Some(cpu)
 }
 
@@ -278,9 +308,13 @@ pub(crate) fn counters_of(span_id: SpanId) -> Option<Arc<RootCounters>> {
 /// time at the start, if anything followed it.
 fn take(span_id: SpanId) -> Option<(RootTotals, Option<u64>)> {
     let key = u64::from_be_bytes(span_id.to_bytes());
-    let mut shard = shard(key);
-    let entry = shard.entries.remove(&key)?;
-    let totals = shard.slots.release(entry.cpu.handle);
+    // The entry outlives the shard's guard (see `claim`).
+    let (entry, totals) = {
+        let mut shard = shard(key);
+        let entry = shard.entries.remove(&key)?;
+        let totals = shard.slots.release(entry.cpu.handle);
+        (entry, totals)
+    };
     entry
         .cpu
         .followed
@@ -466,6 +500,7 @@ mod tests {
             cpu: Arc::new(RootCounters {
                 handle: CpuHandle::from_raw(1 << 64).expect("a handle"),
                 followed: AtomicBool::new(followed),
+                label: AtomicU64::new(0),
             }),
             since,
             throttled_at_start: None,
@@ -488,6 +523,51 @@ mod tests {
             entry(false, now - minutes(61)).is_orphan(now),
             "never followed"
         );
+    }
+
+    /// A followed root's counters own its label slot: the handles share the counters'
+    /// allocation, and the slot lives until the last of them and the table's entry goes.
+    #[test]
+    fn the_counters_own_the_label_slot_until_their_last_holder() {
+        use crate::label::{LocalRoot, RootLabel};
+        let cpu = Arc::new(RootCounters {
+            handle: CpuHandle::from_raw(1 << 64).expect("a handle"),
+            followed: AtomicBool::new(true),
+            label: AtomicU64::new(0),
+        });
+        let value = RootLabel::new(
+            SpanId::from(71),
+            opentelemetry::trace::TraceId::from(72),
+            None,
+        );
+        let root = LocalRoot::claim(value, Some(cpu.clone() as Arc<dyn LabelOwner>));
+        let word = root.word().expect("a slot");
+        assert_eq!(cpu.label.load(Ordering::Relaxed), word.word(), "adopted");
+        assert_eq!(
+            Arc::strong_count(&cpu),
+            2,
+            "the handle holds the counters themselves"
+        );
+        // Two threads resolving the root at once claim two slots: the second has its own
+        // owner, which keeps the counters alive with it.
+        let second = LocalRoot::claim(value, Some(cpu.clone() as Arc<dyn LabelOwner>));
+        let second_word = second.word().expect("a slot");
+        assert_ne!(second_word, word);
+        assert_eq!(Arc::strong_count(&cpu), 3);
+        drop(second);
+        assert_eq!(second_word.read(), None, "released with its own handle");
+        assert_eq!(Arc::strong_count(&cpu), 2);
+        let clone = root.clone();
+        drop(root);
+        assert_eq!(word.read(), Some(value), "a clone holds it");
+        drop(clone);
+        assert_eq!(
+            word.read(),
+            Some(value),
+            "the table's entry (here `cpu`) holds it"
+        );
+        drop(cpu);
+        assert_eq!(word.read(), None, "released with the last holder");
     }
 
     /// Two providers in one process, one with the evidence processor: only its roots get

@@ -10,7 +10,7 @@ use opentelemetry::Context;
 use std::sync::Arc;
 
 use crate::evidence;
-use crate::label::{Label, LocalRoot, RootLabel};
+use crate::label::{Label, LabelOwner, LocalRoot, RootLabel};
 use crate::span_context::note_span_seen;
 use crate::span_name::SpanName;
 
@@ -61,7 +61,7 @@ impl ResolvedRoot {
             Some(match evidence::counters_of(span.span_id()) {
                 Some(cpu) => {
                     let label = label.with_cpu(cpu.handle());
-                    LocalRoot::claim(label, Some(cpu as Arc<dyn Send + Sync>))
+                    LocalRoot::claim(label, Some(cpu as Arc<dyn LabelOwner>))
                 }
                 None => LocalRoot::claim(label, None),
             })

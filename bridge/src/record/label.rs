@@ -171,12 +171,31 @@ pub(crate) fn word_of(label: Option<Label>) -> u64 {
     label.map_or(0, Label::word)
 }
 
-/// Releases the slot when the last handle of a root that owns one is dropped.
+/// What a root's handles share: it releases the root's label slot when the last of them
+/// (and anything else holding it) is dropped.
+pub(crate) trait LabelOwner: Send + Sync {
+    /// Takes `label` to release when dropped. False if it already holds one (a root
+    /// resolved by two threads at once claims two slots): the caller then wraps it.
+    fn adopt(&self, label: Label) -> bool;
+}
+
+/// Releases `label`'s slot (for a [`LabelOwner`] that adopted it, as it is dropped).
+pub(crate) fn release_slot(label: Label) {
+    LABELS.release(label);
+}
+
+/// Releases the slot when the last handle of a root that owns one is dropped, for roots
+/// without an owner of their own (built by hand, or a second slot for one root).
 struct SlotOwner {
     label: Label,
-    /// Whatever else must live exactly as long as the label (the root's CPU counters'
-    /// lifecycle owner, for roots the hooks resolve).
-    _keep: Option<Arc<dyn Send + Sync>>,
+    /// Whatever else must live exactly as long as the label.
+    _keep: Option<Arc<dyn LabelOwner>>,
+}
+
+impl LabelOwner for SlotOwner {
+    fn adopt(&self, _: Label) -> bool {
+        false
+    }
 }
 
 impl Drop for SlotOwner {
@@ -211,7 +230,7 @@ impl Drop for SlotOwner {
 pub struct LocalRoot {
     value: RootLabel,
     label: Option<Label>,
-    _owner: Option<Arc<SlotOwner>>,
+    _owner: Option<Arc<dyn LabelOwner>>,
 }
 
 impl LocalRoot {
@@ -261,13 +280,20 @@ impl LocalRoot {
         }
     }
 
-    /// Claims a slot for `value`; `keep` lives as long as the slot's owner.
-    pub(crate) fn claim(value: RootLabel, keep: Option<Arc<dyn Send + Sync>>) -> LocalRoot {
+    /// Claims a slot for `value`. `keep` lives as long as the root's handles; when it adopts the slot (the root's CPU
+    /// counters' owner does, see `hooks::evidence`), it is the handles' one shared
+    /// allocation, else a [`SlotOwner`] holds both.
+    pub(crate) fn claim(value: RootLabel, keep: Option<Arc<dyn LabelOwner>>) -> LocalRoot {
         let label = LABELS.claim(&value);
+        let owner: Option<Arc<dyn LabelOwner>> = match (label, keep) {
+            (None, _) => None,
+            (Some(label), Some(keep)) if keep.adopt(label) => Some(keep),
+            (Some(label), keep) => Some(Arc::new(SlotOwner { label, _keep: keep })),
+        };
         LocalRoot {
             value,
             label,
-            _owner: label.map(|label| Arc::new(SlotOwner { label, _keep: keep })),
+            _owner: owner,
         }
     }
 
