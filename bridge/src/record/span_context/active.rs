@@ -23,11 +23,24 @@ use crate::clock;
 use crate::label::Label;
 use crate::root_cpu;
 
+/// The thread's open stretch, and the counters of the root it left last.
+struct Stretch {
+    /// When the thread entered the root its record names now (`clock::ticks`);
+    /// meaningful only while that root has counters.
+    entered_at: Cell<u64>,
+    /// The word of the root whose counters `cpu` holds (0: none yet). A root's counters
+    /// never change and a word is never handed out twice, so the next stretch of the same
+    /// root (the next poll of its future) does not read its label slot again; counters
+    /// whose root ended refuse the add by their own generation.
+    word: Cell<u64>,
+    cpu: Cell<u128>,
+}
+
 thread_local! {
-    // When the thread entered the root its record names now (`clock::ticks`); meaningful
-    // only while that root has counters. `const`, no destructor: usable from any hook,
-    // even during thread teardown.
-    static ENTERED_AT: Cell<u64> = const { Cell::new(0) };
+    // `const`, no destructor: usable from any hook, even during thread teardown.
+    static STRETCH: Stretch = const {
+        Stretch { entered_at: Cell::new(0), word: Cell::new(0), cpu: Cell::new(0) }
+    };
 }
 
 /// The thread's record goes from the label `from` to the label `to` (two different words).
@@ -47,16 +60,89 @@ pub(super) fn transition(from: Option<Label>, to: Option<Label>) {
 fn transition_cpu(from: Option<Label>, to: Option<Label>) {
     let now = clock::ticks();
     // `try_with`: a thread-local destructor may end a scope after this one is gone.
-    let _ = ENTERED_AT.try_with(|entered| {
+    let _ = STRETCH.try_with(|stretch| {
         if let Some(from) = from {
-            // A root that ended meanwhile reads as 0: nothing is added.
-            let cpu = from.cpu_raw();
+            let cpu = if stretch.word.get() == from.word() {
+                stretch.cpu.get()
+            } else {
+                // A root whose label was released reads as 0: nothing is added.
+                let cpu = from.cpu_raw();
+                stretch.word.set(from.word());
+                stretch.cpu.set(cpu);
+                cpu
+            };
             if cpu != 0 {
-                root_cpu::add_active(cpu, now.saturating_sub(entered.get()));
+                root_cpu::add_active(cpu, now.saturating_sub(stretch.entered_at.get()));
             }
         }
         if to.is_some() {
-            entered.set(now);
+            stretch.entered_at.set(now);
         }
     });
+}
+
+#[cfg(test)]
+mod tests {
+    use std::time::{Duration, Instant};
+
+    use crate::clock::ticks_to_ns;
+    use crate::root_cpu::SlotLists;
+    use crate::{LocalRoot, RootLabel, SpanContextGuard, SpanName};
+
+    fn busy(d: Duration) {
+        let start = Instant::now();
+        while start.elapsed() < d {
+            std::hint::spin_loop();
+        }
+    }
+
+    /// Each stretch counts into the root the thread left, with the thread alternating
+    /// between two roots (the thread keeps the counters of one), and a root whose counters
+    /// were released adds nothing, not even into the next root that reuses them.
+    #[test]
+    fn each_stretch_counts_into_the_root_it_was_in() {
+        let mut lists = SlotLists::default();
+        let (a_cpu, b_cpu) = (
+            lists.claim().expect("counters"),
+            lists.claim().expect("counters"),
+        );
+        let root = |name: &str, cpu| {
+            LocalRoot::claim(
+                RootLabel::name_only(SpanName::intern(name)).with_cpu(cpu),
+                None,
+            )
+        };
+        let (a, b) = (root("stretch-a", a_cpu), root("stretch-b", b_cpu));
+        let start = Instant::now();
+        for _ in 0..3 {
+            {
+                let _a = SpanContextGuard::enter(Some(&a));
+                busy(Duration::from_millis(2));
+            }
+            {
+                let _b = SpanContextGuard::enter(Some(&b));
+                busy(Duration::from_millis(6));
+            }
+        }
+        let elapsed = start.elapsed().as_nanos() as u64;
+        // `b` first: the free list is LIFO, so the next claim takes `a`'s slot back.
+        let b_ns = ticks_to_ns(lists.release(b_cpu).active_ticks);
+        let a_ns = ticks_to_ns(lists.release(a_cpu).active_ticks);
+        let ms = |n: u64| n * 1_000_000;
+        assert!(a_ns >= ms(6) && b_ns >= ms(18), "a {a_ns} ns, b {b_ns} ns");
+        // 1 % for the two clocks' rates (TSC against the monotonic clock).
+        assert!(
+            a_ns + b_ns <= elapsed + elapsed / 100,
+            "{a_ns} + {b_ns} > {elapsed}"
+        );
+
+        // `a`'s counters go to the next root (the slot is quiet); `a` entered again (the
+        // thread may still hold its counters) adds nothing to them.
+        let next = lists.claim().expect("counters");
+        {
+            let _a = SpanContextGuard::enter(Some(&a));
+            busy(Duration::from_millis(1));
+        }
+        assert_eq!(lists.release(next).active_ticks, 0, "a stale root added");
+    }
 }
