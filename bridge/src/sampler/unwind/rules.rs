@@ -21,6 +21,8 @@
 //! without CFI. Identical rules share one entry of a per-object palette, so a row costs
 //! 10 bytes (its start address and a palette index).
 
+use std::collections::HashMap;
+use std::hash::{BuildHasherDefault, Hasher};
 use std::ops::Range;
 
 use gimli::{
@@ -120,8 +122,7 @@ impl ModuleRules {
             bases = bases.set_eh_frame_hdr(tables.eh_frame_hdr_avma);
         }
         let mut ctx = UnwindContext::new();
-        // (start, end, rule) of every row.
-        let mut rows: Vec<(u64, u64, Option<Rule>)> = Vec::new();
+        let mut rows = Rows::default();
         let mut entries = eh_frame.entries(&bases);
         // An error in the entry list leaves the rest unreadable: keep what was read.
         while let Ok(Some(entry)) = entries.next() {
@@ -140,43 +141,21 @@ impl ModuleRules {
                 if start >= end || start < code.start || end > code.end {
                     continue;
                 }
-                rows.push((start, end, rule_of::<A>(row, &eh_frame)));
+                rows.add(start, end, rule_of::<A>(row, &eh_frame));
             }
         }
-        Self::from_rows(rows)
+        rows.into_table()
     }
 
-    /// Builds the table from `(start, end, rule)` rows in any order: gaps between rows
-    /// get "no rule", a row overlapping an earlier one takes over from its start, and
-    /// neighbours with the same rule merge.
-    fn from_rows(mut rows: Vec<(u64, u64, Option<Rule>)>) -> ModuleRules {
-        rows.sort_by_key(|&(start, _, _)| start);
-        let mut table = ModuleRules::default();
-        let mut index = std::collections::HashMap::new();
-        let mut reached = 0u64;
+    /// Builds the table from `(start, end, rule)` rows in any order (see
+    /// [`Rows::into_table`]).
+    #[cfg(test)]
+    fn from_rows(rows: Vec<(u64, u64, Option<Rule>)>) -> ModuleRules {
+        let mut compact = Rows::default();
         for (start, end, rule) in rows {
-            if !table.starts.is_empty() && start > reached {
-                table.push(reached, NO_RULE);
-            }
-            let id = match rule {
-                Some(rule) if table.palette.len() < usize::from(NO_RULE) => {
-                    *index.entry(rule).or_insert_with(|| {
-                        table.palette.push(rule);
-                        (table.palette.len() - 1) as u16
-                    })
-                }
-                _ => NO_RULE,
-            };
-            table.push(start, id);
-            reached = reached.max(end);
+            compact.add(start, end, rule);
         }
-        if !table.starts.is_empty() {
-            table.push(reached, NO_RULE);
-        }
-        table.starts.shrink_to_fit();
-        table.rules.shrink_to_fit();
-        table.index_pages();
-        table
+        compact.into_table()
     }
 
     /// Fills [`pages`](Self::pages) for the range the rows cover.
@@ -245,6 +224,119 @@ impl ModuleRules {
                 + self.pages.len() * 4
                 + self.palette.len() * std::mem::size_of::<Rule>(),
         )
+    }
+}
+
+/// The rows of one object as they are read: 16 bytes each, the rule already an index
+/// into the palette (a big object has 200,000+ rows; kept whole with their rules, they
+/// were most of the sampler's start-up memory).
+#[derive(Default)]
+struct Rows {
+    rows: Vec<Row>,
+    palette: Vec<Rule>,
+    index: HashMap<Rule, u16, BuildHasherDefault<RuleHasher>>,
+}
+
+#[derive(Clone, Copy)]
+struct Row {
+    start: u64,
+    /// `end - start`; a row longer than 4 GiB (no function is) keeps its first 4 GiB.
+    len: u32,
+    id: u16,
+}
+
+impl Rows {
+    fn add(&mut self, start: u64, end: u64, rule: Option<Rule>) {
+        let id = rule.map_or(NO_RULE, |rule| self.id_of(rule));
+        let len = u32::try_from(end.saturating_sub(start)).unwrap_or(u32::MAX);
+        self.rows.push(Row { start, len, id });
+    }
+
+    /// The palette index of `rule` (`NO_RULE` once the palette is full).
+    fn id_of(&mut self, rule: Rule) -> u16 {
+        if let Some(&id) = self.index.get(&rule) {
+            return id;
+        }
+        if self.palette.len() >= usize::from(NO_RULE) {
+            return NO_RULE;
+        }
+        let id = self.palette.len() as u16;
+        self.palette.push(rule);
+        self.index.insert(rule, id);
+        id
+    }
+
+    /// The table of these rows: gaps between rows get "no rule", a row overlapping an
+    /// earlier one takes over from its start, and neighbours with the same rule merge.
+    fn into_table(self) -> ModuleRules {
+        let Rows {
+            mut rows, palette, ..
+        } = self;
+        // Stable: of two rows starting at one address, the later read takes over.
+        rows.sort_by_key(|row| row.start);
+        let mut table = ModuleRules {
+            palette,
+            ..ModuleRules::default()
+        };
+        let mut reached = 0u64;
+        for row in rows {
+            if !table.starts.is_empty() && row.start > reached {
+                table.push(reached, NO_RULE);
+            }
+            table.push(row.start, row.id);
+            reached = reached.max(row.start.saturating_add(u64::from(row.len)));
+        }
+        if !table.starts.is_empty() {
+            table.push(reached, NO_RULE);
+        }
+        table.starts.shrink_to_fit();
+        table.rules.shrink_to_fit();
+        table.index_pages();
+        table
+    }
+}
+
+/// Hashes rules for the palette (a few words each, hashed once per row: SipHash was a
+/// sixth of the compile).
+#[derive(Default)]
+struct RuleHasher(u64);
+
+impl RuleHasher {
+    #[inline]
+    fn mix(&mut self, word: u64) {
+        self.0 = (self.0.rotate_left(5) ^ word).wrapping_mul(0x51_7c_c1_b7_27_22_0a_95);
+    }
+}
+
+impl Hasher for RuleHasher {
+    fn finish(&self) -> u64 {
+        self.0
+    }
+
+    fn write(&mut self, bytes: &[u8]) {
+        for &b in bytes {
+            self.mix(u64::from(b));
+        }
+    }
+
+    fn write_u8(&mut self, n: u8) {
+        self.mix(u64::from(n));
+    }
+
+    fn write_u16(&mut self, n: u16) {
+        self.mix(u64::from(n));
+    }
+
+    fn write_u32(&mut self, n: u32) {
+        self.mix(u64::from(n));
+    }
+
+    fn write_u64(&mut self, n: u64) {
+        self.mix(n);
+    }
+
+    fn write_usize(&mut self, n: usize) {
+        self.mix(n as u64);
     }
 }
 
