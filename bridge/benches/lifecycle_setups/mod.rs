@@ -383,8 +383,9 @@ pub mod required {
         };
     }
 
+    /// The active-time clock (the TSC on x86-64).
     #[inline]
-    fn ticks() -> u64 {
+    pub fn ticks() -> u64 {
         #[cfg(target_arch = "x86_64")]
         {
             // SAFETY: `rdtsc` has no preconditions on x86-64.

@@ -223,23 +223,6 @@ fn release(handle: Handle) {
     let _ = FREE.try_with(|free| free.borrow_mut().push(index));
 }
 
-#[inline]
-fn ticks() -> u64 {
-    #[cfg(target_arch = "x86_64")]
-    {
-        // SAFETY: `rdtsc` has no preconditions on x86-64.
-        unsafe { std::arch::x86_64::_rdtsc() }
-    }
-    #[cfg(not(target_arch = "x86_64"))]
-    {
-        static START: std::sync::OnceLock<std::time::Instant> = std::sync::OnceLock::new();
-        START
-            .get_or_init(std::time::Instant::now)
-            .elapsed()
-            .as_nanos() as u64
-    }
-}
-
 #[derive(Default)]
 pub struct Layer {
     otel: super::OtelContexts,
@@ -302,7 +285,7 @@ where
             thread
                 .otel_thread_ctx
                 .store(record.cast_mut(), Ordering::Relaxed);
-            thread.entered_at.set(ticks());
+            thread.entered_at.set(super::required::ticks());
         });
     }
 
@@ -311,7 +294,7 @@ where
             if thread.cached_id.get() != id.into_u64() {
                 return;
             }
-            let spent = ticks().wrapping_sub(thread.entered_at.get());
+            let spent = super::required::ticks().wrapping_sub(thread.entered_at.get());
             let handle = Handle(thread.cached.get());
             let slot = handle.slot();
             if slot.generation.load(Ordering::Acquire) == handle.generation() {
