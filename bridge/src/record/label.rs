@@ -280,9 +280,9 @@ impl LocalRoot {
         }
     }
 
-    /// Claims a slot for `value`. `keep` lives as long as the root's handles; when it adopts the slot (the root's CPU
-    /// counters' owner does, see `hooks::evidence`), it is the handles' one shared
-    /// allocation, else a [`SlotOwner`] holds both.
+    /// Claims a slot for `value`. `keep` lives as long as the root's handles: when it
+    /// adopts the slot (the root's CPU counters do, see `hooks::evidence`), it is the
+    /// handles' one shared allocation; otherwise a [`SlotOwner`] holds both.
     pub(crate) fn claim(value: RootLabel, keep: Option<Arc<dyn LabelOwner>>) -> LocalRoot {
         let label = LABELS.claim(&value);
         let owner: Option<Arc<dyn LabelOwner>> = match (label, keep) {
