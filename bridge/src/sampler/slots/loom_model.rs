@@ -28,7 +28,6 @@ use std::cell::Cell;
 use loom::cell::UnsafeCell;
 use loom::sync::Arc;
 use loom::thread;
-use opentelemetry::trace::{SpanId, TraceId};
 
 use super::{Owner, Slot, SlotTable, CHUNK};
 use crate::label::Label;
