@@ -841,3 +841,39 @@ fn current_alt_stack() -> (u64, bool) {
     unsafe { libc::sigaltstack(std::ptr::null(), &mut now) };
     (now.ss_sp as u64, now.ss_flags & libc::SS_DISABLE != 0)
 }
+
+/// A span enter checks one cached (run, epoch) pair: it must never keep a thread out of
+/// the sampler. A thread that unregistered is registered again at its next enter, and a
+/// thread settled under one run is registered again under the next.
+#[test]
+fn the_settled_cache_never_keeps_a_thread_out() {
+    let _turn = test_turn();
+    std::thread::spawn(|| {
+        let sampler = start(100);
+        on_span_enter();
+        assert!(current_slot().is_some(), "registered at its first enter");
+        on_span_enter();
+        unregister_current_thread();
+        assert!(current_slot().is_none());
+        on_span_enter();
+        assert!(
+            current_slot().is_some(),
+            "registered again after unregistering"
+        );
+        drop(sampler);
+        let sampler = start(100);
+        let run = SamplerState::global().running_run().expect("running");
+        let registered_run = || REGISTRATION.with(|r| r.borrow().as_ref().map(|r| r.run));
+        assert_ne!(
+            registered_run(),
+            Some(run),
+            "still the last run's registration"
+        );
+        on_span_enter();
+        assert_eq!(registered_run(), Some(run), "registered under the new run");
+        assert!(current_slot().is_some());
+        drop(sampler);
+    })
+    .join()
+    .expect("thread");
+}
