@@ -64,9 +64,10 @@ struct Slot {
     /// the top 16 bits, `clock::ticks` in the low 48 (78 hours of nanoseconds, or 26
     /// hours of a 3 GHz time-stamp counter). Added to by span hooks on any thread, not by
     /// the handler. The tag only tells the owner from the same ownership once released:
-    /// the release swaps in the next generation's tag, so an add that passed the
-    /// generation check just before the release fails (and counts as stale) instead of
-    /// adding to a total already taken. Which root an add is for is decided by the full
+    /// a release that finds an add in progress (`adders`) swaps in the next generation's
+    /// tag, so an add that passed the generation check just before the release fails (and
+    /// counts as stale) instead of adding to a total already taken; one that finds none
+    /// only reads the words, which nothing can change any more. Which root an add is for is decided by the full
     /// generation, checked under `adders` (16 bits would repeat every 32,768 reuses).
     active: AtomicU64,
     /// Wall time the root's futures spent woken but not yet polled (queued for a worker),
@@ -278,11 +279,26 @@ impl SlotLists {
         // the old generation is counted in flight (in `adders`) for every later load,
         // `recycle`'s included.
         fence(Ordering::SeqCst);
-        // Closes the active word to adds under the old tag, and takes its total.
-        let closed = active_tag(handle.generation.wrapping_add(1));
-        let active = slot.active.swap(closed, Ordering::SeqCst);
-        let queued = slot.queued.swap(closed, Ordering::SeqCst);
-        let runqueue = slot.runqueue.swap(closed, Ordering::SeqCst);
+        let (active, queued, runqueue) = if slot.adders.load(Ordering::SeqCst) == 0 {
+            // No add in progress once the generation moved on: an adder that counts itself
+            // in later reads the new generation and leaves the words alone, and this load
+            // synchronises with every earlier adder's release of the count. The words are
+            // final: read, not swapped (the next claim writes the next owner's).
+            (
+                slot.active.load(Ordering::Relaxed),
+                slot.queued.load(Ordering::Relaxed),
+                slot.runqueue.load(Ordering::Relaxed),
+            )
+        } else {
+            // An add that passed the generation check may still land: close the words to
+            // the old tag (it then fails, counted stale) and take their totals.
+            let closed = active_tag(handle.generation.wrapping_add(1));
+            (
+                slot.active.swap(closed, Ordering::SeqCst),
+                slot.queued.swap(closed, Ordering::SeqCst),
+                slot.runqueue.swap(closed, Ordering::SeqCst),
+            )
+        };
         // A handler that passed the generation check just before the release may still be
         // adding: wait for it a little (handlers are short), without ever blocking long.
         for _ in 0..RELEASE_SPINS {
@@ -724,6 +740,11 @@ mod tests {
         // An adder that read the generation just before the release.
         s.adders.fetch_add(1, Ordering::SeqCst);
         lists.release(a);
+        // Its compare-and-swap comes after the release: the word was closed to its tag.
+        assert!(
+            !add_to(&s.active, active_tag(a.generation), 5, ACTIVE_NS_MASK, 0),
+            "an add in progress landed after the release took the total"
+        );
         assert!(!lists.recycle(), "held by the add in progress");
         let b = lists.claim().expect("slot");
         assert_ne!(b.index, a.index, "a fresh slot instead");
