@@ -101,19 +101,7 @@ impl ProfilingLayer {
     where
         S: Subscriber + for<'a> LookupSpan<'a>,
     {
-        if let Some(RootExt(root)) = span.extensions().get::<RootExt>() {
-            return root.clone();
-        }
-        let root = self.resolve(span);
-        let mut extensions = span.extensions_mut();
-        // Threads entering a new span at once (fan-out) all resolve it: the first stored
-        // wins, so they label the same root, and no `insert` of a present value can panic
-        // (a panic here would poison the registry slot's extensions lock for good).
-        if let Some(RootExt(first)) = extensions.get_mut::<RootExt>() {
-            return first.clone();
-        }
-        extensions.insert(RootExt(root.clone()));
-        root
+        self.with_root(span, ResolvedRoot::clone)
     }
 
     /// The label of `span`'s local root: the per-enter path, no reference counting.
@@ -121,10 +109,30 @@ impl ProfilingLayer {
     where
         S: Subscriber + for<'a> LookupSpan<'a>,
     {
+        self.with_root(span, ResolvedRoot::word)
+    }
+
+    /// `f` of `span`'s local root, resolved and stored on first use. `f` sees the stored
+    /// root, so a caller that only needs its label clones nothing (each clone of a root's
+    /// handle is a locked increment, and its drop a locked decrement).
+    fn with_root<S, R>(&self, span: &SpanRef<'_, S>, f: impl FnOnce(&ResolvedRoot) -> R) -> R
+    where
+        S: Subscriber + for<'a> LookupSpan<'a>,
+    {
         if let Some(RootExt(root)) = span.extensions().get::<RootExt>() {
-            return root.word();
+            return f(root);
         }
-        self.root_of(span).word()
+        let root = self.resolve(span);
+        let mut extensions = span.extensions_mut();
+        // Threads entering a new span at once (fan-out) all resolve it: the first stored
+        // wins, so they label the same root, and no `insert` of a present value can panic
+        // (a panic here would poison the registry slot's extensions lock for good).
+        if let Some(RootExt(first)) = extensions.get_mut::<RootExt>() {
+            return f(first);
+        }
+        let out = f(&root);
+        extensions.insert(RootExt(root));
+        out
     }
 
     fn resolve<S>(&self, span: &SpanRef<'_, S>) -> ResolvedRoot
