@@ -67,8 +67,9 @@ struct Slot {
     /// a release that finds an add in progress (`adders`) swaps in the next generation's
     /// tag, so an add that passed the generation check just before the release fails (and
     /// counts as stale) instead of adding to a total already taken; one that finds none
-    /// only reads the words, which nothing can change any more. Which root an add is for is decided by the full
-    /// generation, checked under `adders` (16 bits would repeat every 32,768 reuses).
+    /// only reads the words, which nothing can change any more. Which root an add is for
+    /// is decided by the full generation, checked under `adders` (16 bits would repeat
+    /// every 32,768 reuses).
     active: AtomicU64,
     /// Wall time the root's futures spent woken but not yet polled (queued for a worker),
     /// as measured by the plain-API future wrapper; same layout as `active`, with bit 47
