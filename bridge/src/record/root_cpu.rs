@@ -11,8 +11,9 @@
 //!  claim (root span starts)          handler (any thread, any time)        release (root ends)
 //!  pop a free slot                   IN_FLIGHT += 1                        generation += 1 (even)
 //!  zero counters                     slot = table[index] (never freed)     read the totals
-//!  generation += 1 (odd) ─► handle   generation == handle's? add           slot → limbo
-//!                                    IN_FLIGHT -= 1                        (or retired: see below)
+//!  generation += 1 (odd) ─► handle   generation == handle's? add           slot → free if it saw
+//!                                    IN_FLIGHT -= 1                        both counts at 0, else
+//!                                                                          limbo (or retired)
 //!  limbo → free once IN_FLIGHT == 0 and the slot's adders == 0 are seen after the release
 //! ```
 //!
@@ -37,6 +38,8 @@
 //! release (all four operations `SeqCst`, and a `fence(SeqCst)` between the store and the
 //! load on each side, the form loom checks): a handler that read the old generation before
 //! the release has finished by then, so it can never add into the next root's counters.
+//! The release itself loads both counts after its fence, so a slot it finds quiet (the
+//! usual case) goes straight to the free list; limbo holds the others.
 //! The watchdog's CPU adds ([`add_cpu`]) count themselves in flight as handlers do.
 //! Active, queued and run-delay time (added by span hooks on any thread, see
 //! [`add_active`], and by the watchdog, [`add_runqueue`]) follow the same rule on the
@@ -280,7 +283,8 @@ impl SlotLists {
         // the old generation is counted in flight (in `adders`) for every later load,
         // `recycle`'s included.
         fence(Ordering::SeqCst);
-        let (active, queued, runqueue) = if slot.adders.load(Ordering::SeqCst) == 0 {
+        let adders_quiet = slot.adders.load(Ordering::SeqCst) == 0;
+        let (active, queued, runqueue) = if adders_quiet {
             // No add in progress once the generation moved on: an adder that counts itself
             // in later reads the new generation and leaves the words alone, and this load
             // synchronises with every earlier adder's release of the count. The words are
@@ -302,8 +306,10 @@ impl SlotLists {
         };
         // A handler that passed the generation check just before the release may still be
         // adding: wait for it a little (handlers are short), without ever blocking long.
+        let mut handlers_quiet = false;
         for _ in 0..RELEASE_SPINS {
             if roots.in_flight.load(Ordering::SeqCst) == 0 {
+                handlers_quiet = true;
                 break;
             }
             spin_loop();
@@ -317,6 +323,11 @@ impl SlotLists {
         };
         if handle.generation.wrapping_add(1) == 0 {
             roots.retired.fetch_add(1, Ordering::Relaxed);
+        } else if adders_quiet && handlers_quiet {
+            // `recycle`'s condition, already seen: no add and no handler in flight, each
+            // loaded (SeqCst) after the release's fence. The slot is free now; a claim
+            // need not scan the limbo for it.
+            self.free.push(handle.index);
         } else {
             self.limbo.push(handle.index);
         }
@@ -679,7 +690,7 @@ mod tests {
     /// flight holds limbo back for a moment: `IN_FLIGHT` is process-wide).
     fn reclaim(lists: &mut SlotLists) -> CpuHandle {
         let start = std::time::Instant::now();
-        while !lists.recycle() {
+        while lists.free.is_empty() && !lists.recycle() {
             assert!(
                 start.elapsed() < std::time::Duration::from_secs(10),
                 "limbo never recycled"
@@ -760,6 +771,41 @@ mod tests {
         assert_eq!(reused, expected, "both back once the add is done");
         lists.release(c);
         lists.release(d);
+    }
+
+    /// A release that sees no add and no handler in flight lists the slot free at once;
+    /// one that sees either leaves it in limbo until `recycle` sees both at zero.
+    #[test]
+    fn a_quiet_release_frees_the_slot_and_a_busy_one_holds_it() {
+        let roots = RootTable::new();
+        let mut lists = SlotLists::default();
+        let a = lists.claim_in(&roots).expect("slot");
+        lists.release_in(&roots, a);
+        assert_eq!(
+            (lists.free.as_slice(), lists.limbo.len()),
+            (&[a.index][..], 0)
+        );
+        let b = lists.claim_in(&roots).expect("slot");
+        assert_eq!(b.index, a.index, "reused without a recycle");
+        // A handler in flight (it read B's generation before the release).
+        roots.in_flight.fetch_add(1, Ordering::SeqCst);
+        lists.release_in(&roots, b);
+        assert_eq!(
+            (lists.free.len(), lists.limbo.as_slice()),
+            (0, &[b.index][..])
+        );
+        assert!(!lists.recycle_in(&roots), "still in flight");
+        roots.in_flight.fetch_sub(1, Ordering::SeqCst);
+        // An add in progress holds it the same way.
+        assert!(lists.recycle_in(&roots));
+        let c = lists.claim_in(&roots).expect("slot");
+        assert_eq!(c.index, a.index);
+        let slot = roots.slot(c.index).expect("allocated");
+        slot.adders.fetch_add(1, Ordering::SeqCst);
+        lists.release_in(&roots, c);
+        assert_eq!(lists.limbo.as_slice(), &[c.index][..], "held by the add");
+        slot.adders.fetch_sub(1, Ordering::SeqCst);
+        assert!(lists.recycle_in(&roots));
     }
 
     /// The generation at its wrap: the release that would take it from `u64::MAX` to 0
