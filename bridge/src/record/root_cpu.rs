@@ -42,7 +42,7 @@
 //! usual case) goes straight to the free list; limbo holds the others.
 //! The watchdog's CPU adds ([`add_cpu`]) count themselves in flight as handlers do.
 //! Active, queued and run-delay time (added by span hooks on any thread, see
-//! [`add_active`], and by the watchdog, [`add_runqueue`]) follow the same rule on the
+//! [`ActiveCounter::add`], and by the watchdog, [`add_runqueue`]) follow the same rule on the
 //! slot's own `adders` count (with a fence after the count, and the release's), so the
 //! check of the full generation and the add it allows are never split by a reuse.
 //! Free and limbo lists live in the caller's shards (the evidence table), under locks it
@@ -144,6 +144,7 @@ impl RootTable {
         }
     }
 
+    #[inline]
     fn slot(&self, index: u32) -> Option<&'static Slot> {
         self.slots.get(index)
     }
@@ -360,7 +361,7 @@ pub(crate) struct RootTotals {
     pub(crate) samples: u64,
     /// The CPU time they stand for.
     pub(crate) cpu_ns: u64,
-    /// Wall time threads spent inside the root, in `clock::ticks` (see [`add_active`]).
+    /// Wall time threads spent inside the root, in `clock::ticks` (see [`ActiveCounter::add`]).
     pub(crate) active_ticks: u64,
     /// Wall time its futures spent woken but not polled, when a wrapper measured it (see
     /// [`add_queued`]).
@@ -370,23 +371,70 @@ pub(crate) struct RootTotals {
     pub(crate) runqueue_ns: Option<u64>,
 }
 
-/// Adds `ns` (`clock::ticks`) of wall time spent inside the root `raw` (a
-/// [`CpuHandle::to_raw`]) by the calling thread. Saturates at 2⁴⁸; returns false (and
-/// adds nothing) when the root has ended. Lock-free: a few atomics on the root's own
-/// slot, so threads of different roots never write the same counter.
-#[inline]
+/// A root's counters found once, for the active-time adds of a thread that keeps running
+/// it (each poll of its future): the slot (never freed) and the generation the adds check.
+#[derive(Clone, Copy)]
+pub(crate) struct ActiveCounter {
+    slot: &'static Slot,
+    generation: u64,
+}
+
+impl ActiveCounter {
+    /// The counters `raw` (a [`CpuHandle::to_raw`]) names, if its index names a slot.
+    #[inline]
+    pub(crate) fn of(raw: u128) -> Option<ActiveCounter> {
+        ActiveCounter::of_in(&ROOTS, raw)
+    }
+
+    /// [`ActiveCounter::of`] in `roots`.
+    #[inline]
+    fn of_in(roots: &RootTable, raw: u128) -> Option<ActiveCounter> {
+        let handle = CpuHandle::from_raw(raw)?;
+        let slot = roots.slot(handle.index)?;
+        Some(ActiveCounter {
+            slot,
+            generation: handle.generation,
+        })
+    }
+
+    /// Adds `ns` (`clock::ticks`) of wall time spent inside the root by the calling
+    /// thread. Saturates at 2⁴⁸; returns false (and adds nothing) when the root has ended.
+    /// Lock-free: a few atomics on the root's own slot, so threads of different roots
+    /// never write the same counter.
+    #[inline]
+    pub(crate) fn add(self, ns: u64) -> bool {
+        self.add_in(&ROOTS, ns)
+    }
+
+    /// [`ActiveCounter::add`], counting a refused add in `roots`.
+    #[inline]
+    fn add_in(self, roots: &RootTable, ns: u64) -> bool {
+        add_tagged_at(
+            roots,
+            self.slot,
+            self.generation,
+            ns,
+            |slot| &slot.active,
+            ACTIVE_NS_MASK,
+            0,
+        )
+    }
+}
+
+/// [`ActiveCounter::add`] from the handle `raw` (tests).
+#[cfg(test)]
 pub(crate) fn add_active(raw: u128, ns: u64) -> bool {
     add_active_in(&ROOTS, raw, ns)
 }
 
-/// [`add_active`] into `roots`.
-#[inline]
+/// [`add_active`] into `roots`: the span hooks' path, for the models.
+#[cfg(test)]
 fn add_active_in(roots: &RootTable, raw: u128, ns: u64) -> bool {
-    add_tagged(roots, raw, ns, |slot| &slot.active, ACTIVE_NS_MASK, 0)
+    ActiveCounter::of_in(roots, raw).is_some_and(|counter| counter.add_in(roots, ns))
 }
 
 /// Adds `ns` of wall time one of the root's futures spent woken but not yet polled, and
-/// marks the root's queued time as measured. Same rules as [`add_active`].
+/// marks the root's queued time as measured. Same rules as [`ActiveCounter::add`].
 #[inline]
 pub(crate) fn add_queued(raw: u128, ns: u64) -> bool {
     add_tagged(
@@ -400,7 +448,7 @@ pub(crate) fn add_queued(raw: u128, ns: u64) -> bool {
 }
 
 /// Adds `ns` of run delay (runnable inside the root, not running) and marks the root's
-/// run delay as measured. Same rules as [`add_active`]; called by the watchdog thread.
+/// run delay as measured. Same rules as [`ActiveCounter::add`]; called by the watchdog thread.
 #[inline]
 pub(crate) fn add_runqueue(raw: u128, ns: u64) -> bool {
     add_runqueue_in(&ROOTS, raw, ns)
@@ -443,12 +491,26 @@ fn add_tagged(
     let Some(slot) = roots.slot(handle.index) else {
         return false;
     };
+    add_tagged_at(roots, slot, handle.generation, ns, word, mask, flags)
+}
+
+/// [`add_tagged`] into `slot`, already found, for the root of `generation`.
+#[inline]
+fn add_tagged_at(
+    roots: &RootTable,
+    slot: &Slot,
+    generation: u64,
+    ns: u64,
+    word: impl Fn(&Slot) -> &AtomicU64,
+    mask: u64,
+    flags: u64,
+) -> bool {
     slot.adders.fetch_add(1, Ordering::SeqCst);
     // Paired with the fence in `release`: a release that this add's generation load
     // misses sees it in `adders` when it recycles the slot.
     fence(Ordering::SeqCst);
-    let added = slot.generation.load(Ordering::SeqCst) == handle.generation
-        && add_to(word(slot), active_tag(handle.generation), ns, mask, flags);
+    let added = slot.generation.load(Ordering::SeqCst) == generation
+        && add_to(word(slot), active_tag(generation), ns, mask, flags);
     // Release: the add above happens before a claim that sees the count back at zero
     // zeroes the word for the next owner.
     slot.adders.fetch_sub(1, Ordering::Release);

@@ -6,7 +6,7 @@
 //! again right after, writes nothing. Those transitions are where the clock is read: one
 //! read of the active-time clock (`clock::ticks`: the TSC where the kernel keeps time with
 //! it, ~10 ns, else `CLOCK_MONOTONIC` through the vDSO, ~25 ns; never a syscall) closes
-//! the stretch of the root being left (added to its counters, `root_cpu::add_active`) and
+//! the stretch of the root being left (added to its counters, `root_cpu::ActiveCounter::add`) and
 //! opens the stretch of the root being entered. Roots without counters (no sampler, no evidence processor, an
 //! unsampled trace) never read the clock. The thread's CPU clock is never read here: at
 //! ~500 ns a read (a syscall) it would cost more than the rest of a poll's hooks.
@@ -21,7 +21,7 @@ use std::cell::Cell;
 
 use crate::clock;
 use crate::label::Label;
-use crate::root_cpu;
+use crate::root_cpu::ActiveCounter;
 
 /// The thread's open stretch, and the counters of the root it left last.
 struct Stretch {
@@ -30,16 +30,17 @@ struct Stretch {
     entered_at: Cell<u64>,
     /// The word of the root whose counters `cpu` holds (0: none yet). A root's counters
     /// never change and a word is never handed out twice, so the next stretch of the same
-    /// root (the next poll of its future) does not read its label slot again; counters
-    /// whose root ended refuse the add by their own generation.
+    /// root (the next poll of its future) does not read its label slot or look its
+    /// counters up again; counters whose root ended refuse the add by their own
+    /// generation.
     word: Cell<u64>,
-    cpu: Cell<u128>,
+    cpu: Cell<Option<ActiveCounter>>,
 }
 
 thread_local! {
     // `const`, no destructor: usable from any hook, even during thread teardown.
     static STRETCH: Stretch = const {
-        Stretch { entered_at: Cell::new(0), word: Cell::new(0), cpu: Cell::new(0) }
+        Stretch { entered_at: Cell::new(0), word: Cell::new(0), cpu: Cell::new(None) }
     };
 }
 
@@ -56,7 +57,7 @@ pub(super) fn transition(from: Option<Label>, to: Option<Label>) {
     transition_cpu(from_cpu, to_cpu);
 }
 
-#[inline(never)]
+#[inline]
 fn transition_cpu(from: Option<Label>, to: Option<Label>) {
     let now = clock::ticks();
     // `try_with`: a thread-local destructor may end a scope after this one is gone.
@@ -66,13 +67,13 @@ fn transition_cpu(from: Option<Label>, to: Option<Label>) {
                 stretch.cpu.get()
             } else {
                 // A root whose label was released reads as 0: nothing is added.
-                let cpu = from.cpu_raw();
+                let cpu = ActiveCounter::of(from.cpu_raw());
                 stretch.word.set(from.word());
                 stretch.cpu.set(cpu);
                 cpu
             };
-            if cpu != 0 {
-                root_cpu::add_active(cpu, now.saturating_sub(stretch.entered_at.get()));
+            if let Some(cpu) = cpu {
+                cpu.add(now.saturating_sub(stretch.entered_at.get()));
             }
         }
         if to.is_some() {
