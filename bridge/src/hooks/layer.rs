@@ -268,7 +268,45 @@ where
         }
     }
 
+    /// The per-poll path: a thread settled with the sampler, no tokio hand-off, the label
+    /// in the thread's cache. Everything else is [`ProfilingLayer::enter_slow`], which
+    /// does the whole enter, so this path's only call is the switch, its last instruction
+    /// (nothing kept across a call: no register to save).
+    #[inline]
     fn on_enter(&self, id: &Id, ctx: Context<'_, S>) {
+        if crate::sampler::span_enter_is_settled() && !self.tokio.active() {
+            let cached = label_cache::Slot::of(self.owner.raw(), id.into_u64());
+            if let Some(root) = cached.get() {
+                scopes::enter(self.owner.key(id.into_u64()), root);
+                return;
+            }
+        }
+        self.enter_slow(id, ctx);
+    }
+
+    fn on_close(&self, id: Id, _ctx: Context<'_, S>) {
+        label_cache::Slot::of(self.owner.raw(), id.into_u64()).closed();
+    }
+
+    /// As [`ProfilingLayer::on_enter`]: the tokio hand-off is out of line, and the usual
+    /// exit's only call is the switch.
+    #[inline]
+    fn on_exit(&self, id: &Id, ctx: Context<'_, S>) {
+        if self.tokio.active() {
+            return self.exit_tokio(id, ctx);
+        }
+        scopes::exit(self.owner.key(id.into_u64()));
+    }
+}
+
+impl ProfilingLayer {
+    /// [`Layer::on_enter`] off its usual path: registers the thread with the sampler if it
+    /// must, resolves the span's root on a cache miss, hands tokio's queued time over.
+    #[inline(never)]
+    fn enter_slow<S>(&self, id: &Id, ctx: Context<'_, S>)
+    where
+        S: Subscriber + for<'a> LookupSpan<'a>,
+    {
         crate::sampler::on_span_enter();
         let owner = self.owner.raw();
         let key = self.owner.key(id.into_u64());
@@ -299,17 +337,16 @@ where
         scopes::enter(key, root);
     }
 
-    fn on_close(&self, id: Id, _ctx: Context<'_, S>) {
-        label_cache::Slot::of(self.owner.raw(), id.into_u64()).closed();
-    }
-
-    fn on_exit(&self, id: &Id, ctx: Context<'_, S>) {
-        if self.tokio.active() {
-            self.tokio.exited(self.owner.raw(), id, || {
-                ctx.span(id)
-                    .is_some_and(|span| span.extensions().get::<TaskWake>().is_some())
-            });
-        }
+    /// [`Layer::on_exit`] while tokio's instrumentation is compiled in.
+    #[inline(never)]
+    fn exit_tokio<S>(&self, id: &Id, ctx: Context<'_, S>)
+    where
+        S: Subscriber + for<'a> LookupSpan<'a>,
+    {
+        self.tokio.exited(self.owner.raw(), id, || {
+            ctx.span(id)
+                .is_some_and(|span| span.extensions().get::<TaskWake>().is_some())
+        });
         scopes::exit(self.owner.key(id.into_u64()));
     }
 }

@@ -555,18 +555,28 @@ impl SamplerState {
     /// See [`on_span_enter`].
     #[inline]
     fn on_span_enter(&'static self) {
+        if let Err((run, epoch)) = self.enter_is_settled() {
+            self.settle(run, epoch);
+        }
+    }
+
+    /// Ok when a span enter on this thread has nothing to do for the sampler (none runs,
+    /// or the thread is settled with this run and epoch); else the run and epoch to
+    /// settle with.
+    #[inline(always)]
+    fn enter_is_settled(&self) -> Result<(), (u64, u64)> {
         // Relaxed: a stale answer only delays registration to the next enter; `register`
         // reads the run again with SeqCst.
         let state = self.run_state.load(Ordering::Relaxed);
         if state & 1 == 0 {
-            return;
+            return Ok(());
         }
         let run = state >> 1;
         let epoch = self.epoch.load(Ordering::Relaxed);
         if SETTLED.get() == [run, epoch] {
-            return;
+            return Ok(());
         }
-        self.settle(run, epoch);
+        Err((run, epoch))
     }
 
     /// [`Self::on_span_enter`] on a thread not known settled for this run and epoch: looks
@@ -905,6 +915,13 @@ pub fn tokio_on_thread_stop() -> impl Fn() + Send + Sync + 'static {
 #[inline]
 pub(crate) fn on_span_enter() {
     SamplerState::global().on_span_enter();
+}
+
+/// Whether [`on_span_enter`] would do nothing now (the caller's fast path: it calls
+/// `on_span_enter` on its slow path).
+#[inline(always)]
+pub(crate) fn span_enter_is_settled() -> bool {
+    SamplerState::global().enter_is_settled().is_ok()
 }
 
 /// Before `fork` (from `crate::fork`'s prepare handler).

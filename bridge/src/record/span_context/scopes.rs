@@ -187,39 +187,60 @@ impl Stack {
     /// Records that `key` was entered while `previous` was the thread's context; false if
     /// nothing was recorded: deeper than [`INLINE`] and the spill is borrowed (a
     /// re-entrant call) or already destroyed (in a thread-local destructor).
-    #[inline]
+    #[cfg(test)]
     fn push(&self, key: Key, previous: Option<Label>) -> bool {
+        self.push_inline(key, previous) || self.push_spilled(key, previous)
+    }
+
+    /// [`Stack::push`] when the stack is shallower than [`INLINE`] (the usual case);
+    /// false, having recorded nothing, when it is not.
+    #[inline(always)]
+    fn push_inline(&self, key: Key, previous: Option<Label>) -> bool {
         let len = self.len.get();
-        if let Some(slot) = self.inline.get(len) {
-            slot.owner.set(key.owner);
-            slot.id.set(key.id);
-            slot.previous.set(crate::label::word_of(previous));
-        } else if !spill_push(Entry { key, previous }) {
+        let Some(slot) = self.inline.get(len) else {
+            return false;
+        };
+        slot.owner.set(key.owner);
+        slot.id.set(key.id);
+        slot.previous.set(crate::label::word_of(previous));
+        self.len.set(len + 1);
+        true
+    }
+
+    /// [`Stack::push`] on a stack [`INLINE`] deep or more.
+    fn push_spilled(&self, key: Key, previous: Option<Label>) -> bool {
+        if !spill_push(Entry { key, previous }) {
             return false;
         }
-        self.len.set(len + 1);
+        self.len.set(self.len.get() + 1);
         true
     }
 
     /// What exiting `key` leaves: `Some(context to restore)` when it was the innermost
     /// scope, `None` when it exited out of order (or was never seen), in which case the
     /// scope entered after it takes over restoring its `previous` and nothing changes now.
-    #[inline]
+    #[cfg(test)]
     fn pop(&self, key: Key) -> Option<Option<Label>> {
-        let len = self.len.get();
-        // Fast path: the innermost scope exits, all inline (the usual case).
-        if (1..=INLINE).contains(&len) {
-            let top = &self.inline[len - 1];
-            if top.owner.get() == key.owner && top.id.get() == key.id {
-                self.len.set(len - 1);
-                return Some(Label::from_raw(top.previous.get()));
-            }
-        }
-        self.pop_slow(key)
+        self.pop_top(key).or_else(|| self.pop_slow(key))
     }
 
-    #[cold]
-    #[inline(never)]
+    /// [`Stack::pop`] when `key` is the innermost scope and inline (the usual case);
+    /// `None`, having changed nothing, otherwise.
+    #[inline(always)]
+    fn pop_top(&self, key: Key) -> Option<Option<Label>> {
+        let len = self.len.get();
+        if !(1..=INLINE).contains(&len) {
+            return None;
+        }
+        let top = &self.inline[len - 1];
+        if top.owner.get() != key.owner || top.id.get() != key.id {
+            return None;
+        }
+        self.len.set(len - 1);
+        Some(Label::from_raw(top.previous.get()))
+    }
+
+    /// [`Stack::pop`] past [`Stack::pop_top`]: out of order, spilled, or never entered.
     fn pop_slow(&self, key: Key) -> Option<Option<Label>> {
         let len = self.len.get();
         let pos = (0..len).rev().find(|&i| self.get(i).key == key)?;
@@ -270,11 +291,27 @@ pub(crate) fn enter(key: Key, root: Option<Label>) {
     super::with_thread(|t| enter_on(t, key, root));
 }
 
-#[inline]
+/// The whole enter. Every branch off the usual path (a stack [`INLINE`] deep) ends in a
+/// call that finishes the enter itself, so the usual path keeps nothing across a call and
+/// needs no saved register: its one call, the switch, is its last instruction.
+#[inline(always)]
 fn enter_on(t: &super::PerThread, key: Key, root: Option<Label>) {
     let previous = t.cell.own_word();
+    if !t.scopes.push_inline(key, previous) {
+        return enter_spilled(t, key, root);
+    }
+    if previous != root {
+        t.cell.switch(previous, root);
+    }
+}
+
+/// [`enter_on`] on a stack [`INLINE`] deep or more.
+#[cold]
+#[inline(never)]
+fn enter_spilled(t: &super::PerThread, key: Key, root: Option<Label>) {
+    let previous = t.cell.own_word();
     // Not recorded: no exit will restore it, so the context stays as it was.
-    if t.scopes.push(key, previous) && previous != root {
+    if t.scopes.push_spilled(key, previous) && previous != root {
         t.cell.switch(previous, root);
     }
 }
@@ -296,14 +333,29 @@ pub(crate) fn enter_guard(root: Option<Label>) -> Key {
 /// is the innermost scope, otherwise hands that context to the scope entered after it.
 #[inline]
 pub(crate) fn exit(key: Key) {
-    super::with_thread(|t| {
-        if let Some(previous) = t.scopes.pop(key) {
-            let current = t.cell.own_word();
-            if current != previous {
-                t.cell.switch(current, previous);
-            }
-        }
+    super::with_thread(|t| match t.scopes.pop_top(key) {
+        Some(previous) => restore(t, previous),
+        // As in `enter_on`: the other cases finish in a call of their own.
+        None => exit_slow(t, key),
     });
+}
+
+/// Makes `previous` the thread's context again, the scope above it having ended.
+#[inline(always)]
+fn restore(t: &super::PerThread, previous: Option<Label>) {
+    let current = t.cell.own_word();
+    if current != previous {
+        t.cell.switch(current, previous);
+    }
+}
+
+/// [`exit`] of a scope that is not the innermost inline one.
+#[cold]
+#[inline(never)]
+fn exit_slow(t: &super::PerThread, key: Key) {
+    if let Some(previous) = t.scopes.pop_slow(key) {
+        restore(t, previous);
+    }
 }
 
 /// [`Stack::push`] on the calling thread's stack (tests).
