@@ -201,7 +201,7 @@ fn table() -> &'static [AtforkMutex<Shard>] {
 fn shard(span_id: u64) -> MutexGuard<'static, Shard> {
     let shards = shards();
     // Span ids are random: their low bits spread evenly.
-    shards[(span_id as usize) % shards.len()].lock()
+    shards[(span_id as usize) % SHARDS].lock()
 }
 
 /// Before `fork`: the forking thread takes every shard (see `crate::fork`).

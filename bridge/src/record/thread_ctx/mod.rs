@@ -147,19 +147,13 @@ pub fn is_enabled() -> bool {
 
 /// Publishes the calling thread's new local root (`None`: no span). Called by
 /// `span_context::replace` at every root transition, on the owning thread.
+///
+/// A switch of a process that never enabled the writer pays one load and a branch. This
+/// is inlined into the switch, itself out of line, so a transition makes one call.
 #[inline]
 pub(crate) fn publish(label: Option<crate::label::Label>) {
-    if STATE.load(Ordering::Relaxed) != NEVER {
-        publish_on(label);
-    }
-}
-
-/// [`publish`] once the writer was ever on (a switch of a process that never enabled it
-/// pays one load and a branch; inlined into the switch, which is out of line itself, so
-/// a transition makes one call, not three).
-#[inline]
-fn publish_on(label: Option<crate::label::Label>) {
     match STATE.load(Ordering::Relaxed) {
+        NEVER => {}
         // A label whose root ended meanwhile (a stale word restored) reads as none.
         ON => thread::publish(label),
         _ => thread::invalidate(),
