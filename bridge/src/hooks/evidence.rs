@@ -13,8 +13,7 @@
 //! lock beyond the shard's.
 
 use std::cell::RefCell;
-use std::collections::HashMap;
-use std::hash::{BuildHasherDefault, Hasher};
+use std::hash::Hasher;
 use std::sync::atomic::{AtomicBool, AtomicU64, AtomicUsize, Ordering};
 use std::sync::{Arc, MutexGuard, OnceLock};
 use std::time::Duration;
@@ -170,7 +169,7 @@ impl Hasher for SpanIdHasher {
 
 #[derive(Default)]
 struct Shard {
-    entries: HashMap<u64, Entry, BuildHasherDefault<SpanIdHasher>>,
+    entries: entries::Entries,
     inserts: u32,
     slots: SlotLists,
 }
@@ -244,7 +243,7 @@ fn claim(span_id: SpanId) -> Option<Arc<RootCounters>> {
     if shard.inserts.is_multiple_of(SWEEP_EVERY) {
         let now = crate::clock::coarse_monotonic_ns();
         let slots = &mut shard.slots;
-        shard.entries.retain(|_, e| {
+        shard.entries.retain(|e| {
             let orphan = e.is_orphan(now);
             if orphan {
                 slots.release(e.cpu.handle);
@@ -297,7 +296,7 @@ pub(crate) fn counters_of(span_id: SpanId) -> Option<Arc<RootCounters>> {
         Some((id, cpu)) if id == key => cpu,
         _ => {
             let shard = shard(key);
-            shard.entries.get(&key)?.cpu.clone()
+            shard.entries.get(key)?.cpu.clone()
         }
     };
     cpu.followed.store(true, Ordering::Relaxed);
@@ -311,7 +310,7 @@ fn take(span_id: SpanId) -> Option<(RootTotals, Option<u64>)> {
     // The entry outlives the shard's guard (see `claim`).
     let (entry, totals) = {
         let mut shard = shard(key);
-        let entry = shard.entries.remove(&key)?;
+        let entry = shard.entries.remove(key)?;
         let totals = shard.slots.release(entry.cpu.handle);
         (entry, totals)
     };
@@ -469,6 +468,8 @@ impl<P: SpanProcessor> SpanProcessor for CpuEvidenceProcessor<P> {
     }
 }
 
+mod entries;
+
 #[cfg(test)]
 mod tests {
     use opentelemetry::trace::TracerProvider as _;
@@ -597,7 +598,7 @@ mod tests {
                 .span_id()
                 .to_bytes(),
         );
-        let in_table = || shard(key).entries.contains_key(&key);
+        let in_table = || shard(key).entries.contains_key(key);
         assert!(in_table(), "claimed as it started");
         drop(span);
         assert!(!in_table(), "released as it ended");
