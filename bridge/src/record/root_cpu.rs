@@ -14,7 +14,7 @@
 //!  generation += 1 (odd) ─► handle   generation == handle's? add           slot → free if it saw
 //!                                    IN_FLIGHT -= 1                        both counts at 0, else
 //!                                                                          limbo (or retired)
-//!  limbo → free once IN_FLIGHT == 0 and the slot's adders == 0 are seen after the release
+//!  limbo → free once IN_FLIGHT == 0 and no add in progress are seen after the release
 //! ```
 //!
 //! **Never freed.** Slots live in a [`NeverFreed`] table: any index below the allocated
@@ -24,15 +24,14 @@
 //! when the generation it reads equals the handle's; a stale handle (its root ended) is
 //! counted in [`stale_handles`] and adds nothing.
 //!
-//! **Why 64 bits, and retirement.** A stale handle is refused only while its generation
-//! differs from the slot's, so the generation must not come back to a value it had. A
-//! reuse (claim + release) is at least four `SeqCst` read-modify-writes on the slot's own
-//! cache line plus the caller's shard lock, each well over a nanosecond, so one slot is
-//! reused at most 10⁹ times a second (assumed; real roots cost microseconds). The
-//! generation moves by 2 per reuse: 10 years at that rate is 6.3·10¹⁷ < 2⁶⁰, and a `u64`
-//! comes back only after 2⁶³ reuses (292 years). Should it ever get there, the release
-//! that would wrap it to 0 retires the slot instead of listing it: it is never claimed
-//! again (it costs one slot's memory), so no generation is ever handed out twice.
+//! **Why 42 bits, and retirement.** A stale handle is refused only while its generation
+//! differs from the slot's, so the generation must not come back to a value it had. It
+//! takes the top 42 bits of [`Slot::state`] and moves by 2 per reuse (claim + release, at
+//! least four read-modify-writes on the slot's own cache line plus the caller's shard
+//! lock, so at most ~10⁷ reuses of one slot a second): a slot lasts 2⁴¹ reuses, 2.5 days
+//! at that rate and years at any a service reaches. The release that would take it to
+//! 2⁴² (0 in the word) retires the slot instead of listing it: it is never claimed again
+//! (it costs one slot's memory), so no generation is ever handed out twice.
 //!
 //! **Reuse.** A released slot is reused only after `IN_FLIGHT == 0` was observed after its
 //! release (all four operations `SeqCst`, and a `fence(SeqCst)` between the store and the
@@ -42,13 +41,17 @@
 //! usual case) goes straight to the free list; limbo holds the others.
 //! The watchdog's CPU adds ([`add_cpu`]) count themselves in flight as handlers do.
 //! Active, queued and run-delay time (added by span hooks on any thread, see
-//! [`ActiveCounter::add`], and by the watchdog, [`add_runqueue`]) follow the same rule on the
-//! slot's own `adders` count (with a fence after the count, and the release's), so the
-//! check of the full generation and the add it allows are never split by a reuse.
+//! [`ActiveCounter::add`], and by the watchdog, [`add_runqueue`]) follow the same rule on
+//! the slot's own count of adds in progress, which shares one word with the generation
+//! ([`Slot::state`]): an add counts itself in and reads the generation in one
+//! read-modify-write, the release moves the generation and reads the count in another,
+//! so one of them always sees the other (the word's modification order decides, no
+//! fence), and the check of the full generation and the add it allows are never split by
+//! a reuse.
 //! Free and limbo lists live in the caller's shards (the evidence table), under locks it
 //! already holds; nothing here locks.
 
-use crate::sync::{fence, spin_loop, AtomicU32, AtomicU64, AtomicUsize, Ordering};
+use crate::sync::{fence, spin_loop, AtomicU64, AtomicUsize, Ordering};
 
 use crate::never_freed::NeverFreed;
 
@@ -57,22 +60,41 @@ const CHUNK: usize = if cfg!(loom) { 4 } else { 256 };
 /// Chunks at most: 4,194,304 local roots alive at once (a chunk is 12 KiB).
 const MAX_CHUNKS: usize = if cfg!(loom) { 4 } else { 16_384 };
 
+/// Bits of [`Slot::state`] counting adds in progress. Linux runs at most 2²² threads
+/// (`PID_MAX_LIMIT`) and a thread counts itself in at most once at a time, so the count
+/// never carries into the generation.
+const ADDERS_BITS: u32 = 22;
+const ADDERS_MASK: u64 = (1 << ADDERS_BITS) - 1;
+/// One generation in [`Slot::state`].
+const GENERATION_ONE: u64 = 1 << ADDERS_BITS;
+/// Generations a slot can carry (2⁴²); the release that would reach it retires the slot.
+const GENERATION_LIMIT: u64 = 1 << (64 - ADDERS_BITS);
+
+/// The generation in a [`Slot::state`] word.
+#[inline]
+fn generation_of(state: u64) -> u64 {
+    state >> ADDERS_BITS
+}
+
 /// One root's counters.
 struct Slot {
-    /// Odd while a root owns the slot; never wraps (see the module docs).
-    generation: AtomicU64,
+    /// The generation (odd while a root owns the slot; never handed out twice, see the
+    /// module docs) times [`GENERATION_ONE`], plus the adds of active, queued or run-delay
+    /// time between their generation check and their last access to the words: the slot
+    /// is not reused while any is (see [`add_tagged_at`]).
+    state: AtomicU64,
     samples: AtomicU64,
     time_ns: AtomicU64,
     /// Wall time threads spent inside the root: a 16-bit tag of the owning generation in
     /// the top 16 bits, `clock::ticks` in the low 48 (78 hours of nanoseconds, or 26
     /// hours of a 3 GHz time-stamp counter). Added to by span hooks on any thread, not by
     /// the handler. The tag only tells the owner from the same ownership once released:
-    /// a release that finds an add in progress (`adders`) swaps in the next generation's
+    /// a release that finds an add in progress (in `state`) swaps in the next generation's
     /// tag, so an add that passed the generation check just before the release fails (and
     /// counts as stale) instead of adding to a total already taken; one that finds none
     /// only reads the words, which nothing can change any more. Which root an add is for
-    /// is decided by the full generation, checked under `adders` (16 bits would repeat
-    /// every 32,768 reuses).
+    /// is decided by the full generation, checked as the add counts itself in (16 bits
+    /// would repeat every 32,768 reuses).
     active: AtomicU64,
     /// Wall time the root's futures spent woken but not yet polled (queued for a worker),
     /// as measured by the plain-API future wrapper; same layout as `active`, with bit 47
@@ -81,21 +103,17 @@ struct Slot {
     /// Run delay: time the root's threads were runnable inside it but not running, as
     /// the blocked-in-poll watchdog reads it from the scheduler; same layout as `queued`.
     runqueue: AtomicU64,
-    /// Adds of active or queued time between their generation check and their last
-    /// access to the words: the slot is not reused while any is (see [`add_tagged`]).
-    adders: AtomicU32,
 }
 
 impl Slot {
     fn new() -> Slot {
         Slot {
-            generation: AtomicU64::new(0),
+            state: AtomicU64::new(0),
             samples: AtomicU64::new(0),
             time_ns: AtomicU64::new(0),
             active: AtomicU64::new(0),
             queued: AtomicU64::new(0),
             runqueue: AtomicU64::new(0),
-            adders: AtomicU32::new(0),
         }
     }
 }
@@ -147,6 +165,31 @@ impl RootTable {
     #[inline]
     fn slot(&self, index: u32) -> Option<&'static Slot> {
         self.slots.get(index)
+    }
+}
+
+impl Slot {
+    /// The slot's generation.
+    #[inline]
+    fn generation(&self) -> u64 {
+        generation_of(self.state.load(Ordering::SeqCst))
+    }
+
+    /// Replaces the generation, keeping the count of adds in progress (tests: a model's
+    /// adder may be counted in while the test moves the generation on).
+    #[cfg(test)]
+    fn set_generation(&self, generation: u64) {
+        let mut state = self.state.load(Ordering::SeqCst);
+        loop {
+            let next = generation << ADDERS_BITS | state & ADDERS_MASK;
+            match self
+                .state
+                .compare_exchange(state, next, Ordering::SeqCst, Ordering::SeqCst)
+            {
+                Ok(_) => return,
+                Err(now) => state = now,
+            }
+        }
     }
 }
 
@@ -215,7 +258,7 @@ impl SlotLists {
         self.limbo.retain(|&index| {
             let quiet = roots
                 .slot(index)
-                .is_none_or(|s| s.adders.load(Ordering::SeqCst) == 0);
+                .is_none_or(|s| s.state.load(Ordering::SeqCst) & ADDERS_MASK == 0);
             if quiet {
                 free.push(index);
             }
@@ -241,21 +284,19 @@ impl SlotLists {
         let slot = roots.slot(index).ok_or(TableFull)?;
         slot.samples.store(0, Ordering::Relaxed);
         slot.time_ns.store(0, Ordering::Relaxed);
-        // Even (free) and below u64::MAX: a slot whose next release would wrap is retired.
-        let next = slot.generation.load(Ordering::Relaxed).wrapping_add(1);
+        // Even (free) and below the limit: a slot whose next release would reach it is
+        // retired.
+        let next = generation_of(slot.state.load(Ordering::Relaxed)) + 1;
         slot.active.store(active_tag(next), Ordering::Relaxed);
         slot.queued.store(active_tag(next), Ordering::Relaxed);
         slot.runqueue.store(active_tag(next), Ordering::Relaxed);
         // Even (free) → odd (owned); the release orders the zeroing before it.
-        let generation = slot
-            .generation
-            .fetch_add(1, Ordering::SeqCst)
-            .wrapping_add(1);
+        let generation = generation_of(slot.state.fetch_add(GENERATION_ONE, Ordering::SeqCst)) + 1;
         Ok(CpuHandle { index, generation })
     }
 
     /// Ends `handle`'s ownership and returns its totals. Later samples and active time
-    /// under the same handle are not counted. A slot whose generation wraps to 0 here is
+    /// under the same handle are not counted. A slot whose generation reaches 2⁴² here is
     /// retired: never listed again, so no later root gets a generation seen before.
     pub(crate) fn release(&mut self, handle: CpuHandle) -> RootTotals {
         self.release_in(&ROOTS, handle)
@@ -266,30 +307,36 @@ impl SlotLists {
         let Some(slot) = roots.slot(handle.index) else {
             return RootTotals::default();
         };
-        if slot
-            .generation
-            .compare_exchange(
-                handle.generation,
-                handle.generation.wrapping_add(1),
+        // The generation moves on and the adds in progress are counted in one
+        // read-modify-write: an add that counts itself in after it reads the new
+        // generation; one before it is in the count read here.
+        let mut state = slot.state.load(Ordering::SeqCst);
+        loop {
+            if generation_of(state) != handle.generation {
+                return RootTotals::default();
+            }
+            match slot.state.compare_exchange_weak(
+                state,
+                state.wrapping_add(GENERATION_ONE),
                 Ordering::SeqCst,
                 Ordering::SeqCst,
-            )
-            .is_err()
-        {
-            return RootTotals::default();
+            ) {
+                Ok(_) => break,
+                Err(now) => state = now,
+            }
         }
-        // The store-load order of the reuse rule, stated as fences (loom checks them; it
-        // takes SeqCst accesses for AcqRel), paired with the ones in `record` and
-        // `add_cpu` and the one in `add_tagged`: a handler, a CPU add or an adder that read
-        // the old generation is counted in flight (in `adders`) for every later load,
-        // `recycle`'s included.
+        // The store-load order of the reuse rule for handlers, stated as a fence (loom
+        // checks it; it takes SeqCst accesses for AcqRel), paired with the ones in
+        // `record` and `add_cpu`: a handler or a CPU add that read the old generation is
+        // counted in flight for every later load, `recycle`'s included.
         fence(Ordering::SeqCst);
-        let adders_quiet = slot.adders.load(Ordering::SeqCst) == 0;
+        let adders_quiet = state & ADDERS_MASK == 0;
         let (active, queued, runqueue) = if adders_quiet {
-            // No add in progress once the generation moved on: an adder that counts itself
-            // in later reads the new generation and leaves the words alone, and this load
-            // synchronises with every earlier adder's release of the count. The words are
-            // final: read, not swapped (the next claim writes the next owner's).
+            // No add in progress as the generation moved on: an adder that counts itself
+            // in later reads the new generation and leaves the words alone, and this
+            // read-modify-write synchronises with every earlier adder's release of the
+            // count. The words are final: read, not swapped (the next claim writes the
+            // next owner's).
             (
                 slot.active.load(Ordering::Relaxed),
                 slot.queued.load(Ordering::Relaxed),
@@ -322,7 +369,7 @@ impl SlotLists {
             queued_ns: (queued & QUEUED_MEASURED != 0).then_some(queued & QUEUED_NS_MASK),
             runqueue_ns: (runqueue & QUEUED_MEASURED != 0).then_some(runqueue & QUEUED_NS_MASK),
         };
-        if handle.generation.wrapping_add(1) == 0 {
+        if handle.generation + 1 >= GENERATION_LIMIT {
             roots.retired.fetch_add(1, Ordering::Relaxed);
         } else if adders_quiet && handlers_quiet {
             // `recycle`'s condition, already seen: no add and no handler in flight, each
@@ -343,15 +390,14 @@ pub(crate) fn retired() -> u64 {
 }
 
 /// Sets the generation of the slot `index`, which must be free or in limbo (even): tests
-/// drive it next to its wrap, 2⁶³ reuses being out of a test's reach.
+/// drive it next to its limit, 2⁴¹ reuses being out of a test's reach.
 #[cfg(test)]
 fn set_generation(index: u32, generation: u64) {
     assert_eq!(generation & 1, 0, "a free slot's generation is even");
     ROOTS
         .slot(index)
         .expect("allocated")
-        .generation
-        .store(generation, Ordering::SeqCst);
+        .set_generation(generation);
 }
 
 /// What one root's counters add up to when it ends.
@@ -505,15 +551,24 @@ fn add_tagged_at(
     mask: u64,
     flags: u64,
 ) -> bool {
-    slot.adders.fetch_add(1, Ordering::SeqCst);
-    // Paired with the fence in `release`: a release that this add's generation load
-    // misses sees it in `adders` when it recycles the slot.
-    fence(Ordering::SeqCst);
-    let added = slot.generation.load(Ordering::SeqCst) == generation
+    #[cfg(all(test, loom))]
+    if loom_model::uncounted() {
+        // The models' broken variant: the check without the count.
+        let added = generation_of(slot.state.load(Ordering::SeqCst)) == generation
+            && add_to(word(slot), active_tag(generation), ns, mask, flags);
+        if !added {
+            roots.stale_active.fetch_add(1, Ordering::Relaxed);
+        }
+        return added;
+    }
+    // Counts itself in and reads the generation at once: a release ordered after this in
+    // the word's modification order sees the count, one ordered before is seen here.
+    let state = slot.state.fetch_add(1, Ordering::SeqCst);
+    let added = generation_of(state) == generation
         && add_to(word(slot), active_tag(generation), ns, mask, flags);
     // Release: the add above happens before a claim that sees the count back at zero
     // zeroes the word for the next owner.
-    slot.adders.fetch_sub(1, Ordering::Release);
+    slot.state.fetch_sub(1, Ordering::Release);
     if !added {
         roots.stale_active.fetch_add(1, Ordering::Relaxed);
     }
@@ -565,7 +620,7 @@ fn record_in(roots: &RootTable, raw: u128, time_ns: u64) {
     // misses sees the handler in flight.
     fence(Ordering::SeqCst);
     match roots.slot(handle.index) {
-        Some(slot) if slot.generation.load(Ordering::SeqCst) == handle.generation => {
+        Some(slot) if slot.generation() == handle.generation => {
             // fetch_add wraps, it never panics.
             slot.samples.fetch_add(1, Ordering::Relaxed);
             slot.time_ns.fetch_add(time_ns, Ordering::Relaxed);
@@ -596,7 +651,7 @@ fn add_cpu_in(roots: &RootTable, raw: u128, ns: u64) {
     // Paired with the fence in `release`, as in `record`.
     fence(Ordering::SeqCst);
     if let Some(slot) = roots.slot(handle.index) {
-        if slot.generation.load(Ordering::SeqCst) == handle.generation {
+        if slot.generation() == handle.generation {
             slot.time_ns.fetch_add(ns, Ordering::Relaxed);
         }
     }
@@ -812,7 +867,7 @@ mod tests {
         let a = lists.claim().expect("slot");
         let s = ROOTS.slot(a.index).expect("allocated");
         // An adder that read the generation just before the release.
-        s.adders.fetch_add(1, Ordering::SeqCst);
+        s.state.fetch_add(1, Ordering::SeqCst);
         lists.release(a);
         // Its compare-and-swap comes after the release: the word was closed to its tag.
         assert!(
@@ -822,7 +877,7 @@ mod tests {
         assert!(!lists.recycle(), "held by the add in progress");
         let b = lists.claim().expect("slot");
         assert_ne!(b.index, a.index, "a fresh slot instead");
-        s.adders.fetch_sub(1, Ordering::SeqCst);
+        s.state.fetch_sub(1, Ordering::SeqCst);
         lists.release(b);
         let c = reclaim(&mut lists);
         let d = lists.claim().expect("slot");
@@ -863,10 +918,10 @@ mod tests {
         let c = lists.claim_in(&roots).expect("slot");
         assert_eq!(c.index, a.index);
         let slot = roots.slot(c.index).expect("allocated");
-        slot.adders.fetch_add(1, Ordering::SeqCst);
+        slot.state.fetch_add(1, Ordering::SeqCst);
         lists.release_in(&roots, c);
         assert_eq!(lists.limbo.as_slice(), &[c.index][..], "held by the add");
-        slot.adders.fetch_sub(1, Ordering::SeqCst);
+        slot.state.fetch_sub(1, Ordering::SeqCst);
         assert!(lists.recycle_in(&roots));
     }
 
@@ -878,9 +933,12 @@ mod tests {
         let mut lists = SlotLists::default();
         let a = lists.claim().expect("slot");
         lists.release(a);
-        set_generation(a.index, u64::MAX - 1);
+        set_generation(a.index, GENERATION_LIMIT - 2);
         let last = reclaim(&mut lists);
-        assert_eq!((last.index, last.generation), (a.index, u64::MAX));
+        assert_eq!(
+            (last.index, last.generation),
+            (a.index, GENERATION_LIMIT - 1)
+        );
         record(last.to_raw(), 10);
         assert!(add_active(last.to_raw(), 4));
         let retired_before = retired();
