@@ -213,9 +213,21 @@ pub(crate) fn thread_cell() -> *const SpanContextCell {
 impl SpanContextCell {
     /// Moves the record from `previous` (its word now) to `label`, a different word: the
     /// active-time stretch (only if one of them has CPU counters), the record, the OTEP
-    /// 4947 thread context (one load when it was never enabled).
+    /// 4947 thread context. Without counters and a thread context ever enabled (no
+    /// sampler, a hand-built root) this is the record's write inline, with no call; with
+    /// them, one call that does all three.
     #[inline]
     pub(super) fn switch(&self, previous: Option<Label>, label: Option<Label>) {
+        if active::has_counters(previous, label) || crate::thread_ctx::was_ever_enabled() {
+            self.switch_with_hooks(previous, label);
+        } else {
+            self.write(label);
+        }
+    }
+
+    /// [`Self::switch`] with the active-time stretch and the thread context.
+    #[inline(never)]
+    fn switch_with_hooks(&self, previous: Option<Label>, label: Option<Label>) {
         active::transition(previous, label);
         self.write(label);
         crate::thread_ctx::publish(label);

@@ -44,6 +44,12 @@ thread_local! {
     };
 }
 
+/// Whether either word names a root with CPU counters (read from the words' bits).
+#[inline(always)]
+pub(super) fn has_counters(from: Option<Label>, to: Option<Label>) -> bool {
+    from.is_some_and(Label::has_cpu) || to.is_some_and(Label::has_cpu)
+}
+
 /// The thread's record goes from the label `from` to the label `to` (two different words).
 /// Only the words' CPU bits are looked at unless one of them has counters: a switch
 /// between roots without counters reads neither the clock nor a slot.

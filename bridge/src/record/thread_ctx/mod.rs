@@ -140,6 +140,13 @@ pub fn disable() {
     }
 }
 
+/// Whether the writer was ever on in this process (a switch then goes through
+/// [`publish`]: on, it publishes; off again, it sets a thread's pointer to NULL once).
+#[inline(always)]
+pub(crate) fn was_ever_enabled() -> bool {
+    STATE.load(Ordering::Relaxed) != NEVER
+}
+
 /// Whether thread records are being written.
 pub fn is_enabled() -> bool {
     STATE.load(Ordering::Relaxed) == ON
