@@ -43,7 +43,13 @@ impl Entries {
             Some(_) => self.overflow.insert(key, entry),
             None => {
                 *slot = Some((key, entry));
-                None
+                // The key may be in the map from when its cell was taken (a span id used
+                // twice): that entry is the one replaced.
+                if self.overflow.is_empty() {
+                    None
+                } else {
+                    self.overflow.remove(&key)
+                }
             }
         }
     }
@@ -156,6 +162,22 @@ mod tests {
         left.sort_unstable();
         assert_eq!(left, vec![1, 7, 13]);
         assert_eq!(entries.len(), 3);
+    }
+
+    /// A key sent to the map because its cell was taken, inserted again once the cell is
+    /// free, replaces its old entry: one entry per key, the old one handed back.
+    #[test]
+    fn a_key_inserted_again_after_its_cell_freed_replaces_its_map_entry() {
+        let mut entries = Entries::default();
+        let (held, key) = (5, (DIRECT as u64) << 6 | 5);
+        assert_eq!(cell(held), cell(key));
+        assert!(entries.insert(held, entry(1)).is_none());
+        assert!(entries.insert(key, entry(2)).is_none(), "to the map");
+        assert!(entries.remove(held).is_some(), "the cell is free again");
+        assert_eq!(entries.insert(key, entry(3)).map(|e| e.since), Some(2));
+        assert_eq!(entries.len(), 1);
+        assert_eq!(entries.remove(key).map(|e| e.since), Some(3));
+        assert!(entries.get(key).is_none(), "nothing left behind");
     }
 
     #[test]
