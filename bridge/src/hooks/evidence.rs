@@ -127,6 +127,20 @@ struct Entry {
 }
 
 impl Entry {
+    /// An entry made at `since` whose counters (slot 0) were `followed` or not (tests).
+    #[cfg(test)]
+    fn for_test(followed: bool, since: u64) -> Entry {
+        Entry {
+            cpu: Arc::new(RootCounters {
+                handle: CpuHandle::from_raw(1 << 64).expect("a handle"),
+                followed: AtomicBool::new(followed),
+                label: AtomicU64::new(0),
+            }),
+            since,
+            throttled_at_start: None,
+        }
+    }
+
     /// Whether the entry's span is gone without having ended through a processor, at
     /// `now` (coarse monotonic ns). While a span or context of a followed root lives, it
     /// holds the counters (more than the table's one reference); once nothing does, the
@@ -497,15 +511,7 @@ mod tests {
     /// two minutes for a root that was followed, an hour for one still waiting to be.
     #[test]
     fn orphans_are_entries_nothing_holds_past_their_age() {
-        let entry = |followed: bool, since: u64| Entry {
-            cpu: Arc::new(RootCounters {
-                handle: CpuHandle::from_raw(1 << 64).expect("a handle"),
-                followed: AtomicBool::new(followed),
-                label: AtomicU64::new(0),
-            }),
-            since,
-            throttled_at_start: None,
-        };
+        let entry = Entry::for_test;
         let minutes = |m: u64| m * 60 * 1_000_000_000;
         let now = minutes(600);
         assert!(!entry(true, now - minutes(1)).is_orphan(now), "young");

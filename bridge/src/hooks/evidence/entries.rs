@@ -103,23 +103,10 @@ impl Entries {
 
 #[cfg(test)]
 mod tests {
-    use std::sync::atomic::{AtomicBool, AtomicU64};
-    use std::sync::Arc;
-
     use super::*;
-    use crate::hooks::evidence::RootCounters;
-    use crate::root_cpu::CpuHandle;
 
     fn entry(since: u64) -> Entry {
-        Entry {
-            cpu: Arc::new(RootCounters {
-                handle: CpuHandle::from_raw(1 << 64).expect("a handle"),
-                followed: AtomicBool::new(false),
-                label: AtomicU64::new(0),
-            }),
-            since,
-            throttled_at_start: None,
-        }
+        Entry::for_test(false, since)
     }
 
     /// Keys sharing a cell (same bits above the shard's) all keep their own entry, in the
