@@ -268,10 +268,10 @@ where
         }
     }
 
-    /// The per-poll path: a thread settled with the sampler, no tokio hand-off, the label
-    /// in the thread's cache. Everything else is [`ProfilingLayer::enter_slow`], which
-    /// does the whole enter, so this path's only call is the switch, its last instruction
-    /// (nothing kept across a call: no register to save).
+    // The per-poll path: a thread settled with the sampler, no tokio hand-off, the label
+    // in the thread's cache. Everything else is `enter_slow`, which does the whole enter,
+    // so this path's only call is the switch, its last instruction (nothing kept across a
+    // call: no register to save).
     #[inline]
     fn on_enter(&self, id: &Id, ctx: Context<'_, S>) {
         if crate::sampler::span_enter_is_settled() && !self.tokio.active() {
@@ -288,8 +288,8 @@ where
         label_cache::Slot::of(self.owner.raw(), id.into_u64()).closed();
     }
 
-    /// As [`ProfilingLayer::on_enter`]: the tokio hand-off is out of line, and the usual
-    /// exit's only call is the switch.
+    // As `on_enter`: the tokio hand-off is out of line, and the usual exit's only call is
+    // the switch.
     #[inline]
     fn on_exit(&self, id: &Id, ctx: Context<'_, S>) {
         if self.tokio.active() {
