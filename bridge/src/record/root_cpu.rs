@@ -116,6 +116,29 @@ impl Slot {
             runqueue: AtomicU64::new(0),
         }
     }
+
+    /// The slot's generation.
+    #[inline]
+    fn generation(&self) -> u64 {
+        generation_of(self.state.load(Ordering::SeqCst))
+    }
+
+    /// Replaces the generation, keeping the count of adds in progress (tests: a model's
+    /// adder may be counted in while the test moves the generation on).
+    #[cfg(test)]
+    fn set_generation(&self, generation: u64) {
+        let mut state = self.state.load(Ordering::SeqCst);
+        loop {
+            let next = generation << ADDERS_BITS | state & ADDERS_MASK;
+            match self
+                .state
+                .compare_exchange(state, next, Ordering::SeqCst, Ordering::SeqCst)
+            {
+                Ok(_) => return,
+                Err(now) => state = now,
+            }
+        }
+    }
 }
 
 /// Spins `release` waits at most for a handler in flight (a model explores both outcomes,
@@ -165,31 +188,6 @@ impl RootTable {
     #[inline]
     fn slot(&self, index: u32) -> Option<&'static Slot> {
         self.slots.get(index)
-    }
-}
-
-impl Slot {
-    /// The slot's generation.
-    #[inline]
-    fn generation(&self) -> u64 {
-        generation_of(self.state.load(Ordering::SeqCst))
-    }
-
-    /// Replaces the generation, keeping the count of adds in progress (tests: a model's
-    /// adder may be counted in while the test moves the generation on).
-    #[cfg(test)]
-    fn set_generation(&self, generation: u64) {
-        let mut state = self.state.load(Ordering::SeqCst);
-        loop {
-            let next = generation << ADDERS_BITS | state & ADDERS_MASK;
-            match self
-                .state
-                .compare_exchange(state, next, Ordering::SeqCst, Ordering::SeqCst)
-            {
-                Ok(_) => return,
-                Err(now) => state = now,
-            }
-        }
     }
 }
 
@@ -531,13 +529,17 @@ fn add_tagged(
     mask: u64,
     flags: u64,
 ) -> bool {
-    let Some(handle) = CpuHandle::from_raw(raw) else {
-        return false;
-    };
-    let Some(slot) = roots.slot(handle.index) else {
-        return false;
-    };
-    add_tagged_at(roots, slot, handle.generation, ns, word, mask, flags)
+    ActiveCounter::of_in(roots, raw).is_some_and(|counter| {
+        add_tagged_at(
+            roots,
+            counter.slot,
+            counter.generation,
+            ns,
+            word,
+            mask,
+            flags,
+        )
+    })
 }
 
 /// [`add_tagged`] into `slot`, already found, for the root of `generation`.
