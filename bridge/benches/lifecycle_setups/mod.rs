@@ -32,6 +32,10 @@ pub const SETUPS: &[(&str, &str)] = &[
         "required-all",
         "+ what everything on requires, at the least (see `required_all`)",
     ),
+    (
+        "required-kept",
+        "+ the properties issue 26 keeps, at the least (see `required_kept`)",
+    ),
     ("layer", "+ ProfilingLayer"),
     ("processor", "+ CpuEvidenceProcessor with the profile id"),
     ("bridge", "+ sampler running (counters, active time)"),
@@ -77,13 +81,21 @@ impl Setup {
         let batch = setup.ends_with("-batch");
         let bridged = !matches!(
             setup,
-            "otel" | "layer" | "otel-batch" | "floor" | "api-floor" | "required" | "required-all"
+            "otel"
+                | "layer"
+                | "otel-batch"
+                | "floor"
+                | "api-floor"
+                | "required"
+                | "required-all"
+                | "required-kept"
         );
         let builder = SdkTracerProvider::builder();
         let provider = match (setup, batch, bridged) {
             ("floor" | "api-floor", _, _) => builder.with_span_processor(Discard(true)),
             ("required", _, _) => builder.with_span_processor(required::Processor),
             ("required-all", _, _) => builder.with_span_processor(required_all::Processor),
+            ("required-kept", _, _) => builder.with_span_processor(required_kept::Processor),
             (_, false, false) => builder.with_span_processor(Discard(false)),
             (_, false, true) => builder.with_span_processor(
                 CpuEvidenceProcessor::new(Discard(false))
@@ -105,6 +117,9 @@ impl Setup {
             "api-floor" => tracing::Dispatch::new(registry.with(ApiFloorLayer::default())),
             "required" => tracing::Dispatch::new(registry.with(required::Layer::default())),
             "required-all" => tracing::Dispatch::new(registry.with(required_all::Layer::default())),
+            "required-kept" => {
+                tracing::Dispatch::new(registry.with(required_kept::Layer::default()))
+            }
             "otel" | "otel-batch" => tracing::Dispatch::new(registry),
             _ => tracing::Dispatch::new(registry.with(ProfilingLayer::default())),
         };
@@ -276,6 +291,7 @@ pub fn lifecycles(n: u32) {
 }
 
 pub mod required_all;
+pub mod required_kept;
 
 /// The required-work floor: what issues 11 and 12 ask of every root span lifecycle, done
 /// the cheapest way the public APIs allow, and nothing a general implementation needs on
