@@ -85,20 +85,22 @@ struct Slot {
     state: AtomicU64,
     samples: AtomicU64,
     time_ns: AtomicU64,
-    /// Wall time threads spent inside the root: a 16-bit tag of the owning generation in
-    /// the top 16 bits, `clock::ticks` in the low 48 (78 hours of nanoseconds, or 26
-    /// hours of a 3 GHz time-stamp counter). Added to by span hooks on any thread, not by
-    /// the handler. The tag only tells the owner from the same ownership once released:
-    /// a release that finds an add in progress (in `state`) swaps in the next generation's
-    /// tag, so an add that passed the generation check just before the release fails (and
-    /// counts as stale) instead of adding to a total already taken; one that finds none
-    /// only reads the words, which nothing can change any more. Which root an add is for
-    /// is decided by the full generation, checked as the add counts itself in (16 bits
-    /// would repeat every 32,768 reuses).
+    /// Wall time threads spent inside the root, in `clock::ticks` (a `u64`: 194 years of
+    /// a 3 GHz time-stamp counter). Added to by span hooks on any thread, not by the
+    /// handler: one `fetch_add` per root transition, between the add's count in and out
+    /// of `state`, which decide which root it is for (see [`ActiveCounter::add`]). The
+    /// next claim zeroes it once no add is in progress.
     active: AtomicU64,
     /// Wall time the root's futures spent woken but not yet polled (queued for a worker),
-    /// as measured by the plain-API future wrapper; same layout as `active`, with bit 47
-    /// set once anything measured it (so "not measured" is not reported as 0).
+    /// as measured by the plain-API future wrapper: a 16-bit tag of the owning generation
+    /// in the top 16 bits, nanoseconds in the low 47, and bit 47 set once anything
+    /// measured it (so "not measured" is not reported as 0). The tag only tells the owner
+    /// from the same ownership once released: a release that finds an add in progress (in
+    /// `state`) swaps in the next generation's tag, so an add that passed the generation
+    /// check just before the release fails (and counts as stale) instead of adding to a
+    /// total already taken; one that finds none only reads the word, which nothing can
+    /// change any more. Which root an add is for is decided by the full generation,
+    /// checked as the add counts itself in (16 bits would repeat every 32,768 reuses).
     queued: AtomicU64,
     /// Run delay: time the root's threads were runnable inside it but not running, as
     /// the blocked-in-poll watchdog reads it from the scheduler; same layout as `queued`.
@@ -145,17 +147,18 @@ impl Slot {
 /// the wait ending and running out, in fewer).
 const RELEASE_SPINS: usize = if cfg!(loom) { 3 } else { 1000 };
 
-/// Bits of [`Slot::active`] holding nanoseconds.
-const ACTIVE_NS_BITS: u32 = 48;
-const ACTIVE_NS_MASK: u64 = (1 << ACTIVE_NS_BITS) - 1;
+/// Bits of [`Slot::queued`] below its generation tag.
+const TAGGED_BITS: u32 = 48;
+const TAGGED_VALUE_MASK: u64 = (1 << TAGGED_BITS) - 1;
 /// In [`Slot::queued`]: something measured it.
-const QUEUED_MEASURED: u64 = 1 << (ACTIVE_NS_BITS - 1);
+const QUEUED_MEASURED: u64 = 1 << (TAGGED_BITS - 1);
 const QUEUED_NS_MASK: u64 = QUEUED_MEASURED - 1;
 
-/// The generation tag [`Slot::active`] carries for `generation`: tells `generation` from
-/// `generation + 1` (its release), which is all it is asked (see [`Slot::active`]).
-fn active_tag(generation: u64) -> u64 {
-    (generation & 0xffff) << ACTIVE_NS_BITS
+/// The generation tag [`Slot::queued`] and [`Slot::runqueue`] carry for `generation`:
+/// tells `generation` from `generation + 1` (its release), which is all it is asked (see
+/// [`Slot::queued`]).
+fn tag(generation: u64) -> u64 {
+    (generation & 0xffff) << TAGGED_BITS
 }
 
 /// The counters and what handlers and releases share: the process has one ([`ROOTS`],
@@ -285,9 +288,9 @@ impl SlotLists {
         // Even (free) and below the limit: a slot whose next release would reach it is
         // retired.
         let next = generation_of(slot.state.load(Ordering::Relaxed)) + 1;
-        slot.active.store(active_tag(next), Ordering::Relaxed);
-        slot.queued.store(active_tag(next), Ordering::Relaxed);
-        slot.runqueue.store(active_tag(next), Ordering::Relaxed);
+        slot.active.store(0, Ordering::Relaxed);
+        slot.queued.store(tag(next), Ordering::Relaxed);
+        slot.runqueue.store(tag(next), Ordering::Relaxed);
         // Even (free) → odd (owned); the release orders the zeroing before it.
         let generation = generation_of(slot.state.fetch_add(GENERATION_ONE, Ordering::SeqCst)) + 1;
         Ok(CpuHandle { index, generation })
@@ -341,11 +344,15 @@ impl SlotLists {
                 slot.runqueue.load(Ordering::Relaxed),
             )
         } else {
-            // An add that passed the generation check may still land: close the words to
-            // the old tag (it then fails, counted stale) and take their totals.
-            let closed = active_tag(handle.generation.wrapping_add(1));
+            // An add that passed the generation check may still land: close the tagged
+            // words to the old tag (it then fails, counted stale) and take their totals.
+            // An active-time add landing after this read is lost to the root, and its
+            // adder, which sees the generation moved as it counts itself out, counts it
+            // stale; the slot waits in limbo until it is out, and the next claim zeroes
+            // the word.
+            let closed = tag(handle.generation.wrapping_add(1));
             (
-                slot.active.swap(closed, Ordering::SeqCst),
+                slot.active.load(Ordering::SeqCst),
                 slot.queued.swap(closed, Ordering::SeqCst),
                 slot.runqueue.swap(closed, Ordering::SeqCst),
             )
@@ -363,7 +370,7 @@ impl SlotLists {
         let totals = RootTotals {
             samples: slot.samples.load(Ordering::Relaxed),
             cpu_ns: slot.time_ns.load(Ordering::Relaxed),
-            active_ticks: active & ACTIVE_NS_MASK,
+            active_ticks: active,
             queued_ns: (queued & QUEUED_MEASURED != 0).then_some(queued & QUEUED_NS_MASK),
             runqueue_ns: (runqueue & QUEUED_MEASURED != 0).then_some(runqueue & QUEUED_NS_MASK),
         };
@@ -442,9 +449,17 @@ impl ActiveCounter {
     }
 
     /// Adds `ns` (`clock::ticks`) of wall time spent inside the root by the calling
-    /// thread. Saturates at 2⁴⁸; returns false (and adds nothing) when the root has ended.
-    /// Lock-free: a few atomics on the root's own slot, so threads of different roots
-    /// never write the same counter.
+    /// thread: true if it is in the root's total. Lock-free: three atomics on the root's
+    /// own slot, so threads of different roots never write the same counter.
+    ///
+    /// The add counts itself into [`Slot::state`] and reads the generation in one
+    /// `fetch_add`, adds with a plain `fetch_add`, and counts itself out (reading the
+    /// generation again). A release orders its generation bump against both counts in the
+    /// word's modification order: after the count out, it synchronises with it and its
+    /// read of the total sees the add; between the two, the add may miss the total it
+    /// read (refused, counted stale: it cannot tell), and the slot is not reused before
+    /// the count out (`recycle`), so the next root never gets it; before the count in,
+    /// the add sees the new generation and adds nothing.
     #[inline]
     pub(crate) fn add(self, ns: u64) -> bool {
         self.add_in(&ROOTS, ns)
@@ -453,15 +468,28 @@ impl ActiveCounter {
     /// [`ActiveCounter::add`], counting a refused add in `roots`.
     #[inline]
     fn add_in(self, roots: &RootTable, ns: u64) -> bool {
-        add_tagged_at(
-            roots,
-            self.slot,
-            self.generation,
-            ns,
-            |slot| &slot.active,
-            ACTIVE_NS_MASK,
-            0,
-        )
+        let slot = self.slot;
+        #[cfg(all(test, loom))]
+        if loom_model::uncounted() {
+            // The models' broken variant: the check without the count.
+            let current = generation_of(slot.state.load(Ordering::SeqCst)) == self.generation;
+            if current {
+                slot.active.fetch_add(ns, Ordering::Relaxed);
+            }
+            return current;
+        }
+        let current = generation_of(slot.state.fetch_add(1, Ordering::SeqCst)) == self.generation;
+        if current {
+            slot.active.fetch_add(ns, Ordering::Relaxed);
+        }
+        // Release: the add above happens before a release that reads the count back (and
+        // before a claim that sees it at zero and zeroes the word for the next owner).
+        let after = slot.state.fetch_sub(1, Ordering::Release);
+        let added = current && generation_of(after) == self.generation;
+        if !added {
+            roots.stale_active.fetch_add(1, Ordering::Relaxed);
+        }
+        added
     }
 }
 
@@ -542,7 +570,8 @@ fn add_tagged(
     })
 }
 
-/// [`add_tagged`] into `slot`, already found, for the root of `generation`.
+/// [`add_tagged`] into `slot`, already found, for the root of `generation` (the
+/// queued and run-delay words; active time has its own add, [`ActiveCounter::add`]).
 #[inline]
 fn add_tagged_at(
     roots: &RootTable,
@@ -553,21 +582,11 @@ fn add_tagged_at(
     mask: u64,
     flags: u64,
 ) -> bool {
-    #[cfg(all(test, loom))]
-    if loom_model::uncounted() {
-        // The models' broken variant: the check without the count.
-        let added = generation_of(slot.state.load(Ordering::SeqCst)) == generation
-            && add_to(word(slot), active_tag(generation), ns, mask, flags);
-        if !added {
-            roots.stale_active.fetch_add(1, Ordering::Relaxed);
-        }
-        return added;
-    }
     // Counts itself in and reads the generation at once: a release ordered after this in
     // the word's modification order sees the count, one ordered before is seen here.
     let state = slot.state.fetch_add(1, Ordering::SeqCst);
-    let added = generation_of(state) == generation
-        && add_to(word(slot), active_tag(generation), ns, mask, flags);
+    let added =
+        generation_of(state) == generation && add_to(word(slot), tag(generation), ns, mask, flags);
     // Release: the add above happens before a claim that sees the count back at zero
     // zeroes the word for the next owner.
     slot.state.fetch_sub(1, Ordering::Release);
@@ -582,11 +601,11 @@ fn add_tagged_at(
 fn add_to(word: &AtomicU64, tag: u64, ns: u64, mask: u64, flags: u64) -> bool {
     let mut current = word.load(Ordering::Relaxed);
     loop {
-        if current & !ACTIVE_NS_MASK != tag {
+        if current & !TAGGED_VALUE_MASK != tag {
             return false;
         }
         let total = (current & mask).saturating_add(ns).min(mask);
-        let next = tag | (current & ACTIVE_NS_MASK & !mask) | flags | total;
+        let next = tag | (current & TAGGED_VALUE_MASK & !mask) | flags | total;
         match word.compare_exchange_weak(current, next, Ordering::Relaxed, Ordering::Relaxed) {
             Ok(_) => return true,
             Err(seen) => current = seen,
@@ -748,7 +767,7 @@ mod tests {
     }
 
     #[test]
-    fn active_time_saturates_and_survives_racing_threads() {
+    fn active_time_survives_racing_threads_and_never_saturates() {
         let mut lists = SlotLists::default();
         let a = lists.claim().expect("slot");
         let raw = a.to_raw();
@@ -764,9 +783,10 @@ mod tests {
         add_active(raw, 0);
         assert_eq!(lists.release(a).active_ticks, 4 * 10_000 * 3, "no add lost");
         let b = lists.claim().expect("slot");
-        assert!(add_active(b.to_raw(), u64::MAX));
-        assert!(add_active(b.to_raw(), 1));
-        assert_eq!(lists.release(b).active_ticks, ACTIVE_NS_MASK);
+        // 2⁴⁸ ticks (26 hours of a 3 GHz TSC) and past: the word holds a root's whole life.
+        assert!(add_active(b.to_raw(), 1 << 48));
+        assert!(add_active(b.to_raw(), 1 << 50));
+        assert_eq!(lists.release(b).active_ticks, (1 << 48) + (1 << 50));
     }
 
     #[test]
@@ -833,11 +853,7 @@ mod tests {
         let b = reclaim(&mut lists);
         assert_eq!(b.index, a.index);
         assert_eq!(b.generation, a.generation + 65_536);
-        assert_eq!(
-            active_tag(b.generation),
-            active_tag(a.generation),
-            "same tag"
-        );
+        assert_eq!(tag(b.generation), tag(a.generation), "same tag");
         let stale = stale_active();
         assert!(
             !add_active(a.to_raw(), 3_600_000_000_000),
@@ -871,14 +887,24 @@ mod tests {
         // An adder that read the generation just before the release.
         s.state.fetch_add(1, Ordering::SeqCst);
         lists.release(a);
-        // Its compare-and-swap comes after the release: the word was closed to its tag.
+        // A queued-time add's compare-and-swap comes after the release: the word was
+        // closed to its tag.
         assert!(
-            !add_to(&s.active, active_tag(a.generation), 5, ACTIVE_NS_MASK, 0),
+            !add_to(
+                &s.queued,
+                tag(a.generation),
+                5,
+                QUEUED_NS_MASK,
+                QUEUED_MEASURED
+            ),
             "an add in progress landed after the release took the total"
         );
         assert!(!lists.recycle(), "held by the add in progress");
         let b = lists.claim().expect("slot");
         assert_ne!(b.index, a.index, "a fresh slot instead");
+        // The adder's active time lands after the release read the total: lost to A (the
+        // adder, seeing the generation moved as it counts out, counts it stale).
+        s.active.fetch_add(5, Ordering::Relaxed);
         s.state.fetch_sub(1, Ordering::SeqCst);
         lists.release(b);
         let c = reclaim(&mut lists);
@@ -888,8 +914,11 @@ mod tests {
         let mut expected = [a.index, b.index];
         expected.sort_unstable();
         assert_eq!(reused, expected, "both back once the add is done");
-        lists.release(c);
-        lists.release(d);
+        assert_eq!(
+            lists.release(c).active_ticks + lists.release(d).active_ticks,
+            0,
+            "the late add reached the slot's next root"
+        );
     }
 
     /// A release that sees no add and no handler in flight lists the slot free at once;

@@ -16,9 +16,9 @@
 //! A second model does the same for active time and the slot's count of adds in progress
 //! (in the word it shares with the generation): an adder
 //! (a span hook on another thread) adds under A's handle while the span processor ends A
-//! and starts B, with B's generation 65,536 past A's (the 16-bit tag of the active word
-//! then repeats, as after 32,767 reuses), so only that count keeps A's time
-//! out of B. A third does it for the watchdog, which adds both kinds at once: CPU time
+//! and starts B, with B's generation 65,536 past A's (the 16-bit tag of the tagged words
+//! then repeats, as after 32,767 reuses; the active word has none), so only that count
+//! keeps A's time out of B. A third does it for the watchdog, which adds both kinds at once: CPU time
 //! measured from the thread's clock (`add_cpu`, under the handlers' in-flight count) and
 //! run delay (`add_runqueue`, under the count, with the word's "measured" flag): neither
 //! A's CPU time nor its run delay, nor the flag, ever lands in B. A fourth takes a slot to
@@ -74,10 +74,11 @@ fn adder_and_span_processor() {
         totals_b.active_ticks, 0,
         "A's active time landed in B, which reused A's slot while the add was in progress"
     );
-    assert_eq!(
-        u64::from(added) * 5,
-        totals_a.active_ticks,
-        "an add that reported success is in A's total, and only then"
+    // A refused add may still be in A's total (it raced the release and cannot tell),
+    // never anywhere else; one that reported success is in it.
+    assert!(
+        totals_a.active_ticks == 5 || (!added && totals_a.active_ticks == 0),
+        "an add that reported success is missing from A's total"
     );
 }
 
@@ -228,7 +229,7 @@ fn loom_root_slot_is_never_reused_under_an_add_in_progress() {
 
 thread_local! {
     /// Set by [`loom_root_slot_is_reused_under_an_uncounted_add`]: adds check the
-    /// generation without counting themselves in (`add_tagged_at`).
+    /// generation without counting themselves in (`ActiveCounter::add_in`).
     static UNCOUNTED: Cell<bool> = const { Cell::new(false) };
 }
 
@@ -240,8 +241,8 @@ pub(super) fn uncounted() -> bool {
 /// The broken variant: an add that checks the generation but does not count itself in
 /// (the count shares the generation's word, so its read-modify-write is the check) can
 /// pass the check just before the release, the release and the recycle see no add in
-/// progress, and B, whose tag is A's, gets A's active time. No fence is involved any more
-/// on this path: the count is what keeps the slot.
+/// progress, and B, whose word the claim zeroed before the add landed, gets A's active
+/// time. No fence is involved on this path: the count is what keeps the slot.
 #[test]
 #[should_panic(expected = "A's active time landed in B")]
 fn loom_root_slot_is_reused_under_an_uncounted_add() {
