@@ -24,6 +24,8 @@
 //!
 //! The per-poll case — the same root entered again on a thread whose mirror already names
 //! it — stores nothing but the pointer: the mirror has named the slot since its barrier.
+//! The thread keeps the record it named last beside its word, so that case does not look
+//! the record up either.
 //!
 //! **Fills.** The first thread to publish a root fills its record, after checking the root
 //! alive. A release replaces the record's word by the root's release mark, over which no
@@ -69,12 +71,6 @@ impl Mirror {
             self.current.store(word, Ordering::Release);
             barrier::light();
         }
-    }
-
-    /// Whether the mirror names `word` (the owning thread's own value).
-    #[inline(always)]
-    pub(crate) fn names(&self, word: u64) -> bool {
-        self.current.load(Ordering::Relaxed) == word
     }
 
     /// The owning thread names nothing any more and gives the mirror back (at its exit,
@@ -199,16 +195,6 @@ pub(crate) fn to_name(
         return Some(record);
     }
     fill(table, label, record).then_some(record)
-}
-
-/// The record of `label`'s slot if it exists and holds the root (so the root was not
-/// released yet: see [`SlotRecord::fill`]): what a thread whose mirror already names the
-/// root may point at again.
-#[inline(always)]
-pub(crate) fn record_holding(table: &LabelTable, label: Label) -> Option<&'static SlotRecord> {
-    let word = label.word();
-    let record = table.naming().records.get(slot_index(word))?;
-    record.holds(word).then_some(record)
 }
 
 /// Fills `record` for `label` if the root is alive: true when the record holds it.

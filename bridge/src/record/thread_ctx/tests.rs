@@ -151,9 +151,16 @@ fn thread_ctx_same_root_again_and_a_released_root_restored() {
             drop(_poll);
             assert_eq!(decoded(), None, "between polls");
         }
-        // A forgotten guard leaves a's word on the stack; then a is released.
+        // A forgotten guard leaves a's word on the stack; then a is released while a
+        // scope of no span runs above it.
         std::mem::forget(SpanContextGuard::enter(Some(&a)));
+        let none = SpanContextGuard::enter(None);
+        assert_eq!(decoded(), None);
         drop(a);
+        // a's stale word comes back: the root the thread named last, whose record now
+        // holds its release mark.
+        drop(none);
+        assert_eq!(decoded(), None, "the root named last, released: no span");
         // Usually a's slot (the free list is LIFO), unless another test's thread claimed
         // in between: either way a's word must not publish b.
         let b = LocalRoot::new(SpanId::from(31), TraceId::from(32), None);

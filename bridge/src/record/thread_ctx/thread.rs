@@ -14,13 +14,17 @@ use std::ffi::c_void;
 use std::ptr;
 use std::sync::atomic::{compiler_fence, AtomicPtr, Ordering};
 
-use super::naming::{record_holding, to_name, Mirror};
+use super::naming::{to_name, Mirror};
+use super::record::SlotRecord;
 use crate::label::{word_of, Label, LABELS};
 
 /// The calling thread's publisher state.
 struct Thread {
     /// The word whose record `otel_thread_ctx_v1` names (0: NULL).
     named: Cell<u64>,
+    /// The word the thread last named and its slot's record: the root of every poll
+    /// after the first on this thread, found again without the records' table.
+    last: Cell<(u64, *const SlotRecord)>,
     /// The thread's mirror (null: none leased yet).
     mirror: Cell<*const Mirror>,
     /// The address of the thread's `otel_thread_ctx_v1` (null: not looked up yet).
@@ -35,6 +39,7 @@ thread_local! {
     static THREAD: Thread = const {
         Thread {
             named: Cell::new(0),
+            last: Cell::new((0, ptr::null())),
             mirror: Cell::new(ptr::null()),
             slot: Cell::new(ptr::null_mut()),
             gone: Cell::new(false),
@@ -68,8 +73,8 @@ impl Thread {
     /// Publishes the root `label` names (`None`, or a label whose root ended: no span).
     ///
     /// The two common cases stay small enough to need no saved register: "no span"
-    /// (one store of NULL), and the root the thread's mirror already names (every poll
-    /// after a root's first on this thread: two loads, the pointer store). Everything
+    /// (one store of NULL), and the root the thread named last (every poll after a
+    /// root's first on this thread: its record's word checked, the pointer stored). Everything
     /// else (a new root, the first publication, a record to fill) is [`Self::name`].
     #[inline(always)]
     fn publish(&self, label: Option<Label>) {
@@ -84,13 +89,17 @@ impl Thread {
             self.named.set(0);
             return;
         };
-        let mirror = self.mirror.get();
-        let slot = self.slot.get();
-        // SAFETY: mirrors are never freed. The mirror naming `word` means the pointer is
-        // NULL (else the mirror would name `named`) and the mirror's barrier is behind us.
-        if named == 0 && !slot.is_null() && !mirror.is_null() && unsafe { &*mirror }.names(word) {
-            if let Some(record) = record_holding(&LABELS, label) {
-                self.store(slot, record.record().cast());
+        let (last, record) = self.last.get();
+        // `last` is set with the pointer's slot and the mirror, and only after they were:
+        // when it is `word` the mirror named it then. It still names it (only this thread
+        // moves it, and `name` sets `last` again when it does), so the pointer is NULL
+        // (else the mirror would name `named`) and the mirror's barrier is behind us.
+        if named == 0 && last == word {
+            // SAFETY: `last` holds a record only beside its word (not 0), and records are
+            // never freed.
+            let record = unsafe { &*record };
+            if record.holds(word) {
+                self.store(self.slot.get(), record.record().cast());
                 self.named.set(word);
                 return;
             }
@@ -111,10 +120,15 @@ impl Thread {
             return;
         };
         let Some(record) = to_name(&LABELS, mirror, label) else {
+            // The mirror names the word now, but its record does not hold it.
+            self.last.set((0, ptr::null()));
             return;
         };
         self.point_at(record.record().cast());
         self.named.set(label.word());
+        if !self.slot.get().is_null() {
+            self.last.set((label.word(), record));
+        }
     }
 
     /// The thread's mirror, leased on its first publication.
@@ -179,6 +193,7 @@ impl Thread {
     /// At thread exit: NULL, then the mirror goes back (in that order, see `naming.rs`).
     fn give_back(&self) {
         self.invalidate();
+        self.last.set((0, ptr::null()));
         self.gone.set(true);
         let mirror = self.mirror.replace(ptr::null());
         if !mirror.is_null() {
@@ -203,6 +218,7 @@ pub(crate) fn invalidate() {
 /// In a forked child: the forking thread keeps its mirror, every other is given back.
 pub(crate) fn after_fork_in_child() {
     with_thread(|t| {
+        t.last.set((0, ptr::null()));
         let mirror = t.mirror.get();
         // SAFETY: mirrors are never freed.
         LABELS
