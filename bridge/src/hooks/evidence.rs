@@ -83,7 +83,8 @@ const SWEEP_EVERY: u32 = 1024;
 /// What spans and contexts of one root hold: while any holds it, the root is alive (the
 /// orphan sweep looks at the reference count). It also owns the root's label slot once
 /// the root's first handle is made ([`LabelOwner`]), so a root costs one allocation for
-/// both, released with the last of the table's entry and the root's handles.
+/// both, released with the last of the table's entry and the root's handles; when that
+/// last is a handle, its thread keeps the allocation for its next root (`SPARE`).
 #[derive(Debug)]
 pub(crate) struct RootCounters {
     handle: CpuHandle,
@@ -101,6 +102,55 @@ impl LabelOwner for RootCounters {
             .compare_exchange(0, label.word(), Ordering::AcqRel, Ordering::Relaxed)
             .is_ok()
     }
+
+    /// The last holder (usually the root span's handle, as the span closes after its end)
+    /// releases the label slot as `drop` would, and keeps the allocation on its thread
+    /// for the next root's counters.
+    fn let_go(mut self: Arc<Self>) {
+        let Some(this) = Arc::get_mut(&mut self) else {
+            return;
+        };
+        if let Some(label) = Label::from_raw(std::mem::take(this.label.get_mut())) {
+            release_slot(label);
+        }
+        let _ = SPARE.try_with(|spare| {
+            if let Ok(mut spare) = spare.try_borrow_mut() {
+                if spare.len() < SPARES {
+                    spare.push(self);
+                }
+            }
+        });
+    }
+}
+
+/// Allocations of released roots' counters a thread keeps for its next roots.
+const SPARES: usize = 8;
+
+thread_local! {
+    // Filled where roots' last handles drop, emptied where roots start: bounded per thread.
+    static SPARE: RefCell<Vec<Arc<RootCounters>>> = const { RefCell::new(Vec::new()) };
+}
+
+/// Counters for a root starting with the counter slot `handle`: a spare allocation of
+/// this thread's if it has one (no other reference to it exists), else a new one.
+fn counters_for(handle: CpuHandle) -> Arc<RootCounters> {
+    let spare = SPARE
+        .try_with(|spare| spare.try_borrow_mut().ok().and_then(|mut s| s.pop()))
+        .ok()
+        .flatten();
+    if let Some(mut cpu) = spare {
+        if let Some(this) = Arc::get_mut(&mut cpu) {
+            this.handle = handle;
+            *this.followed.get_mut() = false;
+            *this.label.get_mut() = 0;
+            return cpu;
+        }
+    }
+    Arc::new(RootCounters {
+        handle,
+        followed: AtomicBool::new(false),
+        label: AtomicU64::new(0),
+    })
 }
 
 impl Drop for RootCounters {
@@ -268,11 +318,7 @@ fn claim(span_id: SpanId) -> Option<Arc<RootCounters>> {
     }
     // A full table (millions of live roots) only loses the evidence, never the span.
     let handle = shard.slots.claim().ok()?;
-    let cpu = Arc::new(RootCounters {
-        handle,
-        followed: AtomicBool::new(false),
-        label: AtomicU64::new(0),
-    });
+    let cpu = counters_for(handle);
     let replaced = shard.entries.insert(
         key,
         Entry {
@@ -575,6 +621,62 @@ mod tests {
         );
         drop(cpu);
         assert_eq!(word.read(), None, "released with the last holder");
+    }
+
+    /// The last handle of a root releases its label slot and leaves the counters'
+    /// allocation to its thread's next root, reset; a handle that is not the last leaves
+    /// both alone.
+    #[test]
+    fn the_last_handle_releases_the_slot_and_keeps_the_allocation_for_the_next_root() {
+        use crate::label::{LocalRoot, RootLabel};
+        let handle = |n: u128| CpuHandle::from_raw((n + 1) << 64 | 1).expect("a handle");
+        let value = |n: u64| {
+            RootLabel::new(
+                SpanId::from(n),
+                opentelemetry::trace::TraceId::from(u128::from(n)),
+                None,
+            )
+        };
+        let spares = || SPARE.with(|spare| spare.borrow().len());
+        // Another test's spares on this thread would be taken first.
+        SPARE.with(|spare| spare.borrow_mut().clear());
+
+        // The table's entry (`cpu_a`) outlives the handle: the handle is not the last.
+        let cpu_a = counters_for(handle(1));
+        let root_a = LocalRoot::claim(value(81), Some(cpu_a.clone() as Arc<dyn LabelOwner>));
+        let word_a = root_a.word().expect("a slot");
+        drop(root_a);
+        assert_eq!(word_a.read(), Some(value(81)), "the entry holds the slot");
+        assert_eq!(spares(), 0);
+        drop(cpu_a);
+        assert_eq!(
+            word_a.read(),
+            None,
+            "released with the entry, the last holder"
+        );
+        assert_eq!(spares(), 0, "an entry's drop frees the allocation");
+
+        // The usual order: the entry goes at the span's end, the handle as it closes.
+        let cpu_b = counters_for(handle(2));
+        cpu_b.followed.store(true, Ordering::Relaxed);
+        let at = Arc::as_ptr(&cpu_b);
+        let root_b = LocalRoot::claim(value(82), Some(cpu_b.clone() as Arc<dyn LabelOwner>));
+        let word_b = root_b.word().expect("a slot");
+        drop(cpu_b);
+        assert_eq!(word_b.read(), Some(value(82)), "the handle holds the slot");
+        drop(root_b);
+        assert_eq!(
+            word_b.read(),
+            None,
+            "released with the handle, the last holder"
+        );
+        assert_eq!(spares(), 1, "its allocation kept");
+        let next = counters_for(handle(3));
+        assert_eq!(Arc::as_ptr(&next), at, "and reused by the next root");
+        assert_eq!(next.handle(), handle(3));
+        assert!(!next.followed.load(Ordering::Relaxed), "reset");
+        assert_eq!(next.label.load(Ordering::Relaxed), 0, "reset");
+        assert_eq!(spares(), 0);
     }
 
     /// Two providers in one process, one with the evidence processor: only its roots get

@@ -177,6 +177,11 @@ pub(crate) trait LabelOwner: Send + Sync {
     /// Takes `label` to release when dropped. False if it already holds one (a root
     /// resolved by two threads at once claims two slots): the caller then wraps it.
     fn adopt(&self, label: Label) -> bool;
+
+    /// A root's handle lets go of its owner (`self` may be the last reference, or not):
+    /// an owner may keep its allocation for a later root instead of freeing it. The
+    /// default drops it.
+    fn let_go(self: Arc<Self>) {}
 }
 
 /// Releases `label`'s slot (for a [`LabelOwner`] that adopted it, as it is dropped).
@@ -331,6 +336,14 @@ impl LocalRoot {
     #[inline]
     pub(crate) fn word(&self) -> Option<Label> {
         self.label
+    }
+}
+
+impl Drop for LocalRoot {
+    fn drop(&mut self) {
+        if let Some(owner) = self._owner.take() {
+            owner.let_go();
+        }
     }
 }
 
