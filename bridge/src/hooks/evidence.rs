@@ -477,14 +477,13 @@ impl<P: SpanProcessor> SpanProcessor for CpuEvidenceProcessor<P> {
     fn on_end(&self, mut span: SpanData) {
         if let Some((totals, throttled_at_start)) = take(span.span_context.span_id()) {
             let int = |v: u64| i64::try_from(v).unwrap_or(i64::MAX);
-            span.attributes.extend([
-                KeyValue::new(CPU_SAMPLES_ATTRIBUTE, int(totals.samples)),
-                KeyValue::new(CPU_TIME_ATTRIBUTE, int(totals.cpu_ns)),
-                KeyValue::new(
-                    WALL_ACTIVE_ATTRIBUTE,
-                    int(crate::clock::ticks_to_ns(totals.active_ticks)),
-                ),
-            ]);
+            let attributes = &mut span.attributes;
+            attributes.push(KeyValue::new(CPU_SAMPLES_ATTRIBUTE, int(totals.samples)));
+            attributes.push(KeyValue::new(CPU_TIME_ATTRIBUTE, int(totals.cpu_ns)));
+            attributes.push(KeyValue::new(
+                WALL_ACTIVE_ATTRIBUTE,
+                int(crate::clock::ticks_to_ns(totals.active_ticks)),
+            ));
             if let Some(queued) = totals.queued_ns {
                 span.attributes
                     .push(KeyValue::new(WALL_QUEUED_ATTRIBUTE, int(queued)));

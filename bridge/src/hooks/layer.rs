@@ -141,9 +141,12 @@ impl ProfilingLayer {
     {
         let parent = span.parent().map(|parent| self.root_of(&parent));
         let name = || {
-            span.extensions()
-                .get::<OtelName>()
-                .map(|n| n.0)
+            // Only a span whose callsite has the field can carry an `otel.name` (see
+            // `on_new_span` and `on_record`): the others skip the extensions' lock.
+            span.metadata()
+                .fields()
+                .field(OTEL_NAME_FIELD)
+                .and_then(|_| span.extensions().get::<OtelName>().map(|n| n.0))
                 .unwrap_or_else(|| SpanName::intern_static(span.name()))
         };
         let Some(otel) = self.otel_context(&span.id()) else {

@@ -111,12 +111,31 @@ pub(crate) fn ticks() -> u64 {
     }
 }
 
-/// Converts a difference of [`ticks`] to nanoseconds. Not for the hot path: before the
-/// rate has settled it reads both clocks.
+/// Converts a difference of [`ticks`] to nanoseconds: a multiply once the TSC's rate is
+/// fixed (a second after the sampler started); before, [`ticks_to_ns_unsettled`] reads
+/// both clocks.
+#[inline]
 pub(crate) fn ticks_to_ns(ticks: u64) -> u64 {
-    if SOURCE.load(Ordering::Relaxed) != TSC {
-        return ticks;
+    match (
+        SOURCE.load(Ordering::Relaxed),
+        NS_PER_TICK_FIXED.load(Ordering::Relaxed),
+    ) {
+        (TSC, 0) => ticks_to_ns_unsettled(ticks),
+        (TSC, fixed) => scale(ticks, fixed),
+        _ => ticks,
     }
+}
+
+/// `ticks` × `fixed` (nanoseconds per tick, 32.32 fixed point), saturating.
+#[inline]
+fn scale(ticks: u64, fixed: u64) -> u64 {
+    ((u128::from(ticks) * u128::from(fixed)) >> 32).min(u128::from(u64::MAX)) as u64
+}
+
+/// [`ticks_to_ns`] of the TSC before its rate is fixed.
+#[cold]
+#[inline(never)]
+fn ticks_to_ns_unsettled(ticks: u64) -> u64 {
     let fixed = match NS_PER_TICK_FIXED.load(Ordering::Relaxed) {
         0 => {
             let (t0, n0) = (
@@ -133,7 +152,7 @@ pub(crate) fn ticks_to_ns(ticks: u64) -> u64 {
         }
         fixed => fixed,
     };
-    ((u128::from(ticks) * u128::from(fixed)) >> 32).min(u128::from(u64::MAX)) as u64
+    scale(ticks, fixed)
 }
 
 #[cfg(test)]

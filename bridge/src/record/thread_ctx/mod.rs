@@ -159,10 +159,11 @@ pub fn is_enabled() -> bool {
 /// is inlined into the switch, itself out of line, so a transition makes one call.
 #[inline]
 pub(crate) fn publish(label: Option<crate::label::Label>) {
+    // ON first: the usual case is one compare.
     match STATE.load(Ordering::Relaxed) {
-        NEVER => {}
         // A label whose root ended meanwhile (a stale word restored) reads as none.
         ON => thread::publish(label),
+        NEVER => {}
         _ => thread::invalidate(),
     }
 }
