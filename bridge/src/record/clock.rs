@@ -111,6 +111,13 @@ pub(crate) fn ticks() -> u64 {
     }
 }
 
+/// [`ticks`] when it is the TSC, `None` when it is the monotonic clock: a span switch's
+/// usual path reads the counter inline and leaves the clock's call to its slow path.
+#[inline(always)]
+pub(crate) fn tsc_ticks() -> Option<u64> {
+    (SOURCE.load(Ordering::Relaxed) == TSC).then(read_tsc)
+}
+
 /// Converts a difference of [`ticks`] to nanoseconds: a multiply once the TSC's rate is
 /// fixed (a second after the sampler started); before, [`ticks_to_ns_unsettled`] reads
 /// both clocks.

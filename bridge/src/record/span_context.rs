@@ -219,10 +219,46 @@ impl SpanContextCell {
     #[inline]
     pub(super) fn switch(&self, previous: Option<Label>, label: Option<Label>) {
         if active::has_counters(previous, label) || crate::thread_ctx::was_ever_enabled() {
-            self.switch_with_hooks(previous, label);
+            match (previous, label) {
+                (None, Some(to)) => self.enter_with_hooks(to),
+                (Some(from), None) => self.exit_with_hooks(from),
+                _ => self.switch_with_hooks(previous, label),
+            }
         } else {
             self.write(label);
         }
+    }
+
+    /// [`Self::switch_with_hooks`] from no root to `to` (a poll starts). Its usual path
+    /// (the TSC, the thread context's usual cases) makes no call that is not its last
+    /// instruction, so it keeps nothing across one.
+    #[inline(never)]
+    fn enter_with_hooks(&self, to: Label) {
+        if to.has_cpu() {
+            let Some(now) = crate::clock::tsc_ticks() else {
+                return self.switch_with_hooks(None, Some(to));
+            };
+            active::entered_at(now);
+        }
+        self.write(Some(to));
+        crate::thread_ctx::publish(Some(to));
+    }
+
+    /// [`Self::switch_with_hooks`] from `from` to no root (a poll ends), as
+    /// [`Self::enter_with_hooks`]; the root's counters not in the thread's stretch take
+    /// the general path.
+    #[inline(never)]
+    fn exit_with_hooks(&self, from: Label) {
+        if from.has_cpu() {
+            let Some(now) = crate::clock::tsc_ticks() else {
+                return self.switch_with_hooks(Some(from), None);
+            };
+            if !active::left_at(from, now) {
+                return self.switch_with_hooks(Some(from), None);
+            }
+        }
+        self.write(None);
+        crate::thread_ctx::publish(None);
     }
 
     /// [`Self::switch`] with the active-time stretch and the thread context.

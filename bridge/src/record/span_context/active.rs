@@ -63,6 +63,28 @@ pub(super) fn transition(from: Option<Label>, to: Option<Label>) {
     transition_cpu(from_cpu, to_cpu);
 }
 
+/// The thread enters a root with counters at `now` (from no root).
+#[inline(always)]
+pub(super) fn entered_at(now: u64) {
+    STRETCH.with(|stretch| stretch.entered_at.set(now));
+}
+
+/// The thread leaves `from`, a root with counters, for no root at `now`, if the thread's
+/// stretch holds `from`'s counters (the next poll of the same root): false, having
+/// changed nothing, otherwise (the caller then makes the whole [`transition`]).
+#[inline(always)]
+pub(super) fn left_at(from: Label, now: u64) -> bool {
+    STRETCH.with(|stretch| {
+        if stretch.word.get() != from.word() {
+            return false;
+        }
+        if let Some(cpu) = stretch.cpu.get() {
+            cpu.add(now.saturating_sub(stretch.entered_at.get()));
+        }
+        true
+    })
+}
+
 #[inline]
 fn transition_cpu(from: Option<Label>, to: Option<Label>) {
     let now = clock::ticks();
