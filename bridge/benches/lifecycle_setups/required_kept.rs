@@ -698,20 +698,20 @@ impl SpanProcessor for Processor {
         let slot = handle.slot();
         if slot.followed.load(Ordering::Relaxed) {
             let int = |v: u64| i64::try_from(v).unwrap_or(i64::MAX);
-            span.attributes.extend([
-                KeyValue::new(
-                    "profiling.cpu.samples",
-                    int(slot.samples.load(Ordering::Relaxed)),
-                ),
-                KeyValue::new(
-                    "profiling.cpu.time_ns",
-                    int(slot.cpu_ns.load(Ordering::Relaxed)),
-                ),
-                KeyValue::new(
-                    "profiling.wall.active_ns",
-                    int(slot.active.load(Ordering::Relaxed)),
-                ),
-            ]);
+            // One by one: `extend` over an array is an out-of-line loop over a moved copy.
+            let attributes = &mut span.attributes;
+            attributes.push(KeyValue::new(
+                "profiling.cpu.samples",
+                int(slot.samples.load(Ordering::Relaxed)),
+            ));
+            attributes.push(KeyValue::new(
+                "profiling.cpu.time_ns",
+                int(slot.cpu_ns.load(Ordering::Relaxed)),
+            ));
+            attributes.push(KeyValue::new(
+                "profiling.wall.active_ns",
+                int(slot.active.load(Ordering::Relaxed)),
+            ));
         }
         release(handle);
         black_box(span);
