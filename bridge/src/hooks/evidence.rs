@@ -14,7 +14,7 @@
 
 use std::cell::RefCell;
 use std::hash::Hasher;
-use std::sync::atomic::{AtomicBool, AtomicU64, AtomicUsize, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicU32, AtomicU64, AtomicUsize, Ordering};
 use std::sync::{Arc, MutexGuard, OnceLock};
 use std::time::Duration;
 
@@ -87,7 +87,11 @@ const SWEEP_EVERY: u32 = 1024;
 /// last is a handle, its thread keeps the allocation for its next root (`SPARE`).
 #[derive(Debug)]
 pub(crate) struct RootCounters {
-    handle: CpuHandle,
+    /// The counter slot's index and generation ([`CpuHandle::parts`]): atomics so that a
+    /// thread reusing a spare allocation (`counters_for`) sets them without taking the
+    /// `Arc` apart.
+    index: AtomicU32,
+    generation: AtomicU64,
     /// A layer or wrapper followed the root (took its counters to label threads with): only
     /// then do the totals say something. A root nothing followed ends with no evidence,
     /// not with a zero that would read as "never ran".
@@ -106,11 +110,16 @@ impl LabelOwner for RootCounters {
     /// The last holder (usually the root span's handle, as the span closes after its end)
     /// releases the label slot as `drop` would, and keeps the allocation on its thread
     /// for the next root's counters.
-    fn let_go(mut self: Arc<Self>) {
-        let Some(this) = Arc::get_mut(&mut self) else {
+    fn let_go(self: Arc<Self>) {
+        // No `Weak` of the counters is ever made: one strong reference is the only one
+        // (a load, where `Arc::get_mut` takes a compare-and-swap of the weak count).
+        if Arc::strong_count(&self) != 1 {
             return;
-        };
-        if let Some(label) = Label::from_raw(std::mem::take(this.label.get_mut())) {
+        }
+        // The other holders' last uses happen before what follows (their drops released
+        // the count, as `Arc`'s own drop pairs them).
+        std::sync::atomic::fence(Ordering::Acquire);
+        if let Some(label) = Label::from_raw(self.label.swap(0, Ordering::Relaxed)) {
             release_slot(label);
         }
         let _ = SPARE.try_with(|spare| {
@@ -132,25 +141,28 @@ thread_local! {
 }
 
 /// Counters for a root starting with the counter slot `handle`: a spare allocation of
-/// this thread's if it has one (no other reference to it exists), else a new one.
+/// this thread's if it has one (kept only when no other reference to it existed, and
+/// none can be made since), else a new one.
 fn counters_for(handle: CpuHandle) -> Arc<RootCounters> {
     let spare = SPARE
         .try_with(|spare| spare.try_borrow_mut().ok().and_then(|mut s| s.pop()))
         .ok()
         .flatten();
-    if let Some(mut cpu) = spare {
-        if let Some(this) = Arc::get_mut(&mut cpu) {
-            this.handle = handle;
-            *this.followed.get_mut() = false;
-            *this.label.get_mut() = 0;
-            return cpu;
+    let (index, generation) = handle.parts();
+    match spare {
+        Some(cpu) => {
+            cpu.index.store(index, Ordering::Relaxed);
+            cpu.generation.store(generation, Ordering::Relaxed);
+            cpu.followed.store(false, Ordering::Relaxed);
+            cpu
         }
+        None => Arc::new(RootCounters {
+            index: AtomicU32::new(index),
+            generation: AtomicU64::new(generation),
+            followed: AtomicBool::new(false),
+            label: AtomicU64::new(0),
+        }),
     }
-    Arc::new(RootCounters {
-        handle,
-        followed: AtomicBool::new(false),
-        label: AtomicU64::new(0),
-    })
 }
 
 impl Drop for RootCounters {
@@ -164,7 +176,10 @@ impl Drop for RootCounters {
 impl RootCounters {
     /// The handle the root's label carries.
     pub(crate) fn handle(&self) -> CpuHandle {
-        self.handle
+        CpuHandle::from_parts(
+            self.index.load(Ordering::Relaxed),
+            self.generation.load(Ordering::Relaxed),
+        )
     }
 }
 
@@ -182,7 +197,8 @@ impl Entry {
     fn for_test(followed: bool, since: u64) -> Entry {
         Entry {
             cpu: Arc::new(RootCounters {
-                handle: CpuHandle::from_raw(1 << 64).expect("a handle"),
+                index: AtomicU32::new(0),
+                generation: AtomicU64::new(0),
                 followed: AtomicBool::new(followed),
                 label: AtomicU64::new(0),
             }),
@@ -310,7 +326,7 @@ fn claim(span_id: SpanId) -> Option<Arc<RootCounters>> {
         shard.entries.retain(|e| {
             let orphan = e.is_orphan(now);
             if orphan {
-                slots.release(e.cpu.handle);
+                slots.release(e.cpu.handle());
                 gone.push(e.cpu.clone());
             }
             !orphan
@@ -329,7 +345,7 @@ fn claim(span_id: SpanId) -> Option<Arc<RootCounters>> {
     );
     if let Some(old) = &replaced {
         // The same span id twice (a caller reusing ids): the older root stops counting.
-        shard.slots.release(old.cpu.handle);
+        shard.slots.release(old.cpu.handle());
     }
     drop(guard);
     drop((replaced, gone));
@@ -371,7 +387,7 @@ fn take(span_id: SpanId) -> Option<(RootTotals, Option<u64>)> {
     let (entry, totals) = {
         let mut shard = shard(key);
         let entry = shard.entries.remove(key)?;
-        let totals = shard.slots.release(entry.cpu.handle);
+        let totals = shard.slots.release(entry.cpu.handle());
         (entry, totals)
     };
     entry
@@ -583,7 +599,8 @@ mod tests {
     fn the_counters_own_the_label_slot_until_their_last_holder() {
         use crate::label::{LocalRoot, RootLabel};
         let cpu = Arc::new(RootCounters {
-            handle: CpuHandle::from_raw(1 << 64).expect("a handle"),
+            index: AtomicU32::new(0),
+            generation: AtomicU64::new(0),
             followed: AtomicBool::new(true),
             label: AtomicU64::new(0),
         });

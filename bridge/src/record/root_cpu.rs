@@ -207,6 +207,16 @@ pub(crate) struct CpuHandle {
 }
 
 impl CpuHandle {
+    /// The handle of slot `index` at `generation` (what [`CpuHandle::parts`] gave).
+    pub(crate) fn from_parts(index: u32, generation: u64) -> CpuHandle {
+        CpuHandle { index, generation }
+    }
+
+    /// The slot index and generation, for a holder that keeps them in atomics.
+    pub(crate) fn parts(self) -> (u32, u64) {
+        (self.index, self.generation)
+    }
+
     /// The packed form kept in labels (0 = no counters): index + 1 in the high 64 bits,
     /// the whole generation in the low 64. It is written once per root into its label
     /// slot, so nothing needs it in one machine word, and the generation is not cut to
