@@ -695,6 +695,47 @@ mod tests {
         assert_eq!(spares(), 0);
     }
 
+    /// A root polled once: its one stretch (counted with the counters the thread kept as
+    /// it resolved the root, see `active::keep_counters`) is its whole active time.
+    #[test]
+    fn a_root_entered_once_has_that_stretch_as_its_active_time() {
+        let _turn = crate::sampler::test_turn();
+        let _sampler = Sampler::start(SamplerConfig::default()).expect("sampler");
+        let exported = InMemorySpanExporter::default();
+        let provider = SdkTracerProvider::builder()
+            .with_span_processor(CpuEvidenceProcessor::new(SimpleSpanProcessor::new(
+                exported.clone(),
+            )))
+            .build();
+        let subscriber = tracing_subscriber::registry()
+            .with(tracing_opentelemetry::layer().with_tracer(provider.tracer("test")))
+            .with(ProfilingLayer::default());
+        let stretch = Duration::from_millis(30);
+        tracing::subscriber::with_default(subscriber, || {
+            let root = tracing::info_span!("one poll");
+            let _entered = root.enter();
+            let start = std::time::Instant::now();
+            while start.elapsed() < stretch {
+                std::hint::spin_loop();
+            }
+        });
+        let spans = exported.get_finished_spans().expect("spans");
+        let span = spans
+            .iter()
+            .find(|s| s.name == "one poll")
+            .expect("exported");
+        let active = span
+            .attributes
+            .iter()
+            .find(|kv| kv.key.as_str() == WALL_ACTIVE_ATTRIBUTE)
+            .map(|kv| kv.value.to_string().parse::<u64>().expect("a number"))
+            .expect("active time");
+        assert!(
+            active >= stretch.as_nanos() as u64 * 95 / 100,
+            "active {active} ns for a {stretch:?} poll"
+        );
+    }
+
     /// Two providers in one process, one with the evidence processor: only its roots get
     /// counters. Before the processor claimed them, any live processor made every
     /// provider's roots claim counters that nothing would ever report.

@@ -60,8 +60,15 @@ impl ResolvedRoot {
                 .with_trace_flags(span.trace_flags());
             Some(match evidence::counters_of(span.span_id()) {
                 Some(cpu) => {
-                    let label = label.with_cpu(cpu.handle());
-                    LocalRoot::claim(label, Some(cpu as Arc<dyn LabelOwner>))
+                    let handle = cpu.handle();
+                    let root =
+                        LocalRoot::claim(label.with_cpu(handle), Some(cpu as Arc<dyn LabelOwner>));
+                    // Resolved on its first enter, here: the thread's stretch keeps the
+                    // counters for that poll's exit.
+                    if let Some(word) = root.word() {
+                        crate::span_context::active::keep_counters(word, handle.to_raw());
+                    }
+                    root
                 }
                 None => LocalRoot::claim(label, None),
             })

@@ -63,6 +63,19 @@ pub(super) fn transition(from: Option<Label>, to: Option<Label>) {
     transition_cpu(from_cpu, to_cpu);
 }
 
+/// The thread has just resolved the root `label` with the counters `cpu` (a
+/// [`CpuHandle::to_raw`](crate::root_cpu::CpuHandle::to_raw)) and is about to enter it:
+/// its stretch keeps them now, so that the root's first exit finds them as every later
+/// one does, instead of reading the label slot.
+#[inline]
+pub(crate) fn keep_counters(label: Label, cpu: u128) {
+    let counter = ActiveCounter::of(cpu);
+    let _ = STRETCH.try_with(|stretch| {
+        stretch.word.set(label.word());
+        stretch.cpu.set(counter);
+    });
+}
+
 /// The thread enters a root with counters at `now` (from no root).
 #[inline(always)]
 pub(super) fn entered_at(now: u64) {
