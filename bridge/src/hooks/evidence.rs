@@ -68,8 +68,11 @@ pub const CGROUP_THROTTLED_ATTRIBUTE: &str = "profiling.cgroup.throttled_ns";
 pub const CGROUP_CPU_LIMIT_ATTRIBUTE: &str = "profiling.cgroup.cpu_limit";
 
 /// Entries whose span is gone without having ended through a processor are purged
-/// after this long. (Entries of roots that no layer or wrapper has followed yet are kept
-/// for an hour: a root may wait, unentered, in a queue before its first poll.)
+/// after at least this long. (Entries of roots that no layer or wrapper has followed yet
+/// are kept for an hour: a root may wait, unentered, in a queue before its first poll.)
+/// An entry's age counts from the first sweep of its shard that saw it (a sweep every
+/// 1,024 roots started in the shard), so a root's start reads no clock: an orphan goes
+/// at a sweep at least this long after one that saw it.
 pub const ORPHAN_AGE: Duration = Duration::from_secs(120);
 /// How long an entry that nothing has followed yet is kept: such a root holds no reference
 /// to its counters, so only its age tells a span still waiting for its first poll from one
@@ -185,19 +188,21 @@ impl RootCounters {
 
 struct Entry {
     cpu: Arc<RootCounters>,
-    /// When the entry was made (coarse monotonic ns: only compared with [`ORPHAN_AGE`]).
+    /// When a sweep first saw the entry (coarse monotonic ns: only compared with
+    /// [`ORPHAN_AGE`]); 0 until then.
     since: u64,
     /// The process's cgroup throttled time at the root's start, when it is kept.
     throttled_at_start: Option<u64>,
 }
 
 impl Entry {
-    /// An entry made at `since` whose counters (slot 0) were `followed` or not (tests).
+    /// An entry made at `since` whose counters were `followed` or not (tests). Their
+    /// handle names no slot: releasing it touches no real root's counters.
     #[cfg(test)]
     fn for_test(followed: bool, since: u64) -> Entry {
         Entry {
             cpu: Arc::new(RootCounters {
-                index: AtomicU32::new(0),
+                index: AtomicU32::new(u32::MAX),
                 generation: AtomicU64::new(0),
                 followed: AtomicBool::new(followed),
                 label: AtomicU64::new(0),
@@ -212,7 +217,7 @@ impl Entry {
     /// holds the counters (more than the table's one reference); once nothing does, the
     /// span is gone. A root nothing has followed yet never holds them: only its age counts.
     fn is_orphan(&self, now: u64) -> bool {
-        if Arc::strong_count(&self.cpu) > 1 {
+        if self.since == 0 || Arc::strong_count(&self.cpu) > 1 {
             return false;
         }
         let max_age = if self.cpu.followed.load(Ordering::Relaxed) {
@@ -252,6 +257,26 @@ struct Shard {
     entries: entries::Entries,
     inserts: u32,
     slots: SlotLists,
+}
+
+impl Shard {
+    /// Frees the orphans' counters at `now` (their counters go to `gone`, to be dropped
+    /// after the shard's lock) and starts the age of entries no sweep saw yet.
+    fn sweep(&mut self, now: u64, gone: &mut Vec<Arc<RootCounters>>) {
+        let slots = &mut self.slots;
+        self.entries.retain(|e| {
+            if e.since == 0 {
+                e.since = now;
+                return true;
+            }
+            let orphan = e.is_orphan(now);
+            if orphan {
+                slots.release(e.cpu.handle());
+                gone.push(e.cpu.clone());
+            }
+            !orphan
+        });
+    }
 }
 
 /// The table's shards: locks a `fork` can leave held by a parent thread, so the forking
@@ -321,16 +346,7 @@ fn claim(span_id: SpanId) -> Option<Arc<RootCounters>> {
     let shard = &mut *guard;
     shard.inserts = shard.inserts.wrapping_add(1);
     if shard.inserts.is_multiple_of(SWEEP_EVERY) {
-        let now = crate::clock::coarse_monotonic_ns();
-        let slots = &mut shard.slots;
-        shard.entries.retain(|e| {
-            let orphan = e.is_orphan(now);
-            if orphan {
-                slots.release(e.cpu.handle());
-                gone.push(e.cpu.clone());
-            }
-            !orphan
-        });
+        shard.sweep(crate::clock::coarse_monotonic_ns(), &mut gone);
     }
     // A full table (millions of live roots) only loses the evidence, never the span.
     let handle = shard.slots.claim().ok()?;
@@ -339,7 +355,7 @@ fn claim(span_id: SpanId) -> Option<Arc<RootCounters>> {
         key,
         Entry {
             cpu: cpu.clone(),
-            since: crate::clock::coarse_monotonic_ns(),
+            since: 0,
             throttled_at_start: crate::sampler::cgroup::throttled_ns(),
         },
     );
@@ -580,7 +596,7 @@ mod tests {
             entry(true, now - minutes(3)).is_orphan(now),
             "followed, gone"
         );
-        let held = entry(true, 0);
+        let held = entry(true, now - minutes(3));
         let _span = held.cpu.clone();
         assert!(!held.is_orphan(now), "a span still holds it");
         assert!(
@@ -591,6 +607,34 @@ mod tests {
             entry(false, now - minutes(61)).is_orphan(now),
             "never followed"
         );
+        assert!(
+            !entry(true, 0).is_orphan(now),
+            "no sweep saw it yet: its age has not started"
+        );
+    }
+
+    /// A sweep starts the age of the entries it sees for the first time and frees, at a
+    /// later one, those old enough that nothing holds.
+    #[test]
+    fn a_sweep_starts_new_entries_ages_and_frees_old_orphans() {
+        let minutes = |m: u64| m * 60 * 1_000_000_000;
+        let mut shard = Shard::default();
+        let (new, old) = (1_u64 << 6, 2_u64 << 6);
+        shard.entries.insert(new, Entry::for_test(true, 0));
+        shard.entries.insert(old, Entry::for_test(true, minutes(1)));
+        let mut gone = Vec::new();
+        shard.sweep(minutes(5), &mut gone);
+        assert_eq!(gone.len(), 1, "the old orphan");
+        assert!(!shard.entries.contains_key(old));
+        assert_eq!(shard.entries.get(new).map(|e| e.since), Some(minutes(5)));
+        shard.sweep(minutes(6), &mut gone);
+        assert!(
+            shard.entries.contains_key(new),
+            "a minute since a sweep saw it"
+        );
+        shard.sweep(minutes(7), &mut gone);
+        assert!(!shard.entries.contains_key(new), "two minutes since");
+        assert_eq!(gone.len(), 2);
     }
 
     /// A followed root's counters own its label slot: the handles share the counters'
