@@ -48,13 +48,41 @@ const SLOTS: usize = 4096;
 const BY_ID: usize = 8192;
 
 /// An OTEP 4947 record's header (no attributes: the bridge writes the name only when a
-/// slot's last root had another).
+/// slot's last root had another). `required_kept` uses it too.
 #[repr(C, align(8))]
-struct OtepRecord {
+pub(super) struct OtepRecord {
     trace_id: [AtomicU64; 2],
     span_id: AtomicU64,
     valid: AtomicU8,
     trace_flags: AtomicU8,
+}
+
+impl OtepRecord {
+    pub(super) const fn new() -> OtepRecord {
+        OtepRecord {
+            trace_id: [AtomicU64::new(0), AtomicU64::new(0)],
+            span_id: AtomicU64::new(0),
+            valid: AtomicU8::new(0),
+            trace_flags: AtomicU8::new(0),
+        }
+    }
+
+    /// Writes the root's ids (in the W3C byte order) and flags, and marks it valid.
+    pub(super) fn write(&self, span_id: u64, trace_id: u128, flags: u8) {
+        let trace = trace_id.to_be_bytes();
+        let (hi, lo) = trace.split_at(8);
+        let word = |bytes: &[u8]| {
+            let mut out = [0; 8];
+            out.copy_from_slice(bytes);
+            u64::from_ne_bytes(out)
+        };
+        self.trace_id[0].store(word(hi), Ordering::Relaxed);
+        self.trace_id[1].store(word(lo), Ordering::Relaxed);
+        self.span_id
+            .store(u64::from_ne_bytes(span_id.to_be_bytes()), Ordering::Relaxed);
+        self.trace_flags.store(flags, Ordering::Relaxed);
+        self.valid.store(1, Ordering::Relaxed);
+    }
 }
 
 /// One root's label, counters and record.
@@ -82,12 +110,7 @@ static SLOT_TABLE: [Slot; SLOTS] = [const {
         active: AtomicU64::new(0),
         samples: AtomicU64::new(0),
         cpu_ns: AtomicU64::new(0),
-        record: OtepRecord {
-            trace_id: [AtomicU64::new(0), AtomicU64::new(0)],
-            span_id: AtomicU64::new(0),
-            valid: AtomicU8::new(0),
-            trace_flags: AtomicU8::new(0),
-        },
+        record: OtepRecord::new(),
     }
 }; SLOTS];
 
@@ -196,21 +219,7 @@ fn claim(span_id: u64, trace_id: u128, flags: u8) -> Option<Handle> {
     slot.active.store(0, Ordering::Relaxed);
     slot.samples.store(0, Ordering::Relaxed);
     slot.cpu_ns.store(0, Ordering::Relaxed);
-    let record = &slot.record;
-    let trace = trace_id.to_be_bytes();
-    record.trace_id[0].store(
-        u64::from_ne_bytes(trace[..8].try_into().ok()?),
-        Ordering::Relaxed,
-    );
-    record.trace_id[1].store(
-        u64::from_ne_bytes(trace[8..].try_into().ok()?),
-        Ordering::Relaxed,
-    );
-    record
-        .span_id
-        .store(u64::from_ne_bytes(span_id.to_be_bytes()), Ordering::Relaxed);
-    record.trace_flags.store(flags, Ordering::Relaxed);
-    record.valid.store(1, Ordering::Relaxed);
+    slot.record.write(span_id, trace_id, flags);
     // Even (free) → odd (owned); the release orders the label's stores before it.
     let generation = slot.generation.fetch_add(1, Ordering::AcqRel) + 1;
     Some(Handle::new(index, generation))

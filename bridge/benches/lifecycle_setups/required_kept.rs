@@ -48,6 +48,7 @@ use opentelemetry_sdk::error::OTelSdkResult;
 use opentelemetry_sdk::trace::{SpanData, SpanProcessor};
 
 use super::required::{hex, ticks};
+use super::required_all::OtepRecord;
 
 /// Slots at most (the bench has one root alive at a time).
 const SLOTS: usize = 4096;
@@ -66,14 +67,6 @@ const ORPHAN_AGE_NS: u64 = 120_000_000_000;
 /// The state word: generation above, adds in progress in the low bits.
 const GENERATION_ONE: u64 = 1 << 22;
 const ADDERS_MASK: u64 = GENERATION_ONE - 1;
-
-/// An OTEP 4947 record's header.
-#[repr(C, align(8))]
-struct OtepRecord {
-    trace_id: [AtomicU64; 2],
-    span_id: AtomicU64,
-    valid: AtomicU32,
-}
 
 /// One root: its label, counters, record, liveness.
 #[repr(C, align(64))]
@@ -113,11 +106,7 @@ static SLOT_TABLE: [Slot; SLOTS] = [const {
         active: AtomicU64::new(0),
         samples: AtomicU64::new(0),
         cpu_ns: AtomicU64::new(0),
-        record: OtepRecord {
-            trace_id: [AtomicU64::new(0), AtomicU64::new(0)],
-            span_id: AtomicU64::new(0),
-            valid: AtomicU32::new(0),
-        },
+        record: OtepRecord::new(),
     }
 }; SLOTS];
 
@@ -367,22 +356,7 @@ fn claim(span_id: u64, trace_id: u128, flags: u8) -> Option<Handle> {
     slot.active.store(0, Ordering::Relaxed);
     slot.samples.store(0, Ordering::Relaxed);
     slot.cpu_ns.store(0, Ordering::Relaxed);
-    let record = &slot.record;
-    let trace = trace_id.to_be_bytes();
-    record.trace_id[0].store(
-        u64::from_ne_bytes(trace[..8].try_into().ok()?),
-        Ordering::Relaxed,
-    );
-    record.trace_id[1].store(
-        u64::from_ne_bytes(trace[8..].try_into().ok()?),
-        Ordering::Relaxed,
-    );
-    record
-        .span_id
-        .store(u64::from_ne_bytes(span_id.to_be_bytes()), Ordering::Relaxed);
-    record
-        .valid
-        .store(1 | u32::from(flags) << 8, Ordering::Relaxed);
+    slot.record.write(span_id, trace_id, flags);
     // Even (free) → odd (owned); the release orders the label's stores before it.
     let state = slot.state.fetch_add(GENERATION_ONE, Ordering::AcqRel) + GENERATION_ONE;
     Some(Handle::new(index, state / GENERATION_ONE))

@@ -571,13 +571,26 @@ mod tests {
     use crate::sampler::{Sampler, SamplerConfig};
     use crate::{current_local_root, ProfilingLayer};
 
+    /// A provider whose spans go through the evidence processor to `exported`.
+    fn with_processor(exported: &InMemorySpanExporter) -> SdkTracerProvider {
+        SdkTracerProvider::builder()
+            .with_span_processor(CpuEvidenceProcessor::new(SimpleSpanProcessor::new(
+                exported.clone(),
+            )))
+            .build()
+    }
+
+    /// The OpenTelemetry layer on `provider`'s tracer and the profiling layer.
+    fn subscriber(provider: &SdkTracerProvider) -> impl tracing::Subscriber {
+        tracing_subscriber::registry()
+            .with(tracing_opentelemetry::layer().with_tracer(provider.tracer("test")))
+            .with(ProfilingLayer::default())
+    }
+
     /// The counters of the root entered under `provider`'s tracer, as its label carries
     /// them (0: none).
     fn counters_under(provider: &SdkTracerProvider) -> u128 {
-        let subscriber = tracing_subscriber::registry()
-            .with(tracing_opentelemetry::layer().with_tracer(provider.tracer("test")))
-            .with(ProfilingLayer::default());
-        tracing::subscriber::with_default(subscriber, || {
+        tracing::subscriber::with_default(subscriber(provider), || {
             let root = tracing::info_span!("GET /evidence");
             let _entered = root.enter();
             current_local_root().expect("inside a root").cpu_raw()
@@ -746,16 +759,9 @@ mod tests {
         let _turn = crate::sampler::test_turn();
         let _sampler = Sampler::start(SamplerConfig::default()).expect("sampler");
         let exported = InMemorySpanExporter::default();
-        let provider = SdkTracerProvider::builder()
-            .with_span_processor(CpuEvidenceProcessor::new(SimpleSpanProcessor::new(
-                exported.clone(),
-            )))
-            .build();
-        let subscriber = tracing_subscriber::registry()
-            .with(tracing_opentelemetry::layer().with_tracer(provider.tracer("test")))
-            .with(ProfilingLayer::default());
+        let provider = with_processor(&exported);
         let stretch = Duration::from_millis(30);
-        tracing::subscriber::with_default(subscriber, || {
+        tracing::subscriber::with_default(subscriber(&provider), || {
             let root = tracing::info_span!("one poll");
             let _entered = root.enter();
             let start = std::time::Instant::now();
@@ -788,11 +794,7 @@ mod tests {
         let _turn = crate::sampler::test_turn();
         let _sampler = Sampler::start(SamplerConfig::default()).expect("sampler");
         let exported = InMemorySpanExporter::default();
-        let with = SdkTracerProvider::builder()
-            .with_span_processor(CpuEvidenceProcessor::new(SimpleSpanProcessor::new(
-                exported.clone(),
-            )))
-            .build();
+        let with = with_processor(&exported);
         let without = SdkTracerProvider::builder()
             .with_span_processor(SimpleSpanProcessor::new(InMemorySpanExporter::default()))
             .build();
