@@ -105,6 +105,11 @@ fn racing_claims_releases_and_reads_never_tear_or_share_a_slot() {
         .map(|_| {
             let published = published.clone();
             std::thread::spawn(move || {
+                // The owner's first label first: on a loaded machine the readers could
+                // otherwise spend their whole loop before the owner thread ever ran.
+                while published.load(Ordering::Relaxed) == 0 {
+                    std::thread::yield_now();
+                }
                 let (mut whole_reads, mut none) = (0u64, 0u64);
                 for _ in 0..300_000 {
                     let Some(label) = Label::from_raw(published.load(Ordering::Relaxed)) else {

@@ -74,8 +74,9 @@ impl Thread {
     ///
     /// The two common cases stay small enough to need no saved register: "no span"
     /// (one store of NULL), and the root the thread named last (every poll after a
-    /// root's first on this thread: its record's word checked, the pointer stored). Everything
-    /// else (a new root, the first publication, a record to fill) is [`Self::name`].
+    /// root's first on this thread: its record's word checked, the pointer stored).
+    /// Everything else (a new root, the first publication, a record to fill) is
+    /// [`Self::name`].
     #[inline(always)]
     fn publish(&self, label: Option<Label>) {
         let word = word_of(label);
