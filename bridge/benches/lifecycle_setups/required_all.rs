@@ -85,32 +85,78 @@ impl OtepRecord {
     }
 }
 
-/// One root's label, counters and record.
-#[repr(C, align(64))]
-struct Slot {
-    /// Odd while a root owns the slot.
-    generation: AtomicU64,
+/// One root's label, counters and OTEP record: what a slot of either floor holds beside
+/// its own bookkeeping (`required_kept` uses it too).
+pub(super) struct Root {
     span_id: AtomicU64,
     trace_hi: AtomicU64,
     trace_lo: AtomicU64,
     name: AtomicU32,
-    active: AtomicU64,
+    pub(super) active: AtomicU64,
     samples: AtomicU64,
     cpu_ns: AtomicU64,
-    record: OtepRecord,
+    pub(super) record: OtepRecord,
+}
+
+impl Root {
+    pub(super) const fn new() -> Root {
+        Root {
+            span_id: AtomicU64::new(0),
+            trace_hi: AtomicU64::new(0),
+            trace_lo: AtomicU64::new(0),
+            name: AtomicU32::new(0),
+            active: AtomicU64::new(0),
+            samples: AtomicU64::new(0),
+            cpu_ns: AtomicU64::new(0),
+            record: OtepRecord::new(),
+        }
+    }
+
+    /// Writes the label and the record of the root `span_id` of `trace_id`, and zeroes its
+    /// counters.
+    pub(super) fn write(&self, span_id: u64, trace_id: u128, flags: u8) {
+        self.span_id.store(span_id, Ordering::Relaxed);
+        self.trace_hi
+            .store((trace_id >> 64) as u64, Ordering::Relaxed);
+        self.trace_lo.store(trace_id as u64, Ordering::Relaxed);
+        self.name.store(1, Ordering::Relaxed);
+        self.active.store(0, Ordering::Relaxed);
+        self.samples.store(0, Ordering::Relaxed);
+        self.cpu_ns.store(0, Ordering::Relaxed);
+        self.record.write(span_id, trace_id, flags);
+    }
+
+    /// Adds the three evidence attributes (one by one: `extend` over an array is an
+    /// out-of-line loop over a moved copy).
+    pub(super) fn add_evidence(&self, attributes: &mut Vec<KeyValue>) {
+        let int = |v: u64| i64::try_from(v).unwrap_or(i64::MAX);
+        attributes.push(KeyValue::new(
+            "profiling.cpu.samples",
+            int(self.samples.load(Ordering::Relaxed)),
+        ));
+        attributes.push(KeyValue::new(
+            "profiling.cpu.time_ns",
+            int(self.cpu_ns.load(Ordering::Relaxed)),
+        ));
+        attributes.push(KeyValue::new(
+            "profiling.wall.active_ns",
+            int(self.active.load(Ordering::Relaxed)),
+        ));
+    }
+}
+
+/// One root's slot.
+#[repr(C, align(64))]
+struct Slot {
+    /// Odd while a root owns the slot.
+    generation: AtomicU64,
+    root: Root,
 }
 
 static SLOT_TABLE: [Slot; SLOTS] = [const {
     Slot {
         generation: AtomicU64::new(0),
-        span_id: AtomicU64::new(0),
-        trace_hi: AtomicU64::new(0),
-        trace_lo: AtomicU64::new(0),
-        name: AtomicU32::new(0),
-        active: AtomicU64::new(0),
-        samples: AtomicU64::new(0),
-        cpu_ns: AtomicU64::new(0),
-        record: OtepRecord::new(),
+        root: Root::new(),
     }
 }; SLOTS];
 
@@ -211,15 +257,7 @@ fn claim(span_id: u64, trace_id: u128, flags: u8) -> Option<Handle> {
         (index < SLOTS as u32).then_some(index)
     })?;
     let slot = &SLOT_TABLE[index as usize];
-    slot.span_id.store(span_id, Ordering::Relaxed);
-    slot.trace_hi
-        .store((trace_id >> 64) as u64, Ordering::Relaxed);
-    slot.trace_lo.store(trace_id as u64, Ordering::Relaxed);
-    slot.name.store(1, Ordering::Relaxed);
-    slot.active.store(0, Ordering::Relaxed);
-    slot.samples.store(0, Ordering::Relaxed);
-    slot.cpu_ns.store(0, Ordering::Relaxed);
-    slot.record.write(span_id, trace_id, flags);
+    slot.root.write(span_id, trace_id, flags);
     // Even (free) → odd (owned); the release orders the label's stores before it.
     let generation = slot.generation.fetch_add(1, Ordering::AcqRel) + 1;
     Some(Handle::new(index, generation))
@@ -290,7 +328,7 @@ where
                 handle.0
             };
             thread.word.store(handle, Ordering::Relaxed);
-            let record = &Handle(handle).slot().record as *const OtepRecord;
+            let record = &Handle(handle).slot().root.record as *const OtepRecord;
             thread
                 .otel_thread_ctx
                 .store(record.cast_mut(), Ordering::Relaxed);
@@ -307,7 +345,7 @@ where
             let handle = Handle(thread.cached.get());
             let slot = handle.slot();
             if slot.generation.load(Ordering::Acquire) == handle.generation() {
-                slot.active.fetch_add(spent, Ordering::Relaxed);
+                slot.root.active.fetch_add(spent, Ordering::Relaxed);
             }
             thread.word.store(0, Ordering::Relaxed);
             thread
@@ -349,22 +387,7 @@ impl SpanProcessor for Processor {
             black_box(span);
             return;
         };
-        let slot = handle.slot();
-        let int = |v: u64| i64::try_from(v).unwrap_or(i64::MAX);
-        span.attributes.extend([
-            KeyValue::new(
-                "profiling.cpu.samples",
-                int(slot.samples.load(Ordering::Relaxed)),
-            ),
-            KeyValue::new(
-                "profiling.cpu.time_ns",
-                int(slot.cpu_ns.load(Ordering::Relaxed)),
-            ),
-            KeyValue::new(
-                "profiling.wall.active_ns",
-                int(slot.active.load(Ordering::Relaxed)),
-            ),
-        ]);
+        handle.slot().root.add_evidence(&mut span.attributes);
         release(handle);
         black_box(span);
     }

@@ -48,7 +48,7 @@ use opentelemetry_sdk::error::OTelSdkResult;
 use opentelemetry_sdk::trace::{SpanData, SpanProcessor};
 
 use super::required::{hex, ticks};
-use super::required_all::OtepRecord;
+use super::required_all::{OtepRecord, Root};
 
 /// Slots at most (the bench has one root alive at a time).
 const SLOTS: usize = 4096;
@@ -82,14 +82,7 @@ struct Slot {
     published: AtomicBool,
     /// When the slot was claimed (coarse ns), for the sweep.
     since: AtomicU64,
-    span_id: AtomicU64,
-    trace_hi: AtomicU64,
-    trace_lo: AtomicU64,
-    name: AtomicU32,
-    active: AtomicU64,
-    samples: AtomicU64,
-    cpu_ns: AtomicU64,
-    record: OtepRecord,
+    root: Root,
 }
 
 static SLOT_TABLE: [Slot; SLOTS] = [const {
@@ -99,14 +92,7 @@ static SLOT_TABLE: [Slot; SLOTS] = [const {
         followed: AtomicBool::new(false),
         published: AtomicBool::new(false),
         since: AtomicU64::new(0),
-        span_id: AtomicU64::new(0),
-        trace_hi: AtomicU64::new(0),
-        trace_lo: AtomicU64::new(0),
-        name: AtomicU32::new(0),
-        active: AtomicU64::new(0),
-        samples: AtomicU64::new(0),
-        cpu_ns: AtomicU64::new(0),
-        record: OtepRecord::new(),
+        root: Root::new(),
     }
 }; SLOTS];
 
@@ -145,7 +131,7 @@ fn add_active(handle: Handle, ticks: u64) {
     let slot = handle.slot();
     let state = slot.state.fetch_add(1, Ordering::SeqCst);
     if state / GENERATION_ONE == handle.generation() {
-        slot.active.fetch_add(ticks, Ordering::Relaxed);
+        slot.root.active.fetch_add(ticks, Ordering::Relaxed);
     }
     slot.state.fetch_sub(1, Ordering::Release);
 }
@@ -348,15 +334,7 @@ fn claim(span_id: u64, trace_id: u128, flags: u8) -> Option<Handle> {
     slot.followed.store(false, Ordering::Relaxed);
     slot.published.store(false, Ordering::Relaxed);
     slot.since.store(coarse_ns(), Ordering::Relaxed);
-    slot.span_id.store(span_id, Ordering::Relaxed);
-    slot.trace_hi
-        .store((trace_id >> 64) as u64, Ordering::Relaxed);
-    slot.trace_lo.store(trace_id as u64, Ordering::Relaxed);
-    slot.name.store(1, Ordering::Relaxed);
-    slot.active.store(0, Ordering::Relaxed);
-    slot.samples.store(0, Ordering::Relaxed);
-    slot.cpu_ns.store(0, Ordering::Relaxed);
-    slot.record.write(span_id, trace_id, flags);
+    slot.root.write(span_id, trace_id, flags);
     // Even (free) → odd (owned); the release orders the label's stores before it.
     let state = slot.state.fetch_add(GENERATION_ONE, Ordering::AcqRel) + GENERATION_ONE;
     Some(Handle::new(index, state / GENERATION_ONE))
@@ -412,7 +390,10 @@ fn publish(word: u64) {
         slot.published.store(true, Ordering::Relaxed);
     }
     compiler_fence(Ordering::SeqCst);
-    thread_ctx.store(&slot.record as *const OtepRecord as u64, Ordering::Relaxed);
+    thread_ctx.store(
+        &slot.root.record as *const OtepRecord as u64,
+        Ordering::Relaxed,
+    );
 }
 
 /// The thread's record moves from `from` to `to` (different words): the stretch closes
@@ -671,21 +652,7 @@ impl SpanProcessor for Processor {
         };
         let slot = handle.slot();
         if slot.followed.load(Ordering::Relaxed) {
-            let int = |v: u64| i64::try_from(v).unwrap_or(i64::MAX);
-            // One by one: `extend` over an array is an out-of-line loop over a moved copy.
-            let attributes = &mut span.attributes;
-            attributes.push(KeyValue::new(
-                "profiling.cpu.samples",
-                int(slot.samples.load(Ordering::Relaxed)),
-            ));
-            attributes.push(KeyValue::new(
-                "profiling.cpu.time_ns",
-                int(slot.cpu_ns.load(Ordering::Relaxed)),
-            ));
-            attributes.push(KeyValue::new(
-                "profiling.wall.active_ns",
-                int(slot.active.load(Ordering::Relaxed)),
-            ));
+            slot.root.add_evidence(&mut span.attributes);
         }
         release(handle);
         black_box(span);
