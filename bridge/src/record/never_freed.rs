@@ -71,13 +71,23 @@ impl<T: 'static, const CHUNK: usize, const CHUNKS: usize> NeverFreed<T, CHUNK, C
     /// something needs them (such a table never calls `fresh`, so `iter` sees none of
     /// them). `None` past the capacity. Never from a handler.
     pub(crate) fn at(&self, index: u32, init: impl Fn(u32) -> T) -> Option<&'static T> {
-        if let Some(slot) = self.get(index) {
-            return Some(slot);
+        match self.get(index) {
+            Some(slot) => Some(slot),
+            None => self.allocate(index, init),
         }
-        // The chunk's first user: build it, publish it unless another first user did.
+    }
+
+    /// The chunk's first user: builds it, publishes it unless another first user did.
+    /// Out of line, and built in place on the heap: a chunk built as an array value would
+    /// give every caller a stack frame the size of a chunk (64 KiB for the label slots),
+    /// whose pages the stack probe touches on every call, the usual path included.
+    #[cold]
+    #[inline(never)]
+    fn allocate(&self, index: u32, init: impl Fn(u32) -> T) -> Option<&'static T> {
         let cell = self.chunks.get(index as usize / CHUNK)?;
         let base = (index as usize / CHUNK * CHUNK) as u32;
-        let chunk: Box<[T; CHUNK]> = Box::new(std::array::from_fn(|i| init(base + i as u32)));
+        let slots: Box<[T]> = (0..CHUNK).map(|i| init(base + i as u32)).collect();
+        let chunk: Box<[T; CHUNK]> = slots.try_into().ok()?;
         let chunk = Box::into_raw(chunk);
         if cell
             .compare_exchange(null_mut(), chunk, Ordering::AcqRel, Ordering::Acquire)

@@ -13,8 +13,8 @@ use super::{Entry, SpanIdHasher};
 /// With fewer live roots than cells per shard, most roots find their cell free.
 const DIRECT: usize = 64;
 
-/// The array: each cell empty or one (span id, entry).
-type Cells = [Option<(u64, Entry)>; DIRECT];
+/// The array ([`DIRECT`] cells): each cell empty or one (span id, entry).
+type Cells = [Option<(u64, Entry)>];
 
 /// A shard's entries (see the module docs).
 #[derive(Default)]
@@ -23,6 +23,14 @@ pub(super) struct Entries {
     direct: Option<Box<Cells>>,
     /// Entries whose cell was taken.
     overflow: HashMap<u64, Entry, BuildHasherDefault<SpanIdHasher>>,
+}
+
+/// An empty array, built on the heap and out of line: as an array value it would give
+/// `insert` a stack frame of its size (2.5 KiB) on every call.
+#[cold]
+#[inline(never)]
+fn new_cells() -> Box<Cells> {
+    (0..DIRECT).map(|_| None).collect()
 }
 
 /// The cell of `key`: the bits above the ones that chose the shard (`evidence::shard`).
@@ -34,9 +42,10 @@ fn cell(key: u64) -> usize {
 impl Entries {
     /// Inserts `entry` for `key`; the entry it replaces, if `key` had one.
     pub(super) fn insert(&mut self, key: u64, entry: Entry) -> Option<Entry> {
-        let direct = self
-            .direct
-            .get_or_insert_with(|| Box::new([const { None }; DIRECT]));
+        let direct = match &mut self.direct {
+            Some(direct) => direct,
+            None => self.direct.insert(new_cells()),
+        };
         let slot = &mut direct[cell(key)];
         match slot {
             Some((held, old)) if *held == key => Some(std::mem::replace(old, entry)),

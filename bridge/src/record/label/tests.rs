@@ -275,3 +275,25 @@ fn slots_that_stay_named_cost_one_reclaim_per_batch() {
     assert!(table.reclaim_for_test());
     assert_eq!(table.in_limbo(), 0, "freed once no thread names them");
 }
+
+/// Claiming a label (a new chunk of slots, and the usual reuse) needs a small stack: a
+/// chunk built as an array value gave `claim` a 64 KiB frame whose pages the stack probe
+/// touched on every call (16 cache-missing writes per root). A 64 KiB frame overflows
+/// this thread's stack, which aborts the test binary.
+#[test]
+fn a_claim_fits_in_a_small_stack() {
+    let table: &'static LabelTable = Box::leak(Box::new(LabelTable::new()));
+    let handle = std::thread::Builder::new()
+        .stack_size(48 * 1024)
+        .spawn(move || {
+            for n in 1..2_000u64 {
+                let label = table.claim(&value(n)).expect("room");
+                assert_eq!(table.read(label), Some(value(n)));
+                if n % 3 != 0 {
+                    table.release(label);
+                }
+            }
+        })
+        .expect("thread");
+    handle.join().expect("claims on a 48 KiB stack");
+}
