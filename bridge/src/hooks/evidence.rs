@@ -122,7 +122,11 @@ impl LabelOwner for RootCounters {
         // The other holders' last uses happen before what follows (their drops released
         // the count, as `Arc`'s own drop pairs them).
         std::sync::atomic::fence(Ordering::Acquire);
-        if let Some(label) = Label::from_raw(self.label.swap(0, Ordering::Relaxed)) {
+        // The only reference: no other thread can touch the word, a load and a store do
+        // what a swap would, without a locked instruction.
+        let word = self.label.load(Ordering::Relaxed);
+        self.label.store(0, Ordering::Relaxed);
+        if let Some(label) = Label::from_raw(word) {
             release_slot(label);
         }
         let _ = SPARE.try_with(|spare| {
