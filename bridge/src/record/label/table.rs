@@ -41,8 +41,10 @@
 //! finds the free list empty reclaims it: one heavy barrier and a scan of the threads'
 //! mirrors per batch of [`RECLAIM_BATCH`] (see `thread_ctx/naming.rs`). Slots still
 //! named stay (an idle thread's mirror keeps the last root it ran, at most one slot per
-//! thread); the next reclaim waits for a batch more than that. A slot never published
-//! goes straight back to the free list.
+//! thread); the next reclaim waits for a batch more than that. A slot whose record was
+//! never filled (a root claimed while the thread context was off, and never published)
+//! goes straight back to the free list; while the context is on, a claim fills the
+//! record, so every release goes through limbo.
 
 use crate::sync::{fence, AtomicBool, AtomicU32, AtomicU64, Ordering};
 use crate::thread_ctx::Naming;
@@ -162,8 +164,15 @@ impl LabelTable {
     }
 
     /// Writes `value` into a free slot and returns its word; `None` when all 2²³ slots
-    /// are taken (counted).
+    /// are taken (counted). While the OpenTelemetry thread context is on, the slot's
+    /// OTEP 4947 record is filled too (else by the root's first publication, if any).
+    #[inline]
     pub(crate) fn claim(&self, value: &RootLabel) -> Option<Label> {
+        self.claim_with(value, crate::thread_ctx::is_enabled())
+    }
+
+    /// [`Self::claim`], filling the slot's record if `fill_record`.
+    pub(crate) fn claim_with(&self, value: &RootLabel, fill_record: bool) -> Option<Label> {
         let Some((index, slot)) = self
             .pop(&self.free)
             .or_else(|| self.reclaim().then(|| self.pop(&self.free)).flatten())
@@ -191,9 +200,11 @@ impl LabelTable {
         slot.flags.store(u32::from(value.flags), Ordering::Relaxed);
         slot.generation.store(generation, Ordering::Release);
         let cpu = if value.cpu != 0 { CPU_BIT } else { 0 };
-        Some(Label::from_word(
-            cpu | u64::from(index) << GENERATION_BITS | generation,
-        ))
+        let word = cpu | u64::from(index) << GENERATION_BITS | generation;
+        if fill_record {
+            self.naming.fill_claimed(index, word, value);
+        }
+        Some(Label::from_word(word))
     }
 
     /// The label `label` names, if its root still owns the slot. Loads only:

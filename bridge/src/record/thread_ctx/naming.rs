@@ -27,10 +27,13 @@
 //! The thread keeps the record it named last beside its word, so that case does not look
 //! the record up either.
 //!
-//! **Fills.** The first thread to publish a root fills its record, after checking the root
-//! alive. A release replaces the record's word by the root's release mark, over which no
-//! fill of that root starts (only a later root's, whose generation is higher), and which
-//! makes a fill already started fail at its end. So a record that holds a word holds a
+//! **Fills.** While the thread context is on, a root's record is filled as its label slot
+//! is claimed, with plain stores: a slot on the free list is named by no thread and
+//! filled by none (`SlotRecord::fill_claimed`). A root claimed while it was off is filled
+//! by the first thread to publish it, after checking the root alive. A release replaces
+//! the record's word by the root's release mark, over which no fill of that root starts
+//! (only a later root's, whose generation is higher), and which makes a fill already
+//! started fail at its end. So a record that holds a word holds a
 //! root not yet released when it was read, and the per-poll case needs no generation
 //! check.
 
@@ -39,7 +42,7 @@ use crate::sync::{AtomicBool, AtomicU64, Ordering};
 
 use super::record::{is_published, SlotRecord};
 use crate::label::table::LabelTable;
-use crate::label::{slot_index, Label};
+use crate::label::{slot_index, Label, RootLabel};
 
 /// Records per chunk, as the label slots (a model's table needs a few).
 const CHUNK: usize = if cfg!(loom) { 4 } else { 1024 };
@@ -132,6 +135,19 @@ impl Naming {
         Some(mirror)
     }
 
+    /// Fills the record of slot `index` for `word`, the root the slot is being claimed
+    /// for (see [`SlotRecord::fill_claimed`]), when its value has anything to publish.
+    /// Every thread that publishes the root then only stores the pointer: the fill's
+    /// two compare-and-swaps are saved, and its stores happen where the label's are.
+    pub(crate) fn fill_claimed(&self, index: u32, word: u64, value: &RootLabel) {
+        if !is_published(value) {
+            return;
+        }
+        if let Some(record) = self.record(index) {
+            record.fill_claimed(word, value);
+        }
+    }
+
     /// At the release of `word`'s root (after its generation moved on): its record holds
     /// nothing any more. True when a thread may still name the slot (the record held the
     /// root, or a thread was filling it): the slot must wait in limbo. False: no thread
@@ -180,8 +196,8 @@ impl Naming {
 }
 
 /// The record a thread about to run `label`'s root may name, with `mirror` announcing
-/// it: `None` when the root ended (or its record is being filled by another thread). The
-/// first thread to publish a root fills its record.
+/// it: `None` when the root ended (or its record is being filled by another thread). A
+/// record its claim did not fill is filled by the first thread to publish the root.
 #[inline]
 pub(crate) fn to_name(
     table: &LabelTable,

@@ -3,9 +3,9 @@
 //!
 //! A thread's `otel_thread_ctx_v1` points at the record of the root it runs (or is NULL:
 //! no span). The record sits beside the root's label slot, at the same index
-//! ([`SlotRecord`]), and is filled by the first thread that publishes the root; every
-//! later switch to the root, on any thread, stores the pointer again and writes nothing
-//! else. A record's bytes are written only while no thread names its slot: `naming.rs`
+//! ([`SlotRecord`]), and is filled as the root's label is claimed (or, for a root claimed
+//! while the thread context was off, by the first thread that publishes it); every switch
+//! to the root, on any thread, stores the pointer and writes nothing else. A record's bytes are written only while no thread names its slot: `naming.rs`
 //! says how a released slot waits until every thread has moved off it.
 //!
 //! Layout (byte-packed, native endianness, OTEP 4947 "Thread-Local Context Record"):
@@ -154,6 +154,21 @@ impl SlotRecord {
         self.word
             .compare_exchange(FILLING, word, Ordering::Release, Ordering::Relaxed)
             .is_ok()
+    }
+
+    /// Fills the record for `word`, a root being claimed, with plain stores: its slot
+    /// came off the free list, and no thread names a free slot's record (a released slot
+    /// a thread may name waits in limbo until none does, `naming.rs`), nor fills it (a
+    /// fill started before its last release made that release send the slot to limbo; one
+    /// started after finds the release's mark or this word, and does not start).
+    pub(crate) fn fill_claimed(&self, word: u64, value: &RootLabel) {
+        let name = value.name().map_or(0, SpanName::to_raw);
+        let same_name = self.name.load(Ordering::Relaxed) == name;
+        self.record.fill(value, same_name);
+        if !same_name {
+            self.name.store(name, Ordering::Relaxed);
+        }
+        self.word.store(word, Ordering::Release);
     }
 
     /// At the release of `word`'s root: the record holds no root any more, and carries

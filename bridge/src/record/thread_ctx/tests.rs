@@ -387,3 +387,42 @@ fn thread_ctx_a_named_slot_is_reused_only_once_no_thread_names_it() {
     assert_eq!(trace, 9);
     assert!(span >= 5000, "the new root's own bytes");
 }
+
+/// While the thread context is on, a root's record is filled as its label is claimed, so
+/// its publications only store the pointer; a root claimed while it is off is filled by
+/// its first publication instead.
+#[test]
+fn thread_ctx_a_root_claimed_while_on_has_its_record_filled_at_once() {
+    use crate::label::{slot_index, LABELS};
+    let _serial = on();
+    let record_of = |root: &LocalRoot| {
+        let word = root.word().expect("a slot").word();
+        (
+            word,
+            LABELS.naming().record(slot_index(word)).expect("record"),
+        )
+    };
+    let root = LocalRoot::new(SpanId::from(61), TraceId::from(62), None);
+    let (word, record) = record_of(&root);
+    assert!(record.holds(word), "filled by the claim");
+    assert_eq!(record.decode(), Some((62, 61, 1, Vec::new())));
+    std::thread::spawn(move || {
+        let _guard = SpanContextGuard::enter(Some(&root));
+        assert_eq!(thread::slot_value(), record.record(), "named as filled");
+        assert_eq!(decoded(), Some((62, 61, 1, Vec::new())));
+    })
+    .join()
+    .unwrap();
+    disable();
+    let off = LocalRoot::new(SpanId::from(63), TraceId::from(64), None);
+    let (word, record) = record_of(&off);
+    assert!(!record.holds(word), "not filled while off");
+    enable_with_resource(&[]).unwrap();
+    std::thread::spawn(move || {
+        let _guard = SpanContextGuard::enter(Some(&off));
+        assert!(record.holds(word), "filled by its first publication");
+        assert_eq!(decoded(), Some((64, 63, 1, Vec::new())));
+    })
+    .join()
+    .unwrap();
+}

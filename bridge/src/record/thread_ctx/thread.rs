@@ -3,8 +3,8 @@
 //!
 //! A switch to another root stores NULL first (the pointer must never name a slot the
 //! mirror has moved off), announces the new slot in the mirror, checks that the slot's
-//! record holds the root, and stores the record's address. The
-//! first thread to publish a root fills its record. A switch to "no span" stores NULL.
+//! record holds the root, and stores the record's address. The record
+//! was filled as the root was claimed (or is, by the first thread to publish it). A switch to "no span" stores NULL.
 //! Readers read a thread only while it is stopped or interrupted (the OTEP's concurrency
 //! model), so they see the pointer and the record in this thread's program order: the
 //! compiler fence before each pointer store is all they need.

@@ -33,10 +33,12 @@ fn value(n: u64) -> RootLabel {
 
 /// `prefilled`: A was published before (its record holds A), so the publisher only
 /// names it: the asymmetric Dekker alone. Otherwise the publisher fills it, racing the
-/// release (a late fill must be taken back, never left for B's slot).
-fn publisher_and_reuse(prefilled: bool) {
+/// release (a late fill must be taken back, never left for B's slot). `filled_at_claim`:
+/// B's claim fills its record itself (the thread context on), with plain stores: the
+/// claim's own write must never land in a record the publisher names either.
+fn publisher_and_reuse(prefilled: bool, filled_at_claim: bool) {
     let table = Arc::new(LabelTable::new());
-    let a = table.claim(&value(1)).expect("slot for A");
+    let a = table.claim_with(&value(1), false).expect("slot for A");
     assert!(is_published(&value(1)));
     // The records' chunk and both mirrors exist before the threads start: they are
     // published through plain `std` atomics (never-freed tables), which loom cannot see.
@@ -74,8 +76,11 @@ fn publisher_and_reuse(prefilled: bool) {
     };
     table.release(a);
     table.reclaim_for_test();
-    let b = table.claim(&value(2)).expect("slot for B");
-    // B's first publication (fills the record if B took A's slot and no one named it).
+    let b = table
+        .claim_with(&value(2), filled_at_claim)
+        .expect("slot for B");
+    // B's first publication (fills the record if B took A's slot and no one named it, or
+    // finds it filled by the claim).
     let _ = to_name(&table, owner_mirror, b);
     publisher.join().expect("publisher");
     // Whatever the race did, B (alive) can be published now, with its own bytes: no
@@ -86,7 +91,9 @@ fn publisher_and_reuse(prefilled: bool) {
     owner_mirror.give_back();
     if index_of(b) != index_of(a) {
         table.reclaim_for_test();
-        let c = table.claim(&value(3)).expect("slot for C");
+        let c = table
+            .claim_with(&value(3), filled_at_claim)
+            .expect("slot for C");
         assert_eq!(
             index_of(c),
             index_of(a),
@@ -97,13 +104,27 @@ fn publisher_and_reuse(prefilled: bool) {
 
 #[test]
 fn loom_thread_ctx_record_never_rewritten_while_named() {
-    crate::sync::check("thread ctx naming", 4, || publisher_and_reuse(true));
+    crate::sync::check("thread ctx naming", 4, || publisher_and_reuse(true, false));
 }
 
 #[test]
 fn loom_thread_ctx_first_fill_racing_the_release() {
     crate::sync::check("thread ctx naming, first fill", 2, || {
-        publisher_and_reuse(false)
+        publisher_and_reuse(false, false)
+    });
+}
+
+#[test]
+fn loom_thread_ctx_record_filled_at_claim_never_while_named() {
+    crate::sync::check("thread ctx naming, filled at claim", 4, || {
+        publisher_and_reuse(true, true)
+    });
+}
+
+#[test]
+fn loom_thread_ctx_filled_at_claim_racing_a_late_first_fill() {
+    crate::sync::check("thread ctx naming, filled at claim, late fill", 2, || {
+        publisher_and_reuse(false, true)
     });
 }
 
@@ -114,6 +135,20 @@ fn loom_thread_ctx_first_fill_racing_the_release() {
 #[should_panic(expected = "rewritten while named")]
 fn loom_thread_ctx_without_the_barrier_rewrites_a_named_record() {
     crate::sync::without_fences(|| {
-        crate::sync::check("thread ctx naming, broken", 2, || publisher_and_reuse(true))
+        crate::sync::check("thread ctx naming, broken", 2, || {
+            publisher_and_reuse(true, false)
+        })
+    });
+}
+
+/// The same without the barrier, B's record filled by its claim: the claim's plain stores
+/// land in the record the publisher names.
+#[test]
+#[should_panic(expected = "rewritten while named")]
+fn loom_thread_ctx_filled_at_claim_without_the_barrier_rewrites_a_named_record() {
+    crate::sync::without_fences(|| {
+        crate::sync::check("thread ctx naming, filled at claim, broken", 2, || {
+            publisher_and_reuse(true, true)
+        })
     });
 }
