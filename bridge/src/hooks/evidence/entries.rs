@@ -33,6 +33,12 @@ fn new_cells() -> Box<Cells> {
     (0..DIRECT).map(|_| None).collect()
 }
 
+/// Where `key`'s cell starts in the direct array, in bytes.
+#[inline]
+pub(super) fn cell_offset(key: u64) -> usize {
+    cell(key) * std::mem::size_of::<Option<(u64, Entry)>>()
+}
+
 /// The cell of `key`: the bits above the ones that chose the shard (`evidence::shard`).
 #[inline]
 fn cell(key: u64) -> usize {
@@ -61,6 +67,13 @@ impl Entries {
                 }
             }
         }
+    }
+
+    /// The address of the direct array (0: not made yet). It never moves once made.
+    pub(super) fn cells_addr(&self) -> usize {
+        self.direct
+            .as_ref()
+            .map_or(0, |cells| cells.as_ptr() as usize)
     }
 
     /// The entry of `key`.
