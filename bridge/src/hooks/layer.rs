@@ -222,6 +222,9 @@ where
 
     fn on_new_span(&self, attrs: &Attributes<'_>, id: &Id, ctx: Context<'_, S>) {
         crate::span_context::note_span_seen();
+        // Its first enter reads the span's close generation: the miss overlaps the rest
+        // of the span's making (the other layers' `on_new_span`).
+        label_cache::Slot::of(self.owner.raw(), id.into_u64()).prefetch();
         if let Some(wake) = self.tokio.spawned(attrs.metadata()) {
             if let Some(span) = ctx.span(id) {
                 // `replace`: a second `ProfilingLayer` in the subscriber must not panic.
