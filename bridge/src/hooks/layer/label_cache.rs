@@ -210,8 +210,9 @@ mod tests {
             std::thread::spawn(move || assert_eq!(slot.get(), None))
                 .join()
                 .expect("thread");
+            let got = slot.get();
             if slot.generation() == generation {
-                assert_eq!(slot.get(), Some(label(9)));
+                assert_eq!(got, Some(label(9)));
                 return;
             }
         }
