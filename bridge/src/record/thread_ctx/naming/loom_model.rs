@@ -128,27 +128,23 @@ fn loom_thread_ctx_filled_at_claim_racing_a_late_first_fill() {
     });
 }
 
-/// The broken variant: without the two halves of the barrier, the reclaimer can miss the
-/// publisher's mirror while the publisher misses the release, and B's fill rewrites the
-/// record the publisher names.
-#[test]
-#[should_panic(expected = "rewritten while named")]
-fn loom_thread_ctx_without_the_barrier_rewrites_a_named_record() {
+/// The model without the two halves of the barrier: the reclaimer can miss the
+/// publisher's mirror while the publisher misses the release, and B's fill (its first
+/// publication's, or its claim's plain stores) rewrites the record the publisher names.
+fn without_the_barrier(name: &str, filled_at_claim: bool) {
     crate::sync::without_fences(|| {
-        crate::sync::check("thread ctx naming, broken", 2, || {
-            publisher_and_reuse(true, false)
-        })
+        crate::sync::check(name, 2, move || publisher_and_reuse(true, filled_at_claim))
     });
 }
 
-/// The same without the barrier, B's record filled by its claim: the claim's plain stores
-/// land in the record the publisher names.
+#[test]
+#[should_panic(expected = "rewritten while named")]
+fn loom_thread_ctx_without_the_barrier_rewrites_a_named_record() {
+    without_the_barrier("thread ctx naming, broken", false);
+}
+
 #[test]
 #[should_panic(expected = "rewritten while named")]
 fn loom_thread_ctx_filled_at_claim_without_the_barrier_rewrites_a_named_record() {
-    crate::sync::without_fences(|| {
-        crate::sync::check("thread ctx naming, filled at claim, broken", 2, || {
-            publisher_and_reuse(true, true)
-        })
-    });
+    without_the_barrier("thread ctx naming, filled at claim, broken", true);
 }
