@@ -24,7 +24,7 @@ use crate::span_name::{SpanName, MAX_SPAN_NAMES};
 
 pub(crate) mod table;
 
-use table::CPU_BIT;
+pub(crate) use table::CPU_BIT;
 pub(crate) use table::{generation, slot_index, LABELS};
 
 /// The local root span a sample is labelled with: what the profiler reads at the moment

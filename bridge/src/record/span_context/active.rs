@@ -20,7 +20,7 @@
 use std::cell::Cell;
 
 use crate::clock;
-use crate::label::Label;
+use crate::label::{word_of, Label, CPU_BIT};
 use crate::root_cpu::ActiveCounter;
 
 /// The thread's open stretch, and the counters of the root it left last.
@@ -47,7 +47,8 @@ thread_local! {
 /// Whether either word names a root with CPU counters (read from the words' bits).
 #[inline(always)]
 pub(super) fn has_counters(from: Option<Label>, to: Option<Label>) -> bool {
-    from.is_some_and(Label::has_cpu) || to.is_some_and(Label::has_cpu)
+    // One or and one test of the sign bit (the CPU bit is bit 63; `None` is 0).
+    (word_of(from) | word_of(to)) & CPU_BIT != 0
 }
 
 /// The thread's record goes from the label `from` to the label `to` (two different words).

@@ -41,7 +41,7 @@
 use std::cell::{Cell, RefCell};
 use std::sync::atomic::{AtomicU64, Ordering};
 
-use crate::label::Label;
+use crate::label::{word_of, Label};
 
 /// Entries kept without allocation; deeper nesting is rare and spills to the heap.
 const INLINE: usize = 32;
@@ -300,7 +300,9 @@ fn enter_on(t: &super::PerThread, key: Key, root: Option<Label>) {
     if !t.scopes.push_inline(key, previous) {
         return enter_spilled(t, key, root);
     }
-    if previous != root {
+    // The raw words: one compare, where `Option<Label>`'s `!=` compiles to a test of each
+    // side and a compare.
+    if word_of(previous) != word_of(root) {
         t.cell.switch(previous, root);
     }
 }
@@ -344,7 +346,7 @@ pub(crate) fn exit(key: Key) {
 #[inline(always)]
 fn restore(t: &super::PerThread, previous: Option<Label>) {
     let current = t.cell.own_word();
-    if current != previous {
+    if word_of(current) != word_of(previous) {
         t.cell.switch(current, previous);
     }
 }
