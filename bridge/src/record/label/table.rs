@@ -44,7 +44,7 @@
 //! thread); the next reclaim waits for a batch more than that. A slot whose record was
 //! never filled (a root claimed while the thread context was off, and never published)
 //! goes straight back to the free list; while the context is on, a claim fills the
-//! record, so every release goes through limbo.
+//! record of every root with ids or a name, so those releases go through limbo.
 
 use crate::sync::{fence, AtomicBool, AtomicU32, AtomicU64, Ordering};
 use crate::thread_ctx::Naming;

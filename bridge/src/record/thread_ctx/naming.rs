@@ -154,9 +154,16 @@ impl Naming {
     /// ever named the slot for this root (or the thread context was never on).
     #[inline]
     pub(crate) fn release(&self, word: u64) -> bool {
-        self.records
-            .get(slot_index(word))
-            .is_some_and(|record| record.forget(word))
+        // Once the context was ever on, through `record` (which makes the chunk if this
+        // thread does not see it yet): a chunk another thread made and filled must be
+        // seen here, or the filled record would be freed unmarked. The chunk's
+        // compare-and-swap is where the two threads meet.
+        let record = if crate::thread_ctx::was_ever_enabled() {
+            self.record(slot_index(word))
+        } else {
+            self.records.get(slot_index(word))
+        };
+        record.is_some_and(|record| record.forget(word))
     }
 
     /// The heavy half of the barrier, then the slot indexes some thread's mirror names,

@@ -162,6 +162,14 @@ impl SlotRecord {
     /// fill started before its last release made that release send the slot to limbo; one
     /// started after finds the release's mark or this word, and does not start).
     pub(crate) fn fill_claimed(&self, word: u64, value: &RootLabel) {
+        if cfg!(debug_assertions) {
+            // Never filled, or an older root's release mark: no one names or fills it.
+            let old = self.word.load(Ordering::Relaxed);
+            debug_assert!(
+                old == 0 || (old & 1 == 0 && generation(old) < generation(word)),
+                "a claimed slot's record is free"
+            );
+        }
         let name = value.name().map_or(0, SpanName::to_raw);
         let same_name = self.name.load(Ordering::Relaxed) == name;
         self.record.fill(value, same_name);
