@@ -60,6 +60,23 @@ impl<T> UnsafeCell<T> {
 #[cfg(loom)]
 pub(crate) use loom::cell::UnsafeCell;
 
+/// Starts loading the cache line at `ptr` into L1, so that a miss overlaps the work done
+/// before the line is used. A hint only: it reads nothing the program sees and never
+/// faults, whatever the address (a dangling or unmapped one included), so it needs no
+/// validity from the caller. Nothing on targets other than x86-64 (aarch64's `prfm`
+/// intrinsic is not stable yet).
+#[inline(always)]
+pub(crate) fn prefetch<T>(ptr: *const T) {
+    #[cfg(target_arch = "x86_64")]
+    // SAFETY: SSE is part of the x86-64 baseline, and `prefetcht0` neither reads for the
+    // program nor faults on any address.
+    unsafe {
+        std::arch::x86_64::_mm_prefetch::<{ std::arch::x86_64::_MM_HINT_T0 }>(ptr.cast());
+    }
+    #[cfg(not(target_arch = "x86_64"))]
+    let _ = ptr;
+}
+
 /// A `const fn` in a normal build, a plain `fn` under loom (whose atomics have no `const`
 /// constructor).
 macro_rules! const_fn {

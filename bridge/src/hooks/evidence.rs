@@ -313,24 +313,17 @@ static CELLS: [AtomicUsize; SHARDS] = [const { AtomicUsize::new(0) }; SHARDS];
 /// claim. A hint only: no load, no fault, nothing on targets other than x86-64.
 #[inline]
 fn prefetch(key: u64) {
-    #[cfg(target_arch = "x86_64")]
-    {
-        use std::arch::x86_64::{_mm_prefetch, _MM_HINT_T0};
-        let shard = (key as usize) % SHARDS;
-        // SAFETY: SSE is part of the x86-64 baseline, and a prefetch reads nothing (any
-        // address is allowed: it never faults).
-        if let Some(table) = TABLE.get() {
-            unsafe { _mm_prefetch::<_MM_HINT_T0>(std::ptr::from_ref(&table[shard]).cast()) };
-        }
-        let cells = CELLS[shard].load(Ordering::Relaxed);
-        if cells != 0 {
-            let cell = cells.wrapping_add(entries::cell_offset(key));
-            // SAFETY: as above.
-            unsafe { _mm_prefetch::<_MM_HINT_T0>(cell as *const i8) };
-        }
+    if !cfg!(target_arch = "x86_64") {
+        return; // no hint to give: skip the loads that find the addresses
     }
-    #[cfg(not(target_arch = "x86_64"))]
-    let _ = key;
+    let shard = (key as usize) % SHARDS;
+    if let Some(table) = TABLE.get() {
+        crate::sync::prefetch(&table[shard]);
+    }
+    let cells = CELLS[shard].load(Ordering::Relaxed);
+    if cells != 0 {
+        crate::sync::prefetch(cells.wrapping_add(entries::cell_offset(key)) as *const u8);
+    }
 }
 
 /// The locked shard of `span_id`.

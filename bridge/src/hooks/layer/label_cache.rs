@@ -95,13 +95,7 @@ impl Slot {
     /// no load, never a fault, nothing on targets other than x86-64.
     #[inline]
     pub(super) fn prefetch(self) {
-        #[cfg(target_arch = "x86_64")]
-        {
-            use std::arch::x86_64::{_mm_prefetch, _MM_HINT_T0};
-            let bucket = CLOSED.as_ptr().wrapping_add(self.bucket);
-            // SAFETY: SSE is part of the x86-64 baseline, and a prefetch reads nothing.
-            unsafe { _mm_prefetch::<_MM_HINT_T0>(bucket.cast()) };
-        }
+        crate::sync::prefetch(CLOSED.as_ptr().wrapping_add(self.bucket));
     }
 
     /// The label cached on this thread, if the span has not closed since it was cached.
