@@ -45,6 +45,16 @@ const HEADER_LEN: usize = 28;
 /// generation, which no root ever has (a slot retires before it).
 const FILLING: u64 = u64::MAX;
 
+/// [`SlotRecord::name`] while a name's entry is being copied: no interned name's raw
+/// value (those are below `MAX_SPAN_NAMES`), and not 0 (no name), so that neither a
+/// named nor a nameless root's fill takes the bytes as already there.
+const NAME_UNKNOWN: u32 = u32::MAX;
+
+#[cfg(test)]
+thread_local! {
+    static INTERRUPT_AFTER_COPY: std::cell::Cell<bool> = const { std::cell::Cell::new(false) };
+}
+
 /// One OTEP record: exactly the bytes a reader reads (the header, then `attrs-data`).
 /// Fields are atomics written with relaxed stores: a reader in another process reads them
 /// while the thread naming the record is stopped, and this process never reads them but
@@ -79,9 +89,9 @@ pub(crate) struct SlotRecord {
     /// [`FILLING`]: a thread is filling it.
     word: AtomicU64,
     record: Record,
-    /// The raw [`SpanName`] whose entry `attrs-data` holds (0: none): a slot reused by a
-    /// root of the same name (the free list is LIFO) fills without copying it again.
-    /// Written by the filling thread only.
+    /// The raw [`SpanName`] whose entry `attrs-data` holds (0: none; [`NAME_UNKNOWN`]:
+    /// being copied): a slot reused by a root of the same name (the free list is LIFO)
+    /// fills without copying it again. Written by the filling thread only.
     name: std::sync::atomic::AtomicU32,
 }
 
@@ -144,12 +154,7 @@ impl SlotRecord {
                 Err(seen) => now = seen,
             }
         }
-        let name = value.name().map_or(0, SpanName::to_raw);
-        let same_name = self.name.load(Ordering::Relaxed) == name;
-        self.record.fill(value, same_name);
-        if !same_name {
-            self.name.store(name, Ordering::Relaxed);
-        }
+        self.write_value(value);
         // A release of the root meanwhile left its mark: this fill is for nobody.
         self.word
             .compare_exchange(FILLING, word, Ordering::Release, Ordering::Relaxed)
@@ -170,13 +175,39 @@ impl SlotRecord {
                 "a claimed slot's record is free"
             );
         }
+        self.write_value(value);
+        self.word.store(word, Ordering::Release);
+    }
+
+    /// Writes `value` into the record, copying its name's entry only if `attrs-data` does
+    /// not hold it already. While the entry changes, [`SlotRecord::name`] says
+    /// [`NAME_UNKNOWN`]: a `fork` that leaves this half done (the child has no filling
+    /// thread) must not leave it vouching for bytes that are another name's, which a
+    /// later fill of that name would then skip copying.
+    fn write_value(&self, value: &RootLabel) {
         let name = value.name().map_or(0, SpanName::to_raw);
         let same_name = self.name.load(Ordering::Relaxed) == name;
+        if !same_name {
+            self.name.store(NAME_UNKNOWN, Ordering::Relaxed);
+        }
         self.record.fill(value, same_name);
+        #[cfg(test)]
+        if INTERRUPT_AFTER_COPY.with(std::cell::Cell::get) {
+            return; // the filling thread is gone (a fork's child)
+        }
         if !same_name {
             self.name.store(name, Ordering::Relaxed);
         }
-        self.word.store(word, Ordering::Release);
+    }
+
+    /// Runs `f` with every record write on this thread stopping right after the bytes,
+    /// as a forked child finds a fill its parent's other thread had begun (tests).
+    #[cfg(test)]
+    pub(crate) fn interrupted_after_copy<R>(f: impl FnOnce() -> R) -> R {
+        INTERRUPT_AFTER_COPY.with(|i| i.set(true));
+        let result = f();
+        INTERRUPT_AFTER_COPY.with(|i| i.set(false));
+        result
     }
 
     /// At the release of `word`'s root: the record holds no root any more, and carries
@@ -301,4 +332,60 @@ pub(crate) fn register_name(raw: u32, name: &str) {
     entry.extend_from_slice(&name.as_bytes()[..end]);
     let entry: &'static mut [u8] = Box::leak(entry.into_boxed_slice());
     slot.store(entry.as_mut_ptr(), Ordering::Release);
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use opentelemetry::trace::{SpanId, TraceId};
+
+    /// The name entry a decoded record carries.
+    fn name_of(record: &SlotRecord) -> Vec<u8> {
+        record.decode().expect("valid record").3
+    }
+
+    /// A fork in the middle of a fill leaves the child a record whose bytes are the new
+    /// name's while no thread will finish the fill. A later root of the slot with the
+    /// name the record held before must still get its own name's bytes, and a nameless
+    /// root none.
+    #[test]
+    fn a_fill_cut_short_by_fork_never_vouches_for_the_old_name() {
+        let a = RootLabel::name_only(SpanName::intern("record-fork-test-a"));
+        let b = RootLabel::name_only(SpanName::intern("record-fork-test-bb"));
+        let entry = |text: &str| {
+            let mut entry = vec![super::super::SPAN_NAME_KEY, text.len() as u8];
+            entry.extend_from_slice(text.as_bytes());
+            entry
+        };
+        let record = SlotRecord::new();
+        // Words of one slot: odd generations its roots', each release's mark the next even.
+        record.fill_claimed(1, &a);
+        assert_eq!(name_of(&record), entry("record-fork-test-a"));
+        assert!(record.forget(1), "it held the root");
+
+        // The next root, b, is published by a thread that begins the fill and vanishes
+        // after the bytes (the word it leaves does not matter: b's release marks it).
+        SlotRecord::interrupted_after_copy(|| record.fill(3, &b));
+        assert_eq!(name_of(&record), entry("record-fork-test-bb"));
+        record.forget(3);
+
+        // A root named as the record was before the cut: its bytes, not b's.
+        record.fill_claimed(5, &a);
+        assert_eq!(name_of(&record), entry("record-fork-test-a"));
+        record.forget(5);
+
+        // Cut short again, then a nameless root: no name at all.
+        SlotRecord::interrupted_after_copy(|| record.fill(7, &b));
+        record.forget(7);
+        let nameless = RootLabel::new(SpanId::from(9), TraceId::from(9), None);
+        record.fill_claimed(9, &nameless);
+        assert_eq!(name_of(&record), Vec::<u8>::new());
+        record.forget(9);
+
+        // And the fill through publication (`fill`) after a cut, too.
+        SlotRecord::interrupted_after_copy(|| record.fill(11, &b));
+        record.forget(11);
+        assert!(record.fill(13, &a));
+        assert_eq!(name_of(&record), entry("record-fork-test-a"));
+    }
 }
