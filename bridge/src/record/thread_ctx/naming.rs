@@ -59,10 +59,15 @@ pub(crate) struct Mirror {
 }
 
 impl Mirror {
+    /// A mirror as [`NeverFreed::fresh`] builds it: owned already, by the one thread
+    /// `fresh` will hand it to. Built unowned, it would be listed by `iter` (which lists
+    /// every index handed out) before its taker marks it, and a thread leasing then
+    /// would take it too: two threads announcing into one mirror, a record freed while
+    /// one of them names it.
     fn new() -> Mirror {
         Mirror {
             current: AtomicU64::new(0),
-            owned: AtomicBool::new(false),
+            owned: AtomicBool::new(true),
         }
     }
 
@@ -126,13 +131,17 @@ impl Naming {
                 .compare_exchange(false, true, Ordering::Acquire, Ordering::Relaxed)
                 .is_ok()
         });
-        let mirror = free.or_else(|| {
-            let (_, mirror) = self.mirrors.fresh(|_| Mirror::new())?;
-            mirror.owned.store(true, Ordering::Relaxed);
-            Some(mirror)
-        })?;
+        let mirror = free.or_else(|| self.fresh_mirror())?;
         mirror.current.store(0, Ordering::Relaxed);
         Some(mirror)
+    }
+
+    /// A mirror never leased before, owned by the caller from the moment `fresh` hands
+    /// it out (see [`Mirror::new`]).
+    fn fresh_mirror(&self) -> Option<&'static Mirror> {
+        self.mirrors
+            .fresh(|_| Mirror::new())
+            .map(|(_, mirror)| mirror)
     }
 
     /// Fills the record of slot `index` for `word`, the root the slot is being claimed
@@ -327,3 +336,27 @@ pub(crate) mod barrier {
 #[cfg(all(test, loom))]
 #[path = "naming/loom_model.rs"]
 mod loom_model;
+
+#[cfg(all(test, not(loom)))]
+mod tests {
+    use super::*;
+
+    /// A mirror that `fresh` handed to one thread, which has not used it yet, is not
+    /// leased to another: the window a pool's workers publishing their first spans
+    /// together open (the handed-out index is already listed by `iter`).
+    #[test]
+    fn a_fresh_mirror_is_leased_to_no_other_thread() {
+        static NAMING: Naming = Naming::new();
+        let taken = NAMING.fresh_mirror().expect("room");
+        let leased = NAMING.lease().expect("room");
+        assert!(!std::ptr::eq(taken, leased), "one mirror, two threads");
+        let next = NAMING.lease().expect("room");
+        assert!(!std::ptr::eq(next, taken) && !std::ptr::eq(next, leased));
+        taken.give_back();
+        let again = NAMING.lease().expect("room");
+        assert!(
+            std::ptr::eq(again, taken),
+            "a mirror given back is leased again"
+        );
+    }
+}
