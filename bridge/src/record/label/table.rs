@@ -17,8 +17,11 @@
 //!
 //! **Generations never come back.** A reader accepts fields only when the generation it
 //! reads before and after them is the word's, so a generation must never be handed out
-//! twice. It moves by 2 per reuse; the release that would take it to 2⁴⁰ − 1 (the last odd
-//! value the word can carry) retires the slot instead of listing it. A reuse is a claim and
+//! twice. It moves by 2 per reuse; the release after which the next claim would take it to
+//! 2⁴⁰ − 1 retires the slot instead of listing it. That value, all ones, is never handed
+//! out: with the CPU bit and the last index it is the whole word `u64::MAX` (the OTEP
+//! record's "being filled" mark), and a record's release mark (the word + 1) would carry
+//! into the index bits. So a root's generation is at most 2⁴⁰ − 3. A reuse is a claim and
 //! a release (two compare-and-swaps on the free list's line, an `Arc` allocated and freed,
 //! well over 100 ns), so a slot lasts 2³⁹ reuses: 15 hours at 10⁷ roots a second all on one
 //! slot, 64 days at 10⁵. Retiring costs that slot's 64 bytes, once per that much time.
@@ -277,7 +280,8 @@ impl LabelTable {
             return;
         }
         let named = self.naming.release(word);
-        if released + 1 > GENERATION_MASK {
+        // The next claim would hand out the all-ones generation (see the module docs).
+        if released + 1 >= GENERATION_MASK {
             self.retired.fetch_add(1, Ordering::Relaxed);
             return;
         }

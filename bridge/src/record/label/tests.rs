@@ -51,19 +51,26 @@ fn a_claimed_label_reads_back_until_released_and_its_word_never_again() {
     assert_ne!(index_of(no_cpu), index_of(b));
 }
 
-/// A slot at the word's last generation retires when released: never listed again, so
-/// no generation is ever handed out twice, and the next claim gets another slot.
+/// A slot at the last generation a root may have retires when released: never listed
+/// again, so no generation is ever handed out twice, the all-ones generation never at all
+/// (the record's "being filled" word, and a release mark would carry into the index), and
+/// the next claim gets another slot.
 #[test]
 fn a_slot_at_the_last_generation_retires() {
     let table = LabelTable::new();
     let a = table.claim(&value(1)).expect("room");
     let index = index_of(a);
     table.release(a);
-    // Free, one claim before the last odd generation the word can carry.
-    table.set_generation(index, (1 << GENERATION_BITS) - 2);
+    // Free, one claim before the last generation a root may have.
+    table.set_generation(index, (1 << GENERATION_BITS) - 4);
     let last = table.claim(&value(2)).expect("room");
     assert_eq!(index_of(last), index);
-    assert_eq!(generation_of(last), (1 << GENERATION_BITS) - 1);
+    assert_eq!(generation_of(last), (1 << GENERATION_BITS) - 3);
+    assert_eq!(
+        slot_index(last.word() + 1),
+        index,
+        "the release mark stays in the slot's own word"
+    );
     assert_eq!(table.read(last), Some(value(2)));
     table.release(last);
     assert_eq!(table.retired(), 1);
