@@ -247,15 +247,28 @@ fn fill(table: &LabelTable, label: Label, record: &SlotRecord) -> bool {
 pub(crate) mod barrier {
     use crate::sync::{fence, Ordering};
     use std::sync::atomic::{compiler_fence, AtomicU8};
-    use std::sync::Once;
 
-    const FENCE: u8 = 0;
-    const MEMBARRIER: u8 = 1;
+    /// No form chosen yet.
+    const UNKNOWN: u8 = 0;
+    /// One thread is registering `membarrier`. Nobody waits for it (a `fork` in the
+    /// middle would leave a waiting child waiting forever): a publisher that finds this
+    /// uses a full fence, and a reclaim frees nothing this time.
+    const CHOOSING: u8 = 1;
+    /// Both halves are `fence(SeqCst)` (no `membarrier`; and under loom, whose models
+    /// check this form).
+    const FENCE: u8 = 2;
+    /// The heavy half is `membarrier`, the light one a compiler fence.
+    const MEMBARRIER: u8 = 3;
 
-    /// How the heavy half is had. `FENCE` until [`init`] registers `membarrier` (and
-    /// under loom, whose models check the fence form).
-    static MODE: AtomicU8 = AtomicU8::new(FENCE);
-    static INIT: Once = Once::new();
+    /// The form, chosen once per process (and again in a forked child). Every value but
+    /// `MEMBARRIER` makes publishers use a full fence; the heavy half runs only on a
+    /// final form: a reclaim that read `FENCE` can meet no publisher that read
+    /// `MEMBARRIER`, since a process stores one of the two, once.
+    pub(crate) struct Barrier {
+        mode: AtomicU8,
+    }
+
+    static BARRIER: Barrier = Barrier::new();
 
     #[cfg(all(target_os = "linux", not(loom)))]
     mod membarrier {
@@ -294,41 +307,128 @@ pub(crate) mod barrier {
         }
     }
 
-    /// Chooses the form, once per process, before any thread publishes (every publisher
-    /// leases a mirror first, which calls this).
-    pub(crate) fn init() {
-        INIT.call_once(|| {
-            if membarrier::register() {
-                MODE.store(MEMBARRIER, Ordering::Relaxed);
+    impl Barrier {
+        pub(crate) const fn new() -> Barrier {
+            Barrier {
+                mode: AtomicU8::new(UNKNOWN),
             }
-        });
+        }
+
+        /// Chooses the form if no thread has: the first caller registers `membarrier`;
+        /// a caller that finds another one at it returns at once.
+        fn init(&self) {
+            if self.mode.load(Ordering::Acquire) >= FENCE {
+                return;
+            }
+            if self
+                .mode
+                .compare_exchange(UNKNOWN, CHOOSING, Ordering::Acquire, Ordering::Relaxed)
+                .is_ok()
+            {
+                let chosen = if membarrier::register() {
+                    MEMBARRIER
+                } else {
+                    FENCE
+                };
+                self.mode.store(chosen, Ordering::Release);
+            }
+        }
+
+        #[inline]
+        fn light(&self) {
+            if self.mode.load(Ordering::Relaxed) == MEMBARRIER {
+                compiler_fence(Ordering::SeqCst);
+            } else {
+                fence(Ordering::SeqCst);
+            }
+        }
+
+        fn heavy(&self) -> bool {
+            self.init();
+            match self.mode.load(Ordering::Acquire) {
+                MEMBARRIER => membarrier::run(),
+                FENCE => {
+                    fence(Ordering::SeqCst);
+                    true
+                }
+                // Another thread is choosing: a publisher may be about to read the form
+                // it stores, so no heavy half of ours is known to pair with its light one.
+                _ => false,
+            }
+        }
+
+        fn after_fork_in_child(&self) {
+            match self.mode.load(Ordering::Relaxed) {
+                // The thread that was choosing is not in the child: choose again.
+                CHOOSING => self.mode.store(UNKNOWN, Ordering::Relaxed),
+                // A new address space registers again, else both halves become fences.
+                MEMBARRIER if !membarrier::register() => self.mode.store(FENCE, Ordering::Relaxed),
+                _ => {}
+            }
+        }
+    }
+
+    /// Chooses the form, once per process, before the calling thread publishes (every
+    /// publisher leases a mirror first, which calls this).
+    pub(crate) fn init() {
+        BARRIER.init();
     }
 
     /// The publisher's half: a compiler fence when `membarrier` is the other half.
     #[inline]
     pub(crate) fn light() {
-        if MODE.load(Ordering::Relaxed) == MEMBARRIER {
-            compiler_fence(Ordering::SeqCst);
-        } else {
-            fence(Ordering::SeqCst);
-        }
+        BARRIER.light();
     }
 
-    /// The reclaimer's half (false: `membarrier` failed, nothing may be freed).
+    /// The reclaimer's half (false: `membarrier` failed or the form is being chosen,
+    /// nothing may be freed).
     pub(crate) fn heavy() -> bool {
-        if MODE.load(Ordering::Relaxed) == MEMBARRIER {
-            membarrier::run()
-        } else {
-            fence(Ordering::SeqCst);
-            true
-        }
+        BARRIER.heavy()
     }
 
-    /// In a forked child (one thread, so no publisher is between its halves): a new
-    /// address space registers again, else both halves become fences.
+    /// In a forked child (one thread, so no publisher is between its halves).
     pub(crate) fn after_fork_in_child() {
-        if MODE.load(Ordering::Relaxed) == MEMBARRIER && !membarrier::register() {
-            MODE.store(FENCE, Ordering::Relaxed);
+        BARRIER.after_fork_in_child();
+    }
+
+    #[cfg(all(test, not(loom)))]
+    mod tests {
+        use super::*;
+
+        fn chosen(barrier: &Barrier) -> bool {
+            matches!(barrier.mode.load(Ordering::SeqCst), FENCE | MEMBARRIER)
+        }
+
+        /// The form is chosen once, and the heavy half then runs.
+        #[test]
+        fn the_first_caller_chooses_the_form() {
+            let barrier = Barrier::new();
+            barrier.init();
+            assert!(chosen(&barrier));
+            let mode = barrier.mode.load(Ordering::SeqCst);
+            barrier.init();
+            assert_eq!(barrier.mode.load(Ordering::SeqCst), mode);
+            assert!(barrier.heavy(), "a final form pairs with every publisher");
+        }
+
+        /// A thread forked while another was registering `membarrier` finds the choice
+        /// in progress and nobody to finish it: nothing waits for it (a `Once` here left
+        /// the child's first publisher blocked forever), a reclaim frees nothing until
+        /// the form is known, and the child chooses again.
+        #[test]
+        fn a_fork_in_the_middle_of_the_choice_leaves_the_child_free_to_choose() {
+            let barrier = Barrier::new();
+            barrier.mode.store(CHOOSING, Ordering::SeqCst);
+            barrier.init();
+            barrier.light();
+            assert!(
+                !barrier.heavy(),
+                "no heavy half while another thread chooses"
+            );
+            barrier.after_fork_in_child();
+            barrier.init();
+            assert!(chosen(&barrier));
+            assert!(barrier.heavy());
         }
     }
 }
