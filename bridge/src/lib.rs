@@ -81,6 +81,7 @@ pub use local_root::UnsampledTraces;
 pub use otel_scope::{ProfiledFuture, ProfilingContext, ProfilingFutureExt};
 pub use processor::{ProfileIdScope, ProfileIdSpanProcessor, PROFILE_ID_ATTRIBUTE};
 pub use profiler::{Profiler, ProfilerBuilder, ProfilerError, ProfilerStats};
+pub use record::stats::{record_stats, set_max_live_roots, RecordStats, DEFAULT_MAX_LIVE_ROOTS};
 pub use setup::{
     resource_series_labels, HealthStats, SetupError, Telemetry, TelemetryGuard,
     RESOURCE_SERIES_LABELS,

@@ -381,7 +381,7 @@ impl fmt::Debug for LocalRoot {
     }
 }
 
-/// Roots that got no label slot (all 2²³ taken): their samples carry no labels.
+/// Roots that got no label slot (the table at its cap): their samples carry no labels.
 pub(crate) fn unlabelled_roots() -> u64 {
     LABELS.exhausted()
 }

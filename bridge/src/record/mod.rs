@@ -9,4 +9,5 @@ pub(crate) mod never_freed;
 pub(crate) mod root_cpu;
 pub(crate) mod span_context;
 pub(crate) mod span_name;
+pub(crate) mod stats;
 pub mod thread_ctx;

@@ -101,9 +101,19 @@ impl<T: 'static, const CHUNK: usize, const CHUNKS: usize> NeverFreed<T, CHUNK, C
 
     /// Every slot handed out so far (in index order).
     pub(crate) fn iter(&self) -> impl Iterator<Item = &'static T> + '_ {
+        self.indexed().map(|(_, slot)| slot)
+    }
+
+    /// Every slot handed out so far, with its index (in index order).
+    pub(crate) fn indexed(&self) -> impl Iterator<Item = (u32, &'static T)> + '_ {
         // SeqCst: see `fresh`.
         let n = self.fresh.load(Ordering::SeqCst).min(Self::CAPACITY);
-        (0..n as u32).filter_map(|i| self.get(i))
+        (0..n as u32).filter_map(|i| self.get(i).map(|slot| (i, slot)))
+    }
+
+    /// Slots handed out by `fresh` so far (the table's high-water mark: none is freed).
+    pub(crate) fn len(&self) -> usize {
+        self.fresh.load(Ordering::Relaxed).min(Self::CAPACITY)
     }
 }
 

@@ -271,8 +271,9 @@ pub struct SamplerStats {
     /// detached task still running under it, or a plain-API span ended inside its own
     /// scope); not counted in any span's `profiling.wall.active_ns`.
     pub stale_active: u64,
-    /// Local roots that got no label slot (more than 8,388,608 alive at once): samples
-    /// under them carry no labels.
+    /// Local roots that got no label slot (more alive at once than
+    /// [`set_max_live_roots`](crate::set_max_live_roots) allows): samples under them
+    /// carry no labels.
     pub unlabelled_roots: u64,
 }
 

@@ -24,6 +24,7 @@
 //! | `PYROSCOPE_SAMPLE_RATE` | samples per second | integer 1–1000 |
 //! | `PYROSCOPE_UPLOAD_INTERVAL` | profile length, at least 100 ms | `10s`, `500ms`, `1m`, `2h` or whole seconds (`10`); no space before the unit (`10 s` is rejected, as Go's `time.ParseDuration` that Pyroscope's own agents use rejects it) |
 //! | `OTEL_PROFILING_OUTPUT_DIR` | local files directory (no backend configured); default `$CARGO_TARGET_DIR/otel-profiling` when `CARGO_TARGET_DIR` is set, else `target/otel-profiling` (see [`crate::local_sink`]) | a path |
+//! | `OTEL_PROFILING_MAX_LIVE_ROOTS` | the most local roots labelled at once; past it a root's samples carry no span labels, counted (default 262144; see [`crate::set_max_live_roots`]) | 1 to 8388608 |
 //! | `OTEL_PROFILING_OUTPUT_MAX_BYTES` | bound on our files in the local directory, oldest removed first (default 256 MiB) | bytes, or `64KiB`, `256MiB`, `1GiB`; `0` for no bound |
 //! | `OTEL_PROFILING_BLOCKED_THRESHOLD` | how long a thread must be held inside one poll of a span, off-CPU in a system call, before its stack goes into the blocked-in-poll profile (default 10ms; see `docs/blocked-in-poll.md`) | `10ms`, `50ms`, `1s` (1 ms to 60 s), or `off` (no watchdog) |
 //! | `OTEL_PROFILING_PROFILES_EXPORTER` | where profiles go: Pyroscope's push API, OTLP profiles, or both. Unset: `otlp` when `OTEL_EXPORTER_OTLP_PROFILES_ENDPOINT` is set (`both` if `PYROSCOPE_SERVER_ADDRESS` is set too), else Pyroscope when configured | `pyroscope`, `otlp` or `both` |
@@ -231,6 +232,8 @@ pub struct EnvConfig {
     pub output_dir: Option<PathBuf>,
     /// `OTEL_PROFILING_OUTPUT_MAX_BYTES`: the bound on the local directory (0: none).
     pub output_max_bytes: Option<u64>,
+    /// `OTEL_PROFILING_MAX_LIVE_ROOTS`: the most local roots labelled at once.
+    pub max_live_roots: Option<u64>,
     /// `OTEL_PROFILING_QUIET`: no stderr line saying where local files go.
     pub quiet: Option<bool>,
     /// `OTEL_PROFILING_BLOCKED_THRESHOLD`: `Some(None)` for `off`.
@@ -386,6 +389,16 @@ impl EnvConfig {
                         "bytes, or with a KiB, MiB or GiB suffix (`512MiB`); 0 for no bound",
                     )
                 })?);
+        }
+        if let Some(v) = get("OTEL_PROFILING_MAX_LIVE_ROOTS") {
+            config.max_live_roots = Some(parse_max_live_roots(&v).ok_or_else(|| {
+                ConfigError::new(
+                    "OTEL_PROFILING_MAX_LIVE_ROOTS",
+                    "not a number of roots between 1 and 8388608",
+                    &v,
+                    "a count like `262144`",
+                )
+            })?);
         }
         let service = config.service_name.as_deref().unwrap_or("unknown_service");
         config.otlp_profiles = otlp_profiles_from(&get, service)?;
@@ -795,6 +808,14 @@ pub(crate) fn otlp_url_example(protocol: OtlpProtocol) -> &'static str {
 /// credentials, query or fragment; returned without a trailing slash. `expected` is the
 /// accepted form with an example for this setting. Errors name `field`; credentials in the
 /// value are shown as `***`.
+/// A cap on live roots: 1 to 2²³ (what a label word can index).
+fn parse_max_live_roots(v: &str) -> Option<u64> {
+    v.trim()
+        .parse::<u64>()
+        .ok()
+        .filter(|n| (1..=crate::label::table::MAX_LABEL_SLOTS).contains(n))
+}
+
 pub(crate) fn parse_url(
     field: &'static str,
     value: &str,

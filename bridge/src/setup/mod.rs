@@ -158,6 +158,7 @@ pub struct Telemetry {
     interval: Option<Duration>,
     output_dir: Option<PathBuf>,
     output_max_bytes: Option<u64>,
+    max_live_roots: Option<u64>,
     quiet: Option<bool>,
     span_name_label: Option<bool>,
     trace_id_label: Option<bool>,
@@ -340,6 +341,15 @@ impl Telemetry {
         self
     }
 
+    /// The most local roots labelled at once (1 to 8,388,608): past it a root's samples
+    /// carry no span labels, counted in [`RecordStats::labels_refused`](crate::RecordStats).
+    /// Default: `OTEL_PROFILING_MAX_LIVE_ROOTS`, else 262,144 (see
+    /// [`set_max_live_roots`](crate::set_max_live_roots)).
+    pub fn max_live_roots(mut self, max: u64) -> Self {
+        self.max_live_roots = Some(max);
+        self
+    }
+
     /// Whether to leave out the one stderr line [`build`](Self::build) prints when profiles
     /// or spans go to local files (`otel-profiling: writing profiles and spans to <dir>`).
     /// Default: `OTEL_PROFILING_QUIET`, else false.
@@ -501,6 +511,19 @@ impl Telemetry {
             backends::unused_tls(otlp.map(|(t, _)| t), otlp_profiles.as_ref().map(|(t, _)| t))
         {
             eprintln!("{line}");
+        }
+        // The cap on labelled roots: the label table is never freed, so its bound is set
+        // before any root of this setup is labelled.
+        if let Some(max) = self.max_live_roots.or(self.env.max_live_roots) {
+            if !(1..=crate::label::table::MAX_LABEL_SLOTS).contains(&max) {
+                return Err(SetupError::Config(ConfigError::new(
+                    "Telemetry::max_live_roots",
+                    "not a number of roots between 1 and 8388608",
+                    &max.to_string(),
+                    "a count like `262144`",
+                )));
+            }
+            crate::set_max_live_roots(max);
         }
         // The thread context, with the process context readers need first.
         let thread_context = self.thread_context.or(self.env.thread_context);
@@ -864,6 +887,9 @@ pub struct HealthStats {
     pub local_files_removed: u64,
     /// Their bytes.
     pub local_bytes_removed: u64,
+    /// The span record's process-wide tables: their sizes and what they refused
+    /// (docs/bounds.md).
+    pub record: crate::RecordStats,
 }
 
 impl TelemetryGuard {
@@ -912,6 +938,7 @@ impl TelemetryGuard {
             spans: self.span_stats.snapshot(),
             local_files_removed: self.budget.as_ref().map_or(0, |b| b.removed().0),
             local_bytes_removed: self.budget.as_ref().map_or(0, |b| b.removed().1),
+            record: crate::record_stats(),
         }
     }
 

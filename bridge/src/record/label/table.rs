@@ -40,14 +40,36 @@
 //!
 //! **Limbo.** A released slot whose OTEP 4947 record was published may still be named by
 //! a thread's `otel_thread_ctx_v1`, which out-of-process readers follow without checking
-//! any generation. Such a slot waits in a second stack, the limbo, until a claim that
-//! finds the free list empty reclaims it: one heavy barrier and a scan of the threads'
-//! mirrors per batch of [`RECLAIM_BATCH`] (see `thread_ctx/naming.rs`). Slots still
-//! named stay (an idle thread's mirror keeps the last root it ran, at most one slot per
-//! thread); the next reclaim waits for a batch more than that. A slot whose record was
-//! never filled (a root claimed while the thread context was off, and never published)
-//! goes straight back to the free list; while the context is on, a claim fills the
-//! record of every root with ids or a name, so those releases go through limbo.
+//! any generation. Such a slot waits in a second stack, the limbo. A claim that finds the
+//! free list empty, and the limbo holding at least [`RECLAIM_BATCH`] slots, reclaims:
+//! it pops at most a batch (plus the slots parked in a few mirrors, below), runs one
+//! heavy barrier and a scan of the threads' mirrors (see `thread_ctx/naming.rs`), keeps
+//! one unnamed slot for itself and frees the other unnamed ones. Any number of claims
+//! reclaim at once, each on its own batch; none waits for another, and none takes a
+//! fresh slot because another is reclaiming: it reclaims too. A slot still named is
+//! parked in the mirror that names it (an idle thread's mirror keeps the last root it
+//! ran), out of the limbo, so the next reclaim does not pop it again; a later reclaim
+//! collects it (each takes the parked slots of [`PARKED_WINDOW`] mirrors, in turn). A
+//! slot whose record was never filled (a root claimed while the thread context was off,
+//! and never published) goes straight back to the free list; while the context is on, a
+//! claim fills the record of every root with ids or a name, so those releases go
+//! through limbo.
+//!
+//! **The bound.** A fresh slot is taken only when the free list is empty and the
+//! claim's own reclaim freed nothing: the limbo then held fewer than a batch, or its
+//! slots were in other reclaims' batches (at most a batch each, one per thread
+//! reclaiming) or named. So the table holds at most the roots alive, plus
+//! [`RECLAIM_BATCH`] in limbo, plus a batch per thread reclaiming at that moment, plus
+//! one parked slot per mirror (per thread that publishes): the roots alive plus
+//! O(threads), at any thread count and any preemption. [`LabelTable::set_cap`] bounds
+//! it outright: past the cap a claim reclaims whatever the limbo holds, and a root that
+//! still finds no slot gets no label (counted in `capped`).
+//!
+//! **Fork.** A reclaim's batch is published in a [`Batch`] it leases, not held in its
+//! locals: a process forked while another thread reclaims gets the batch back in the
+//! child's limbo. A batch entry is cleared before its slot is pushed (cleared after, a
+//! child would list it twice), so a fork landing between those two stores loses that one
+//! slot in the child, and so does one landing between a pop and its entry's store.
 
 use crate::sync::{fence, AtomicBool, AtomicU32, AtomicU64, Ordering};
 use crate::thread_ctx::Naming;
@@ -123,25 +145,60 @@ pub(crate) struct LabelTable {
     /// Labels that could not be claimed: the table was full.
     exhausted: AtomicU64,
     /// Released slots a thread's OTEP 4947 pointer may still name: a stack like `free`,
-    /// emptied in batches by [`LabelTable::reclaim`].
+    /// emptied a batch at a time by [`LabelTable::reclaim`].
     limbo: AtomicU64,
-    /// Slots in `limbo` (about: pushes and takes race).
+    /// Slots in `limbo` (about: a push or pop and its count are two steps).
     in_limbo: AtomicU64,
-    /// Slots the last reclaim kept in limbo (still named: an idle thread's mirror names
-    /// the last root it ran until it runs another). The next reclaim waits for a batch
-    /// more, so slots that stay named never cost a barrier per claim.
-    kept: AtomicU64,
+    /// Slots parked in the mirrors that named them at a reclaim's scan.
+    parked: AtomicU64,
     /// Reclaims run (each one heavy barrier).
     reclaims: AtomicU64,
-    /// Whether a claim is reclaiming (one at a time).
-    reclaiming: AtomicBool,
+    /// Slots taken fresh (never used before) because no free one could be had.
+    fresh: AtomicU64,
+    /// The most slots the table may hold (see [`LabelTable::set_cap`]).
+    cap: AtomicU64,
+    /// Labels refused because the table held `cap` slots, none of them free.
+    capped: AtomicU64,
+    /// The batches reclaims hold, published for a forked child (see the module docs).
+    batches: NeverFreed<Batch, BATCH_CHUNK, BATCH_CHUNKS>,
     /// The slots' OTEP 4947 records and the threads that name them.
     naming: Naming,
 }
 
-/// Released slots waiting in limbo before a claim reclaims them: one heavy barrier and a
-/// scan of the threads' mirrors per this many.
-const RECLAIM_BATCH: u64 = if cfg!(loom) { 1 } else { 64 };
+/// A claim reclaims when the limbo holds this many, and pops at most this many: one
+/// heavy barrier and a scan of the threads' mirrors per batch.
+pub(crate) const RECLAIM_BATCH: usize = if cfg!(loom) { 1 } else { 64 };
+/// Mirrors whose parked slot a reclaim collects, besides its batch.
+const PARKED_WINDOW: usize = if cfg!(loom) { 2 } else { 8 };
+/// Entries of a [`Batch`]: the popped slots and the collected parked ones.
+pub(crate) const BATCH_ENTRIES: usize = RECLAIM_BATCH + PARKED_WINDOW;
+/// Batches per chunk, and chunks: one batch per thread reclaiming at once.
+const BATCH_CHUNK: usize = if cfg!(loom) { 2 } else { 16 };
+const BATCH_CHUNKS: usize = if cfg!(loom) { 2 } else { 4096 };
+
+/// The default [`LabelTable::set_cap`]: 262,144 slots (16 MiB of slots, and 80 MiB of
+/// OTEP records if the thread context is on), far above the roots a service keeps alive.
+pub(crate) const DEFAULT_MAX_LABEL_SLOTS: u64 = 1 << 18;
+/// The most slots the word can index.
+pub(crate) const MAX_LABEL_SLOTS: u64 = 1 << INDEX_BITS;
+
+/// The slots one reclaim holds between its pops and its pushes, where a forked child
+/// finds them (index + 1 per entry, 0: none).
+struct Batch {
+    owned: AtomicBool,
+    entries: [AtomicU32; BATCH_ENTRIES],
+}
+
+impl Batch {
+    /// Built owned, by the one thread `fresh` hands it to (as a mirror, see
+    /// `Mirror::new`).
+    fn new() -> Batch {
+        Batch {
+            owned: AtomicBool::new(true),
+            entries: std::array::from_fn(|_| AtomicU32::new(0)),
+        }
+    }
+}
 
 crate::sync::lazy_static_value! {
     /// The process's labels.
@@ -158,16 +215,19 @@ impl LabelTable {
                 exhausted: AtomicU64::new(0),
                 limbo: AtomicU64::new(0),
                 in_limbo: AtomicU64::new(0),
-                kept: AtomicU64::new(0),
+                parked: AtomicU64::new(0),
                 reclaims: AtomicU64::new(0),
-                reclaiming: AtomicBool::new(false),
+                fresh: AtomicU64::new(0),
+                cap: AtomicU64::new(DEFAULT_MAX_LABEL_SLOTS),
+                capped: AtomicU64::new(0),
+                batches: NeverFreed::new(),
                 naming: Naming::new(),
             }
         }
     }
 
-    /// Writes `value` into a free slot and returns its word; `None` when all 2²³ slots
-    /// are taken (counted). While the OpenTelemetry thread context is on, the slot's
+    /// Writes `value` into a free slot and returns its word; `None` when every slot the
+    /// cap allows is taken (counted). While the OpenTelemetry thread context is on, the slot's
     /// OTEP 4947 record is filled too (else by the root's first publication, if any).
     #[inline]
     pub(crate) fn claim(&self, value: &RootLabel) -> Option<Label> {
@@ -176,14 +236,7 @@ impl LabelTable {
 
     /// [`Self::claim`], filling the slot's record if `fill_record`.
     pub(crate) fn claim_with(&self, value: &RootLabel, fill_record: bool) -> Option<Label> {
-        let Some((index, slot)) = self
-            .pop(&self.free)
-            .or_else(|| self.reclaim().then(|| self.pop(&self.free)).flatten())
-            .or_else(|| self.slots.fresh(|_| Slot::new()))
-        else {
-            self.exhausted.fetch_add(1, Ordering::Relaxed);
-            return None;
-        };
+        let (index, slot) = self.pop(&self.free).or_else(|| self.refill())?;
         // Even: free (a fresh slot's 0, or its last release's).
         let generation = slot.generation.load(Ordering::Relaxed) + 1;
         // A reader that loads one of the stores below, then its acquire fence, then the
@@ -286,71 +339,144 @@ impl LabelTable {
             return;
         }
         if named {
-            self.push(&self.limbo, index, slot);
-            self.in_limbo.fetch_add(1, Ordering::Relaxed);
+            self.to_limbo(index, slot);
         } else {
             self.push(&self.free, index, slot);
         }
     }
 
-    /// Frees the slots in limbo that no thread's `otel_thread_ctx_v1` names any more
-    /// (`naming.rs`), when [`RECLAIM_BATCH`] more are there than the last reclaim kept
-    /// and no other claim is at it. True when it freed any.
-    fn reclaim(&self) -> bool {
-        if self.in_limbo.load(Ordering::Relaxed) < self.kept.load(Ordering::Relaxed) + RECLAIM_BATCH
-            || self.reclaiming.swap(true, Ordering::Acquire)
-        {
-            return false;
+    /// A slot for a claim that found the free list empty: reclaimed from the limbo, or
+    /// fresh within the cap, or, at the cap, reclaimed from whatever the limbo holds.
+    #[cold]
+    #[inline(never)]
+    fn refill(&self) -> Option<(u32, &'static Slot)> {
+        if self.in_limbo.load(Ordering::Relaxed) >= RECLAIM_BATCH as u64 {
+            if let Some(slot) = self.reclaim(RECLAIM_BATCH, Some(PARKED_WINDOW)) {
+                return Some(slot);
+            }
         }
-        let freed = self.reclaim_now();
-        self.reclaiming.store(false, Ordering::Release);
-        freed
+        if (self.slots.len() as u64) < self.cap.load(Ordering::Relaxed) {
+            if let Some(slot) = self.slots.fresh(|_| Slot::new()) {
+                self.fresh.fetch_add(1, Ordering::Relaxed);
+                return Some(slot);
+            }
+            // All 2²³ indexes handed out.
+            self.exhausted.fetch_add(1, Ordering::Relaxed);
+        }
+        // At the cap: one more try at the limbo (any size) and every parked slot, then
+        // the free list a concurrent reclaim may have filled meanwhile.
+        if let Some(slot) = self
+            .reclaim(RECLAIM_BATCH, None)
+            .or_else(|| self.pop(&self.free))
+        {
+            return Some(slot);
+        }
+        self.capped.fetch_add(1, Ordering::Relaxed);
+        None
     }
 
-    /// [`Self::reclaim`]'s work: take the limbo, one heavy barrier, a scan, then each slot
-    /// to the free list or back to limbo.
-    fn reclaim_now(&self) -> bool {
-        // Take the whole stack, keeping the tag counting.
-        let mut head = self.limbo.load(Ordering::Acquire);
-        loop {
-            if head & HEAD_INDEX_MASK == 0 {
-                return false;
+    /// Pushes the released slot `index` on the limbo.
+    fn to_limbo(&self, index: u32, slot: &Slot) {
+        self.push(&self.limbo, index, slot);
+        self.in_limbo.fetch_add(1, Ordering::Relaxed);
+    }
+
+    /// Pops at most `batch` slots from the limbo and takes the slots parked in `window`
+    /// mirrors (all of them: `None`), into a published [`Batch`]; then one heavy barrier
+    /// and a scan of the mirrors; then each slot no mirror names is freed (the first one
+    /// returned to the caller, who claims it), each named one parked in a mirror naming
+    /// it. `None` when it freed none. Work per call: the batch and the mirrors, never
+    /// the table.
+    fn reclaim(&self, batch: usize, window: Option<usize>) -> Option<(u32, &'static Slot)> {
+        // While another thread registers `membarrier` (once per process, milliseconds)
+        // nothing can be freed: leave the limbo as it is.
+        if !self.naming.barrier_ready() {
+            return None;
+        }
+        let held = self.lease_batch()?;
+        let mut n = 0;
+        while n < batch {
+            let Some((index, _)) = self.pop(&self.limbo) else {
+                break;
+            };
+            held.entries[n].store(index + 1, Ordering::Relaxed);
+            self.in_limbo.fetch_sub(1, Ordering::Relaxed);
+            n += 1;
+        }
+        self.naming.collect_parked(window, |index| {
+            if n < BATCH_ENTRIES {
+                held.entries[n].store(index + 1, Ordering::Relaxed);
+                n += 1;
+                self.parked.fetch_sub(1, Ordering::Relaxed);
+            } else {
+                // More parked slots than the batch has room for (every mirror's, at the
+                // cap): back to the limbo, for the next reclaim.
+                if let Some(slot) = self.slots.get(index) {
+                    self.parked.fetch_sub(1, Ordering::Relaxed);
+                    self.to_limbo(index, slot);
+                }
             }
-            let tag = (head >> HEAD_INDEX_BITS).wrapping_add(1);
-            match self.limbo.compare_exchange_weak(
-                head,
-                tag << HEAD_INDEX_BITS,
-                Ordering::AcqRel,
-                Ordering::Acquire,
-            ) {
-                Ok(_) => break,
-                Err(now) => head = now,
-            }
+        });
+        if n == 0 {
+            held.owned.store(false, Ordering::Release);
+            return None;
         }
         self.reclaims.fetch_add(1, Ordering::Relaxed);
         let named = self.naming.named();
-        let mut top = (head & HEAD_INDEX_MASK) as u32;
-        let (mut freed, mut kept) = (0u64, 0u64);
-        while let Some(index) = top.checked_sub(1) {
-            let Some(slot) = self.slots.get(index) else {
-                break;
+        let mut kept = None;
+        for entry in &held.entries[..n] {
+            // Cleared before the push: a fork in between loses this slot in the child;
+            // cleared after, the child would list it twice.
+            let Some(index) = entry.swap(0, Ordering::Relaxed).checked_sub(1) else {
+                continue;
             };
-            // Ours alone now: read the link before a push rewrites it.
-            top = slot.next_free.load(Ordering::Relaxed);
-            match &named {
-                Some(named) if named.binary_search(&index).is_err() => {
-                    self.push(&self.free, index, slot);
-                    freed += 1;
-                }
-                _ => {
-                    self.push(&self.limbo, index, slot);
-                    kept += 1;
-                }
+            let Some(slot) = self.slots.get(index) else {
+                continue;
+            };
+            let at = named.as_ref().map(|named| {
+                named
+                    .binary_search_by_key(&index, |&(slot, _)| slot)
+                    .map(|found| named[found].1)
+            });
+            match at {
+                // No barrier could be had: nothing is known, all goes back.
+                None => self.to_limbo(index, slot),
+                // Parked: one more parked, unless another goes back to the limbo for it.
+                Some(Ok(mirror)) => match self.naming.park(mirror, index) {
+                    Some(back) => {
+                        if let Some(back_slot) = self.slots.get(back) {
+                            self.to_limbo(back, back_slot);
+                        }
+                    }
+                    None => {
+                        self.parked.fetch_add(1, Ordering::Relaxed);
+                    }
+                },
+                Some(Err(_)) if kept.is_none() => kept = Some((index, slot)),
+                Some(Err(_)) => self.push(&self.free, index, slot),
             }
         }
-        self.in_limbo.fetch_sub(freed, Ordering::Relaxed);
-        self.kept.store(kept, Ordering::Relaxed);
-        freed > 0
+        held.owned.store(false, Ordering::Release);
+        kept
+    }
+
+    /// A batch no other reclaim holds (a fresh one if all are held; `None` past their
+    /// capacity, 65,536 reclaims at once).
+    fn lease_batch(&self) -> Option<&'static Batch> {
+        let free = self.batches.iter().find(|batch| {
+            !batch.owned.load(Ordering::Relaxed)
+                && batch
+                    .owned
+                    .compare_exchange(false, true, Ordering::Acquire, Ordering::Relaxed)
+                    .is_ok()
+        });
+        free.or_else(|| self.batches.fresh(|_| Batch::new()).map(|(_, batch)| batch))
+    }
+
+    /// Caps the slots the table holds at `max` (at most [`MAX_LABEL_SLOTS`]). A root
+    /// that finds no slot within it gets no label (counted in `capped`).
+    pub(crate) fn set_cap(&self, max: u64) {
+        self.cap.store(max.min(MAX_LABEL_SLOTS), Ordering::Relaxed);
     }
 
     /// Pops the top slot of `stack`.
@@ -391,21 +517,93 @@ impl LabelTable {
         &self.naming
     }
 
-    /// In a forked child: a reclaim the parent's other thread was running is gone (the
-    /// slots it had taken stay out of use).
+    /// In a forked child (one thread): the batches the parent's other threads were
+    /// reclaiming go back to the limbo, and the counts are taken again from the lists
+    /// (a thread caught between a pop and its count left them off by one).
     pub(crate) fn after_fork_in_child(&self) {
-        self.reclaiming.store(false, Ordering::Relaxed);
+        for batch in self.batches.iter() {
+            if !batch.owned.load(Ordering::Relaxed) {
+                continue;
+            }
+            for entry in &batch.entries {
+                if let Some(index) = entry.swap(0, Ordering::Relaxed).checked_sub(1) {
+                    if let Some(slot) = self.slots.get(index) {
+                        self.push(&self.limbo, index, slot);
+                    }
+                }
+            }
+            batch.owned.store(false, Ordering::Relaxed);
+        }
+        self.in_limbo
+            .store(self.len(&self.limbo), Ordering::Relaxed);
+        self.parked.store(self.naming.parked(), Ordering::Relaxed);
     }
 
-    /// Runs a reclaim now, whatever the limbo holds (tests).
+    /// Slots on `stack` (one thread: a forked child, or tests). A slot listed twice
+    /// would make a cycle: the count stops past the table's size.
+    fn len(&self, stack: &AtomicU64) -> u64 {
+        let mut top = (stack.load(Ordering::Acquire) & HEAD_INDEX_MASK) as u32;
+        let mut n = 0;
+        let most = self.slots.len() as u64 + 1;
+        while let Some(index) = top.checked_sub(1) {
+            if n == most {
+                break;
+            }
+            let Some(slot) = self.slots.get(index) else {
+                break;
+            };
+            n += 1;
+            top = slot.next_free.load(Ordering::Relaxed);
+        }
+        n
+    }
+
+    /// Runs a reclaim now of at most a batch, whatever the limbo holds, collecting every
+    /// mirror's parked slot; a slot it freed goes to the free list (tests). True when it
+    /// freed any.
     #[cfg(test)]
     pub(crate) fn reclaim_for_test(&self) -> bool {
-        while self.reclaiming.swap(true, Ordering::Acquire) {
-            crate::sync::yield_now();
+        match self.reclaim(RECLAIM_BATCH, None) {
+            Some((index, slot)) => {
+                self.push(&self.free, index, slot);
+                true
+            }
+            None => false,
         }
-        let freed = self.reclaim_now();
-        self.reclaiming.store(false, Ordering::Release);
-        freed
+    }
+
+    /// Pops `n` slots from the limbo into a batch and calls `inside` while holding it,
+    /// as a reclaim preempted before its barrier would; then puts them back (tests).
+    #[cfg(test)]
+    pub(crate) fn hold_batch_for_test(&self, n: usize, inside: impl FnOnce()) {
+        let held = self.lease_batch().expect("a batch");
+        for entry in &held.entries[..n] {
+            let (index, _) = self.pop(&self.limbo).expect("in limbo");
+            entry.store(index + 1, Ordering::Relaxed);
+            self.in_limbo.fetch_sub(1, Ordering::Relaxed);
+        }
+        inside();
+        for entry in &held.entries[..n] {
+            if let Some(index) = entry.swap(0, Ordering::Relaxed).checked_sub(1) {
+                self.to_limbo(index, self.slots.get(index).expect("allocated"));
+            }
+        }
+        held.owned.store(false, Ordering::Release);
+    }
+
+    /// The table's counters.
+    pub(crate) fn stats(&self) -> LabelTableStats {
+        LabelTableStats {
+            slots: self.slots.len() as u64,
+            cap: self.cap.load(Ordering::Relaxed),
+            in_limbo: self.in_limbo.load(Ordering::Relaxed),
+            parked: self.parked.load(Ordering::Relaxed),
+            reclaims: self.reclaims.load(Ordering::Relaxed),
+            fresh: self.fresh.load(Ordering::Relaxed),
+            capped: self.capped.load(Ordering::Relaxed),
+            exhausted: self.exhausted.load(Ordering::Relaxed),
+            retired: self.retired.load(Ordering::Relaxed),
+        }
     }
 
     /// Reclaims run so far (tests).
@@ -420,15 +618,27 @@ impl LabelTable {
         self.in_limbo.load(Ordering::Relaxed)
     }
 
+    /// Slots in limbo, counted on the list (tests).
+    #[cfg(test)]
+    pub(crate) fn limbo_len(&self) -> u64 {
+        self.len(&self.limbo)
+    }
+
+    /// Slots on the free list, counted (tests).
+    #[cfg(test)]
+    pub(crate) fn free_len(&self) -> u64 {
+        self.len(&self.free)
+    }
+
     /// Slots retired so far.
     #[cfg(test)]
     pub(crate) fn retired(&self) -> u64 {
         self.retired.load(Ordering::Relaxed)
     }
 
-    /// Labels refused because the table was full.
+    /// Labels refused: the table held every slot its cap (or the word) allows.
     pub(crate) fn exhausted(&self) -> u64 {
-        self.exhausted.load(Ordering::Relaxed)
+        self.capped.load(Ordering::Relaxed)
     }
 
     /// Sets the generation of the free slot `index` (tests: next to the word's last value,
@@ -442,6 +652,30 @@ impl LabelTable {
             .generation
             .store(generation, Ordering::SeqCst);
     }
+}
+
+/// A label table's counters: its size, where its slots are, and what it refused.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub(crate) struct LabelTableStats {
+    /// Slots the table holds (its high-water mark: slots are never freed).
+    pub(crate) slots: u64,
+    /// The most slots it may hold.
+    pub(crate) cap: u64,
+    /// Released slots waiting in the limbo for a reclaim.
+    pub(crate) in_limbo: u64,
+    /// Released slots parked in the mirror of a thread that still names them.
+    pub(crate) parked: u64,
+    /// Reclaims run (one heavy barrier each).
+    pub(crate) reclaims: u64,
+    /// Slots taken fresh.
+    pub(crate) fresh: u64,
+    /// Labels refused at the cap.
+    pub(crate) capped: u64,
+    /// Fresh slots refused because all 2²³ indexes were handed out (the cap was set
+    /// above them; they are refused at the cap too).
+    pub(crate) exhausted: u64,
+    /// Slots retired at their last generation.
+    pub(crate) retired: u64,
 }
 
 /// The generation a word carries.

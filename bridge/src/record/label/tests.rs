@@ -3,7 +3,9 @@ use std::sync::Arc;
 
 use opentelemetry::trace::{SpanId, TraceId};
 
-use super::table::{generation_of, index_of, LabelTable, GENERATION_BITS};
+use super::table::{
+    generation_of, index_of, LabelTable, BATCH_ENTRIES, GENERATION_BITS, RECLAIM_BATCH,
+};
 use super::*;
 
 /// A value whose every field is derived from `n`, so a read mixing two values shows.
@@ -210,6 +212,7 @@ fn the_last_clone_releases_the_slot() {
 #[test]
 fn released_slots_wait_in_limbo_only_while_a_thread_may_name_them() {
     let table = LabelTable::new();
+    barrier_chosen(&table);
     let a = table.claim(&value(1)).expect("room");
     table.release(a);
     assert_eq!(table.in_limbo(), 0, "never published: no limbo");
@@ -225,7 +228,11 @@ fn released_slots_wait_in_limbo_only_while_a_thread_may_name_them() {
     let c = table.claim(&value(3)).expect("room");
     assert_ne!(index_of(c), index_of(b), "not reused while in limbo");
     assert!(!table.reclaim_for_test(), "the mirror still names b's slot");
-    assert_eq!(table.in_limbo(), 1);
+    assert_eq!(
+        (table.in_limbo(), table.stats().parked),
+        (0, 1),
+        "parked in the mirror"
+    );
     mirror.give_back();
     assert!(table.reclaim_for_test(), "named by none: freed");
     assert_eq!(table.in_limbo(), 0);
@@ -249,6 +256,7 @@ fn released_slots_wait_in_limbo_only_while_a_thread_may_name_them() {
 #[test]
 fn slots_that_stay_named_cost_one_reclaim_per_batch() {
     let table = LabelTable::new();
+    barrier_chosen(&table);
     let named: Vec<_> = (0..70)
         .map(|n| {
             let label = table.claim(&value(n + 1)).expect("room");
@@ -281,6 +289,197 @@ fn slots_that_stay_named_cost_one_reclaim_per_batch() {
     }
     assert!(table.reclaim_for_test());
     assert_eq!(table.in_limbo(), 0, "freed once no thread names them");
+}
+
+/// Waits until the barrier's form is chosen: once per process, by the first thread to
+/// publish (registering `membarrier` takes milliseconds, longer with other tests running,
+/// and reclaims free nothing meanwhile), as a service's first span does before its churn.
+fn barrier_chosen(table: &LabelTable) {
+    while !table.naming().barrier_ready() {
+        std::thread::yield_now();
+    }
+}
+
+/// More released slots stay named than a reclaim pops (more idle threads than a batch,
+/// each naming the last root it ran): they are parked in their mirrors, out of the
+/// limbo, so later reclaims free the slots behind them instead of popping the same named
+/// ones again, and the table stays at the roots alive plus O(threads).
+#[test]
+fn named_slots_beyond_a_batch_never_starve_the_limbo() {
+    let table = LabelTable::new();
+    barrier_chosen(&table);
+    let idle = 3 * RECLAIM_BATCH as u64;
+    let named: Vec<_> = (0..idle)
+        .map(|n| {
+            let label = table.claim(&value(n + 1)).expect("room");
+            let mirror = table.naming().lease().expect("a mirror");
+            crate::thread_ctx::to_name(&table, mirror, label).expect("alive");
+            table.release(label);
+            mirror
+        })
+        .collect();
+    // One busy thread: each root published, then released while its mirror moves on.
+    let worker = table.naming().lease().expect("a mirror");
+    for n in 0..20_000u64 {
+        let label = table.claim(&value(1_000 + n)).expect("room");
+        crate::thread_ctx::to_name(&table, worker, label).expect("alive");
+        table.release(label);
+    }
+    let stats = table.stats();
+    let bound = idle + 1 + 2 * BATCH_ENTRIES as u64 + RECLAIM_BATCH as u64;
+    assert!(
+        stats.slots <= bound,
+        "{} slots for {idle} named ones and one busy thread (bound {bound}): {stats:?}",
+        stats.slots
+    );
+    assert!(stats.parked > 0, "named slots are parked: {stats:?}");
+    for mirror in named {
+        mirror.give_back();
+    }
+    worker.give_back();
+    while table.reclaim_for_test() {}
+    let stats = table.stats();
+    assert_eq!(
+        (stats.in_limbo, stats.parked),
+        (0, 0),
+        "all freed once no thread names them: {stats:?}"
+    );
+    assert_eq!(table.free_len(), stats.slots, "nothing lost: {stats:?}");
+}
+
+/// Threads churning published roots at once: a claim that finds the free list empty
+/// while others reclaim reclaims a batch of its own, it does not take a fresh slot, so
+/// the table stays at the roots alive plus a batch per thread (the old one-reclaimer
+/// table grew by a fresh slot per such claim: +22.8 MB in 30 s at 4 threads).
+#[test]
+fn concurrent_reclaims_keep_the_table_at_the_roots_alive_plus_a_batch_per_thread() {
+    let table: &'static LabelTable = Box::leak(Box::new(LabelTable::new()));
+    let threads = 4u64;
+    barrier_chosen(table);
+    let stop = Arc::new(AtomicBool::new(false));
+    let workers: Vec<_> = (0..threads)
+        .map(|t| {
+            let stop = stop.clone();
+            std::thread::spawn(move || {
+                let mirror = table.naming().lease().expect("a mirror");
+                let mut n = 0u64;
+                while !stop.load(Ordering::Relaxed) || n < 50_000 {
+                    let label = table.claim(&value((t << 40) | (n + 1))).expect("room");
+                    crate::thread_ctx::to_name(table, mirror, label).expect("alive");
+                    table.release(label);
+                    n += 1;
+                }
+                mirror.give_back();
+                n
+            })
+        })
+        .collect();
+    std::thread::sleep(std::time::Duration::from_millis(500));
+    stop.store(true, Ordering::Relaxed);
+    let roots: u64 = workers.into_iter().map(|w| w.join().expect("worker")).sum();
+    let stats = table.stats();
+    // Alive: one per thread; in limbo: under a batch; held: a batch per thread; named or
+    // parked: one per mirror. A fresh slot per contended claim would be thousands.
+    let bound = threads * (1 + 1 + BATCH_ENTRIES as u64) + 2 * RECLAIM_BATCH as u64;
+    assert!(
+        stats.slots <= bound,
+        "{} slots after {roots} roots on {threads} threads (bound {bound}): {stats:?}",
+        stats.slots
+    );
+    assert!(stats.reclaims > 0, "{stats:?}");
+    while table.reclaim_for_test() {}
+    let stats = table.stats();
+    assert_eq!(
+        table.free_len(),
+        stats.slots,
+        "every slot free again: {stats:?}"
+    );
+}
+
+/// With a cap, a claim past it reclaims whatever the limbo holds, and a root that still
+/// finds no slot gets no label, counted.
+#[test]
+fn the_cap_bounds_the_table_and_counts_what_it_refuses() {
+    let table = LabelTable::new();
+    barrier_chosen(&table);
+    table.set_cap(4);
+    let live: Vec<_> = (0..4)
+        .map(|n| table.claim(&value(n + 1)).expect("under the cap"))
+        .collect();
+    assert_eq!(table.claim(&value(9)), None, "at the cap, none free");
+    assert_eq!(table.stats().capped, 1);
+    // Published and released: in limbo, under a batch; the capped claim reclaims it.
+    let mirror = table.naming().lease().expect("a mirror");
+    crate::thread_ctx::to_name(&table, mirror, live[0]).expect("alive");
+    let other = table.naming().lease().expect("a mirror");
+    crate::thread_ctx::to_name(&table, other, live[1]).expect("alive");
+    table.release(live[0]);
+    assert_eq!(table.in_limbo(), 1);
+    assert_eq!(
+        table.claim(&value(10)),
+        None,
+        "still named: parked, not reused"
+    );
+    crate::thread_ctx::to_name(&table, mirror, live[1]).expect("alive");
+    let again = table
+        .claim(&value(11))
+        .expect("named by none now: reclaimed");
+    assert_eq!(index_of(again), index_of(live[0]));
+    let stats = table.stats();
+    assert_eq!((stats.slots, stats.capped), (4, 2), "{stats:?}");
+    mirror.give_back();
+    other.give_back();
+}
+
+/// A process forked while another thread holds a reclaim's batch (popped from the limbo,
+/// not yet freed or parked) gets the batch back in the child's limbo, with the counts
+/// taken again from the lists: nothing held by a thread the child does not have is lost.
+#[test]
+fn a_fork_inside_a_reclaim_returns_its_batch_to_the_childs_limbo() {
+    let table: &'static LabelTable = Box::leak(Box::new(LabelTable::new()));
+    let mirror = table.naming().lease().expect("a mirror");
+    for n in 0..10 {
+        let label = table.claim(&value(n + 1)).expect("room");
+        crate::thread_ctx::to_name(table, mirror, label).expect("alive");
+        table.release(label);
+    }
+    mirror.give_back();
+    assert_eq!(table.in_limbo(), 10);
+    // A reclaimer stopped inside its batch on another thread: six popped and held.
+    let (held_tx, held_rx) = std::sync::mpsc::channel();
+    let (done_tx, done_rx) = std::sync::mpsc::channel::<()>();
+    let reclaimer = std::thread::spawn(move || {
+        table.hold_batch_for_test(6, || {
+            held_tx.send(()).expect("main");
+            done_rx.recv().expect("main");
+        })
+    });
+    held_rx.recv().expect("reclaimer");
+    assert_eq!(table.limbo_len(), 4, "six held by the reclaimer");
+    // SAFETY: the child runs this test's own code only and leaves with _exit.
+    let pid = unsafe { libc::fork() };
+    assert!(pid >= 0, "fork");
+    if pid == 0 {
+        // As the crate's fork handler does (a direct `fork` runs no handler).
+        table.naming().after_fork_in_child(None);
+        table.after_fork_in_child();
+        let ok = table.limbo_len() == 10 && table.in_limbo() == 10 && {
+            while table.reclaim_for_test() {}
+            table.in_limbo() == 0 && table.free_len() == 10
+        };
+        // SAFETY: leaving the child without running the parent's destructors.
+        unsafe { libc::_exit(if ok { 0 } else { 1 }) };
+    }
+    let mut status = 0;
+    // SAFETY: waiting for our own child.
+    assert_eq!(unsafe { libc::waitpid(pid, &mut status, 0) }, pid);
+    assert!(
+        libc::WIFEXITED(status) && libc::WEXITSTATUS(status) == 0,
+        "the child's limbo did not get the batch back: status {status:#x}"
+    );
+    done_tx.send(()).expect("reclaimer");
+    reclaimer.join().expect("reclaimer");
+    assert_eq!(table.limbo_len(), 10, "the parent's batch went back too");
 }
 
 /// Claiming a label (a new chunk of slots, and the usual reuse) needs a small stack: a

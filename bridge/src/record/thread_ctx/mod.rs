@@ -126,6 +126,11 @@ pub fn enable_with_resource(resource: &[(String, String)]) -> Result<(), ThreadC
         return Err(ThreadContextError::Unsupported);
     }
     process::publish(resource)?;
+    // The barrier's form is chosen here, before any record is filled: registering
+    // `membarrier` takes milliseconds, and no released slot can be reclaimed until it is
+    // chosen, so a first publication racing heavy root churn would see fresh slots taken
+    // meanwhile.
+    naming::barrier::init();
     STATE.store(ON, Ordering::Relaxed);
     Ok(())
 }

@@ -38,7 +38,8 @@
 //! check.
 
 use crate::never_freed::NeverFreed;
-use crate::sync::{AtomicBool, AtomicU64, Ordering};
+use crate::sync::{AtomicBool, AtomicU32, AtomicU64, Ordering};
+use std::sync::atomic::AtomicUsize;
 
 use super::record::{is_published, SlotRecord};
 use crate::label::table::LabelTable;
@@ -56,6 +57,11 @@ const MIRROR_CHUNKS: usize = if cfg!(loom) { 2 } else { 1024 };
 pub(crate) struct Mirror {
     current: AtomicU64,
     owned: AtomicBool,
+    /// Index + 1 of a released slot a reclaim found this mirror naming (0: none). It
+    /// waits here, out of the limbo, until a later reclaim collects it: parked slots
+    /// are at most one per mirror, and they never sit on top of the limbo, where every
+    /// reclaim would pop them again and free nothing.
+    parked: AtomicU32,
 }
 
 impl Mirror {
@@ -68,6 +74,7 @@ impl Mirror {
         Mirror {
             current: AtomicU64::new(0),
             owned: AtomicBool::new(true),
+            parked: AtomicU32::new(0),
         }
     }
 
@@ -93,6 +100,9 @@ impl Mirror {
 pub(crate) struct Naming {
     records: NeverFreed<SlotRecord, CHUNK, CHUNKS>,
     mirrors: NeverFreed<Mirror, MIRROR_CHUNK, MIRROR_CHUNKS>,
+    /// The mirror the next [`Naming::collect_parked`] starts at (taken in turns, so
+    /// every parked slot is looked at again within mirrors / window reclaims).
+    cursor: AtomicUsize,
 }
 
 impl Naming {
@@ -101,6 +111,7 @@ impl Naming {
             Naming {
                 records: NeverFreed::new(),
                 mirrors: NeverFreed::new(),
+                cursor: AtomicUsize::new(0),
             }
         }
     }
@@ -176,20 +187,80 @@ impl Naming {
     }
 
     /// The heavy half of the barrier, then the slot indexes some thread's mirror names,
-    /// sorted (`None`: no barrier could be had, nothing may be freed).
-    pub(crate) fn named(&self) -> Option<Vec<u32>> {
+    /// each with the index of a mirror naming it, sorted by slot (`None`: no barrier
+    /// could be had, nothing may be freed). Judges only slots released before the call.
+    pub(crate) fn named(&self) -> Option<Vec<(u32, u32)>> {
         if !barrier::heavy() {
             return None;
         }
-        let mut named: Vec<u32> = self
+        let mut named: Vec<(u32, u32)> = self
             .mirrors
-            .iter()
-            .map(|mirror| mirror.current.load(Ordering::Acquire))
-            .filter(|&word| word != 0)
-            .map(slot_index)
+            .indexed()
+            .map(|(at, mirror)| (mirror.current.load(Ordering::Acquire), at))
+            .filter(|&(word, _)| word != 0)
+            .map(|(word, at)| (slot_index(word), at))
             .collect();
         named.sort_unstable();
         Some(named)
+    }
+
+    /// Parks the released slot `slot` in mirror `at`, which named it at a reclaim's scan.
+    /// Returns the slot parked there before, if any: it goes back to the limbo (it may
+    /// have been parked after that scan's barrier, so that scan cannot judge it).
+    pub(crate) fn park(&self, at: u32, slot: u32) -> Option<u32> {
+        let Some(mirror) = self.mirrors.get(at) else {
+            // No such mirror (never: `at` comes from a scan): the slot goes back itself.
+            return Some(slot);
+        };
+        // AcqRel: the collector that swaps it out sees the slot's release (which came
+        // before its parking) before its own barrier.
+        let before = mirror.parked.swap(slot + 1, Ordering::AcqRel);
+        before.checked_sub(1)
+    }
+
+    /// Takes the slots parked in up to `window` mirrors, the next ones in turn (every
+    /// mirror when `window` is `None`), handing each to `take`. A reclaim calls it before
+    /// its barrier, so each slot's release is ordered before that barrier.
+    pub(crate) fn collect_parked(&self, window: Option<usize>, mut take: impl FnMut(u32)) {
+        let mirrors = self.mirrors.len();
+        if mirrors == 0 {
+            return;
+        }
+        let (start, count) = match window {
+            Some(window) => (
+                self.cursor.fetch_add(window, Ordering::Relaxed),
+                window.min(mirrors),
+            ),
+            None => (0, mirrors),
+        };
+        for step in 0..count {
+            let at = ((start + step) % mirrors) as u32;
+            let Some(mirror) = self.mirrors.get(at) else {
+                continue;
+            };
+            // A load first: most mirrors hold nothing, and a swap would take their line.
+            if mirror.parked.load(Ordering::Relaxed) == 0 {
+                continue;
+            }
+            if let Some(slot) = mirror.parked.swap(0, Ordering::AcqRel).checked_sub(1) {
+                take(slot);
+            }
+        }
+    }
+
+    /// Slots parked in mirrors now (a forked child recounts with it; tests).
+    pub(crate) fn parked(&self) -> u64 {
+        self.mirrors
+            .iter()
+            .filter(|mirror| mirror.parked.load(Ordering::Relaxed) != 0)
+            .count() as u64
+    }
+
+    /// Whether the heavy half of the barrier can run: its form is chosen (by this call,
+    /// if no thread has begun to). False while another thread registers `membarrier`.
+    pub(crate) fn barrier_ready(&self) -> bool {
+        barrier::init();
+        barrier::ready()
     }
 
     /// Sets the flags byte of slot `index`'s record if it holds `word`.
@@ -384,6 +455,11 @@ pub(crate) mod barrier {
     /// nothing may be freed).
     pub(crate) fn heavy() -> bool {
         BARRIER.heavy()
+    }
+
+    /// Whether the form is chosen (a reclaim can free anything).
+    pub(crate) fn ready() -> bool {
+        BARRIER.mode.load(Ordering::Acquire) >= FENCE
     }
 
     /// In a forked child (one thread, so no publisher is between its halves).

@@ -148,3 +148,82 @@ fn loom_thread_ctx_without_the_barrier_rewrites_a_named_record() {
 fn loom_thread_ctx_filled_at_claim_without_the_barrier_rewrites_a_named_record() {
     without_the_barrier("thread ctx naming, filled at claim, broken", true);
 }
+
+/// Two reclaims at once, each popping its own batch (one slot in the model), with a
+/// publisher naming one of the slots they judge: root A (named by the publisher, released
+/// by the owner as it runs) and root D (released before, named by nobody) are in the
+/// limbo. The owner releases A, reclaims and claims B, its record filled at the claim;
+/// the main thread reclaims at the same time. Properties: a named record is never
+/// rewritten (a slot the publisher names is parked, never freed); and once everyone is
+/// done, reclaims until none frees anything leave every slot but B's on the free list,
+/// none in the limbo or parked (none lost in a batch, none listed twice).
+fn two_reclaimers_and_a_publisher() {
+    let table = Arc::new(LabelTable::new());
+    let a = table.claim_with(&value(1), false).expect("slot for A");
+    let naming: &Naming = table.naming();
+    let record = naming.record(index_of(a)).expect("A's record");
+    assert!(record.fill(a.word(), &value(1)));
+    let d = table.claim_with(&value(4), true).expect("slot for D");
+    table.release(d);
+    let publisher_mirror = naming.lease().expect("a mirror");
+    let publisher = {
+        let table = table.clone();
+        thread::spawn(move || {
+            let mirror = publisher_mirror;
+            if let Some(record) = to_name(&table, mirror, a) {
+                for _ in 0..2 {
+                    let (trace, span, _, _) = record.decode().expect("valid");
+                    assert_eq!(
+                        (trace, span),
+                        (value(1).trace_id, 1),
+                        "rewritten while named"
+                    );
+                }
+            }
+            mirror.give_back();
+        })
+    };
+    let owner = {
+        let table = table.clone();
+        thread::spawn(move || {
+            table.release(a);
+            table.reclaim_for_test();
+            table.claim_with(&value(2), true).expect("slot for B")
+        })
+    };
+    table.reclaim_for_test();
+    publisher.join().expect("publisher");
+    let b = owner.join().expect("owner");
+    while table.reclaim_for_test() {}
+    let stats = table.stats();
+    assert_eq!((stats.in_limbo, stats.parked), (0, 0), "{stats:?}");
+    assert_eq!(
+        table.free_len() + 1,
+        stats.slots,
+        "every slot but B's free, once: {stats:?}"
+    );
+    assert!(table.read(b).is_some(), "B alive");
+}
+
+#[test]
+fn loom_label_two_reclaims_at_once_never_free_a_named_slot_nor_lose_one() {
+    crate::sync::check(
+        "two reclaims and a publisher",
+        2,
+        two_reclaimers_and_a_publisher,
+    );
+}
+
+/// The model without the barrier's two halves: a reclaim misses the publisher's mirror
+/// while the publisher misses the release, and B's claim rewrites the named record.
+#[test]
+#[should_panic(expected = "rewritten while named")]
+fn loom_label_two_reclaims_without_the_barrier_rewrite_a_named_record() {
+    crate::sync::without_fences(|| {
+        crate::sync::check(
+            "two reclaims and a publisher, broken",
+            2,
+            two_reclaimers_and_a_publisher,
+        )
+    });
+}

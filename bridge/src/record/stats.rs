@@ -1,0 +1,68 @@
+//! The sizes of the process-wide tables the span record keeps, and what they refused:
+//! counters a test or a dashboard can watch instead of RSS (docs/bounds.md lists every
+//! structure, its bound and its counter).
+
+use crate::label::table::{LabelTableStats, MAX_LABEL_SLOTS};
+use crate::label::LABELS;
+
+/// The span record's tables: a snapshot ([`record_stats`], also in
+/// [`HealthStats::record`](crate::HealthStats::record)).
+///
+/// ```
+/// let stats = otel_profiling::record_stats();
+/// assert!(stats.label_slots <= stats.label_slots_cap);
+/// ```
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+#[non_exhaustive]
+pub struct RecordStats {
+    /// Label slots the process holds (one per local root alive, plus slots released but
+    /// not yet reusable; 384 bytes each with the thread context's record). Never freed:
+    /// the high-water mark of the roots alive at once, plus O(threads).
+    pub label_slots: u64,
+    /// The most label slots the process may hold ([`set_max_live_roots`]).
+    pub label_slots_cap: u64,
+    /// Released label slots waiting for a reclaim (a thread's OTEP 4947 context may
+    /// still name them).
+    pub label_slots_in_limbo: u64,
+    /// Released label slots parked with a thread that still names them (at most one per
+    /// thread that publishes).
+    pub label_slots_parked: u64,
+    /// Reclaims of released label slots run (one `membarrier` each).
+    pub label_reclaims: u64,
+    /// Local roots that got no label: the table held its cap, none free. Their samples
+    /// carry no span labels (also [`SamplerStats::unlabelled_roots`](crate::sampler::SamplerStats)).
+    pub labels_refused: u64,
+}
+
+/// The span record's tables now.
+pub fn record_stats() -> RecordStats {
+    let labels: LabelTableStats = LABELS.stats();
+    RecordStats {
+        label_slots: labels.slots,
+        label_slots_cap: labels.cap,
+        label_slots_in_limbo: labels.in_limbo,
+        label_slots_parked: labels.parked,
+        label_reclaims: labels.reclaims,
+        labels_refused: labels.capped,
+    }
+}
+
+/// The default of [`set_max_live_roots`]: 262,144.
+pub const DEFAULT_MAX_LIVE_ROOTS: u64 = crate::label::table::DEFAULT_MAX_LABEL_SLOTS;
+
+/// The most local roots labelled at once: past it a new root's samples carry no span
+/// labels (counted in [`RecordStats::labels_refused`]), and the label table, which is
+/// never freed, stops growing. Default [`DEFAULT_MAX_LIVE_ROOTS`] (96 MiB of labels at
+/// the cap with the thread context on: 64 bytes of label and 320 of OTEP 4947 record per
+/// root). Values above 8,388,608 (what a label word can index) are taken as that.
+/// [`Telemetry::max_live_roots`](crate::Telemetry::max_live_roots) and
+/// `OTEL_PROFILING_MAX_LIVE_ROOTS` set it at setup.
+///
+/// ```
+/// otel_profiling::set_max_live_roots(100_000);
+/// assert_eq!(otel_profiling::record_stats().label_slots_cap, 100_000);
+/// # otel_profiling::set_max_live_roots(otel_profiling::DEFAULT_MAX_LIVE_ROOTS);
+/// ```
+pub fn set_max_live_roots(max: u64) {
+    LABELS.set_cap(max.min(MAX_LABEL_SLOTS));
+}
