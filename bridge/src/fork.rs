@@ -156,43 +156,44 @@ impl<T: std::fmt::Debug> std::fmt::Debug for ProcessBound<T> {
 }
 
 #[cfg(test)]
+/// Runs `child` in a forked child and returns its exit code (`None`: killed after
+/// `limit`, it hung).
+pub(crate) fn run_in_child(limit: std::time::Duration, child: impl FnOnce() -> i32) -> Option<i32> {
+    // SAFETY: the child runs `child` (fork-safe paths of this crate) and `_exit`s.
+    let pid = unsafe { libc::fork() };
+    assert!(pid >= 0, "fork");
+    if pid == 0 {
+        // A panic must not unwind into the test harness's copy of the thread (its
+        // end would exit the child with status 0).
+        let code = std::panic::catch_unwind(std::panic::AssertUnwindSafe(child)).unwrap_or(101);
+        // SAFETY: leaving the child without the parent's destructors.
+        unsafe { libc::_exit(code) };
+    }
+    let deadline = std::time::Instant::now() + limit;
+    loop {
+        let mut status = 0;
+        // SAFETY: our own child.
+        let done = unsafe { libc::waitpid(pid, &mut status, libc::WNOHANG) };
+        if done == pid {
+            return libc::WIFEXITED(status).then(|| libc::WEXITSTATUS(status));
+        }
+        if std::time::Instant::now() >= deadline {
+            // SAFETY: our own child.
+            unsafe {
+                libc::kill(pid, libc::SIGKILL);
+                libc::waitpid(pid, &mut status, 0);
+            }
+            return None;
+        }
+        std::thread::sleep(std::time::Duration::from_millis(2));
+    }
+}
+
+#[cfg(test)]
 mod tests {
     use super::*;
     use std::sync::atomic::{AtomicUsize, Ordering};
     use std::sync::Arc;
-
-    /// Runs `child` in a forked child and returns its exit code (`None`: killed after
-    /// `limit`, it hung).
-    fn in_child(limit: std::time::Duration, child: impl FnOnce() -> i32) -> Option<i32> {
-        // SAFETY: the child runs `child` (fork-safe paths of this crate) and `_exit`s.
-        let pid = unsafe { libc::fork() };
-        assert!(pid >= 0, "fork");
-        if pid == 0 {
-            // A panic must not unwind into the test harness's copy of the thread (its
-            // end would exit the child with status 0).
-            let code = std::panic::catch_unwind(std::panic::AssertUnwindSafe(child)).unwrap_or(101);
-            // SAFETY: leaving the child without the parent's destructors.
-            unsafe { libc::_exit(code) };
-        }
-        let deadline = std::time::Instant::now() + limit;
-        loop {
-            let mut status = 0;
-            // SAFETY: our own child.
-            let done = unsafe { libc::waitpid(pid, &mut status, libc::WNOHANG) };
-            if done == pid {
-                return libc::WIFEXITED(status).then(|| libc::WEXITSTATUS(status));
-            }
-            if std::time::Instant::now() >= deadline {
-                // SAFETY: our own child.
-                unsafe {
-                    libc::kill(pid, libc::SIGKILL);
-                    libc::waitpid(pid, &mut status, 0);
-                }
-                return None;
-            }
-            std::thread::sleep(std::time::Duration::from_millis(2));
-        }
-    }
 
     /// A lock another thread holds at the fork is free and consistent in the child.
     /// Without the handlers (a plain `Mutex`) the child hangs on it.
@@ -251,7 +252,7 @@ mod tests {
         let drops = Arc::new(AtomicUsize::new(0));
         let bound = ProcessBound::new(CountsDrops(drops.clone()));
         assert!(bound.get().is_some() && !bound.is_inherited());
-        let code = in_child(std::time::Duration::from_secs(10), move || {
+        let code = run_in_child(std::time::Duration::from_secs(10), move || {
             let unusable = bound.get().is_none() && bound.is_inherited();
             drop(bound);
             // 0: unusable and not dropped.

@@ -50,6 +50,11 @@
 //! a reuse.
 //! Free and limbo lists live in the caller's shards (the evidence table), under locks it
 //! already holds; nothing here locks.
+//!
+//! **Fork.** A forked child has only the forking thread, which is in no handler and no
+//! add: its fork handler zeroes the in-flight count and every slot's count of adds in
+//! progress (keeping the generation), so a slot another parent thread was adding to at
+//! the fork is not held in limbo for ever.
 
 use crate::sync::{fence, spin_loop, AtomicU64, AtomicUsize, Ordering};
 
@@ -695,9 +700,24 @@ pub(crate) fn stale_handles() -> u64 {
     ROOTS.stale.load(Ordering::Relaxed)
 }
 
-/// In a forked child only the forking thread exists, and it is not in a handler.
+/// In a forked child only the forking thread exists, and it is neither in a handler nor
+/// in an add (atomics only: it runs in the child's `pthread_atfork` handler).
 pub(crate) fn after_fork_in_child() {
-    ROOTS.in_flight.store(0, Ordering::Relaxed);
+    after_fork_in_child_in(&ROOTS);
+}
+
+/// [`after_fork_in_child`] for `roots`.
+fn after_fork_in_child_in(roots: &RootTable) {
+    roots.in_flight.store(0, Ordering::Relaxed);
+    // An add another parent thread had counted in at the fork never counts out here: its
+    // slot would stay in limbo for ever. The generation stays (handles name it). Only
+    // slots with a count are written, so the child's copy of the rest stays shared.
+    for slot in roots.slots.iter() {
+        let state = slot.state.load(Ordering::Relaxed);
+        if state & ADDERS_MASK != 0 {
+            slot.state.store(state & !ADDERS_MASK, Ordering::Relaxed);
+        }
+    }
 }
 
 #[cfg(all(test, loom))]
@@ -928,6 +948,63 @@ mod tests {
             lists.release(c).active_ticks + lists.release(d).active_ticks,
             0,
             "the late add reached the slot's next root"
+        );
+    }
+
+    /// Issue 42: an add in progress at a fork (another parent thread between its count in
+    /// and its count out) never ends in the child; the child's release of that slot must
+    /// still list it free, and recycle what was in limbo.
+    #[test]
+    fn an_add_in_progress_at_a_fork_holds_no_slot_in_the_child() {
+        crate::fork::install_handlers();
+        let mut lists = SlotLists::default();
+        let a = lists.claim().expect("slot");
+        let b = lists.claim().expect("slot");
+        let (sa, sb) = (
+            ROOTS.slot(a.index).expect("allocated"),
+            ROOTS.slot(b.index).expect("allocated"),
+        );
+        // Adders that counted themselves in (and read the generation) as the fork
+        // happens: A's root still runs, B's was released while its add went on.
+        sa.state.fetch_add(1, Ordering::SeqCst);
+        sb.state.fetch_add(1, Ordering::SeqCst);
+        lists.release(b);
+        assert_eq!(lists.limbo, [b.index], "held by the add in progress");
+        // The child's copy of the lists.
+        let mut inherited = SlotLists {
+            free: lists.free.clone(),
+            limbo: lists.limbo.clone(),
+        };
+        let code = crate::fork::run_in_child(std::time::Duration::from_secs(10), move || {
+            let lists = &mut inherited;
+            lists.release(a);
+            if !lists.free.contains(&a.index) {
+                return 3; // A's release left it in limbo
+            }
+            if !lists.recycle() {
+                return 4; // B never leaves limbo
+            }
+            // No adder left in either slot, the generations kept (A's moved on by its
+            // release in the child).
+            let state = |s: &Slot| s.state.load(Ordering::SeqCst);
+            if (state(sa), state(sb))
+                != (
+                    (a.generation + 1) << ADDERS_BITS,
+                    (b.generation + 1) << ADDERS_BITS,
+                )
+            {
+                return 2;
+            }
+            0
+        });
+        // The parent's adders end.
+        sa.state.fetch_sub(1, Ordering::SeqCst);
+        sb.state.fetch_sub(1, Ordering::SeqCst);
+        lists.release(a);
+        assert_eq!(
+            code,
+            Some(0),
+            "3: the released slot went to limbo, 4: limbo stuck, 2: count or generation wrong"
         );
     }
 
