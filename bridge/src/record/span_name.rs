@@ -163,10 +163,6 @@ pub(crate) struct SpanNameStats {
 }
 
 /// The span-name structures' sizes and drops now (relaxed loads, no lock).
-#[cfg_attr(
-    not(test),
-    expect(dead_code, reason = "read by the health stats once they report it")
-)]
 pub(crate) fn stats() -> SpanNameStats {
     SpanNameStats {
         interned: INTERNED.load(Ordering::Relaxed),

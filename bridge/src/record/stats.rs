@@ -32,11 +32,22 @@ pub struct RecordStats {
     /// Local roots that got no label: the table held its cap, none free. Their samples
     /// carry no span labels (also [`SamplerStats::unlabelled_roots`](crate::sampler::SamplerStats)).
     pub labels_refused: u64,
+    /// Distinct span names interned, at most [`MAX_SPAN_NAMES`](crate::MAX_SPAN_NAMES);
+    /// never freed.
+    pub span_names: u64,
+    /// Interns answered with [`SpanName::OVERFLOW_NAME`](crate::SpanName::OVERFLOW_NAME)
+    /// because the table was full (as [`span_names_overflowed`](crate::span_names_overflowed)).
+    pub span_names_folded: u64,
+    /// Names in the per-thread name caches of all live threads together (each capped).
+    pub span_name_cache_entries: u64,
+    /// Per-thread name cache entries dropped at their cap.
+    pub span_name_cache_evictions: u64,
 }
 
 /// The span record's tables now.
 pub fn record_stats() -> RecordStats {
     let labels: LabelTableStats = LABELS.stats();
+    let names = crate::span_name::stats();
     RecordStats {
         label_slots: labels.slots,
         label_slots_cap: labels.cap,
@@ -44,6 +55,10 @@ pub fn record_stats() -> RecordStats {
         label_slots_parked: labels.parked,
         label_reclaims: labels.reclaims,
         labels_refused: labels.capped,
+        span_names: names.interned,
+        span_names_folded: names.overflowed,
+        span_name_cache_entries: names.cached,
+        span_name_cache_evictions: names.cache_evictions,
     }
 }
 

@@ -572,6 +572,17 @@ impl LabelTable {
         }
     }
 
+    /// Makes `n` batches now (a model's threads then only lease them: a batch made on
+    /// one thread reaches another through the never-freed table's `std` atomics, which
+    /// loom cannot see).
+    #[cfg(test)]
+    pub(crate) fn make_batches_for_test(&self, n: usize) {
+        let made: Vec<&Batch> = (0..n).filter_map(|_| self.lease_batch()).collect();
+        for batch in made {
+            batch.owned.store(false, Ordering::Release);
+        }
+    }
+
     /// Pops `n` slots from the limbo into a batch and calls `inside` while holding it,
     /// as a reclaim preempted before its barrier would; then puts them back (tests).
     #[cfg(test)]

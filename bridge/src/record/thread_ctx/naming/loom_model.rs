@@ -166,6 +166,7 @@ fn two_reclaimers_and_a_publisher() {
     let d = table.claim_with(&value(4), true).expect("slot for D");
     table.release(d);
     let publisher_mirror = naming.lease().expect("a mirror");
+    table.make_batches_for_test(2);
     let publisher = {
         let table = table.clone();
         thread::spawn(move || {
