@@ -334,6 +334,14 @@ fn shard(span_id: u64) -> MutexGuard<'static, Shard> {
     shards[(span_id as usize) % SHARDS].lock()
 }
 
+/// Roots with counters now (each shard's entries, under its lock; none before the
+/// table is made).
+pub(crate) fn entries() -> u64 {
+    TABLE.get().map_or(0, |shards| {
+        shards.iter().map(|s| s.lock().entries.len() as u64).sum()
+    })
+}
+
 /// Before `fork`: the forking thread takes every shard (see `crate::fork`).
 pub(crate) fn hold_for_fork() {
     // Made here if it is not yet: an initialisation left half done by another thread at

@@ -178,6 +178,10 @@ pub(crate) struct RootTable {
     stale_active: AtomicU64,
     /// Slots retired because their generation would have wrapped.
     retired: AtomicU64,
+    /// The most slots the table may hold (`crate::set_max_live_roots`, as the labels).
+    cap: AtomicU64,
+    /// Claims refused: the table held `cap` slots and the shard had none free.
+    refused: AtomicU64,
 }
 
 impl RootTable {
@@ -189,6 +193,8 @@ impl RootTable {
                 stale: AtomicU64::new(0),
                 stale_active: AtomicU64::new(0),
                 retired: AtomicU64::new(0),
+                cap: AtomicU64::new(crate::label::table::DEFAULT_MAX_LABEL_SLOTS),
+                refused: AtomicU64::new(0),
             }
         }
     }
@@ -197,6 +203,45 @@ impl RootTable {
     fn slot(&self, index: u32) -> Option<&'static Slot> {
         self.slots.get(index)
     }
+
+    /// A slot never used, within the cap (counted when refused).
+    fn fresh(&self) -> Result<u32, TableFull> {
+        if self.slots.len() as u64 >= self.cap.load(Ordering::Relaxed) {
+            self.refused.fetch_add(1, Ordering::Relaxed);
+            return Err(TableFull);
+        }
+        match self.slots.fresh(|_| Slot::new()) {
+            Some((index, _)) => Ok(index),
+            None => {
+                self.refused.fetch_add(1, Ordering::Relaxed);
+                Err(TableFull)
+            }
+        }
+    }
+}
+
+/// The counter table's size and refusals.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub(crate) struct RootCpuStats {
+    /// Slots the table holds (never freed: its high-water mark).
+    pub(crate) slots: u64,
+    /// Claims refused at the cap.
+    pub(crate) refused: u64,
+}
+
+/// The process's counter table now.
+pub(crate) fn stats() -> RootCpuStats {
+    RootCpuStats {
+        slots: ROOTS.slots.len() as u64,
+        refused: ROOTS.refused.load(Ordering::Relaxed),
+    }
+}
+
+/// Caps the slots the process's counter table holds. A shard's free slots serve only
+/// its own roots, so near the cap a root can be refused while another shard has one
+/// free; roots spread over the 64 shards by span id, so only within a few percent of it.
+pub(crate) fn set_cap(max: u64) {
+    ROOTS.cap.store(max, Ordering::Relaxed);
 }
 
 crate::sync::lazy_static_value! {
@@ -295,7 +340,7 @@ impl SlotLists {
         }
         let index = match self.free.pop() {
             Some(index) => index,
-            None => roots.slots.fresh(|_| Slot::new()).ok_or(TableFull)?.0,
+            None => roots.fresh()?,
         };
         let slot = roots.slot(index).ok_or(TableFull)?;
         slot.samples.store(0, Ordering::Relaxed);
@@ -728,6 +773,7 @@ mod tests {
 
     #[test]
     fn a_released_handle_counts_nothing_and_its_slot_is_reused_cleanly() {
+        let _serial = stale_counter_lock();
         let mut lists = SlotLists::default();
         let a = lists.claim().expect("slot");
         record(a.to_raw(), 10);
@@ -775,6 +821,7 @@ mod tests {
 
     #[test]
     fn garbage_handles_are_refused_not_followed() {
+        let _serial = stale_counter_lock();
         let before = stale_handles();
         for raw in [
             u128::MAX,
@@ -841,6 +888,32 @@ mod tests {
         );
     }
 
+    /// The table's cap: past it a claim that finds its shard's free list empty is
+    /// refused, counted; a slot released comes back for the next claim.
+    #[test]
+    fn claims_past_the_cap_are_refused_and_counted() {
+        let table: &'static RootTable = Box::leak(Box::new(RootTable::new()));
+        table.cap.store(3, Ordering::Relaxed);
+        let mut lists = SlotLists::default();
+        let held: Vec<_> = (0..3)
+            .map(|_| lists.claim_in(table).expect("under the cap"))
+            .collect();
+        assert!(lists.claim_in(table).is_err(), "at the cap");
+        assert_eq!(table.refused.load(Ordering::Relaxed), 1);
+        lists.release_in(table, held[1]);
+        let again = lists.claim_in(table).expect("a released slot");
+        assert_eq!(again.index, held[1].index);
+        assert_eq!(table.slots.len(), 3, "the table did not grow");
+    }
+
+    /// The tests that count stale handles on the process's table, one at a time (the
+    /// counter is shared: another test's stale sample would land in their delta).
+    fn stale_counter_lock() -> std::sync::MutexGuard<'static, ()> {
+        static LOCK: std::sync::Mutex<()> = std::sync::Mutex::new(());
+        LOCK.lock()
+            .unwrap_or_else(std::sync::PoisonError::into_inner)
+    }
+
     #[test]
     fn raw_round_trip() {
         let h = CpuHandle {
@@ -874,6 +947,7 @@ mod tests {
     /// slot's owner now, whose tag is the same.
     #[test]
     fn a_stale_root_whose_tag_repeats_adds_nothing_to_the_live_one() {
+        let _serial = stale_counter_lock();
         let mut lists = SlotLists::default();
         let a = lists.claim().expect("slot");
         assert!(add_active(a.to_raw(), 5));
@@ -1048,6 +1122,7 @@ mod tests {
     /// the wrap nor one with the generation a first owner after it would get is accepted.
     #[test]
     fn a_slot_whose_generation_would_wrap_is_retired() {
+        let _serial = stale_counter_lock();
         let mut lists = SlotLists::default();
         let a = lists.claim().expect("slot");
         lists.release(a);

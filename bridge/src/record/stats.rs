@@ -42,12 +42,21 @@ pub struct RecordStats {
     pub span_name_cache_entries: u64,
     /// Per-thread name cache entries dropped at their cap.
     pub span_name_cache_evictions: u64,
+    /// CPU counter slots of local roots (one per root followed while a sampler runs,
+    /// 48 bytes each). Never freed: their high-water mark.
+    pub root_counter_slots: u64,
+    /// Local roots alive with evidence counters (the evidence processor's entries).
+    pub evidence_entries: u64,
+    /// Local roots refused evidence counters at the cap: their spans carry no
+    /// `profiling.*` attributes.
+    pub evidence_refused: u64,
 }
 
 /// The span record's tables now.
 pub fn record_stats() -> RecordStats {
     let labels: LabelTableStats = LABELS.stats();
     let names = crate::span_name::stats();
+    let counters = crate::root_cpu::stats();
     RecordStats {
         label_slots: labels.slots,
         label_slots_cap: labels.cap,
@@ -59,6 +68,9 @@ pub fn record_stats() -> RecordStats {
         span_names_folded: names.overflowed,
         span_name_cache_entries: names.cached,
         span_name_cache_evictions: names.cache_evictions,
+        root_counter_slots: counters.slots,
+        evidence_entries: crate::evidence::entries(),
+        evidence_refused: counters.refused,
     }
 }
 
@@ -66,8 +78,9 @@ pub fn record_stats() -> RecordStats {
 pub const DEFAULT_MAX_LIVE_ROOTS: u64 = crate::label::table::DEFAULT_MAX_LABEL_SLOTS;
 
 /// The most local roots labelled at once: past it a new root's samples carry no span
-/// labels (counted in [`RecordStats::labels_refused`]), and the label table, which is
-/// never freed, stops growing. Default [`DEFAULT_MAX_LIVE_ROOTS`] (96 MiB of labels at
+/// labels (counted in [`RecordStats::labels_refused`]) and its span no evidence
+/// (counted in [`RecordStats::evidence_refused`]), and the label and counter tables,
+/// which are never freed, stop growing. Default [`DEFAULT_MAX_LIVE_ROOTS`] (96 MiB of labels at
 /// the cap with the thread context on: 64 bytes of label and 320 of OTEP 4947 record per
 /// root). Values above 8,388,608 (what a label word can index) are taken as that.
 /// [`Telemetry::max_live_roots`](crate::Telemetry::max_live_roots) and
@@ -79,5 +92,7 @@ pub const DEFAULT_MAX_LIVE_ROOTS: u64 = crate::label::table::DEFAULT_MAX_LABEL_S
 /// # otel_profiling::set_max_live_roots(otel_profiling::DEFAULT_MAX_LIVE_ROOTS);
 /// ```
 pub fn set_max_live_roots(max: u64) {
-    LABELS.set_cap(max.min(MAX_LABEL_SLOTS));
+    let max = max.min(MAX_LABEL_SLOTS);
+    LABELS.set_cap(max);
+    crate::root_cpu::set_cap(max);
 }

@@ -112,9 +112,8 @@ impl Entries {
         self.get(key).is_some()
     }
 
-    /// Entries held (tests).
-    #[cfg(test)]
-    fn len(&self) -> usize {
+    /// Entries held (health counters: 64 direct cells and the overflow map).
+    pub(super) fn len(&self) -> usize {
         let direct = self
             .direct
             .as_ref()
