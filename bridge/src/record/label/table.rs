@@ -575,7 +575,7 @@ impl LabelTable {
     /// Makes `n` batches now (a model's threads then only lease them: a batch made on
     /// one thread reaches another through the never-freed table's `std` atomics, which
     /// loom cannot see).
-    #[cfg(test)]
+    #[cfg(all(test, loom))]
     pub(crate) fn make_batches_for_test(&self, n: usize) {
         let made: Vec<&Batch> = (0..n).filter_map(|_| self.lease_batch()).collect();
         for batch in made {
