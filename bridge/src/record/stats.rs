@@ -29,6 +29,9 @@ pub struct RecordStats {
     pub label_slots_parked: u64,
     /// Reclaims of released label slots run (one `membarrier` each).
     pub label_reclaims: u64,
+    /// The OTEP 4947 thread context's mirrors, one per thread that publishes (reused
+    /// after the thread exits; never freed: the high-water mark of threads at once).
+    pub thread_context_mirrors: u64,
     /// Local roots that got no label: the table held its cap, none free. Their samples
     /// carry no span labels (also [`SamplerStats::unlabelled_roots`](crate::sampler::SamplerStats)).
     pub labels_refused: u64,
@@ -64,6 +67,7 @@ pub fn record_stats() -> RecordStats {
         label_slots_parked: labels.parked,
         label_reclaims: labels.reclaims,
         labels_refused: labels.capped,
+        thread_context_mirrors: labels.mirrors,
         span_names: names.interned,
         span_names_folded: names.overflowed,
         span_name_cache_entries: names.cached,

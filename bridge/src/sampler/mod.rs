@@ -271,6 +271,15 @@ pub struct SamplerStats {
     /// detached task still running under it, or a plain-API span ended inside its own
     /// scope); not counted in any span's `profiling.wall.active_ns`.
     pub stale_active: u64,
+    /// Thread slots the sampler holds: never freed, the high-water mark of threads
+    /// registered at once (at most 65,536).
+    pub thread_slots: u64,
+    /// Bytes of the sample rings those slots hold (a free slot keeps its ring for the
+    /// next thread: the high-water mark too).
+    pub ring_bytes: u64,
+    /// Registrations refused because all 65,536 thread slots were taken: those threads
+    /// are not sampled.
+    pub threads_refused: u64,
     /// Local roots that got no label slot (more alive at once than
     /// [`set_max_live_roots`](crate::set_max_live_roots) allows): samples under them
     /// carry no labels.
@@ -465,6 +474,9 @@ impl SamplerState {
             stale_roots: crate::root_cpu::stale_handles(),
             stale_active: crate::root_cpu::stale_active(),
             unlabelled_roots: crate::label::unlabelled_roots(),
+            thread_slots: self.slots.len(),
+            ring_bytes: self.slots.ring_bytes(),
+            threads_refused: self.slots.refused(),
             ..SamplerStats::default()
         };
         for slot in self.slots.iter() {

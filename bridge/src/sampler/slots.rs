@@ -376,6 +376,10 @@ pub(crate) struct SlotTable {
     draining: ForkSafeLock,
     /// Slots retired so far.
     retired: AtomicU64,
+    /// Records of every ring allocated and not freed (leaked ones included).
+    ring_records: std::sync::atomic::AtomicU64,
+    /// Claims refused: every slot taken.
+    refused: std::sync::atomic::AtomicU64,
 }
 
 impl SlotTable {
@@ -386,7 +390,37 @@ impl SlotTable {
                 free_head: AtomicU64::new(0),
                 draining: ForkSafeLock::new(),
                 retired: AtomicU64::new(0),
+                ring_records: std::sync::atomic::AtomicU64::new(0),
+                refused: std::sync::atomic::AtomicU64::new(0),
             }
+        }
+    }
+
+    /// Slots the table holds (never freed: the high-water mark of threads registered at
+    /// once, plus exited threads whose samples were not drained yet).
+    pub(crate) fn len(&self) -> u64 {
+        self.slots.len() as u64
+    }
+
+    /// Bytes of the rings the slots hold (a free slot keeps its ring for the next
+    /// thread: the high-water mark too).
+    pub(crate) fn ring_bytes(&self) -> u64 {
+        self.ring_records.load(std::sync::atomic::Ordering::Relaxed)
+            * std::mem::size_of::<super::ring::SampleRecord>() as u64
+    }
+
+    /// Claims refused because every slot was taken.
+    pub(crate) fn refused(&self) -> u64 {
+        self.refused.load(std::sync::atomic::Ordering::Relaxed)
+    }
+
+    /// Counts a ring of `capacity` records made (`made`) or freed.
+    fn count_ring(&self, capacity: usize, made: bool) {
+        use std::sync::atomic::Ordering::Relaxed;
+        if made {
+            self.ring_records.fetch_add(capacity as u64, Relaxed);
+        } else {
+            self.ring_records.fetch_sub(capacity as u64, Relaxed);
         }
     }
 
@@ -454,7 +488,11 @@ impl SlotTable {
     /// is reused), a new one otherwise. `None` when [`MAX_THREADS`] are
     /// registered.
     pub(crate) fn claim(&self, owner: Owner) -> Option<&'static Slot> {
-        let slot = self.pop_free().or_else(|| self.fresh())?;
+        let Some(slot) = self.pop_free().or_else(|| self.fresh()) else {
+            self.refused
+                .fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+            return None;
+        };
         slot.tid.store(owner.tid, Ordering::Relaxed);
         slot.cell.store(owner.cell as *mut _, Ordering::Relaxed);
         slot.stack_lo.store(owner.stack.lo, Ordering::Relaxed);
@@ -470,11 +508,13 @@ impl SlotTable {
         let reusable = old.is_some_and(|r| r.capacity() == owner.ring_capacity && r.reset());
         if !reusable {
             let new = Box::into_raw(Box::new(Ring::new(owner.ring_capacity)));
+            self.count_ring(owner.ring_capacity, true);
             slot.ring.store(new, Ordering::Release);
             // Free the old ring unless a role on it is still held (in a forked child, by
             // a thread that does not exist there, or by a handler that never returned:
             // then it is leaked, once per such ring).
             if old.is_some_and(Ring::reset) {
+                self.count_ring(old.map_or(0, Ring::capacity), false);
                 // SAFETY: came from Box::into_raw; nothing else can reach it (see above),
                 // and no role on it is held.
                 drop(unsafe { Box::from_raw(ring) });
@@ -535,7 +575,10 @@ impl SlotTable {
         // is still held (see `claim`); then it is leaked.
         let ring = slot.ring.swap(std::ptr::null_mut(), Ordering::AcqRel);
         // SAFETY: see above; the ring came from Box::into_raw.
-        if unsafe { ring.as_ref() }.is_some_and(Ring::reset) {
+        // SAFETY: as above.
+        let old = unsafe { ring.as_ref() };
+        if old.is_some_and(Ring::reset) {
+            self.count_ring(old.map_or(0, Ring::capacity), false);
             // SAFETY: no role on it is held, and nothing else can reach it.
             drop(unsafe { Box::from_raw(ring) });
         }
@@ -763,6 +806,36 @@ mod tests {
         for retired in [index, draining.index, forked.index] {
             assert!(!claimed.contains(&retired), "slot {retired} claimed again");
         }
+    }
+
+    /// The table reports what it holds: its slots, its rings' bytes (a free slot keeps
+    /// its ring; a ring replaced for another capacity is freed) and, once every slot is
+    /// taken, the claims it refuses.
+    #[test]
+    fn slots_rings_and_refusals_are_counted() {
+        let table = SlotTable::new();
+        let record = std::mem::size_of::<super::super::ring::SampleRecord>() as u64;
+        let a = table.claim(own_thread()).expect("slot");
+        let ring = own_thread().ring_capacity as u64;
+        assert_eq!((table.len(), table.ring_bytes()), (1, ring * record));
+        table.release(a);
+        let b = table.claim(own_thread()).expect("slot");
+        assert_eq!(b.index, a.index);
+        assert_eq!(table.ring_bytes(), ring * record, "the ring was reused");
+        table.release(b);
+        let c = table
+            .claim(Owner {
+                ring_capacity: 9,
+                ..own_thread()
+            })
+            .expect("slot");
+        assert_eq!(table.ring_bytes(), 9 * record, "the old ring freed");
+        table.release(c);
+        while table.fresh().is_some() {}
+        assert_eq!(table.len(), MAX_THREADS as u64);
+        let _ = table.pop_free();
+        assert!(table.claim(own_thread()).is_none(), "every slot taken");
+        assert_eq!(table.refused(), 1);
     }
 
     /// The free list head's ABA tag wraps (after 2⁴⁷ pushes and pops) without a panic

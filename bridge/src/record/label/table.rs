@@ -614,6 +614,7 @@ impl LabelTable {
             capped: self.capped.load(Ordering::Relaxed),
             exhausted: self.exhausted.load(Ordering::Relaxed),
             retired: self.retired.load(Ordering::Relaxed),
+            mirrors: self.naming.mirrors(),
         }
     }
 
@@ -687,6 +688,8 @@ pub(crate) struct LabelTableStats {
     pub(crate) exhausted: u64,
     /// Slots retired at their last generation.
     pub(crate) retired: u64,
+    /// The thread context's mirrors (one per thread publishing at once).
+    pub(crate) mirrors: u64,
 }
 
 /// The generation a word carries.

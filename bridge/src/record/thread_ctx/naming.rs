@@ -248,6 +248,11 @@ impl Naming {
         }
     }
 
+    /// Mirrors made (never freed: the high-water mark of threads publishing at once).
+    pub(crate) fn mirrors(&self) -> u64 {
+        self.mirrors.len() as u64
+    }
+
     /// Slots parked in mirrors now (a forked child recounts with it; tests).
     pub(crate) fn parked(&self) -> u64 {
         self.mirrors
