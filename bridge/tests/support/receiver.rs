@@ -70,7 +70,25 @@ impl Receiver {
         Receiver::start(listener, None)
     }
 
-    pub(crate) fn start(listener: TcpListener, mut responder: Option<Responder>) -> Receiver {
+    /// Answers 200 to every request and keeps none (a soak's stand-in: its memory must
+    /// not grow with what it receives); `accepted` still counts them.
+    pub(crate) fn discarding(listener: TcpListener) -> Receiver {
+        Receiver::start_keeping(
+            listener,
+            Some(Box::new(|_, _| (200, vec![], b"{}".to_vec()))),
+            false,
+        )
+    }
+
+    pub(crate) fn start(listener: TcpListener, responder: Option<Responder>) -> Receiver {
+        Receiver::start_keeping(listener, responder, true)
+    }
+
+    fn start_keeping(
+        listener: TcpListener,
+        mut responder: Option<Responder>,
+        keep: bool,
+    ) -> Receiver {
         let addr = listener.local_addr().expect("addr");
         listener.set_nonblocking(true).expect("nonblocking");
         let requests = Arc::new(Mutex::new(Vec::new()));
@@ -93,6 +111,9 @@ impl Receiver {
                     None => held.push(stream),
                     Some(responder) => {
                         let _ = serve(stream, &r, responder);
+                        if !keep {
+                            r.lock().expect("requests").clear();
+                        }
                     }
                 }
             }

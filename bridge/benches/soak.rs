@@ -1,0 +1,89 @@
+//! Issue 42's soak: the realistic mix of `tests/support/soak_mix.rs` (short roots with
+//! distinct names, long roots, plain-API roots, thread churn, forks, the sampler at
+//! 100 Hz, the thread context on, spans to local files, profiles to a Pyroscope
+//! stand-in) for as long as asked. Every report period it prints RSS and each structure's
+//! size (docs/bounds.md); at the end, the RSS slope after warm-up with its 95 % confidence
+//! interval, and each structure's size after warm-up and at the end.
+//!
+//! Run: `SOAK_SECS=3600 cargo bench -p otel-profiling --bench soak`
+//! (`SOAK_REPORT_SECS`, default 60; `SOAK_WARMUP_SECS`, default a tenth of the run, at
+//! least 60; `SOAK_PAUSE_US`, the short roots' pause every 8 roots, default 2000).
+
+use std::time::{Duration, Instant};
+
+#[path = "../tests/support/soak_mix.rs"]
+mod soak_mix;
+
+fn env_secs(name: &str, default: u64) -> u64 {
+    std::env::var(name)
+        .ok()
+        .and_then(|v| v.parse().ok())
+        .unwrap_or(default)
+}
+
+fn main() {
+    // `cargo bench` passes `--bench`; a filter argument that is not ours skips the run.
+    if std::env::args()
+        .skip(1)
+        .any(|a| !a.starts_with('-') && a != "soak")
+    {
+        return;
+    }
+    let total = Duration::from_secs(env_secs("SOAK_SECS", 600));
+    let report = Duration::from_secs(env_secs("SOAK_REPORT_SECS", 60).max(1));
+    let warmup = Duration::from_secs(env_secs("SOAK_WARMUP_SECS", (total.as_secs() / 10).max(60)));
+    let pace = Duration::from_micros(env_secs("SOAK_PAUSE_US", 2000));
+    let dir = soak_mix::fresh_dir("soak-bench");
+    println!(
+        "soak: {} s, report every {} s, warm-up {} s, pause {} us, files in {}",
+        total.as_secs(),
+        report.as_secs(),
+        warmup.as_secs(),
+        pace.as_micros(),
+        dir.display()
+    );
+    let mix = soak_mix::Mix::start(&dir, pace);
+    let start = Instant::now();
+    let mut points = Vec::new();
+    let mut warm: Option<soak_mix::Snapshot> = None;
+    let mut next_report = report;
+    let mut last = mix.snapshot();
+    while start.elapsed() < total {
+        std::thread::sleep(Duration::from_secs(10).min(report));
+        last = mix.snapshot();
+        if last.at >= warmup {
+            if warm.is_none() {
+                println!("-- warm-up over --");
+                warm = Some(last.clone());
+            }
+            points.push((last.at.as_secs_f64() / 3600.0, last.rss_kib as f64 / 1024.0));
+        }
+        if last.at >= next_report {
+            println!("{}", last.line());
+            next_report += report;
+        }
+    }
+    println!("{}", last.line());
+    println!(
+        "forks {} (bad {}), uploads to the stand-in {}",
+        mix.forks.load(std::sync::atomic::Ordering::Relaxed),
+        mix.bad_forks.load(std::sync::atomic::Ordering::Relaxed),
+        mix.uploads()
+    );
+    match soak_mix::slope_ci(&points) {
+        Some((slope, half)) => println!(
+            "RSS slope after warm-up: {slope:+.3} MiB/hour, 95% CI [{:+.3}, {:+.3}] ({} points)",
+            slope - half,
+            slope + half,
+            points.len()
+        ),
+        None => println!("RSS slope: too few points after warm-up"),
+    }
+    if let Some(warm) = warm {
+        for ((name, before), (_, after)) in warm.sizes().into_iter().zip(last.sizes()) {
+            println!("{name:>14}: {before} after warm-up, {after} at the end");
+        }
+    }
+    mix.stop();
+    let _ = std::fs::remove_dir_all(&dir);
+}
