@@ -221,6 +221,15 @@ pub struct WatchdogStats {
     /// Blocked nanoseconds seen (off-CPU inside a root, past the threshold) in runs of
     /// blocked looks that no stack could be taken for: in no profile, counted here.
     pub unattributed_ns: u64,
+    /// `/proc/self/task/<tid>/schedstat` files open now (a gauge, not a count since the
+    /// start): one per thread inside a root with CPU counters, read for its run delay,
+    /// closed when the thread exits or stays out of roots for a second; at most 256 (or
+    /// a quarter of the soft `RLIMIT_NOFILE`, if lower).
+    pub schedstat_files_open: u64,
+    /// Run-delay readings (one per thread inside a root per 50 ms) not made because that
+    /// many schedstat files were already open: those roots' `profiling.wall.runqueue_ns`
+    /// misses that time.
+    pub run_delay_skipped: u64,
 }
 
 struct Counters {
@@ -236,6 +245,8 @@ struct Counters {
     dropped: AtomicU64,
     cpu_ns: AtomicU64,
     unattributed_ns: AtomicU64,
+    schedstat_files_open: AtomicU64,
+    run_delay_skipped: AtomicU64,
 }
 
 static COUNTERS: Counters = Counters {
@@ -251,6 +262,8 @@ static COUNTERS: Counters = Counters {
     dropped: AtomicU64::new(0),
     cpu_ns: AtomicU64::new(0),
     unattributed_ns: AtomicU64::new(0),
+    schedstat_files_open: AtomicU64::new(0),
+    run_delay_skipped: AtomicU64::new(0),
 };
 
 fn bump(counter: &AtomicU64) {
@@ -274,6 +287,8 @@ pub fn stats() -> WatchdogStats {
         dropped: get(&c.dropped),
         cpu_ns: get(&c.cpu_ns),
         unattributed_ns: get(&c.unattributed_ns),
+        schedstat_files_open: get(&c.schedstat_files_open),
+        run_delay_skipped: get(&c.run_delay_skipped),
     }
 }
 
@@ -692,7 +707,7 @@ impl Scanner {
             stack: vec![0; config.max_stack_bytes],
             config,
             tracked: Vec::new(),
-            run_delay: run_delay::RunDelay::default(),
+            run_delay: run_delay::RunDelay::new(run_delay::max_open()),
             tick: 0,
             slots: Vec::new(),
             cursor: 0,
@@ -723,6 +738,7 @@ impl Scanner {
                 continue;
             }
             let index = slot.index() as usize;
+            self.run_delay.owned(index, generation, self.tick);
             if self.tracked.len() <= index {
                 self.tracked.resize_with(index + 1, || None);
             }
@@ -737,7 +753,7 @@ impl Scanner {
                 continue;
             };
             self.run_delay
-                .note(slot, index, generation, root, pass_start);
+                .note(slot, index, generation, root, pass_start, self.tick);
             let fresh = Tracked {
                 generation,
                 seq,
@@ -791,6 +807,7 @@ impl Scanner {
                 ended.end_run();
             }
         }
+        self.run_delay.sweep(tick, pass_start);
     }
 }
 

@@ -33,18 +33,81 @@
 //! The stack is a fixed array of `Cell`s in the thread's one `const` thread-local (beside
 //! the record, see `PerThread`), with no destructor, so an enter or an exit is one plain TLS
 //! access with no allocation and no borrow flag: an entry is a key and one label word (24
-//! bytes). Nesting deeper than [`INLINE`] spills into a `Vec` (the one thread-local here
-//! with a destructor, so it is reached with `try_with`: thread-local destructors may enter
-//! and exit scopes after it is gone, and borrowed with `try_borrow_mut`). An enter that
-//! cannot be recorded changes nothing.
+//! bytes). Nesting deeper than [`INLINE`] spills into a `VecDeque` (the one thread-local
+//! here with a destructor, so it is reached with `try_with`: thread-local destructors may
+//! enter and exit scopes after it is gone, and borrowed with `try_borrow_mut`). An enter
+//! that cannot be recorded changes nothing.
+//!
+//! **The spill's bound.** Enters never exited (a guard or a `tracing` `Entered` given to
+//! `mem::forget`, an exit the layer never sees) stay on the stack; without a bound a
+//! long-lived thread's spill grew by 24 bytes per leak, forever. It holds at most
+//! [`SPILL_CAP`] entries. An enter past it is recorded (so it, and every scope after it,
+//! still labels its samples) and the oldest spilled entry is dropped as if its scope had
+//! exited out of order: the entry above it inherits its `previous`, and the cell is not
+//! touched. Leaked enters are the oldest, so they go first. A live scope dropped that way
+//! (only under nesting 4,128 deep) has no entry left at its exit, which changes nothing
+//! and pops no other scope: exits come innermost first, so an entry above it with its
+//! key (a `tracing` span entered again inside itself) is gone by then. (Refusing the
+//! newest enter instead would leave every later scope on the thread unlabelled, and its
+//! exit would pop such an outer entry.) The one cost: the scope above it, ending, restores
+//! the context from below the dropped scope, so the dropped scope's own time after that
+//! is labelled as its parent's. Counted in [`ScopeStats::evicted`].
 
 use std::cell::{Cell, RefCell};
+use std::collections::VecDeque;
 use std::sync::atomic::{AtomicU64, Ordering};
 
 use crate::label::{word_of, Label};
 
 /// Entries kept without allocation; deeper nesting is rare and spills to the heap.
 const INLINE: usize = 32;
+
+/// Most entries one thread's spill holds (96 KiB): nesting 4,128 deep in all. Real
+/// nesting is a request's layers of spans (tens deep; the inline 32 hold it) or a
+/// recursive instrumented function (hundreds at most), so two orders of magnitude above
+/// it a full spill is leaked enters. At least 2: the entry dropped is never the newest.
+pub(crate) const SPILL_CAP: usize = 4096;
+const _: () = assert!(SPILL_CAP >= 2);
+
+/// The scope stacks' counters, process-wide.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub(crate) struct ScopeStats {
+    /// Heap bytes every live thread's spill holds now (24 per entry of capacity; a spill
+    /// keeps its capacity until its thread exits, at most 96 KiB).
+    pub(crate) spill_bytes: u64,
+    /// The most scopes one thread's spill held at once since the process started (at most
+    /// [`SPILL_CAP`]).
+    pub(crate) spilled_max: u64,
+    /// The cap on one thread's spill, [`SPILL_CAP`].
+    pub(crate) spill_cap: u64,
+    /// Oldest spilled scopes dropped to record an enter past the cap (each as if it had
+    /// exited out of order; almost always a leaked enter).
+    pub(crate) evicted: u64,
+    /// Enters not recorded at all (their scope does not set the thread's context): the
+    /// spill was borrowed (a re-entrant call) or already destroyed (in a thread-local
+    /// destructor).
+    pub(crate) refused: u64,
+}
+
+static SPILL_BYTES: AtomicU64 = AtomicU64::new(0);
+static SPILLED_MAX: AtomicU64 = AtomicU64::new(0);
+static EVICTED: AtomicU64 = AtomicU64::new(0);
+static REFUSED: AtomicU64 = AtomicU64::new(0);
+
+/// The scope stacks' counters.
+#[cfg_attr(
+    not(test),
+    expect(dead_code, reason = "read through RecordStats once wired")
+)]
+pub(crate) fn scope_stats() -> ScopeStats {
+    ScopeStats {
+        spill_bytes: SPILL_BYTES.load(Ordering::Relaxed),
+        spilled_max: SPILLED_MAX.load(Ordering::Relaxed),
+        spill_cap: SPILL_CAP as u64,
+        evicted: EVICTED.load(Ordering::Relaxed),
+        refused: REFUSED.load(Ordering::Relaxed),
+    }
+}
 
 /// The owner of every [`SpanContextGuard`](super::SpanContextGuard)'s scope; layer owners
 /// start at 1.
@@ -142,8 +205,72 @@ impl Slot {
     }
 }
 
+/// One thread's entries past [`INLINE`], oldest first, at most [`SPILL_CAP`].
+struct Spill {
+    entries: VecDeque<Entry>,
+}
+
+impl Spill {
+    fn get(&self, i: usize) -> Option<Entry> {
+        self.entries.get(i).copied()
+    }
+
+    fn get_mut(&mut self, i: usize) -> Option<&mut Entry> {
+        self.entries.get_mut(i)
+    }
+
+    /// Pushes `entry`; true if that dropped the oldest entry to stay under the cap.
+    fn push(&mut self, entry: Entry) -> bool {
+        if self.entries.len() >= SPILL_CAP {
+            // As an out-of-order exit of the oldest: the one above it inherits what it
+            // found (`SPILL_CAP >= 2`, so there is one above).
+            if let Some(oldest) = self.entries.pop_front() {
+                if let Some(next) = self.entries.front_mut() {
+                    next.previous = oldest.previous;
+                }
+            }
+            self.entries.push_back(entry);
+            EVICTED.fetch_add(1, Ordering::Relaxed);
+            return true;
+        }
+        let capacity = self.entries.capacity();
+        self.entries.push_back(entry);
+        // Counted when the capacity grows (a few times per thread), not per entry: no
+        // shared write on every spilled enter.
+        if self.entries.capacity() != capacity {
+            let grown = self.entries.capacity().saturating_sub(capacity) * ENTRY_BYTES;
+            SPILL_BYTES.fetch_add(grown as u64, Ordering::Relaxed);
+        }
+        let len = self.entries.len() as u64;
+        if len > SPILLED_MAX.load(Ordering::Relaxed) {
+            SPILLED_MAX.fetch_max(len, Ordering::Relaxed);
+        }
+        false
+    }
+
+    fn pop(&mut self) {
+        self.entries.pop_back();
+    }
+
+    #[cfg(test)]
+    fn clear(&mut self) {
+        self.entries.clear();
+    }
+}
+
+impl Drop for Spill {
+    fn drop(&mut self) {
+        let bytes = self.entries.capacity() * ENTRY_BYTES;
+        SPILL_BYTES.fetch_sub(bytes as u64, Ordering::Relaxed);
+    }
+}
+
+const ENTRY_BYTES: usize = std::mem::size_of::<Entry>();
+
 thread_local! {
-    static SPILL: RefCell<Vec<Entry>> = const { RefCell::new(Vec::new()) };
+    static SPILL: RefCell<Spill> = const {
+        RefCell::new(Spill { entries: VecDeque::new() })
+    };
 }
 
 impl Stack {
@@ -160,7 +287,7 @@ impl Stack {
             self.inline[i].get()
         } else {
             SPILL
-                .try_with(|s| s.try_borrow().ok()?.get(i - INLINE).copied())
+                .try_with(|s| s.try_borrow().ok()?.get(i - INLINE))
                 .ok()
                 .flatten()
                 .unwrap_or(EMPTY)
@@ -186,7 +313,8 @@ impl Stack {
 
     /// Records that `key` was entered while `previous` was the thread's context; false if
     /// nothing was recorded: deeper than [`INLINE`] and the spill is borrowed (a
-    /// re-entrant call) or already destroyed (in a thread-local destructor).
+    /// re-entrant call) or already destroyed (in a thread-local destructor). At the
+    /// spill's cap the oldest spilled entry makes room.
     #[cfg(test)]
     fn push(&self, key: Key, previous: Option<Label>) -> bool {
         self.push_inline(key, previous) || self.push_spilled(key, previous)
@@ -209,11 +337,18 @@ impl Stack {
 
     /// [`Stack::push`] on a stack [`INLINE`] deep or more.
     fn push_spilled(&self, key: Key, previous: Option<Label>) -> bool {
-        if !spill_push(Entry { key, previous }) {
-            return false;
+        match spill_push(Entry { key, previous }) {
+            None => {
+                REFUSED.fetch_add(1, Ordering::Relaxed);
+                false
+            }
+            // One in, the oldest out: as deep as before.
+            Some(true) => true,
+            Some(false) => {
+                self.len.set(self.len.get() + 1);
+                true
+            }
         }
-        self.len.set(self.len.get() + 1);
-        true
     }
 
     /// What exiting `key` leaves: `Some(context to restore)` when it was the innermost
@@ -275,13 +410,15 @@ impl Stack {
     }
 }
 
-/// Pushes `entry` on the spill; false if it is borrowed or destroyed.
+/// Pushes `entry` on the spill: whether that dropped its oldest entry (see [`SPILL_CAP`]),
+/// `None` if it is borrowed or destroyed.
 #[cold]
 #[inline(never)]
-fn spill_push(entry: Entry) -> bool {
+fn spill_push(entry: Entry) -> Option<bool> {
     SPILL
-        .try_with(|s| s.try_borrow_mut().map(|mut s| s.push(entry)).is_ok())
-        .unwrap_or(false)
+        .try_with(|s| s.try_borrow_mut().ok().map(|mut s| s.push(entry)))
+        .ok()
+        .flatten()
 }
 
 /// Makes `root` the calling thread's context as the scope `key`, to be ended by
@@ -372,6 +509,21 @@ fn pop(key: Key) -> Option<Option<Label>> {
     super::THREAD.with(|t| t.scopes.pop(key))
 }
 
+/// The calling thread's scopes, inline and spilled (tests).
+#[cfg(test)]
+fn depth() -> usize {
+    super::THREAD.with(|t| t.scopes.len.get())
+}
+
+/// The calling thread's spilled scopes and the spill's capacity (tests).
+#[cfg(test)]
+fn spill_len_and_capacity() -> (usize, usize) {
+    SPILL.with(|s| {
+        let s = s.borrow();
+        (s.entries.len(), s.entries.capacity())
+    })
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -457,6 +609,7 @@ mod tests {
         thread_local! {
             static LATE: EndsLate = const { EndsLate };
         }
+        let refused = scope_stats().refused;
         std::thread::spawn(|| {
             // First used first: destroyed after the spill, which is first used below.
             LATE.with(|_| {});
@@ -470,5 +623,137 @@ mod tests {
         .join()
         .expect("thread");
         assert_eq!(OUTCOME.load(Ordering::SeqCst), 1);
+        // The four past the inline entries could not be recorded (no spill any more).
+        assert!(scope_stats().refused - refused >= 4, "{:?}", scope_stats());
+    }
+
+    /// Tests that fill a spill take turns: the count of dropped entries is process-wide.
+    fn cap_turn() -> std::sync::MutexGuard<'static, ()> {
+        static TURN: std::sync::Mutex<()> = std::sync::Mutex::new(());
+        TURN.lock()
+            .unwrap_or_else(std::sync::PoisonError::into_inner)
+    }
+
+    /// An enter past the spill's cap drops the oldest spilled entry as an out-of-order
+    /// exit would: the entry above it inherits the context it found, the others keep
+    /// theirs, and the dropped one's exit finds nothing.
+    #[test]
+    fn an_enter_past_the_cap_drops_the_oldest_spilled_entry() {
+        let _turn = cap_turn();
+        std::thread::spawn(|| {
+            let full = (INLINE + SPILL_CAP) as u64;
+            for span in 1..=full + 1 {
+                assert!(push(key(span), root(span as u32 - 1)));
+            }
+            assert_eq!(depth(), INLINE + SPILL_CAP);
+            let oldest = INLINE as u64 + 1;
+            for span in (1..=full + 1).rev() {
+                let found = match span {
+                    s if s == oldest => continue,
+                    // What the dropped one found.
+                    s if s == oldest + 1 => root(oldest as u32 - 1),
+                    s => root(s as u32 - 1),
+                };
+                assert_eq!(pop(key(span)), Some(found), "span {span}");
+            }
+            assert_eq!(depth(), 0);
+            assert_eq!(pop(key(oldest)), None, "dropped");
+        })
+        .join()
+        .expect("thread");
+    }
+
+    /// Issue 42 (audit U3): 100,000 guards given to `mem::forget` on one thread leave its
+    /// spill at the cap (96 KiB; before, 100,001 entries in 3 MiB, measured), the oldest
+    /// entries dropped and counted; the scopes entered after them still label the thread
+    /// and restore what they found, in order and out of order; and the exit of a live
+    /// scope whose entry was dropped pops no other scope, not even one with its key (a
+    /// `tracing` span entered again inside itself).
+    #[test]
+    fn forgotten_guards_keep_the_spill_at_its_cap_and_later_scopes_label() {
+        use crate::{current_local_root, SpanContextGuard};
+        use opentelemetry::trace::{SpanId, TraceId};
+        const LEAKS: usize = 100_000;
+        const FULL: usize = INLINE + SPILL_CAP;
+        let _turn = cap_turn();
+        let before = scope_stats();
+        std::thread::spawn(move || {
+            let root = |n: u64| LocalRoot::new(SpanId::from(n), TraceId::from(3), None);
+            let (a, b, c, d) = (root(1), root(2), root(3), root(4));
+            let leaked = |i: usize| if i.is_multiple_of(2) { &a } else { &b };
+            let evicted = || scope_stats().evicted - before.evicted;
+            for i in 0..INLINE {
+                std::mem::forget(SpanContextGuard::enter(Some(leaked(i))));
+            }
+            // A layer's span, live, at the bottom of the spill: the first entry dropped.
+            let span = Owner::unique().key(9);
+            enter(span, c.word());
+            for i in 0..LEAKS {
+                std::mem::forget(SpanContextGuard::enter(Some(leaked(i))));
+            }
+            let (spilled, capacity) = spill_len_and_capacity();
+            assert_eq!(spilled, SPILL_CAP);
+            assert!(capacity <= SPILL_CAP, "{capacity}");
+            // Other tests' threads spill a few hundred bytes meanwhile, at most.
+            let held = i128::from(scope_stats().spill_bytes) - i128::from(before.spill_bytes);
+            let ours = (capacity * ENTRY_BYTES) as i128;
+            assert!(
+                (held - ours).abs() < 4096,
+                "{held} bytes counted for a spill of {ours}"
+            );
+            assert_eq!(depth(), FULL);
+            let dropped = (1 + LEAKS - SPILL_CAP) as u64;
+            assert_eq!(evicted(), dropped);
+            let last = Some(leaked(LEAKS - 1).label());
+            assert_eq!(current_local_root(), last);
+
+            // The span entered again inside itself: recorded (one more old entry dropped),
+            // and its exit pops that entry.
+            enter(span, d.word());
+            assert_eq!(current_local_root(), Some(d.label()));
+            assert_eq!(evicted(), dropped + 1);
+            exit(span);
+            assert_eq!(current_local_root(), last);
+            assert_eq!(depth(), FULL - 1);
+            // The outer one's entry is gone: its exit changes nothing and pops nothing.
+            exit(span);
+            assert_eq!(current_local_root(), last);
+            assert_eq!(depth(), FULL - 1);
+
+            // In order, reaching the cap again (the inner enter drops one more).
+            {
+                let _c = SpanContextGuard::enter(Some(&c));
+                assert_eq!(current_local_root(), Some(c.label()));
+                {
+                    let _d = SpanContextGuard::enter(Some(&d));
+                    assert_eq!(current_local_root(), Some(d.label()));
+                    assert_eq!(evicted(), dropped + 2);
+                }
+                assert_eq!(current_local_root(), Some(c.label()));
+            }
+            assert_eq!(current_local_root(), last);
+            // Out of order, from two below the cap.
+            assert_eq!(depth(), FULL - 2);
+            let gc = SpanContextGuard::enter(Some(&c));
+            let gd = SpanContextGuard::enter(Some(&d));
+            drop(gc);
+            assert_eq!(current_local_root(), Some(d.label()));
+            drop(gd);
+            assert_eq!(current_local_root(), last);
+            // Two below the cap again: no entry dropped.
+            assert_eq!(depth(), FULL - 2);
+            assert_eq!(evicted(), dropped + 2);
+            super::super::forget_scopes_for_test();
+        })
+        .join()
+        .expect("thread");
+        let after = scope_stats();
+        assert_eq!(after.spilled_max, SPILL_CAP as u64);
+        // The spill's heap is given back with its thread.
+        assert!(
+            after.spill_bytes < 4 * 1024,
+            "{} bytes held after the thread exited",
+            after.spill_bytes
+        );
     }
 }

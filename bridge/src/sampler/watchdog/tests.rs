@@ -549,3 +549,123 @@ fn a_slot_reclaimed_between_the_read_and_the_look_pushes_nothing() {
     }
     panic!("the freed slot was never handed out again to the next thread");
 }
+
+/// The `/proc/self/task/<tid>/schedstat` files open in this process (the watchdog's run
+/// delay readers), counted from `/proc/self/fd`.
+fn schedstat_fds() -> usize {
+    let Ok(fds) = std::fs::read_dir("/proc/self/fd") else {
+        return 0;
+    };
+    fds.filter_map(Result::ok)
+        .filter(|fd| {
+            std::fs::read_link(fd.path()).is_ok_and(|p| p.to_string_lossy().ends_with("/schedstat"))
+        })
+        .count()
+}
+
+/// `threads` threads that each register, enter a root with CPU counters and wait: the
+/// returned barrier once they are all inside, then again to let them exit.
+fn threads_inside_roots(threads: usize) -> (Arc<Barrier>, Vec<std::thread::JoinHandle<()>>) {
+    let barrier = Arc::new(Barrier::new(threads + 1));
+    let name = crate::SpanName::intern("schedstat-waves");
+    let handles = (0..threads)
+        .map(|_| {
+            let barrier = barrier.clone();
+            std::thread::spawn(move || {
+                crate::sampler::register_current_thread().expect("register");
+                let mut lists = crate::root_cpu::SlotLists::default();
+                let handle = lists.claim().expect("counters");
+                let root =
+                    LocalRoot::claim(crate::RootLabel::name_only(name).with_cpu(handle), None);
+                {
+                    let _scope = SpanContextGuard::enter(Some(&root));
+                    barrier.wait();
+                    barrier.wait();
+                }
+                lists.release(handle);
+            })
+        })
+        .collect();
+    (barrier, handles)
+}
+
+/// Issue 42 (audit U1): threads that were inside roots with counters and exited leave no
+/// schedstat file open, wave after wave, and never more than the cap are open. Before,
+/// the reader of a slot whose thread exited stayed open until the same slot index was
+/// seen inside a root again: the open files stayed at the high-water of threads ever
+/// inside a root (24 left open after a wave of 24, measured), with no cap.
+#[test]
+fn schedstat_files_close_when_their_threads_exit_and_stay_under_the_cap() {
+    let _turn = test_turn();
+    let sampler = Sampler::start(SamplerConfig::default()).expect("sampler");
+    let fds_before = schedstat_fds();
+    let gauge_before = stats().schedstat_files_open;
+    let open_now = || stats().schedstat_files_open - gauge_before;
+    // The default cap, then a small one that waves of 30 threads go far past.
+    for (cap, threads) in [(run_delay::max_open(), 24), (8, 30)] {
+        let mut scanner = Scanner::new(WatchdogConfig::default());
+        scanner.run_delay = run_delay::RunDelay::new(cap);
+        for wave in 0..4 {
+            let (barrier, handles) = threads_inside_roots(threads);
+            barrier.wait();
+            let skipped = stats().run_delay_skipped;
+            scanner.tick();
+            let expected = threads.min(cap);
+            assert_eq!(scanner.run_delay.open(), expected, "cap {cap}, wave {wave}");
+            assert_eq!(open_now(), expected as u64, "cap {cap}, wave {wave}");
+            assert_eq!(
+                schedstat_fds() - fds_before,
+                expected,
+                "cap {cap}, wave {wave}"
+            );
+            assert_eq!(
+                stats().run_delay_skipped - skipped,
+                (threads - expected) as u64,
+                "one reading skipped per thread past the cap"
+            );
+            barrier.wait();
+            for h in handles {
+                h.join().expect("thread");
+            }
+            // The next tick finds their slots free.
+            scanner.tick();
+            assert_eq!(scanner.run_delay.open(), 0, "cap {cap}, wave {wave}");
+            assert_eq!(open_now(), 0, "cap {cap}, wave {wave}");
+            assert_eq!(schedstat_fds(), fds_before, "cap {cap}, wave {wave}");
+        }
+    }
+    drop(sampler);
+}
+
+/// A reader whose thread no tick found inside a root for [`run_delay::IDLE_NS`] gives its
+/// file back (the cap serves the threads in roots now); after less, it keeps it. (Sweeps
+/// dated later stand for the ticks that find the thread out of roots.)
+#[test]
+fn a_thread_out_of_roots_for_a_second_has_its_schedstat_file_closed() {
+    let _turn = test_turn();
+    let sampler = Sampler::start(SamplerConfig::default()).expect("sampler");
+    let mut scanner = Scanner::new(WatchdogConfig::default());
+    let (barrier, handles) = threads_inside_roots(1);
+    barrier.wait();
+    scanner.tick();
+    assert_eq!(scanner.run_delay.open(), 1);
+    let tick = scanner.tick;
+    let now = monotonic_ns();
+    scanner.run_delay.sweep(tick, now + run_delay::IDLE_NS / 2);
+    assert_eq!(
+        scanner.run_delay.open(),
+        1,
+        "out of roots for half the time"
+    );
+    scanner.run_delay.sweep(tick, now + run_delay::IDLE_NS);
+    assert_eq!(
+        scanner.run_delay.open(),
+        0,
+        "out of roots for the whole time"
+    );
+    barrier.wait();
+    for h in handles {
+        h.join().expect("thread");
+    }
+    drop(sampler);
+}
