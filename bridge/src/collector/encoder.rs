@@ -14,10 +14,10 @@ use std::sync::Arc;
 use std::time::{Duration, Instant, SystemTime};
 
 use super::{
-    sample_labels, BlockedTotals, CollectorConfig, CollectorStats, EncodedProfile, LabelKey,
-    ProfileKind, ProfileSink, NO_SPANS_WARNING,
+    sample_labels, BlockedTotals, CollectorConfig, CollectorStats, EncodedProfile, ProfileKind,
+    ProfileSink, Totals, AGGREGATION_FULL_FRAME, AGGREGATION_FULL_STACK, NO_SPANS_WARNING,
 };
-use crate::pprof::{self, ProfileBuilder};
+use crate::pprof::{self, FrameLine, ProfileBuilder, SymbolizedFrame};
 use crate::span_name::SpanName;
 use crate::symbolize::Symbolizer;
 
@@ -26,9 +26,9 @@ pub(super) struct Interval {
     pub(super) start: SystemTime,
     pub(super) duration: Duration,
     /// CPU periods by (stack, labels).
-    pub(super) counts: HashMap<(Box<[u64]>, LabelKey), u64>,
+    pub(super) counts: Totals<u64>,
     /// Blocked-in-poll looks by (stack, labels).
-    pub(super) blocked: HashMap<(Box<[u64]>, LabelKey), BlockedTotals>,
+    pub(super) blocked: Totals<BlockedTotals>,
     /// Told once the interval's profiles reached the sinks.
     pub(super) flushes: Vec<Sender<()>>,
 }
@@ -44,6 +44,20 @@ pub(super) struct Encoder {
     span_callsites_before: bool,
     /// Created on first use, so starting costs nothing.
     symbolizer: Option<Symbolizer>,
+}
+
+/// The frame samples past the aggregation cap are put under when their stack found no
+/// room either. Its address is the stack key's, which no sampled frame holds, so its
+/// location is its own.
+fn aggregation_full_frame() -> SymbolizedFrame {
+    SymbolizedFrame {
+        address: AGGREGATION_FULL_STACK[0],
+        lines: vec![FrameLine {
+            function: Arc::from(AGGREGATION_FULL_FRAME),
+            file: None,
+            line: None,
+        }],
+    }
 }
 
 impl Encoder {
@@ -93,6 +107,7 @@ impl Encoder {
             counts
                 .keys()
                 .chain(blocked.keys())
+                .filter(|(frames, _)| **frames != AGGREGATION_FULL_STACK)
                 .flat_map(|(frames, _)| frames.iter().enumerate().map(|(i, &a)| (a, i > 0))),
         );
         let no_debug_info = symbolizer.executable_without_debug_info().map(|exe| {
@@ -106,6 +121,10 @@ impl Encoder {
         let mut stack = Vec::new();
         let mut name_stack = |frames: &[u64], stack: &mut Vec<_>| {
             stack.clear();
+            if *frames == AGGREGATION_FULL_STACK {
+                stack.push(aggregation_full_frame());
+                return;
+            }
             for (i, &address) in frames.iter().enumerate() {
                 stack.push(symbolizer.frame(address, i > 0));
             }
@@ -198,5 +217,73 @@ impl Encoder {
                 Err(_) => self.stats.profiles_failed.fetch_add(1, Ordering::Relaxed),
             };
         }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::collector::LabelKey;
+    use std::sync::Mutex;
+
+    /// Keeps what it is given.
+    struct Keep(Arc<Mutex<Vec<EncodedProfile>>>);
+
+    impl ProfileSink for Keep {
+        fn export(&mut self, profile: &EncodedProfile) -> std::io::Result<()> {
+            self.0
+                .lock()
+                .unwrap_or_else(std::sync::PoisonError::into_inner)
+                .push(profile.clone());
+            Ok(())
+        }
+    }
+
+    /// What went past the aggregation cap with no room even for its stack is still in
+    /// the profile's total, under one frame that says why.
+    #[test]
+    fn the_full_key_is_one_named_frame_holding_its_time() {
+        let kept = Arc::new(Mutex::new(Vec::new()));
+        let stats = Arc::new(CollectorStats::default());
+        let mut encoder = Encoder::new(
+            CollectorConfig::default(),
+            10_000_000,
+            vec![Box::new(Keep(kept.clone()))],
+            stats.clone(),
+        );
+        let mut counts = Totals::default();
+        counts.insert((Box::from(&AGGREGATION_FULL_STACK[..]), LabelKey::NONE), 7);
+        counts.insert((Box::from(&[0x10u64][..]), LabelKey::NONE), 3);
+        let flushes = encoder.encode(Interval {
+            start: SystemTime::now(),
+            duration: Duration::from_secs(1),
+            counts,
+            blocked: Totals::default(),
+            flushes: Vec::new(),
+        });
+        assert!(flushes.is_empty());
+        assert_eq!(stats.samples_in_profiles.load(Ordering::Relaxed), 10);
+        let kept = kept
+            .lock()
+            .unwrap_or_else(std::sync::PoisonError::into_inner);
+        let profile = pprof::proto::decode(&kept[0].gzip_pprof).expect("pprof");
+        let name = |i: i64| profile.string_table[i as usize].as_str();
+        let function = profile
+            .function
+            .iter()
+            .find(|f| name(f.name) == AGGREGATION_FULL_FRAME)
+            .expect("the full key's frame");
+        let location = profile
+            .location
+            .iter()
+            .find(|l| l.line.iter().any(|line| line.function_id == function.id))
+            .expect("its location");
+        let values: Vec<i64> = profile
+            .sample
+            .iter()
+            .filter(|s| s.location_id == [location.id])
+            .map(|s| s.value[0])
+            .collect();
+        assert_eq!(values, [7 * 10_000_000]);
     }
 }

@@ -4,7 +4,7 @@
 use std::path::{Path, PathBuf};
 use std::time::Duration;
 
-use crate::collector::{Collector, CollectorConfig, ProfileSink};
+use crate::collector::{Collector, CollectorConfig, ProfileSink, MAX_AGGREGATION_KEYS};
 use crate::local_sink::{output_dir, LocalProfileSink};
 use crate::sampler::watchdog::{self, Watchdog, WatchdogConfig, WatchdogError, WatchdogStats};
 use crate::sampler::{self, Sampler, SamplerConfig, SamplerError, SamplerStats};
@@ -22,6 +22,10 @@ pub enum ProfilerError {
     /// `interval` must be at least `drain_every` and non-zero.
     #[error("profiler.interval must be at least 100 ms, got {0:?}")]
     InvalidInterval(Duration),
+    /// `aggregation_max_keys` must be from 1 to
+    /// [`MAX_AGGREGATION_KEYS`](crate::collector::MAX_AGGREGATION_KEYS).
+    #[error("profiler.aggregation_max_keys must be from 1 to 1048576, got {0}")]
+    InvalidAggregationMaxKeys(usize),
     /// A file or thread could not be created.
     #[error("{what}: {source}")]
     Io {
@@ -60,6 +64,20 @@ pub struct ProfilerStats {
     pub dropped_encoder_busy: u64,
     /// Blocked-in-poll blocks (the blocked profile's `contentions`) dropped likewise.
     pub blocked_dropped_encoder_busy: u64,
+    /// CPU sampling periods that lost their span labels because their interval's
+    /// aggregation already held [`aggregation_max_keys`](ProfilerBuilder::aggregation_max_keys)
+    /// distinct (stack, span labels) keys: their CPU time stays in the profile, under
+    /// their stack with no span labels, or (when even the unlabelled stacks took their
+    /// room, an eighth more keys) under the one frame
+    /// [`AGGREGATION_FULL_FRAME`](crate::collector::AGGREGATION_FULL_FRAME).
+    pub aggregation_folded: u64,
+    /// Blocked-in-poll blocks likewise.
+    pub blocked_aggregation_folded: u64,
+    /// Distinct (stack, span labels) keys of the last interval's CPU aggregation handed
+    /// to the encoder: at most the cap plus an eighth plus one.
+    pub aggregation_keys: u64,
+    /// The same for the blocked-in-poll aggregation.
+    pub blocked_aggregation_keys: u64,
 }
 
 /// Builds a [`Profiler`].
@@ -117,6 +135,17 @@ impl ProfilerBuilder {
     /// against Pyroscope's per-profile size and per-tenant ingestion limits.
     pub fn trace_id_label(mut self, on: bool) -> Self {
         self.collector.trace_id_label = on;
+        self
+    }
+
+    /// The most distinct (stack, span labels) keys one interval's aggregation holds, for
+    /// CPU samples and blocked-in-poll looks each (default
+    /// [`DEFAULT_MAX_AGGREGATION_KEYS`](crate::collector::DEFAULT_MAX_AGGREGATION_KEYS),
+    /// 65,536; 1 to [`MAX_AGGREGATION_KEYS`](crate::collector::MAX_AGGREGATION_KEYS)).
+    /// Past it a sample with a new key keeps its CPU time but not its span labels,
+    /// counted in [`ProfilerStats::aggregation_folded`].
+    pub fn aggregation_max_keys(mut self, keys: usize) -> Self {
+        self.collector.max_keys = keys;
         self
     }
 
@@ -179,6 +208,11 @@ impl ProfilerBuilder {
     pub fn start(mut self) -> Result<Profiler, ProfilerError> {
         if self.collector.interval < Duration::from_millis(100) {
             return Err(ProfilerError::InvalidInterval(self.collector.interval));
+        }
+        if !(1..=MAX_AGGREGATION_KEYS).contains(&self.collector.max_keys) {
+            return Err(ProfilerError::InvalidAggregationMaxKeys(
+                self.collector.max_keys,
+            ));
         }
         self.collector.drain_every = self.collector.drain_every.min(self.collector.interval);
         self.sampler.drain_period = self.collector.drain_every;
@@ -277,6 +311,10 @@ impl Profiler {
             stats.blocked_in_profiles = s.blocked_in_profiles;
             stats.dropped_encoder_busy = s.dropped_encoder_busy;
             stats.blocked_dropped_encoder_busy = s.blocked_dropped_encoder_busy;
+            stats.aggregation_folded = s.aggregation_folded;
+            stats.blocked_aggregation_folded = s.blocked_aggregation_folded;
+            stats.aggregation_keys = s.aggregation_keys;
+            stats.blocked_aggregation_keys = s.blocked_aggregation_keys;
         }
         stats
     }
