@@ -20,7 +20,8 @@
 //! goes to its stack's unlabelled key, which may take up to an eighth more keys; past
 //! those, to one key whose stack is the single frame [`AGGREGATION_FULL_FRAME`]. Totals
 //! stay true; what lost its labels is counted (`ProfilerStats::aggregation_folded`) and
-//! the last interval's key count is a gauge (`ProfilerStats::aggregation_keys`).
+//! the last interval's key count is a gauge (`ProfilerStats::aggregation_keys`). An
+//! interval is [`MIN_PROFILE_INTERVAL`] to [`MAX_PROFILE_INTERVAL`] (60 s) long.
 //!
 //! Two threads, so that the drain ticks never wait for naming, encoding or a sink: a
 //! thread's buffer holds a few drain periods of samples (`SamplerConfig::
@@ -114,6 +115,16 @@ pub const DEFAULT_MAX_AGGREGATION_KEYS: usize = 1 << 16;
 /// The largest cap `ProfilerBuilder::aggregation_max_keys` accepts (a full aggregation
 /// is then about 1.3 GB at the deepest stacks).
 pub const MAX_AGGREGATION_KEYS: usize = 1 << 20;
+
+/// The shortest profile interval.
+pub const MIN_PROFILE_INTERVAL: Duration = Duration::from_millis(100);
+
+/// The longest profile interval. A profile is stamped with its interval's start and
+/// Grafana's "Profiles for this span" link searches 60 s around a span, so a span late
+/// in a longer interval could not find its profile (Pyroscope also refuses profiles
+/// older than an hour); and the longer the interval, the more of a busy host's samples
+/// go past the aggregation cap.
+pub const MAX_PROFILE_INTERVAL: Duration = Duration::from_secs(60);
 
 /// The one frame of the stack that samples past the aggregation cap go to when even
 /// their stack found no room: their CPU time stays in the profile's total.

@@ -22,7 +22,7 @@
 //! | `PYROSCOPE_LABELS` | static series labels on every profile | `key=value,key2=value2` |
 //! | `PYROSCOPE_HTTP_HEADERS` | extra headers of Pyroscope pushes | a JSON object, `{"X-Header": "value"}` |
 //! | `PYROSCOPE_SAMPLE_RATE` | samples per second | integer 1–1000 |
-//! | `PYROSCOPE_UPLOAD_INTERVAL` | profile length, at least 100 ms | `10s`, `500ms`, `1m`, `2h` or whole seconds (`10`); no space before the unit (`10 s` is rejected, as Go's `time.ParseDuration` that Pyroscope's own agents use rejects it) |
+//! | `PYROSCOPE_UPLOAD_INTERVAL` | profile length, 100 ms to 60 s ([`MAX_PROFILE_INTERVAL`](crate::collector::MAX_PROFILE_INTERVAL): Grafana's span link searches 60 s around a span) | `10s`, `500ms`, `1m` or whole seconds (`10`); no space before the unit (`10 s` is rejected, as Go's `time.ParseDuration` that Pyroscope's own agents use rejects it) |
 //! | `OTEL_PROFILING_OUTPUT_DIR` | local files directory (no backend configured); default `$CARGO_TARGET_DIR/otel-profiling` when `CARGO_TARGET_DIR` is set, else `target/otel-profiling` (see [`crate::local_sink`]) | a path |
 //! | `OTEL_PROFILING_MAX_LIVE_ROOTS` | the most local roots labelled at once; past it a root's samples carry no span labels, counted (default 262144; see [`crate::set_max_live_roots`]) | 1 to 8388608 |
 //! | `OTEL_PROFILING_OUTPUT_MAX_BYTES` | bound on our files in the local directory, oldest removed first (default 256 MiB) | bytes, or `64KiB`, `256MiB`, `1GiB`; `0` for no bound |
@@ -352,11 +352,14 @@ impl EnvConfig {
             })?);
         }
         if let Some(v) = get("PYROSCOPE_UPLOAD_INTERVAL") {
-            let interval = parse_duration(&v).filter(|d| *d >= Duration::from_millis(100));
+            let interval = parse_duration(&v).filter(|d| {
+                (crate::collector::MIN_PROFILE_INTERVAL..=crate::collector::MAX_PROFILE_INTERVAL)
+                    .contains(d)
+            });
             config.upload_interval = Some(interval.ok_or_else(|| {
                 ConfigError::new(
                     "PYROSCOPE_UPLOAD_INTERVAL",
-                    "not a duration of at least 100 ms",
+                    "not a duration from 100 ms to 60 s",
                     &v,
                     "a duration like `10s`, `500ms`, `1m`, or whole seconds, with no space before the unit",
                 )

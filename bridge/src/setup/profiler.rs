@@ -4,7 +4,10 @@
 use std::path::{Path, PathBuf};
 use std::time::Duration;
 
-use crate::collector::{Collector, CollectorConfig, ProfileSink, MAX_AGGREGATION_KEYS};
+use crate::collector::{
+    Collector, CollectorConfig, ProfileSink, MAX_AGGREGATION_KEYS, MAX_PROFILE_INTERVAL,
+    MIN_PROFILE_INTERVAL,
+};
 use crate::local_sink::{output_dir, LocalProfileSink};
 use crate::sampler::watchdog::{self, Watchdog, WatchdogConfig, WatchdogError, WatchdogStats};
 use crate::sampler::{self, Sampler, SamplerConfig, SamplerError, SamplerStats};
@@ -19,8 +22,10 @@ pub enum ProfilerError {
     /// The blocked-in-poll watchdog could not start (its message names the field).
     #[error(transparent)]
     Watchdog(#[from] WatchdogError),
-    /// `interval` must be at least `drain_every` and non-zero.
-    #[error("profiler.interval must be at least 100 ms, got {0:?}")]
+    /// `interval` must be from
+    /// [`MIN_PROFILE_INTERVAL`](crate::collector::MIN_PROFILE_INTERVAL) (100 ms) to
+    /// [`MAX_PROFILE_INTERVAL`](crate::collector::MAX_PROFILE_INTERVAL) (60 s).
+    #[error("profiler.interval must be from 100 ms to 60 s, got {0:?}")]
     InvalidInterval(Duration),
     /// `aggregation_max_keys` must be from 1 to
     /// [`MAX_AGGREGATION_KEYS`](crate::collector::MAX_AGGREGATION_KEYS).
@@ -117,7 +122,8 @@ impl ProfilerBuilder {
         self
     }
 
-    /// Length of one profile (default 10 s).
+    /// Length of one profile (default 10 s; 100 ms to
+    /// [`MAX_PROFILE_INTERVAL`](crate::collector::MAX_PROFILE_INTERVAL), 60 s).
     pub fn interval(mut self, interval: Duration) -> Self {
         self.collector.interval = interval;
         self
@@ -206,8 +212,9 @@ impl ProfilerBuilder {
 
     /// Starts sampling (the calling thread is registered) and the collector thread.
     pub fn start(mut self) -> Result<Profiler, ProfilerError> {
-        if self.collector.interval < Duration::from_millis(100) {
-            return Err(ProfilerError::InvalidInterval(self.collector.interval));
+        let interval = self.collector.interval;
+        if !(MIN_PROFILE_INTERVAL..=MAX_PROFILE_INTERVAL).contains(&interval) {
+            return Err(ProfilerError::InvalidInterval(interval));
         }
         if !(1..=MAX_AGGREGATION_KEYS).contains(&self.collector.max_keys) {
             return Err(ProfilerError::InvalidAggregationMaxKeys(
@@ -339,5 +346,34 @@ impl Profiler {
 impl Drop for Profiler {
     fn drop(&mut self) {
         self.stop(Duration::from_secs(5));
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// Checked before anything starts: no sampler, thread or file comes of a bad setting.
+    #[test]
+    fn settings_out_of_range_fail_at_start_naming_the_field() {
+        let start_err = |builder: ProfilerBuilder| match builder.local_files(false).start() {
+            Ok(_) => panic!("started"),
+            Err(e) => e.to_string(),
+        };
+        for bad in [Duration::from_millis(99), Duration::from_secs(61)] {
+            let e = start_err(Profiler::builder().interval(bad));
+            assert!(
+                e.starts_with("profiler.interval must be from 100 ms to 60 s"),
+                "{e}"
+            );
+        }
+        for bad in [0, MAX_AGGREGATION_KEYS + 1] {
+            let e = start_err(Profiler::builder().aggregation_max_keys(bad));
+            assert!(
+                e.starts_with("profiler.aggregation_max_keys must be"),
+                "{e}"
+            );
+            assert!(e.contains(&MAX_AGGREGATION_KEYS.to_string()), "{e}");
+        }
     }
 }

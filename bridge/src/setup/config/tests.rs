@@ -184,6 +184,22 @@ fn sample_rate_and_upload_interval() {
     }
 }
 
+/// A profile is stamped with its interval's start and Grafana's span link searches 60 s
+/// around a span: `2h` used to be accepted, and an interval that long also held two
+/// hours of samples in memory before the aggregation had a cap.
+#[test]
+fn upload_interval_is_at_most_a_minute() {
+    for (ok, d) in [("60s", 60), ("1m", 60), ("60", 60)] {
+        let c = env(&[("PYROSCOPE_UPLOAD_INTERVAL", ok)]).expect(ok);
+        assert_eq!(c.upload_interval, Some(Duration::from_secs(d)), "{ok}");
+    }
+    for bad in ["61s", "60001ms", "2m", "2h"] {
+        let e = env(&[("PYROSCOPE_UPLOAD_INTERVAL", bad)]).expect_err(bad);
+        assert_eq!(e.field, "PYROSCOPE_UPLOAD_INTERVAL", "{bad}");
+        assert!(e.to_string().contains("100 ms to 60 s"), "{e}");
+    }
+}
+
 #[test]
 fn output_dir() {
     let c = env(&[("OTEL_PROFILING_OUTPUT_DIR", "/tmp/prof")]).expect("ok");
