@@ -9,13 +9,14 @@
 
 use std::collections::HashMap;
 use std::sync::atomic::Ordering;
-use std::sync::mpsc::{Receiver, Sender};
+use std::sync::mpsc::Receiver;
 use std::sync::Arc;
 use std::time::{Duration, Instant, SystemTime};
 
 use super::{
-    sample_labels, BlockedTotals, CollectorConfig, CollectorStats, EncodedProfile, ProfileKind,
-    ProfileSink, Totals, AGGREGATION_FULL_FRAME, AGGREGATION_FULL_STACK, NO_SPANS_WARNING,
+    sample_labels, BlockedTotals, CollectorConfig, CollectorStats, EncodedProfile, FlushBoard,
+    ProfileKind, ProfileSink, Totals, AGGREGATION_FULL_FRAME, AGGREGATION_FULL_STACK,
+    NO_SPANS_WARNING,
 };
 use crate::pprof::{self, FrameLine, ProfileBuilder, SymbolizedFrame};
 use crate::span_name::SpanName;
@@ -29,8 +30,9 @@ pub(super) struct Interval {
     pub(super) counts: Totals<u64>,
     /// Blocked-in-poll looks by (stack, labels).
     pub(super) blocked: Totals<BlockedTotals>,
-    /// Told once the interval's profiles reached the sinks.
-    pub(super) flushes: Vec<Sender<()>>,
+    /// The last flush ticket this interval answers (0: none), written once its
+    /// profiles reached the sinks.
+    pub(super) flush: u64,
 }
 
 pub(super) struct Encoder {
@@ -38,12 +40,21 @@ pub(super) struct Encoder {
     period_ns: i64,
     sinks: Vec<Box<dyn ProfileSink>>,
     stats: Arc<CollectorStats>,
+    /// Where flushes wait: told of each interval written, and closed when the encoder
+    /// ends (its `Drop`, a sink's panic included), so that no flush waits for nothing.
+    flushes: Arc<FlushBoard>,
     /// Whether some span reached the hooks was checked (and warned about if not).
     span_check_done: bool,
     /// Span callsites had been registered when the last interval ended.
     span_callsites_before: bool,
     /// Created on first use, so starting costs nothing.
     symbolizer: Option<Symbolizer>,
+}
+
+impl Drop for Encoder {
+    fn drop(&mut self) {
+        self.flushes.close();
+    }
 }
 
 /// The frame samples past the aggregation cap are put under when their stack found no
@@ -66,12 +77,14 @@ impl Encoder {
         period_ns: i64,
         sinks: Vec<Box<dyn ProfileSink>>,
         stats: Arc<CollectorStats>,
+        flushes: Arc<FlushBoard>,
     ) -> Encoder {
         Encoder {
             config,
             period_ns,
             sinks,
             stats,
+            flushes,
             span_check_done: false,
             span_callsites_before: false,
             symbolizer: None,
@@ -81,21 +94,21 @@ impl Encoder {
     /// Writes each interval the collector sends, until it closes the channel.
     pub(super) fn run(mut self, intervals: Receiver<Interval>) {
         for interval in intervals {
-            let flushes = self.encode(interval);
-            for done in flushes {
-                let _ = done.send(());
+            let flush = self.encode(interval);
+            if flush > 0 {
+                self.flushes.written(flush);
             }
         }
     }
 
-    /// Names, builds and exports one interval's profiles; returns its waiting flushes.
-    fn encode(&mut self, interval: Interval) -> Vec<Sender<()>> {
+    /// Names, builds and exports one interval's profiles; returns its flush ticket.
+    fn encode(&mut self, interval: Interval) -> u64 {
         let Interval {
             start,
             duration,
             counts,
             blocked,
-            flushes,
+            flush,
         } = interval;
         let naming = Instant::now();
         let symbolizer = self.symbolizer.get_or_insert_with(Symbolizer::new);
@@ -169,7 +182,7 @@ impl Encoder {
                 .blocked_in_profiles
                 .fetch_add(looks, Ordering::Relaxed);
         }
-        flushes
+        flush
     }
 
     /// Once: samples, or spans created an interval ago, and no span ever reached the hooks
@@ -250,18 +263,19 @@ mod tests {
             10_000_000,
             vec![Box::new(Keep(kept.clone()))],
             stats.clone(),
+            Arc::new(FlushBoard::default()),
         );
         let mut counts = Totals::default();
         counts.insert((Box::from(&AGGREGATION_FULL_STACK[..]), LabelKey::NONE), 7);
         counts.insert((Box::from(&[0x10u64][..]), LabelKey::NONE), 3);
-        let flushes = encoder.encode(Interval {
+        let flush = encoder.encode(Interval {
             start: SystemTime::now(),
             duration: Duration::from_secs(1),
             counts,
             blocked: Totals::default(),
-            flushes: Vec::new(),
+            flush: 0,
         });
-        assert!(flushes.is_empty());
+        assert_eq!(flush, 0);
         assert_eq!(stats.samples_in_profiles.load(Ordering::Relaxed), 10);
         let kept = kept
             .lock()

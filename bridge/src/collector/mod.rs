@@ -34,7 +34,7 @@ pub(crate) mod symbolize;
 use std::collections::HashMap;
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::mpsc::{self, Receiver, RecvTimeoutError, Sender, SyncSender, TrySendError};
-use std::sync::Arc;
+use std::sync::{Arc, Condvar, Mutex, PoisonError};
 use std::thread::JoinHandle;
 
 use crate::fork::ProcessBound;
@@ -257,8 +257,71 @@ impl CollectorStats {
 }
 
 enum Command {
-    Flush(Sender<()>),
+    /// End the interval in progress, unless an interval ended since the last
+    /// [`FlushBoard::ask`] already answers every flush asked so far.
+    Flush,
     Stop,
+}
+
+/// Flushes waiting for their interval to reach the sinks: tickets in order and one
+/// notification shared by every waiter. A channel per call, kept until its interval was
+/// written, grew by one each call for as long as a sink was stuck (issue 42); this is the
+/// same size however many flushes wait.
+#[derive(Debug, Default)]
+struct FlushBoard {
+    state: Mutex<FlushState>,
+    changed: Condvar,
+}
+
+#[derive(Debug, Default)]
+struct FlushState {
+    /// Tickets given out so far (the last one's number).
+    asked: u64,
+    /// Every ticket up to this one reached the sinks.
+    written: u64,
+    /// The encoder is gone: no more tickets will be written.
+    closed: bool,
+}
+
+impl FlushBoard {
+    fn lock(&self) -> std::sync::MutexGuard<'_, FlushState> {
+        self.state.lock().unwrap_or_else(PoisonError::into_inner)
+    }
+
+    /// A ticket for a flush asked now: the next interval to end answers it.
+    fn ask(&self) -> u64 {
+        let mut state = self.lock();
+        state.asked += 1;
+        state.asked
+    }
+
+    /// The last ticket given out.
+    fn asked(&self) -> u64 {
+        self.lock().asked
+    }
+
+    /// Tickets up to `ticket` reached the sinks: their waiters return `true`.
+    fn written(&self, ticket: u64) {
+        let mut state = self.lock();
+        state.written = state.written.max(ticket);
+        self.changed.notify_all();
+    }
+
+    /// No ticket will be written any more: waiters return at once.
+    fn close(&self) {
+        self.lock().closed = true;
+        self.changed.notify_all();
+    }
+
+    /// Waits (up to `timeout`) until `ticket` reached the sinks; `false` if it did not.
+    fn wait(&self, ticket: u64, timeout: Duration) -> bool {
+        let state = self.lock();
+        let (state, _) = self
+            .changed
+            .wait_timeout_while(state, timeout, |s| s.written < ticket && !s.closed)
+            .unwrap_or_else(PoisonError::into_inner);
+        state.written >= ticket
+    }
 }
 
 /// A running collector thread. Dropping it (or [`Collector::shutdown`]) writes the last
@@ -269,6 +332,7 @@ pub(crate) struct Collector {
     /// inherits neither the thread nor a channel it may use).
     running: ProcessBound<Running>,
     stats: Arc<CollectorStats>,
+    flushes: Arc<FlushBoard>,
 }
 
 struct Running {
@@ -296,7 +360,14 @@ impl Collector {
         // One interval queued while the one before is written: memory stays bounded, and
         // a busy encoder makes the interval in progress longer, never loses it.
         let (to_encoder, intervals) = mpsc::sync_channel(1);
-        let encoder = encoder::Encoder::new(config.clone(), period_ns, sinks, stats.clone());
+        let flushes = Arc::new(FlushBoard::default());
+        let encoder = encoder::Encoder::new(
+            config.clone(),
+            period_ns,
+            sinks,
+            stats.clone(),
+            flushes.clone(),
+        );
         let encoder = spawn_suppressed("otel-profiling-encoder", move || encoder.run(intervals))?;
         let state = State {
             counts: Aggregation::new(config.max_keys),
@@ -304,7 +375,9 @@ impl Collector {
             config,
             stats: stats.clone(),
             interval_start: SystemTime::now(),
-            flushes: Vec::new(),
+            flushes: flushes.clone(),
+            flush_pending: 0,
+            flush_handed: 0,
             held: None,
             encoder: to_encoder,
             health: HealthLog::default(),
@@ -318,20 +391,21 @@ impl Collector {
                 thread: Some(thread),
             }),
             stats,
+            flushes,
         })
     }
 
     /// Ends the current interval now and waits (up to `timeout`) until its profile has
-    /// been handed to the sinks.
+    /// been handed to the sinks. Flushes asked while one is pending share its interval.
     pub(crate) fn flush(&self, timeout: Duration) -> bool {
         let Some(running) = self.running.get() else {
             return false;
         };
-        let (done, wait) = mpsc::channel();
-        if running.commands.send(Command::Flush(done)).is_err() {
+        let ticket = self.flushes.ask();
+        if running.commands.send(Command::Flush).is_err() {
             return false;
         }
-        wait.recv_timeout(timeout).is_ok()
+        self.flushes.wait(ticket, timeout)
     }
 
     /// The counters, as they are now.
@@ -562,8 +636,12 @@ struct State {
     /// Blocked-in-poll looks: (blocks, blocked nanoseconds) by (stack, labels).
     blocked: Aggregation<BlockedTotals>,
     interval_start: SystemTime,
-    /// Flushes waiting for the interval in progress to reach the sinks.
-    flushes: Vec<Sender<()>>,
+    /// Where flushes wait; the encoder tells them.
+    flushes: Arc<FlushBoard>,
+    /// The last flush ticket the interval in progress answers (0: none).
+    flush_pending: u64,
+    /// The last flush ticket of an interval handed to the encoder.
+    flush_handed: u64,
     /// Set while the interval in progress is due but the encoder has no room for it yet:
     /// it goes on (nothing is lost, memory stays one aggregation) and is handed over at a
     /// later tick.
@@ -677,11 +755,16 @@ impl State {
                 .drain_every
                 .min(next_profile.saturating_duration_since(Instant::now()));
             match commands.recv_timeout(wait) {
-                Ok(Command::Flush(done)) => {
-                    self.drain();
-                    self.flushes.push(done);
-                    self.hand_over();
-                    next_profile = Instant::now() + self.config.interval;
+                Ok(Command::Flush) => {
+                    // One interval answers every flush asked before it ended: a burst of
+                    // flushes (or one per call while a sink is stuck) ends one interval.
+                    let asked = self.flushes.asked();
+                    if asked > self.flush_pending.max(self.flush_handed) {
+                        self.drain();
+                        self.flush_pending = asked;
+                        self.hand_over();
+                        next_profile = Instant::now() + self.config.interval;
+                    }
                 }
                 Ok(Command::Stop) | Err(RecvTimeoutError::Disconnected) => {
                     self.drain();
@@ -816,7 +899,7 @@ impl State {
             duration: end.duration_since(start).unwrap_or_default(),
             counts: self.counts.take(),
             blocked: self.blocked.take(),
-            flushes: std::mem::take(&mut self.flushes),
+            flush: std::mem::take(&mut self.flush_pending),
         }
     }
 
@@ -825,9 +908,11 @@ impl State {
     fn hand_over(&mut self) {
         let interval = self.take_interval();
         let keys = (interval.counts.len(), interval.blocked.len());
+        let flush = interval.flush;
         match self.encoder.try_send(interval) {
             Ok(()) => {
                 self.held = None;
+                self.flush_handed = self.flush_handed.max(flush);
                 self.note_keys(keys);
             }
             Err(TrySendError::Full(back)) => {
@@ -835,7 +920,7 @@ impl State {
                 self.interval_start = back.start;
                 self.counts.put_back(back.counts);
                 self.blocked.put_back(back.blocked);
-                self.flushes = back.flushes;
+                self.flush_pending = back.flush;
                 self.held.get_or_insert(Held {
                     since: Instant::now(),
                     full_at: None,
@@ -876,6 +961,38 @@ mod tests {
             (few.span_id, few.trace_id, few.span_name),
             (Some(7), None, None)
         );
+    }
+
+    /// One ticket answers every flush asked before it; a closed board answers `false`
+    /// at once rather than at each waiter's timeout.
+    #[test]
+    fn flushes_share_one_answer_and_a_closed_board_ends_every_wait() {
+        let board = Arc::new(FlushBoard::default());
+        let waiters: Vec<_> = (0..4)
+            .map(|_| {
+                let (board, ticket) = (board.clone(), board.ask());
+                std::thread::spawn(move || board.wait(ticket, Duration::from_secs(20)))
+            })
+            .collect();
+        let late = board.ask();
+        board.written(board.asked() - 1);
+        for waiter in waiters {
+            assert!(waiter.join().expect("waiter"));
+        }
+        assert!(
+            !board.wait(late, Duration::from_millis(10)),
+            "not written yet"
+        );
+        let waiting = {
+            let board = board.clone();
+            std::thread::spawn(move || board.wait(late, Duration::from_secs(20)))
+        };
+        let closed_at = Instant::now();
+        board.close();
+        assert!(!waiting.join().expect("waiter"));
+        assert!(closed_at.elapsed() < Duration::from_secs(10));
+        // What was written before the close still counts.
+        assert!(board.wait(late - 1, Duration::ZERO));
     }
 
     fn labelled(span_id: u64) -> LabelKey {

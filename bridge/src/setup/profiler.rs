@@ -296,7 +296,9 @@ impl Profiler {
         self.output_dir.as_deref()
     }
 
-    /// Ends the current profile now and waits until the sinks have it.
+    /// Ends the current profile now and waits (up to `timeout`) until the sinks have it;
+    /// `false` if they did not in time. Flushes asked before a profile ended share it, so
+    /// calls against a stuck sink end no extra profiles and keep nothing per call.
     pub fn flush(&self, timeout: Duration) -> bool {
         self.collector.as_ref().is_some_and(|c| c.flush(timeout))
     }
