@@ -2,12 +2,15 @@
 //! collector thread and its sinks.
 
 use std::path::{Path, PathBuf};
+use std::sync::Arc;
 use std::time::Duration;
 
 use crate::collector::{
     Collector, CollectorConfig, ProfileSink, MAX_AGGREGATION_KEYS, MAX_PROFILE_INTERVAL,
     MIN_PROFILE_INTERVAL,
 };
+use crate::config::ConfigError;
+use crate::export::local_budget::{LocalBudget, DEFAULT_OUTPUT_MAX_BYTES};
 use crate::local_sink::{output_dir, LocalProfileSink};
 use crate::sampler::watchdog::{self, Watchdog, WatchdogConfig, WatchdogError, WatchdogStats};
 use crate::sampler::{self, Sampler, SamplerConfig, SamplerError, SamplerStats};
@@ -31,6 +34,9 @@ pub enum ProfilerError {
     /// [`MAX_AGGREGATION_KEYS`](crate::collector::MAX_AGGREGATION_KEYS).
     #[error("profiler.aggregation_max_keys must be from 1 to 1048576, got {0}")]
     InvalidAggregationMaxKeys(usize),
+    /// A variable the profiler reads was malformed (its message names it).
+    #[error(transparent)]
+    Config(#[from] ConfigError),
     /// A file or thread could not be created.
     #[error("{what}: {source}")]
     Io {
@@ -83,6 +89,13 @@ pub struct ProfilerStats {
     pub aggregation_keys: u64,
     /// The same for the blocked-in-poll aggregation.
     pub blocked_aggregation_keys: u64,
+    /// Local profile and span files removed to keep the local directory within its
+    /// bound ([`ProfilerBuilder::output_max_bytes`]); 0 without local files. Under
+    /// [`Telemetry`](crate::Telemetry) the bound is shared with the span file and this
+    /// is [`HealthStats::local_files_removed`](crate::HealthStats::local_files_removed).
+    pub local_files_removed: u64,
+    /// Their bytes.
+    pub local_bytes_removed: u64,
 }
 
 /// Builds a [`Profiler`].
@@ -97,8 +110,10 @@ pub struct ProfilerBuilder {
     output_dir: Option<PathBuf>,
     sinks: Vec<Box<dyn ProfileSink>>,
     local_files: Option<bool>,
+    /// The bound on the local directory, in bytes (0: none).
+    output_max_bytes: Option<u64>,
     /// The bound on the local directory (from `Telemetry`, shared with its span file).
-    budget: Option<std::sync::Arc<crate::export::local_budget::LocalBudget>>,
+    budget: Option<Arc<LocalBudget>>,
     /// `None`: the default watchdog; `Some(None)`: switched off.
     blocked: Option<Option<WatchdogConfig>>,
 }
@@ -110,6 +125,7 @@ impl std::fmt::Debug for ProfilerBuilder {
             .field("collector", &self.collector)
             .field("output_dir", &self.output_dir)
             .field("sinks", &self.sinks.len())
+            .field("output_max_bytes", &self.output_max_bytes)
             .field("blocked", &self.blocked)
             .finish()
     }
@@ -201,11 +217,17 @@ impl ProfilerBuilder {
         self
     }
 
+    /// The bound on this crate's profile and span files in the local directory, earlier
+    /// runs' included: the oldest go first. Default: `OTEL_PROFILING_OUTPUT_MAX_BYTES`,
+    /// else [`DEFAULT_OUTPUT_MAX_BYTES`] (256 MiB). `0` is no bound at all, the explicit
+    /// opt-out: the directory then grows for as long as the profiler runs.
+    pub fn output_max_bytes(mut self, bytes: u64) -> Self {
+        self.output_max_bytes = Some(bytes);
+        self
+    }
+
     /// Keeps the local directory within `budget` (shared with the setup's span file).
-    pub(crate) fn local_budget(
-        mut self,
-        budget: std::sync::Arc<crate::export::local_budget::LocalBudget>,
-    ) -> Self {
+    pub(crate) fn local_budget(mut self, budget: Arc<LocalBudget>) -> Self {
         self.budget = Some(budget);
         self
     }
@@ -223,18 +245,31 @@ impl ProfilerBuilder {
         }
         self.collector.drain_every = self.collector.drain_every.min(self.collector.interval);
         self.sampler.drain_period = self.collector.drain_every;
-        let mut output = None;
+        let (mut output, mut local_budget) = (None, None);
         if self.local_files.unwrap_or(self.sinks.is_empty()) {
             let dir = output_dir(self.output_dir.as_deref());
-            let mut sink = LocalProfileSink::new(&dir).map_err(|source| ProfilerError::Io {
-                what: format!("creating the output directory {}", dir.display()),
-                source,
-            })?;
-            if let Some(budget) = self.budget.take() {
-                sink = sink.with_budget(budget);
-            }
+            let budget = match self.budget.take() {
+                Some(budget) => budget,
+                None => {
+                    let max_bytes = match self.output_max_bytes {
+                        Some(bytes) => bytes,
+                        None => crate::config::output_max_bytes_variable(|name| {
+                            std::env::var(name).ok()
+                        })?
+                        .unwrap_or(DEFAULT_OUTPUT_MAX_BYTES),
+                    };
+                    Arc::new(LocalBudget::new(&dir, max_bytes))
+                }
+            };
+            let sink = LocalProfileSink::new(&dir)
+                .map_err(|source| ProfilerError::Io {
+                    what: format!("creating the output directory {}", dir.display()),
+                    source,
+                })?
+                .with_budget(budget.clone());
             self.sinks.push(Box::new(sink));
             output = Some(dir);
+            local_budget = Some(budget);
         }
         if let Some(Some(config)) = &self.blocked {
             config.validate()?;
@@ -261,6 +296,7 @@ impl ProfilerBuilder {
             sampler: Some(sampler),
             collector: Some(collector),
             output_dir: output,
+            local_budget,
         })
     }
 }
@@ -283,6 +319,8 @@ pub struct Profiler {
     sampler: Option<Sampler>,
     collector: Option<Collector>,
     output_dir: Option<PathBuf>,
+    /// The bound kept on `output_dir`.
+    local_budget: Option<Arc<LocalBudget>>,
 }
 
 impl Profiler {
@@ -294,6 +332,13 @@ impl Profiler {
     /// The local directory profiles are written to, if local files are on.
     pub fn output_dir(&self) -> Option<&Path> {
         self.output_dir.as_deref()
+    }
+
+    /// The bound kept on [`output_dir`](Self::output_dir), if local files are on: give it
+    /// to a [`LocalSpanExporter`](crate::local_sink::LocalSpanExporter) writing there
+    /// (`with_budget`) so that one bound holds for both.
+    pub fn local_budget(&self) -> Option<&Arc<LocalBudget>> {
+        self.local_budget.as_ref()
     }
 
     /// Ends the current profile now and waits (up to `timeout`) until the sinks have it;
@@ -324,6 +369,9 @@ impl Profiler {
             stats.blocked_aggregation_folded = s.blocked_aggregation_folded;
             stats.aggregation_keys = s.aggregation_keys;
             stats.blocked_aggregation_keys = s.blocked_aggregation_keys;
+        }
+        if let Some(budget) = &self.local_budget {
+            (stats.local_files_removed, stats.local_bytes_removed) = budget.removed();
         }
         stats
     }

@@ -200,6 +200,22 @@ fn upload_interval_is_at_most_a_minute() {
     }
 }
 
+/// `0` is read as it is written, the explicit "no bound", never as unset.
+#[test]
+fn output_max_bytes() {
+    for (v, bytes) in [("64KiB", 64 << 10), ("268435456", 256 << 20), ("0", 0)] {
+        let c = env(&[("OTEL_PROFILING_OUTPUT_MAX_BYTES", v)]).expect(v);
+        assert_eq!(c.output_max_bytes, Some(bytes), "{v}");
+    }
+    let c = env(&[("OTEL_PROFILING_OUTPUT_MAX_BYTES", " ")]).expect("blank");
+    assert_eq!(c.output_max_bytes, None);
+    for bad in ["10MB", "-1", "lots"] {
+        let e = env(&[("OTEL_PROFILING_OUTPUT_MAX_BYTES", bad)]).expect_err(bad);
+        assert_eq!(e.field, "OTEL_PROFILING_OUTPUT_MAX_BYTES", "{bad}");
+        assert!(e.to_string().contains("0 for no bound"), "{e}");
+    }
+}
+
 #[test]
 fn output_dir() {
     let c = env(&[("OTEL_PROFILING_OUTPUT_DIR", "/tmp/prof")]).expect("ok");
