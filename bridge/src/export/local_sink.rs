@@ -192,8 +192,13 @@ impl ProfileSink for LocalProfileSink {
         self.budget.make_room(profile.gzip_pprof.len() as u64, None);
         // Write then rename, so a reader never sees half a file.
         let tmp = self.dir.join(format!(".{name}.tmp"));
-        std::fs::write(&tmp, &profile.gzip_pprof)?;
-        std::fs::rename(&tmp, self.dir.join(name))
+        let written = std::fs::write(&tmp, &profile.gzip_pprof)
+            .and_then(|()| std::fs::rename(&tmp, self.dir.join(name)));
+        if written.is_err() {
+            // The budget does not count `.tmp` files: one left here would stay for good.
+            let _ = std::fs::remove_file(&tmp);
+        }
+        written
     }
 }
 
@@ -493,6 +498,26 @@ mod tests {
         spans.write_line(b"{}\n").expect("write");
         assert!(old.exists());
         assert_eq!(sink.budget().removed(), (0, 0));
+        let _ = std::fs::remove_dir_all(&dir);
+    }
+
+    /// A write or rename that fails (a full disk, a name taken) leaves no `.tmp` file,
+    /// which no budget would ever remove.
+    #[test]
+    fn a_failed_write_leaves_no_temporary_file() {
+        let dir = std::env::temp_dir().join(format!("otel-profiling-tmp-{}", std::process::id()));
+        let _ = std::fs::remove_dir_all(&dir);
+        let mut sink = LocalProfileSink::new(&dir).expect("sink");
+        let profile = profile();
+        let name = format!("{}{CPU_PROFILE_SUFFIX}", timeline_stamp(profile.start));
+        // The name is taken by a directory that is not empty: the rename fails.
+        std::fs::create_dir_all(dir.join(&name).join("x")).expect("blocker");
+        assert!(sink.export(&profile).is_err());
+        let names: Vec<String> = std::fs::read_dir(&dir)
+            .expect("dir")
+            .filter_map(|e| e.ok()?.file_name().into_string().ok())
+            .collect();
+        assert_eq!(names, [name]);
         let _ = std::fs::remove_dir_all(&dir);
     }
 
