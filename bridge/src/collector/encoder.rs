@@ -7,7 +7,7 @@
 //! per-thread buffers meanwhile, so none of that turns into samples dropped for a full
 //! buffer.
 
-use std::collections::HashMap;
+use std::collections::{HashMap, HashSet};
 use std::sync::atomic::Ordering;
 use std::sync::mpsc::Receiver;
 use std::sync::Arc;
@@ -15,12 +15,14 @@ use std::time::{Duration, Instant, SystemTime};
 
 use super::{
     sample_labels, BlockedTotals, CollectorConfig, CollectorStats, EncodedProfile, FlushBoard,
-    ProfileKind, ProfileSink, Totals, AGGREGATION_FULL_FRAME, AGGREGATION_FULL_STACK,
+    LabelKey, ProfileKind, ProfileSink, Totals, AGGREGATION_FULL_FRAME, AGGREGATION_FULL_STACK,
     NO_SPANS_WARNING,
 };
 use crate::pprof::{self, FrameLine, ProfileBuilder, SymbolizedFrame};
+use crate::sampler::MAX_FRAMES;
 use crate::span_name::SpanName;
 use crate::symbolize::Symbolizer;
+use crate::symbolize::MAX_NAMED_ADDRESSES;
 
 /// One finished interval, as the collector aggregated it.
 pub(super) struct Interval {
@@ -49,6 +51,63 @@ pub(super) struct Encoder {
     span_callsites_before: bool,
     /// Created on first use, so starting costs nothing.
     symbolizer: Option<Symbolizer>,
+}
+
+/// Distinct addresses one naming pass takes at most: a probe per address (the frame
+/// itself, or the call before a return address) and one more stack's frames past the
+/// count still fit each file's names cache, so every frame of a batch is a cache hit and
+/// no pass names past the cap however large the interval.
+pub(super) const BATCH_ADDRESSES: usize = MAX_NAMED_ADDRESSES / 2 - MAX_FRAMES;
+
+/// An interval's total under one key: a CPU count or blocked-in-poll totals.
+enum Totalled {
+    Cpu(u64),
+    Blocked(BlockedTotals),
+}
+
+/// Names the stacks of `totals` and gives each to `each`, in batches of at most
+/// [`BATCH_ADDRESSES`] distinct addresses: one pass per file per batch (one in all for
+/// most intervals), then cache hits.
+fn name_in_batches<V>(
+    symbolizer: &mut Symbolizer,
+    totals: impl IntoIterator<Item = ((Box<[u64]>, LabelKey), V)>,
+    mut each: impl FnMut(&[SymbolizedFrame], &LabelKey, V),
+) {
+    let mut totals = totals.into_iter();
+    let (mut batch, mut addresses, mut stack) = (Vec::new(), HashSet::new(), Vec::new());
+    loop {
+        while addresses.len() < BATCH_ADDRESSES {
+            let Some(entry) = totals.next() else {
+                break;
+            };
+            let ((frames, _), _) = &entry;
+            if **frames != AGGREGATION_FULL_STACK {
+                addresses.extend(frames.iter().copied());
+            }
+            batch.push(entry);
+        }
+        if batch.is_empty() {
+            return;
+        }
+        symbolizer.prepare(
+            batch
+                .iter()
+                .filter(|((frames, _), _)| **frames != AGGREGATION_FULL_STACK)
+                .flat_map(|((frames, _), _)| frames.iter().enumerate().map(|(i, &a)| (a, i > 0))),
+        );
+        for ((frames, key), value) in batch.drain(..) {
+            stack.clear();
+            if *frames == AGGREGATION_FULL_STACK {
+                stack.push(aggregation_full_frame());
+            } else {
+                for (i, &address) in frames.iter().enumerate() {
+                    stack.push(symbolizer.frame(address, i > 0));
+                }
+            }
+            each(&stack, &key, value);
+        }
+        addresses.clear();
+    }
 }
 
 impl Drop for Encoder {
@@ -114,53 +173,44 @@ impl Encoder {
         let symbolizer = self.symbolizer.get_or_insert_with(Symbolizer::new);
         // Modules loaded since the last interval (dlopen) become nameable.
         symbolizer.refresh();
-        // One pass per file for every new address (CPU and blocked stacks), then each
-        // frame is a cache hit.
-        symbolizer.prepare(
-            counts
-                .keys()
-                .chain(blocked.keys())
-                .filter(|(frames, _)| **frames != AGGREGATION_FULL_STACK)
-                .flat_map(|(frames, _)| frames.iter().enumerate().map(|(i, &a)| (a, i > 0))),
-        );
-        let no_debug_info = symbolizer.executable_without_debug_info().map(|exe| {
-            format!(
-                "{}{}",
-                crate::pprof::proto::NO_INLINE_INFO_COMMENT,
-                exe.display()
-            )
-        });
         let mut names: HashMap<SpanName, Arc<str>> = HashMap::new();
-        let mut stack = Vec::new();
-        let mut name_stack = |frames: &[u64], stack: &mut Vec<_>| {
-            stack.clear();
-            if *frames == AGGREGATION_FULL_STACK {
-                stack.push(aggregation_full_frame());
-                return;
-            }
-            for (i, &address) in frames.iter().enumerate() {
-                stack.push(symbolizer.frame(address, i > 0));
-            }
-        };
         let mut cpu = ProfileBuilder::new(self.period_ns, start, duration);
-        if let Some(note) = &no_debug_info {
-            cpu.comment(note.clone());
-        }
-        let mut samples = 0u64;
-        for ((frames, key), count) in counts {
-            name_stack(&frames, &mut stack);
-            let labels = sample_labels(&self.config, &key, &mut names);
-            cpu.add_sample(&stack, &labels, count);
-            samples += count;
-        }
         let mut block = ProfileBuilder::blocked(start, duration);
-        let mut looks = 0u64;
-        for ((frames, key), (contentions, delay_ns)) in blocked {
-            name_stack(&frames, &mut stack);
-            let labels = sample_labels(&self.config, &key, &mut names);
-            block.add_blocked(&stack, &labels, contentions, delay_ns);
-            looks += 1;
+        let (mut samples, mut looks) = (0u64, 0u64);
+        let all = counts
+            .into_iter()
+            .map(|(key, count)| (key, Totalled::Cpu(count)))
+            .chain(
+                blocked
+                    .into_iter()
+                    .map(|(key, totals)| (key, Totalled::Blocked(totals))),
+            );
+        let config = &self.config;
+        name_in_batches(symbolizer, all, |stack, key, value| {
+            let labels = sample_labels(config, key, &mut names);
+            match value {
+                Totalled::Cpu(count) => {
+                    cpu.add_sample(stack, &labels, count);
+                    samples += count;
+                }
+                Totalled::Blocked((contentions, delay_ns)) => {
+                    block.add_blocked(stack, &labels, contentions, delay_ns);
+                    looks += 1;
+                }
+            }
+        });
+        if let Some(exe) = symbolizer.executable_without_debug_info() {
+            let note = crate::pprof::proto::NO_INLINE_INFO_COMMENT;
+            cpu.comment(format!("{note}{}", exe.display()));
         }
+        let (named, clears) = symbolizer.cache_stats();
+        let gauge = |n: usize| u64::try_from(n).unwrap_or(u64::MAX);
+        self.stats
+            .symbol_cache_entries
+            .store(gauge(named), Ordering::Relaxed);
+        self.stats
+            .symbol_cache_clears
+            .store(clears, Ordering::Relaxed);
         let naming = u64::try_from(naming.elapsed().as_nanos()).unwrap_or(u64::MAX);
         self.stats
             .symbolize_nanos
@@ -250,6 +300,35 @@ mod tests {
                 .push(profile.clone());
             Ok(())
         }
+    }
+
+    /// Audit U10: one naming pass took every new address of the interval, so a huge
+    /// interval left a file's names far past their cap. Batches keep each pass within it,
+    /// and every frame of a batch is then a cache hit: without them, the frames past the
+    /// cap are named one pass each (87,000 passes here; each a DWARF unit parsed).
+    #[test]
+    fn a_huge_interval_is_named_in_batches_within_the_cache_cap() {
+        let base = 0x7000_0000_0000u64;
+        let mut symbolizer = Symbolizer::vdso_only_over(base..base + (1 << 20));
+        let stacks = 30_000u64;
+        let totals = (0..stacks).map(|i| {
+            let frames: Box<[u64]> = (0..4).map(|j| base + 8 * (4 * i + j)).collect();
+            ((frames, LabelKey::NONE), i)
+        });
+        let (mut seen, mut sum) = (0u64, 0u64);
+        name_in_batches(&mut symbolizer, totals, |stack, _, value| {
+            assert_eq!(stack.len(), 4);
+            seen += 1;
+            sum += value;
+        });
+        assert_eq!((seen, sum), (stacks, stacks * (stacks - 1) / 2));
+        let (named, clears) = symbolizer.cache_stats();
+        assert!(named <= MAX_NAMED_ADDRESSES, "{named}");
+        // 120,000 addresses in batches of about 16,000: a pass a batch, a clear every
+        // other batch.
+        let passes = symbolizer.passes();
+        assert!((7..=9).contains(&passes), "{passes} passes");
+        assert!((1..=8).contains(&clears), "{clears} clears");
     }
 
     /// What went past the aggregation cap with no room even for its stack is still in

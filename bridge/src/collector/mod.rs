@@ -204,6 +204,10 @@ pub(crate) struct CollectorStats {
     pub(crate) aggregation_keys: AtomicU64,
     /// Keys of the blocked-in-poll aggregation last handed to the encoder.
     pub(crate) blocked_aggregation_keys: AtomicU64,
+    /// Addresses whose names the symbolizer keeps, after the last interval.
+    pub(crate) symbol_cache_entries: AtomicU64,
+    /// Times a file's kept names were full and forgotten, so far.
+    pub(crate) symbol_cache_clears: AtomicU64,
 }
 
 /// A snapshot of the collector's counters ([`Collector::stats`]); users read them in
@@ -234,6 +238,10 @@ pub(crate) struct CollectorSnapshot {
     pub(crate) aggregation_keys: u64,
     /// Keys of the last blocked-in-poll aggregation handed over.
     pub(crate) blocked_aggregation_keys: u64,
+    /// Addresses whose names the symbolizer keeps.
+    pub(crate) symbol_cache_entries: u64,
+    /// Times a file's kept names were forgotten.
+    pub(crate) symbol_cache_clears: u64,
 }
 
 impl CollectorStats {
@@ -252,6 +260,8 @@ impl CollectorStats {
             blocked_aggregation_folded: load(&self.blocked_aggregation_folded),
             aggregation_keys: load(&self.aggregation_keys),
             blocked_aggregation_keys: load(&self.blocked_aggregation_keys),
+            symbol_cache_entries: load(&self.symbol_cache_entries),
+            symbol_cache_clears: load(&self.symbol_cache_clears),
         }
     }
 }

@@ -89,6 +89,13 @@ pub struct ProfilerStats {
     pub aggregation_keys: u64,
     /// The same for the blocked-in-poll aggregation.
     pub blocked_aggregation_keys: u64,
+    /// Addresses whose names the symbolizer keeps between intervals, all files together,
+    /// after the last interval: at most 32,768 a file (about 150 bytes each), within one
+    /// naming pass too.
+    pub symbol_cache_entries: u64,
+    /// Times a file's kept names were full and forgotten (found again as they are
+    /// sampled): a count that keeps rising means the hot addresses do not fit.
+    pub symbol_cache_clears: u64,
     /// Local profile and span files removed to keep the local directory within its
     /// bound ([`ProfilerBuilder::output_max_bytes`]); 0 without local files. Under
     /// [`Telemetry`](crate::Telemetry) the bound is shared with the span file and this
@@ -369,6 +376,8 @@ impl Profiler {
             stats.blocked_aggregation_folded = s.blocked_aggregation_folded;
             stats.aggregation_keys = s.aggregation_keys;
             stats.blocked_aggregation_keys = s.blocked_aggregation_keys;
+            stats.symbol_cache_entries = s.symbol_cache_entries;
+            stats.symbol_cache_clears = s.symbol_cache_clears;
         }
         if let Some(budget) = &self.local_budget {
             (stats.local_files_removed, stats.local_bytes_removed) = budget.removed();
