@@ -89,7 +89,7 @@ fn the_collector_threads_work_makes_no_spans_and_no_profiles() {
     let profiles = Arc::new(Mutex::new(Vec::new()));
     let profiler = Profiler::builder()
         .frequency_hz(250)
-        .interval(Duration::from_secs(600))
+        .interval(Duration::from_secs(60))
         .local_files(false)
         .blocked_watchdog(None)
         .sink(SpanningSink {

@@ -7,30 +7,34 @@
 //! per-thread buffers meanwhile, so none of that turns into samples dropped for a full
 //! buffer.
 
-use std::collections::HashMap;
+use std::collections::{HashMap, HashSet};
 use std::sync::atomic::Ordering;
-use std::sync::mpsc::{Receiver, Sender};
+use std::sync::mpsc::Receiver;
 use std::sync::Arc;
 use std::time::{Duration, Instant, SystemTime};
 
 use super::{
-    sample_labels, BlockedTotals, CollectorConfig, CollectorStats, EncodedProfile, LabelKey,
-    ProfileKind, ProfileSink, NO_SPANS_WARNING,
+    sample_labels, BlockedTotals, CollectorConfig, CollectorStats, EncodedProfile, FlushBoard,
+    LabelKey, ProfileKind, ProfileSink, Totals, AGGREGATION_FULL_FRAME, AGGREGATION_FULL_STACK,
+    NO_SPANS_WARNING,
 };
-use crate::pprof::{self, ProfileBuilder};
+use crate::pprof::{self, FrameLine, ProfileBuilder, SymbolizedFrame};
+use crate::sampler::MAX_FRAMES;
 use crate::span_name::SpanName;
 use crate::symbolize::Symbolizer;
+use crate::symbolize::MAX_NAMED_ADDRESSES;
 
 /// One finished interval, as the collector aggregated it.
 pub(super) struct Interval {
     pub(super) start: SystemTime,
     pub(super) duration: Duration,
     /// CPU periods by (stack, labels).
-    pub(super) counts: HashMap<(Box<[u64]>, LabelKey), u64>,
+    pub(super) counts: Totals<u64>,
     /// Blocked-in-poll looks by (stack, labels).
-    pub(super) blocked: HashMap<(Box<[u64]>, LabelKey), BlockedTotals>,
-    /// Told once the interval's profiles reached the sinks.
-    pub(super) flushes: Vec<Sender<()>>,
+    pub(super) blocked: Totals<BlockedTotals>,
+    /// The last flush ticket this interval answers (0: none), written once its
+    /// profiles reached the sinks.
+    pub(super) flush: u64,
 }
 
 pub(super) struct Encoder {
@@ -38,6 +42,9 @@ pub(super) struct Encoder {
     period_ns: i64,
     sinks: Vec<Box<dyn ProfileSink>>,
     stats: Arc<CollectorStats>,
+    /// Where flushes wait: told of each interval written, and closed when the encoder
+    /// ends (its `Drop`, a sink's panic included), so that no flush waits for nothing.
+    flushes: Arc<FlushBoard>,
     /// Whether some span reached the hooks was checked (and warned about if not).
     span_check_done: bool,
     /// Span callsites had been registered when the last interval ended.
@@ -46,18 +53,97 @@ pub(super) struct Encoder {
     symbolizer: Option<Symbolizer>,
 }
 
+/// Distinct addresses one naming pass takes at most: a probe per address (the frame
+/// itself, or the call before a return address) and one more stack's frames past the
+/// count still fit each file's names cache, so every frame of a batch is a cache hit and
+/// no pass names past the cap however large the interval.
+pub(super) const BATCH_ADDRESSES: usize = MAX_NAMED_ADDRESSES / 2 - MAX_FRAMES;
+
+/// An interval's total under one key: a CPU count or blocked-in-poll totals.
+enum Totalled {
+    Cpu(u64),
+    Blocked(BlockedTotals),
+}
+
+/// Names the stacks of `totals` and gives each to `each`, in batches of at most
+/// [`BATCH_ADDRESSES`] distinct addresses: one pass per file per batch (one in all for
+/// most intervals), then cache hits.
+fn name_in_batches<V>(
+    symbolizer: &mut Symbolizer,
+    totals: impl IntoIterator<Item = ((Box<[u64]>, LabelKey), V)>,
+    mut each: impl FnMut(&[SymbolizedFrame], &LabelKey, V),
+) {
+    let mut totals = totals.into_iter();
+    let (mut batch, mut addresses, mut stack) = (Vec::new(), HashSet::new(), Vec::new());
+    loop {
+        while addresses.len() < BATCH_ADDRESSES {
+            let Some(entry) = totals.next() else {
+                break;
+            };
+            let ((frames, _), _) = &entry;
+            if **frames != AGGREGATION_FULL_STACK {
+                addresses.extend(frames.iter().copied());
+            }
+            batch.push(entry);
+        }
+        if batch.is_empty() {
+            return;
+        }
+        symbolizer.prepare(
+            batch
+                .iter()
+                .filter(|((frames, _), _)| **frames != AGGREGATION_FULL_STACK)
+                .flat_map(|((frames, _), _)| frames.iter().enumerate().map(|(i, &a)| (a, i > 0))),
+        );
+        for ((frames, key), value) in batch.drain(..) {
+            stack.clear();
+            if *frames == AGGREGATION_FULL_STACK {
+                stack.push(aggregation_full_frame());
+            } else {
+                for (i, &address) in frames.iter().enumerate() {
+                    stack.push(symbolizer.frame(address, i > 0));
+                }
+            }
+            each(&stack, &key, value);
+        }
+        addresses.clear();
+    }
+}
+
+impl Drop for Encoder {
+    fn drop(&mut self) {
+        self.flushes.close();
+    }
+}
+
+/// The frame samples past the aggregation cap are put under when their stack found no
+/// room either. Its address is the stack key's, which no sampled frame holds, so its
+/// location is its own.
+fn aggregation_full_frame() -> SymbolizedFrame {
+    SymbolizedFrame {
+        address: AGGREGATION_FULL_STACK[0],
+        lines: vec![FrameLine {
+            function: Arc::from(AGGREGATION_FULL_FRAME),
+            file: None,
+            line: None,
+        }],
+    }
+}
+
 impl Encoder {
     pub(super) fn new(
         config: CollectorConfig,
         period_ns: i64,
         sinks: Vec<Box<dyn ProfileSink>>,
         stats: Arc<CollectorStats>,
+        flushes: Arc<FlushBoard>,
     ) -> Encoder {
         Encoder {
             config,
             period_ns,
             sinks,
             stats,
+            flushes,
             span_check_done: false,
             span_callsites_before: false,
             symbolizer: None,
@@ -67,68 +153,64 @@ impl Encoder {
     /// Writes each interval the collector sends, until it closes the channel.
     pub(super) fn run(mut self, intervals: Receiver<Interval>) {
         for interval in intervals {
-            let flushes = self.encode(interval);
-            for done in flushes {
-                let _ = done.send(());
+            let flush = self.encode(interval);
+            if flush > 0 {
+                self.flushes.written(flush);
             }
         }
     }
 
-    /// Names, builds and exports one interval's profiles; returns its waiting flushes.
-    fn encode(&mut self, interval: Interval) -> Vec<Sender<()>> {
+    /// Names, builds and exports one interval's profiles; returns its flush ticket.
+    fn encode(&mut self, interval: Interval) -> u64 {
         let Interval {
             start,
             duration,
             counts,
             blocked,
-            flushes,
+            flush,
         } = interval;
         let naming = Instant::now();
         let symbolizer = self.symbolizer.get_or_insert_with(Symbolizer::new);
         // Modules loaded since the last interval (dlopen) become nameable.
         symbolizer.refresh();
-        // One pass per file for every new address (CPU and blocked stacks), then each
-        // frame is a cache hit.
-        symbolizer.prepare(
-            counts
-                .keys()
-                .chain(blocked.keys())
-                .flat_map(|(frames, _)| frames.iter().enumerate().map(|(i, &a)| (a, i > 0))),
-        );
-        let no_debug_info = symbolizer.executable_without_debug_info().map(|exe| {
-            format!(
-                "{}{}",
-                crate::pprof::proto::NO_INLINE_INFO_COMMENT,
-                exe.display()
-            )
-        });
         let mut names: HashMap<SpanName, Arc<str>> = HashMap::new();
-        let mut stack = Vec::new();
-        let mut name_stack = |frames: &[u64], stack: &mut Vec<_>| {
-            stack.clear();
-            for (i, &address) in frames.iter().enumerate() {
-                stack.push(symbolizer.frame(address, i > 0));
-            }
-        };
         let mut cpu = ProfileBuilder::new(self.period_ns, start, duration);
-        if let Some(note) = &no_debug_info {
-            cpu.comment(note.clone());
-        }
-        let mut samples = 0u64;
-        for ((frames, key), count) in counts {
-            name_stack(&frames, &mut stack);
-            let labels = sample_labels(&self.config, &key, &mut names);
-            cpu.add_sample(&stack, &labels, count);
-            samples += count;
-        }
         let mut block = ProfileBuilder::blocked(start, duration);
-        let mut looks = 0u64;
-        for ((frames, key), (contentions, delay_ns)) in blocked {
-            name_stack(&frames, &mut stack);
-            let labels = sample_labels(&self.config, &key, &mut names);
-            block.add_blocked(&stack, &labels, contentions, delay_ns);
-            looks += 1;
+        let (mut samples, mut looks) = (0u64, 0u64);
+        let all = counts
+            .into_iter()
+            .map(|(key, count)| (key, Totalled::Cpu(count)))
+            .chain(
+                blocked
+                    .into_iter()
+                    .map(|(key, totals)| (key, Totalled::Blocked(totals))),
+            );
+        let config = &self.config;
+        name_in_batches(symbolizer, all, |stack, key, value| {
+            let labels = sample_labels(config, key, &mut names);
+            match value {
+                Totalled::Cpu(count) => {
+                    cpu.add_sample(stack, &labels, count);
+                    samples += count;
+                }
+                Totalled::Blocked((contentions, delay_ns)) => {
+                    block.add_blocked(stack, &labels, contentions, delay_ns);
+                    looks += 1;
+                }
+            }
+        });
+        if let Some(exe) = symbolizer.executable_without_debug_info() {
+            let note = crate::pprof::proto::NO_INLINE_INFO_COMMENT;
+            cpu.comment(format!("{note}{}", exe.display()));
         }
+        let (named, clears) = symbolizer.cache_stats();
+        let gauge = |n: usize| u64::try_from(n).unwrap_or(u64::MAX);
+        self.stats
+            .symbol_cache_entries
+            .store(gauge(named), Ordering::Relaxed);
+        self.stats
+            .symbol_cache_clears
+            .store(clears, Ordering::Relaxed);
         let naming = u64::try_from(naming.elapsed().as_nanos()).unwrap_or(u64::MAX);
         self.stats
             .symbolize_nanos
@@ -150,7 +232,7 @@ impl Encoder {
                 .blocked_in_profiles
                 .fetch_add(looks, Ordering::Relaxed);
         }
-        flushes
+        flush
     }
 
     /// Once: samples, or spans created an interval ago, and no span ever reached the hooks
@@ -198,5 +280,103 @@ impl Encoder {
                 Err(_) => self.stats.profiles_failed.fetch_add(1, Ordering::Relaxed),
             };
         }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::collector::LabelKey;
+    use std::sync::Mutex;
+
+    /// Keeps what it is given.
+    struct Keep(Arc<Mutex<Vec<EncodedProfile>>>);
+
+    impl ProfileSink for Keep {
+        fn export(&mut self, profile: &EncodedProfile) -> std::io::Result<()> {
+            self.0
+                .lock()
+                .unwrap_or_else(std::sync::PoisonError::into_inner)
+                .push(profile.clone());
+            Ok(())
+        }
+    }
+
+    /// Audit U10: one naming pass took every new address of the interval, so a huge
+    /// interval left a file's names far past their cap. Batches keep each pass within it,
+    /// and every frame of a batch is then a cache hit: without them, the frames past the
+    /// cap are named one pass each (87,000 passes here; each a DWARF unit parsed).
+    #[test]
+    fn a_huge_interval_is_named_in_batches_within_the_cache_cap() {
+        let base = 0x7000_0000_0000u64;
+        let mut symbolizer = Symbolizer::vdso_only_over(base..base + (1 << 20));
+        let stacks = 30_000u64;
+        let totals = (0..stacks).map(|i| {
+            let frames: Box<[u64]> = (0..4).map(|j| base + 8 * (4 * i + j)).collect();
+            ((frames, LabelKey::NONE), i)
+        });
+        let (mut seen, mut sum) = (0u64, 0u64);
+        name_in_batches(&mut symbolizer, totals, |stack, _, value| {
+            assert_eq!(stack.len(), 4);
+            seen += 1;
+            sum += value;
+        });
+        assert_eq!((seen, sum), (stacks, stacks * (stacks - 1) / 2));
+        let (named, clears) = symbolizer.cache_stats();
+        assert!(named <= MAX_NAMED_ADDRESSES, "{named}");
+        // 120,000 addresses in batches of about 16,000: a pass a batch, a clear every
+        // other batch.
+        let passes = symbolizer.passes();
+        assert!((7..=9).contains(&passes), "{passes} passes");
+        assert!((1..=8).contains(&clears), "{clears} clears");
+    }
+
+    /// What went past the aggregation cap with no room even for its stack is still in
+    /// the profile's total, under one frame that says why.
+    #[test]
+    fn the_full_key_is_one_named_frame_holding_its_time() {
+        let kept = Arc::new(Mutex::new(Vec::new()));
+        let stats = Arc::new(CollectorStats::default());
+        let mut encoder = Encoder::new(
+            CollectorConfig::default(),
+            10_000_000,
+            vec![Box::new(Keep(kept.clone()))],
+            stats.clone(),
+            Arc::new(FlushBoard::default()),
+        );
+        let mut counts = Totals::default();
+        counts.insert((Box::from(&AGGREGATION_FULL_STACK[..]), LabelKey::NONE), 7);
+        counts.insert((Box::from(&[0x10u64][..]), LabelKey::NONE), 3);
+        let flush = encoder.encode(Interval {
+            start: SystemTime::now(),
+            duration: Duration::from_secs(1),
+            counts,
+            blocked: Totals::default(),
+            flush: 0,
+        });
+        assert_eq!(flush, 0);
+        assert_eq!(stats.samples_in_profiles.load(Ordering::Relaxed), 10);
+        let kept = kept
+            .lock()
+            .unwrap_or_else(std::sync::PoisonError::into_inner);
+        let profile = pprof::proto::decode(&kept[0].gzip_pprof).expect("pprof");
+        let name = |i: i64| profile.string_table[i as usize].as_str();
+        let function = profile
+            .function
+            .iter()
+            .find(|f| name(f.name) == AGGREGATION_FULL_FRAME)
+            .expect("the full key's frame");
+        let location = profile
+            .location
+            .iter()
+            .find(|l| l.line.iter().any(|line| line.function_id == function.id))
+            .expect("its location");
+        let values: Vec<i64> = profile
+            .sample
+            .iter()
+            .filter(|s| s.location_id == [location.id])
+            .map(|s| s.value[0])
+            .collect();
+        assert_eq!(values, [7 * 10_000_000]);
     }
 }

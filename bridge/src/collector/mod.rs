@@ -13,6 +13,16 @@
 //! anything ([`ProfileKind::Blocked`]): its looks are drained on the same tick and named
 //! with the same symbolizer.
 //!
+//! Each interval's aggregation holds at most [`DEFAULT_MAX_AGGREGATION_KEYS`] distinct
+//! (stack, span labels) keys by default (`ProfilerBuilder::aggregation_max_keys`). Keys
+//! carry the root span's ids, so under many short roots nearly every sample is a new key.
+//! Past the cap a sample with a new key keeps its CPU time but loses its span labels: it
+//! goes to its stack's unlabelled key, which may take up to an eighth more keys; past
+//! those, to one key whose stack is the single frame [`AGGREGATION_FULL_FRAME`]. Totals
+//! stay true; what lost its labels is counted (`ProfilerStats::aggregation_folded`) and
+//! the last interval's key count is a gauge (`ProfilerStats::aggregation_keys`). An
+//! interval is [`MIN_PROFILE_INTERVAL`] to [`MAX_PROFILE_INTERVAL`] (60 s) long.
+//!
 //! Two threads, so that the drain ticks never wait for naming, encoding or a sink: a
 //! thread's buffer holds a few drain periods of samples (`SamplerConfig::
 //! effective_ring_capacity`), while the first naming pass over a large binary can take
@@ -24,7 +34,7 @@ pub(crate) mod symbolize;
 use std::collections::HashMap;
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::mpsc::{self, Receiver, RecvTimeoutError, Sender, SyncSender, TrySendError};
-use std::sync::Arc;
+use std::sync::{Arc, Condvar, Mutex, PoisonError};
 use std::thread::JoinHandle;
 
 use crate::fork::ProcessBound;
@@ -90,6 +100,39 @@ pub trait ProfileSink: Send + 'static {
     fn export(&mut self, profile: &EncodedProfile) -> std::io::Result<()>;
 }
 
+/// The default cap on distinct (stack, span labels) keys in one interval's aggregation,
+/// for CPU samples and for blocked-in-poll looks alike (each has its own).
+///
+/// A key costs a 64-byte hash-table slot plus its boxed stack (8 bytes a frame). A full
+/// aggregation (the cap, an eighth more unlabelled stacks, one more key) measured 32 MB at
+/// 40 frames a stack and 84 MB at the sampler's
+/// [`MAX_FRAMES`](crate::sampler::MAX_FRAMES) (128); while a sink is slow, three may be
+/// alive (one filling, one queued, one being encoded). A 10 s interval at 100 Hz has at
+/// most 1,000 samples a CPU, so 64 busy CPUs with every sample under another root stay
+/// within it; a profile that large is already four times Pyroscope's 16,000 samples.
+pub const DEFAULT_MAX_AGGREGATION_KEYS: usize = 1 << 16;
+
+/// The largest cap `ProfilerBuilder::aggregation_max_keys` accepts (a full aggregation
+/// is then about 1.3 GB at the deepest stacks).
+pub const MAX_AGGREGATION_KEYS: usize = 1 << 20;
+
+/// The shortest profile interval.
+pub const MIN_PROFILE_INTERVAL: Duration = Duration::from_millis(100);
+
+/// The longest profile interval. A profile is stamped with its interval's start and
+/// Grafana's "Profiles for this span" link searches 60 s around a span, so a span late
+/// in a longer interval could not find its profile (Pyroscope also refuses profiles
+/// older than an hour); and the longer the interval, the more of a busy host's samples
+/// go past the aggregation cap.
+pub const MAX_PROFILE_INTERVAL: Duration = Duration::from_secs(60);
+
+/// The one frame of the stack that samples past the aggregation cap go to when even
+/// their stack found no room: their CPU time stays in the profile's total.
+pub const AGGREGATION_FULL_FRAME: &str = "[otel-profiling: past the aggregation cap]";
+
+/// The stack key of [`AGGREGATION_FULL_FRAME`]: not an address a sample can hold.
+const AGGREGATION_FULL_STACK: [u64; 1] = [u64::MAX];
+
 /// Collector settings (set through [`ProfilerBuilder`](crate::ProfilerBuilder)).
 #[derive(Clone, Debug)]
 pub(crate) struct CollectorConfig {
@@ -105,6 +148,9 @@ pub(crate) struct CollectorConfig {
     /// 25 % of a sample's uncompressed bytes (see `docs/benchmarks.md`), which counts
     /// against Pyroscope's per-profile size and per-tenant ingestion limits.
     pub(crate) trace_id_label: bool,
+    /// Distinct keys one interval's aggregation holds before samples lose their labels
+    /// (default [`DEFAULT_MAX_AGGREGATION_KEYS`]).
+    pub(crate) max_keys: usize,
 }
 
 impl Default for CollectorConfig {
@@ -114,6 +160,7 @@ impl Default for CollectorConfig {
             drain_every: Duration::from_millis(100),
             span_name_label: true,
             trace_id_label: true,
+            max_keys: DEFAULT_MAX_AGGREGATION_KEYS,
         }
     }
 }
@@ -149,6 +196,18 @@ pub(crate) struct CollectorStats {
     pub(crate) dropped_encoder_busy: AtomicU64,
     /// Blocked-in-poll blocks (`contentions`) likewise.
     pub(crate) blocked_dropped_encoder_busy: AtomicU64,
+    /// CPU periods that lost their span labels (or stack) past the aggregation cap.
+    pub(crate) aggregation_folded: AtomicU64,
+    /// Blocked-in-poll blocks likewise.
+    pub(crate) blocked_aggregation_folded: AtomicU64,
+    /// Keys of the CPU aggregation last handed to the encoder.
+    pub(crate) aggregation_keys: AtomicU64,
+    /// Keys of the blocked-in-poll aggregation last handed to the encoder.
+    pub(crate) blocked_aggregation_keys: AtomicU64,
+    /// Addresses whose names the symbolizer keeps, after the last interval.
+    pub(crate) symbol_cache_entries: AtomicU64,
+    /// Times a file's kept names were full and forgotten, so far.
+    pub(crate) symbol_cache_clears: AtomicU64,
 }
 
 /// A snapshot of the collector's counters ([`Collector::stats`]); users read them in
@@ -171,6 +230,18 @@ pub(crate) struct CollectorSnapshot {
     pub(crate) dropped_encoder_busy: u64,
     /// Blocked-in-poll blocks dropped likewise.
     pub(crate) blocked_dropped_encoder_busy: u64,
+    /// CPU periods that lost their span labels past the aggregation cap.
+    pub(crate) aggregation_folded: u64,
+    /// Blocked-in-poll blocks likewise.
+    pub(crate) blocked_aggregation_folded: u64,
+    /// Keys of the last CPU aggregation handed over.
+    pub(crate) aggregation_keys: u64,
+    /// Keys of the last blocked-in-poll aggregation handed over.
+    pub(crate) blocked_aggregation_keys: u64,
+    /// Addresses whose names the symbolizer keeps.
+    pub(crate) symbol_cache_entries: u64,
+    /// Times a file's kept names were forgotten.
+    pub(crate) symbol_cache_clears: u64,
 }
 
 impl CollectorStats {
@@ -185,13 +256,82 @@ impl CollectorStats {
             blocked_in_profiles: load(&self.blocked_in_profiles),
             dropped_encoder_busy: load(&self.dropped_encoder_busy),
             blocked_dropped_encoder_busy: load(&self.blocked_dropped_encoder_busy),
+            aggregation_folded: load(&self.aggregation_folded),
+            blocked_aggregation_folded: load(&self.blocked_aggregation_folded),
+            aggregation_keys: load(&self.aggregation_keys),
+            blocked_aggregation_keys: load(&self.blocked_aggregation_keys),
+            symbol_cache_entries: load(&self.symbol_cache_entries),
+            symbol_cache_clears: load(&self.symbol_cache_clears),
         }
     }
 }
 
 enum Command {
-    Flush(Sender<()>),
+    /// End the interval in progress, unless an interval ended since the last
+    /// [`FlushBoard::ask`] already answers every flush asked so far.
+    Flush,
     Stop,
+}
+
+/// Flushes waiting for their interval to reach the sinks: tickets in order and one
+/// notification shared by every waiter. A channel per call, kept until its interval was
+/// written, grew by one each call for as long as a sink was stuck (issue 42); this is the
+/// same size however many flushes wait.
+#[derive(Debug, Default)]
+struct FlushBoard {
+    state: Mutex<FlushState>,
+    changed: Condvar,
+}
+
+#[derive(Debug, Default)]
+struct FlushState {
+    /// Tickets given out so far (the last one's number).
+    asked: u64,
+    /// Every ticket up to this one reached the sinks.
+    written: u64,
+    /// The encoder is gone: no more tickets will be written.
+    closed: bool,
+}
+
+impl FlushBoard {
+    fn lock(&self) -> std::sync::MutexGuard<'_, FlushState> {
+        self.state.lock().unwrap_or_else(PoisonError::into_inner)
+    }
+
+    /// A ticket for a flush asked now: the next interval to end answers it.
+    fn ask(&self) -> u64 {
+        let mut state = self.lock();
+        state.asked += 1;
+        state.asked
+    }
+
+    /// The last ticket given out.
+    fn asked(&self) -> u64 {
+        self.lock().asked
+    }
+
+    /// Tickets up to `ticket` reached the sinks: their waiters return `true`.
+    fn written(&self, ticket: u64) {
+        let mut state = self.lock();
+        state.written = state.written.max(ticket);
+        self.changed.notify_all();
+    }
+
+    /// No ticket will be written any more: waiters return at once.
+    fn close(&self) {
+        self.lock().closed = true;
+        self.changed.notify_all();
+    }
+
+    /// Waits (up to `timeout`) until `ticket` reached the sinks; `false` if it did not.
+    fn wait(&self, ticket: u64, timeout: Duration) -> bool {
+        let state = self.lock();
+        let (state, _) = self
+            .changed
+            .wait_timeout_while(state, timeout, |s| s.written < ticket && !s.closed)
+            .unwrap_or_else(PoisonError::into_inner);
+        state.written >= ticket
+    }
 }
 
 /// A running collector thread. Dropping it (or [`Collector::shutdown`]) writes the last
@@ -202,6 +342,7 @@ pub(crate) struct Collector {
     /// inherits neither the thread nor a channel it may use).
     running: ProcessBound<Running>,
     stats: Arc<CollectorStats>,
+    flushes: Arc<FlushBoard>,
 }
 
 struct Running {
@@ -229,15 +370,24 @@ impl Collector {
         // One interval queued while the one before is written: memory stays bounded, and
         // a busy encoder makes the interval in progress longer, never loses it.
         let (to_encoder, intervals) = mpsc::sync_channel(1);
-        let encoder = encoder::Encoder::new(config.clone(), period_ns, sinks, stats.clone());
+        let flushes = Arc::new(FlushBoard::default());
+        let encoder = encoder::Encoder::new(
+            config.clone(),
+            period_ns,
+            sinks,
+            stats.clone(),
+            flushes.clone(),
+        );
         let encoder = spawn_suppressed("otel-profiling-encoder", move || encoder.run(intervals))?;
         let state = State {
+            counts: Aggregation::new(config.max_keys),
+            blocked: Aggregation::new(config.max_keys),
             config,
             stats: stats.clone(),
-            counts: HashMap::new(),
-            blocked: HashMap::new(),
             interval_start: SystemTime::now(),
-            flushes: Vec::new(),
+            flushes: flushes.clone(),
+            flush_pending: 0,
+            flush_handed: 0,
             held: None,
             encoder: to_encoder,
             health: HealthLog::default(),
@@ -251,20 +401,21 @@ impl Collector {
                 thread: Some(thread),
             }),
             stats,
+            flushes,
         })
     }
 
     /// Ends the current interval now and waits (up to `timeout`) until its profile has
-    /// been handed to the sinks.
+    /// been handed to the sinks. Flushes asked while one is pending share its interval.
     pub(crate) fn flush(&self, timeout: Duration) -> bool {
         let Some(running) = self.running.get() else {
             return false;
         };
-        let (done, wait) = mpsc::channel();
-        if running.commands.send(Command::Flush(done)).is_err() {
+        let ticket = self.flushes.ask();
+        if running.commands.send(Command::Flush).is_err() {
             return false;
         }
-        wait.recv_timeout(timeout).is_ok()
+        self.flushes.wait(ticket, timeout)
     }
 
     /// The counters, as they are now.
@@ -373,8 +524,99 @@ struct LabelKey {
     name: Option<SpanName>,
 }
 
+impl LabelKey {
+    /// No span labels: samples outside any root, and samples past the aggregation cap.
+    const NONE: LabelKey = LabelKey {
+        span_id: 0,
+        trace_id: 0,
+        name: None,
+    };
+}
+
 /// One stack's blocked-in-poll totals in an interval: (blocks, blocked nanoseconds).
 type BlockedTotals = (u64, u64);
+
+/// Totals by (stack, labels).
+type Totals<V> = HashMap<(Box<[u64]>, LabelKey), V>;
+
+/// Where [`Aggregation::add`] put a sample.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+enum Added {
+    /// Under its own key.
+    Kept,
+    /// Past the cap: under its stack with no span labels, or under
+    /// [`AGGREGATION_FULL_FRAME`].
+    Folded,
+}
+
+/// One interval's totals by (stack, labels), with at most `max_keys` keys plus an eighth
+/// for unlabelled stacks plus one ([`AGGREGATION_FULL_STACK`]): the keys carry root span
+/// ids, so the host's traffic, not its code, would set their number otherwise.
+struct Aggregation<V> {
+    totals: Totals<V>,
+    max_keys: usize,
+}
+
+impl<V: Default> Aggregation<V> {
+    fn new(max_keys: usize) -> Aggregation<V> {
+        Aggregation {
+            totals: HashMap::new(),
+            max_keys,
+        }
+    }
+
+    /// The most keys a label-free stack may take: distinct stacks are bounded by the
+    /// host's code, not its traffic, so they get room past the cap before totals lose
+    /// their stacks too.
+    fn max_unlabelled(&self) -> usize {
+        self.max_keys + self.max_keys / 8
+    }
+
+    /// Adds a sample of `frames` under `labels` (`add` updates its total). Past the cap a
+    /// new key loses its labels and, past the unlabelled room, its stack: the total is
+    /// always kept.
+    fn add(&mut self, frames: &[u64], labels: LabelKey, add: impl FnOnce(&mut V)) -> Added {
+        use std::collections::hash_map::Entry;
+        let len = self.totals.len();
+        let stack = match self.totals.entry((Box::from(frames), labels)) {
+            Entry::Occupied(total) => {
+                add(total.into_mut());
+                return Added::Kept;
+            }
+            Entry::Vacant(slot) if len < self.max_keys => {
+                add(slot.insert(V::default()));
+                return Added::Kept;
+            }
+            Entry::Vacant(slot) => slot.into_key().0,
+        };
+        let room = len < self.max_unlabelled();
+        let added = if labels == LabelKey::NONE {
+            Added::Kept
+        } else {
+            Added::Folded
+        };
+        match self.totals.entry((stack, LabelKey::NONE)) {
+            Entry::Occupied(total) => add(total.into_mut()),
+            Entry::Vacant(slot) if room => add(slot.insert(V::default())),
+            Entry::Vacant(_) => {
+                let full = (Box::from(AGGREGATION_FULL_STACK), LabelKey::NONE);
+                add(self.totals.entry(full).or_default());
+                return Added::Folded;
+            }
+        }
+        added
+    }
+
+    /// The totals so far; the aggregation starts again empty.
+    fn take(&mut self) -> Totals<V> {
+        std::mem::take(&mut self.totals)
+    }
+
+    /// Takes back totals [`take`](Self::take) gave (their interval goes on).
+    fn put_back(&mut self, totals: Totals<V>) {
+        self.totals = totals;
+    }
+}
 
 /// The labels a sample under `root` gets.
 fn label_key(root: Option<crate::span_context::RootLabel>) -> LabelKey {
@@ -399,12 +641,17 @@ fn label_key(root: Option<crate::span_context::RootLabel>) -> LabelKey {
 struct State {
     config: CollectorConfig,
     stats: Arc<CollectorStats>,
-    counts: HashMap<(Box<[u64]>, LabelKey), u64>,
+    /// CPU periods by (stack, labels).
+    counts: Aggregation<u64>,
     /// Blocked-in-poll looks: (blocks, blocked nanoseconds) by (stack, labels).
-    blocked: HashMap<(Box<[u64]>, LabelKey), BlockedTotals>,
+    blocked: Aggregation<BlockedTotals>,
     interval_start: SystemTime,
-    /// Flushes waiting for the interval in progress to reach the sinks.
-    flushes: Vec<Sender<()>>,
+    /// Where flushes wait; the encoder tells them.
+    flushes: Arc<FlushBoard>,
+    /// The last flush ticket the interval in progress answers (0: none).
+    flush_pending: u64,
+    /// The last flush ticket of an interval handed to the encoder.
+    flush_handed: u64,
     /// Set while the interval in progress is due but the encoder has no room for it yet:
     /// it goes on (nothing is lost, memory stays one aggregation) and is handed over at a
     /// later tick.
@@ -433,6 +680,8 @@ struct HealthLog {
     tick_noted: bool,
     /// Whether the "watchdog cannot read threads" note was given.
     watchdog_noted: bool,
+    /// Whether the "aggregation cap reached" note was given.
+    cap_noted: bool,
 }
 
 /// Intervals the one in progress may be held past its due hand-over (the encoder busy)
@@ -456,6 +705,17 @@ impl HealthLog {
                  rate ({} signals for {} periods): samples are weighted, so CPU totals stay \
                  right, but stacks are taken at the kernel tick rate",
                 sampler.taken, sampler.periods
+            );
+        }
+        let folded = stats.aggregation_folded.load(Ordering::Relaxed)
+            + stats.blocked_aggregation_folded.load(Ordering::Relaxed);
+        if !self.cap_noted && folded > 0 {
+            // Said once: the profiles look whole, only fewer samples name their span.
+            self.cap_noted = true;
+            eprintln!(
+                "otel-profiling: an interval reached its cap of distinct (stack, span) keys \
+                 (aggregation_max_keys): samples with new keys keep their CPU time but lose \
+                 their span labels until the interval ends; counted in aggregation_folded"
             );
         }
         let watchdog = sampler::watchdog::stats();
@@ -505,17 +765,23 @@ impl State {
                 .drain_every
                 .min(next_profile.saturating_duration_since(Instant::now()));
             match commands.recv_timeout(wait) {
-                Ok(Command::Flush(done)) => {
-                    self.drain();
-                    self.flushes.push(done);
-                    self.hand_over();
-                    next_profile = Instant::now() + self.config.interval;
+                Ok(Command::Flush) => {
+                    // One interval answers every flush asked before it ended: a burst of
+                    // flushes (or one per call while a sink is stuck) ends one interval.
+                    let asked = self.flushes.asked();
+                    if asked > self.flush_pending.max(self.flush_handed) {
+                        self.drain();
+                        self.flush_pending = asked;
+                        self.hand_over();
+                        next_profile = Instant::now() + self.config.interval;
+                    }
                 }
                 Ok(Command::Stop) | Err(RecvTimeoutError::Disconnected) => {
                     self.drain();
                     // The last interval waits for room: the encoder takes it once the one
                     // before is written, then ends when its channel closes.
                     let last = self.take_interval();
+                    self.note_keys((last.counts.len(), last.blocked.len()));
                     if let Err(std::sync::mpsc::SendError(lost)) = self.encoder.send(last) {
                         self.count_lost(&lost);
                     }
@@ -566,24 +832,47 @@ impl State {
             self.count_dropped(periods, blocks);
             return;
         }
-        let counts = &mut self.counts;
+        let (counts, mut folded) = (&mut self.counts, 0u64);
         sampler::SamplerState::global().drain_into(|record: &SampleRecord| {
-            let labels = label_key(record.root);
             // Weighted: a signal standing for several periods (rates above the kernel
             // tick) counts for all of them.
-            *counts
-                .entry((Box::from(record.frames()), labels))
-                .or_default() += u64::from(record.weight.max(1));
+            let periods = u64::from(record.weight.max(1));
+            let added = counts.add(record.frames(), label_key(record.root), |total| {
+                *total += periods;
+            });
+            if added == Added::Folded {
+                folded += periods;
+            }
         });
         sampler::check_handler();
-        let blocked = &mut self.blocked;
+        let (blocked, mut blocked_folded) = (&mut self.blocked, 0u64);
         sampler::watchdog::drain_blocked(|record| {
-            let entry = blocked
-                .entry((Box::from(&record.frames[..]), label_key(record.root)))
-                .or_default();
-            entry.0 += u64::from(record.first_look);
-            entry.1 = entry.1.saturating_add(record.delay_ns);
+            let blocks = u64::from(record.first_look);
+            let added = blocked.add(&record.frames[..], label_key(record.root), |total| {
+                total.0 += blocks;
+                total.1 = total.1.saturating_add(record.delay_ns);
+            });
+            if added == Added::Folded {
+                blocked_folded += blocks;
+            }
         });
+        let stats = &self.stats;
+        stats
+            .aggregation_folded
+            .fetch_add(folded, Ordering::Relaxed);
+        stats
+            .blocked_aggregation_folded
+            .fetch_add(blocked_folded, Ordering::Relaxed);
+    }
+
+    /// Sets the gauges of the keys (CPU, blocked) of the interval just handed over.
+    fn note_keys(&self, (cpu, blocked): (usize, usize)) {
+        let gauge = |n: usize| u64::try_from(n).unwrap_or(u64::MAX);
+        let stats = &self.stats;
+        stats.aggregation_keys.store(gauge(cpu), Ordering::Relaxed);
+        stats
+            .blocked_aggregation_keys
+            .store(gauge(blocked), Ordering::Relaxed);
     }
 
     fn count_dropped(&self, periods: u64, blocks: u64) {
@@ -618,9 +907,9 @@ impl State {
         encoder::Interval {
             start,
             duration: end.duration_since(start).unwrap_or_default(),
-            counts: std::mem::take(&mut self.counts),
-            blocked: std::mem::take(&mut self.blocked),
-            flushes: std::mem::take(&mut self.flushes),
+            counts: self.counts.take(),
+            blocked: self.blocked.take(),
+            flush: std::mem::take(&mut self.flush_pending),
         }
     }
 
@@ -628,14 +917,20 @@ impl State {
     /// with the one before, lets it go on until a later tick.
     fn hand_over(&mut self) {
         let interval = self.take_interval();
+        let keys = (interval.counts.len(), interval.blocked.len());
+        let flush = interval.flush;
         match self.encoder.try_send(interval) {
-            Ok(()) => self.held = None,
+            Ok(()) => {
+                self.held = None;
+                self.flush_handed = self.flush_handed.max(flush);
+                self.note_keys(keys);
+            }
             Err(TrySendError::Full(back)) => {
                 // Put back: the interval keeps its start and its flushes.
                 self.interval_start = back.start;
-                self.counts = back.counts;
-                self.blocked = back.blocked;
-                self.flushes = back.flushes;
+                self.counts.put_back(back.counts);
+                self.blocked.put_back(back.blocked);
+                self.flush_pending = back.flush;
                 self.held.get_or_insert(Held {
                     since: Instant::now(),
                     full_at: None,
@@ -675,6 +970,105 @@ mod tests {
         assert_eq!(
             (few.span_id, few.trace_id, few.span_name),
             (Some(7), None, None)
+        );
+    }
+
+    /// One ticket answers every flush asked before it; a closed board answers `false`
+    /// at once rather than at each waiter's timeout.
+    #[test]
+    fn flushes_share_one_answer_and_a_closed_board_ends_every_wait() {
+        let board = Arc::new(FlushBoard::default());
+        let waiters: Vec<_> = (0..4)
+            .map(|_| {
+                let (board, ticket) = (board.clone(), board.ask());
+                std::thread::spawn(move || board.wait(ticket, Duration::from_secs(20)))
+            })
+            .collect();
+        let late = board.ask();
+        board.written(board.asked() - 1);
+        for waiter in waiters {
+            assert!(waiter.join().expect("waiter"));
+        }
+        assert!(
+            !board.wait(late, Duration::from_millis(10)),
+            "not written yet"
+        );
+        let waiting = {
+            let board = board.clone();
+            std::thread::spawn(move || board.wait(late, Duration::from_secs(20)))
+        };
+        let closed_at = Instant::now();
+        board.close();
+        assert!(!waiting.join().expect("waiter"));
+        assert!(closed_at.elapsed() < Duration::from_secs(10));
+        // What was written before the close still counts.
+        assert!(board.wait(late - 1, Duration::ZERO));
+    }
+
+    fn labelled(span_id: u64) -> LabelKey {
+        LabelKey {
+            span_id,
+            trace_id: u128::from(span_id) << 64 | 1,
+            name: None,
+        }
+    }
+
+    /// Issue 42: with a root per request, every sample was a new key and one interval's
+    /// map grew with the traffic. Past the cap a new key loses its labels (then its
+    /// stack); the keys stay within cap + cap/8 + 1 and every period is still counted.
+    #[test]
+    fn past_the_cap_new_keys_lose_their_labels_but_not_their_time() {
+        let mut agg = Aggregation::<u64>::new(16);
+        let stack = |i: u64| [0x1000 + i, 0x2000];
+        let add = |agg: &mut Aggregation<u64>, s: u64, labels: LabelKey, n: u64| {
+            agg.add(&stack(s), labels, |total| *total += n)
+        };
+        for i in 0..16 {
+            assert_eq!(add(&mut agg, i, labelled(i + 1), 1), Added::Kept);
+        }
+        // Known keys still add up where they are.
+        assert_eq!(add(&mut agg, 5, labelled(6), 2), Added::Kept);
+        // Full: a new root on stack 0 goes to stack 0 with no labels (a new key within
+        // the unlabelled room), and so does the next one.
+        assert_eq!(add(&mut agg, 0, labelled(100), 3), Added::Folded);
+        assert_eq!(add(&mut agg, 0, labelled(101), 4), Added::Folded);
+        assert_eq!(agg.totals[&(Box::from(&stack(0)[..]), LabelKey::NONE)], 7);
+        // An unlabelled sample takes the last unlabelled room and loses nothing.
+        assert_eq!(add(&mut agg, 1, LabelKey::NONE, 1), Added::Kept);
+        assert_eq!(agg.totals.len(), 18);
+        // No room left: the stack goes too, into the one full key.
+        assert_eq!(add(&mut agg, 2, labelled(102), 5), Added::Folded);
+        assert_eq!(add(&mut agg, 3, LabelKey::NONE, 6), Added::Folded);
+        let full = (Box::from(&AGGREGATION_FULL_STACK[..]), LabelKey::NONE);
+        assert_eq!(agg.totals[&full], 11);
+        assert_eq!(agg.totals.len(), 19);
+
+        // A flood of roots and stacks: the size holds and the total is every period.
+        let mut fed = 16 + 2 + 3 + 4 + 1 + 5 + 6;
+        let mut folded = 0;
+        for i in 0..20_000u64 {
+            let n = i % 7 + 1;
+            fed += n;
+            if add(&mut agg, i % 500, labelled(1_000 + i), n) == Added::Folded {
+                folded += n;
+            }
+        }
+        assert_eq!(agg.totals.len(), 19);
+        assert_eq!(agg.totals.values().sum::<u64>(), fed);
+        assert!(folded > 19_000, "{folded}");
+        // A new interval starts empty, with the same cap.
+        assert_eq!(agg.take().len(), 19);
+        assert_eq!(add(&mut agg, 9, labelled(9), 1), Added::Kept);
+    }
+
+    /// The memory figures of [`DEFAULT_MAX_AGGREGATION_KEYS`] count a 64-byte table slot
+    /// a key: a larger key must update them.
+    #[test]
+    fn a_key_costs_a_table_slot_and_its_stack() {
+        assert_eq!(std::mem::size_of::<((Box<[u64]>, LabelKey), u64)>(), 64);
+        assert_eq!(
+            std::mem::size_of::<((Box<[u64]>, LabelKey), BlockedTotals)>(),
+            64
         );
     }
 

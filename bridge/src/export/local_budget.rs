@@ -13,7 +13,10 @@ use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 
 use super::local_sink::is_sink_file;
 
-/// The default bound: 256 MiB.
+/// The default bound: 256 MiB, for every local sink and span exporter unless given
+/// another ([`Telemetry::output_max_bytes`](crate::Telemetry::output_max_bytes),
+/// `OTEL_PROFILING_OUTPUT_MAX_BYTES`, `ProfilerBuilder::output_max_bytes`, or
+/// `with_budget` on the sink or exporter).
 pub const DEFAULT_OUTPUT_MAX_BYTES: u64 = 256 << 20;
 
 /// The bound on one directory's files of ours, shared by the profile sink and the span
@@ -29,7 +32,9 @@ pub struct LocalBudget {
 }
 
 impl LocalBudget {
-    /// The bound `max_bytes` (0: none) on `dir`.
+    /// The bound `max_bytes` on `dir`. `0` means no bound at all: nothing is ever
+    /// removed and the span file is never rotated, so the directory grows for as long as
+    /// the process writes; it is the explicit opt-out, never a default.
     pub fn new(dir: impl Into<PathBuf>, max_bytes: u64) -> LocalBudget {
         LocalBudget {
             dir: dir.into(),

@@ -18,6 +18,15 @@
 //!
 //! `Telemetry::build` prints the directory once on stderr
 //! (`otel-profiling: writing profiles and spans to <dir>`) unless told to be quiet.
+//!
+//! Every sink and exporter here keeps the directory within a [`LocalBudget`]: by default
+//! [`DEFAULT_OUTPUT_MAX_BYTES`] (256 MiB), also when made directly with
+//! [`LocalProfileSink::new`] or [`LocalSpanExporter::new`], so a standalone
+//! `Profiler::builder().start()` never writes files without end (about 8,640 profiles a
+//! day at 10 s). [`with_budget`](LocalProfileSink::with_budget) gives another bound, or
+//! shares one between the profile sink and the span file of a directory;
+//! `LocalBudget::new(dir, 0)` is the explicit opt-out: no bound, the directory grows for
+//! as long as the process writes.
 
 use std::ffi::OsString;
 use std::fs::{File, OpenOptions};
@@ -33,7 +42,7 @@ use opentelemetry_sdk::error::{OTelSdkError, OTelSdkResult};
 use opentelemetry_sdk::trace::{SpanData, SpanExporter};
 use opentelemetry_sdk::Resource;
 
-use super::local_budget::LocalBudget;
+use super::local_budget::{LocalBudget, DEFAULT_OUTPUT_MAX_BYTES};
 use crate::collector::{EncodedProfile, ProfileSink};
 
 /// The environment variable that overrides the default output directory.
@@ -122,25 +131,34 @@ fn civil_from_days(z: i64) -> (i64, u32, u32) {
     (y, m, d)
 }
 
-/// Writes each profile as `<start>_cpu.pb.gz` into a directory.
+/// Writes each profile as `<start>_cpu.pb.gz` into a directory, kept within a
+/// [`LocalBudget`].
 #[derive(Debug)]
 pub struct LocalProfileSink {
     dir: PathBuf,
-    budget: Option<Arc<LocalBudget>>,
+    budget: Arc<LocalBudget>,
 }
 
 impl LocalProfileSink {
-    /// A sink writing into `dir` (created if missing).
+    /// A sink writing into `dir` (created if missing), keeping it within
+    /// [`DEFAULT_OUTPUT_MAX_BYTES`] (see [`with_budget`](Self::with_budget)).
     pub fn new(dir: impl Into<PathBuf>) -> io::Result<LocalProfileSink> {
         let dir = dir.into();
         std::fs::create_dir_all(&dir)?;
-        Ok(LocalProfileSink { dir, budget: None })
+        let budget = Arc::new(LocalBudget::new(&dir, DEFAULT_OUTPUT_MAX_BYTES));
+        Ok(LocalProfileSink { dir, budget })
     }
 
-    /// Keeps the directory within `budget` (see [`LocalBudget`]).
+    /// Keeps the directory within `budget` instead of the default (see [`LocalBudget`];
+    /// a bound of 0 is none).
     pub fn with_budget(mut self, budget: Arc<LocalBudget>) -> LocalProfileSink {
-        self.budget = Some(budget);
+        self.budget = budget;
         self
+    }
+
+    /// The bound kept, with what it removed so far ([`LocalBudget::removed`]).
+    pub fn budget(&self) -> &Arc<LocalBudget> {
+        &self.budget
     }
 
     /// The directory written to.
@@ -171,13 +189,16 @@ impl ProfileSink for LocalProfileSink {
             timeline_stamp(profile.start),
             profile.kind.file_suffix()
         );
-        if let Some(budget) = &self.budget {
-            budget.make_room(profile.gzip_pprof.len() as u64, None);
-        }
+        self.budget.make_room(profile.gzip_pprof.len() as u64, None);
         // Write then rename, so a reader never sees half a file.
         let tmp = self.dir.join(format!(".{name}.tmp"));
-        std::fs::write(&tmp, &profile.gzip_pprof)?;
-        std::fs::rename(&tmp, self.dir.join(name))
+        let written = std::fs::write(&tmp, &profile.gzip_pprof)
+            .and_then(|()| std::fs::rename(&tmp, self.dir.join(name)));
+        if written.is_err() {
+            // The budget does not count `.tmp` files: one left here would stay for good.
+            let _ = std::fs::remove_file(&tmp);
+        }
+        written
     }
 }
 
@@ -215,7 +236,7 @@ pub struct LocalSpanExporter {
     path: PathBuf,
     file: Mutex<SpanFile>,
     resource: ResourceAttributesWithSchema,
-    budget: Option<Arc<LocalBudget>>,
+    budget: Arc<LocalBudget>,
 }
 
 /// The span file being appended to.
@@ -228,8 +249,9 @@ struct SpanFile {
 }
 
 impl LocalSpanExporter {
-    /// An exporter writing into `dir` (created if missing); the file is named by the time
-    /// the exporter was created.
+    /// An exporter writing into `dir` (created if missing), keeping it within
+    /// [`DEFAULT_OUTPUT_MAX_BYTES`] (see [`with_budget`](Self::with_budget)); the file is
+    /// named by the time the exporter was created.
     pub fn new(dir: impl AsRef<Path>) -> io::Result<LocalSpanExporter> {
         std::fs::create_dir_all(dir.as_ref())?;
         let path = span_file_path(dir.as_ref(), None);
@@ -242,15 +264,23 @@ impl LocalSpanExporter {
                 written: 0,
             }),
             resource: ResourceAttributesWithSchema::from(&Resource::builder_empty().build()),
-            budget: None,
+            budget: Arc::new(LocalBudget::new(dir.as_ref(), DEFAULT_OUTPUT_MAX_BYTES)),
         })
     }
 
-    /// Keeps the directory within `budget`, rotating the span file at an eighth of it (see
-    /// [`LocalBudget`]).
+    /// Keeps the directory within `budget` instead of the default, rotating the span file
+    /// at an eighth of it (see [`LocalBudget`]; a bound of 0 is none, and the file is
+    /// never rotated). Give it the profile sink's budget
+    /// ([`Profiler::local_budget`](crate::Profiler::local_budget)) when both write to one
+    /// directory.
     pub fn with_budget(mut self, budget: Arc<LocalBudget>) -> LocalSpanExporter {
-        self.budget = Some(budget);
+        self.budget = budget;
         self
+    }
+
+    /// The bound kept, with what it removed so far ([`LocalBudget::removed`]).
+    pub fn budget(&self) -> &Arc<LocalBudget> {
+        &self.budget
     }
 
     /// The first file written to (with a budget, later lines may go to newer files).
@@ -261,20 +291,18 @@ impl LocalSpanExporter {
     fn write_line(&self, line: &[u8]) -> io::Result<()> {
         let mut state = self.file.lock().unwrap_or_else(PoisonError::into_inner);
         let incoming = line.len() as u64;
-        if let Some(budget) = &self.budget {
-            if let Some(limit) = budget.span_file_limit() {
-                if state.written > 0 && state.written + incoming > limit {
-                    // Rotate: the full file becomes one the budget may remove.
-                    let path = span_file_path(&self.dir, Some(&state.path));
-                    *state = SpanFile {
-                        path,
-                        file: None,
-                        written: 0,
-                    };
-                }
+        if let Some(limit) = self.budget.span_file_limit() {
+            if state.written > 0 && state.written + incoming > limit {
+                // Rotate: the full file becomes one the budget may remove.
+                let path = span_file_path(&self.dir, Some(&state.path));
+                *state = SpanFile {
+                    path,
+                    file: None,
+                    written: 0,
+                };
             }
-            budget.make_room(incoming, Some(&state.path));
         }
+        self.budget.make_room(incoming, Some(&state.path));
         if state.file.is_none() {
             let file = OpenOptions::new()
                 .create(true)
@@ -407,6 +435,90 @@ mod tests {
             dir(None, os("  "), None, None),
             PathBuf::from("target/otel-profiling")
         );
+    }
+
+    /// A directory holding an earlier run's 300 MiB of profiles (a sparse file: no disk
+    /// used), named `<tag>-<pid>` under the temporary directory.
+    fn dir_past_the_default_bound(tag: &str) -> (PathBuf, PathBuf) {
+        let dir = std::env::temp_dir().join(format!("otel-profiling-{tag}-{}", std::process::id()));
+        let _ = std::fs::remove_dir_all(&dir);
+        std::fs::create_dir_all(&dir).expect("dir");
+        let old = dir.join("2020-01-01T00-00-00.000Z_cpu.pb.gz");
+        File::create(&old)
+            .and_then(|f| f.set_len(300 << 20))
+            .expect("old file");
+        (dir, old)
+    }
+
+    fn profile() -> EncodedProfile {
+        EncodedProfile {
+            kind: crate::collector::ProfileKind::Cpu,
+            start: SystemTime::now(),
+            duration: Duration::from_secs(10),
+            samples: 1,
+            gzip_pprof: vec![1, 2, 3],
+        }
+    }
+
+    /// Issue 42: made directly (as `Profiler::builder().start()` makes it), the sink had
+    /// no bound and wrote files without end. It keeps the default bound now.
+    #[test]
+    fn a_sink_made_directly_keeps_the_default_bound() {
+        let (dir, old) = dir_past_the_default_bound("sink-default");
+        let mut sink = LocalProfileSink::new(&dir).expect("sink");
+        sink.export(&profile()).expect("export");
+        assert!(!old.exists(), "the oldest file went");
+        assert_eq!(sink.budget().removed(), (1, 300 << 20));
+        let _ = std::fs::remove_dir_all(&dir);
+    }
+
+    /// The same for the span exporter, whose file is then rotated too.
+    #[test]
+    fn a_span_exporter_made_directly_keeps_the_default_bound() {
+        let (dir, old) = dir_past_the_default_bound("spans-default");
+        let spans = LocalSpanExporter::new(&dir).expect("exporter");
+        assert!(spans.budget().span_file_limit().is_some());
+        spans.write_line(b"{}\n").expect("write");
+        assert!(!old.exists(), "the oldest file went");
+        assert_eq!(spans.budget().removed(), (1, 300 << 20));
+        let _ = std::fs::remove_dir_all(&dir);
+    }
+
+    /// A bound of 0 is the explicit opt-out: nothing is removed.
+    #[test]
+    fn a_zero_bound_removes_nothing() {
+        let (dir, old) = dir_past_the_default_bound("sink-unbounded");
+        let mut sink = LocalProfileSink::new(&dir)
+            .expect("sink")
+            .with_budget(Arc::new(LocalBudget::new(&dir, 0)));
+        sink.export(&profile()).expect("export");
+        let spans = LocalSpanExporter::new(&dir)
+            .expect("exporter")
+            .with_budget(sink.budget().clone());
+        spans.write_line(b"{}\n").expect("write");
+        assert!(old.exists());
+        assert_eq!(sink.budget().removed(), (0, 0));
+        let _ = std::fs::remove_dir_all(&dir);
+    }
+
+    /// A write or rename that fails (a full disk, a name taken) leaves no `.tmp` file,
+    /// which no budget would ever remove.
+    #[test]
+    fn a_failed_write_leaves_no_temporary_file() {
+        let dir = std::env::temp_dir().join(format!("otel-profiling-tmp-{}", std::process::id()));
+        let _ = std::fs::remove_dir_all(&dir);
+        let mut sink = LocalProfileSink::new(&dir).expect("sink");
+        let profile = profile();
+        let name = format!("{}{CPU_PROFILE_SUFFIX}", timeline_stamp(profile.start));
+        // The name is taken by a directory that is not empty: the rename fails.
+        std::fs::create_dir_all(dir.join(&name).join("x")).expect("blocker");
+        assert!(sink.export(&profile).is_err());
+        let names: Vec<String> = std::fs::read_dir(&dir)
+            .expect("dir")
+            .filter_map(|e| e.ok()?.file_name().into_string().ok())
+            .collect();
+        assert_eq!(names, [name]);
+        let _ = std::fs::remove_dir_all(&dir);
     }
 
     #[test]

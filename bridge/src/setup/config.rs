@@ -22,10 +22,10 @@
 //! | `PYROSCOPE_LABELS` | static series labels on every profile | `key=value,key2=value2` |
 //! | `PYROSCOPE_HTTP_HEADERS` | extra headers of Pyroscope pushes | a JSON object, `{"X-Header": "value"}` |
 //! | `PYROSCOPE_SAMPLE_RATE` | samples per second | integer 1–1000 |
-//! | `PYROSCOPE_UPLOAD_INTERVAL` | profile length, at least 100 ms | `10s`, `500ms`, `1m`, `2h` or whole seconds (`10`); no space before the unit (`10 s` is rejected, as Go's `time.ParseDuration` that Pyroscope's own agents use rejects it) |
+//! | `PYROSCOPE_UPLOAD_INTERVAL` | profile length, 100 ms to 60 s ([`MAX_PROFILE_INTERVAL`](crate::collector::MAX_PROFILE_INTERVAL): Grafana's span link searches 60 s around a span) | `10s`, `500ms`, `1m` or whole seconds (`10`); no space before the unit (`10 s` is rejected, as Go's `time.ParseDuration` that Pyroscope's own agents use rejects it) |
 //! | `OTEL_PROFILING_OUTPUT_DIR` | local files directory (no backend configured); default `$CARGO_TARGET_DIR/otel-profiling` when `CARGO_TARGET_DIR` is set, else `target/otel-profiling` (see [`crate::local_sink`]) | a path |
 //! | `OTEL_PROFILING_MAX_LIVE_ROOTS` | the most local roots labelled at once; past it a root's samples carry no span labels, counted (default 262144; see [`crate::set_max_live_roots`]) | 1 to 8388608 |
-//! | `OTEL_PROFILING_OUTPUT_MAX_BYTES` | bound on our files in the local directory, oldest removed first (default 256 MiB) | bytes, or `64KiB`, `256MiB`, `1GiB`; `0` for no bound |
+//! | `OTEL_PROFILING_OUTPUT_MAX_BYTES` | bound on our files in the local directory, oldest removed first (default 256 MiB; the standalone `ProfilerBuilder` reads it too) | bytes, or `64KiB`, `256MiB`, `1GiB`; `0` for no bound at all (the explicit opt-out: the directory then grows without end) |
 //! | `OTEL_PROFILING_BLOCKED_THRESHOLD` | how long a thread must be held inside one poll of a span, off-CPU in a system call, before its stack goes into the blocked-in-poll profile (default 10ms; see `docs/blocked-in-poll.md`) | `10ms`, `50ms`, `1s` (1 ms to 60 s), or `off` (no watchdog) |
 //! | `OTEL_PROFILING_PROFILES_EXPORTER` | where profiles go: Pyroscope's push API, OTLP profiles, or both. Unset: `otlp` when `OTEL_EXPORTER_OTLP_PROFILES_ENDPOINT` is set (`both` if `PYROSCOPE_SERVER_ADDRESS` is set too), else Pyroscope when configured | `pyroscope`, `otlp` or `both` |
 //! | `OTEL_EXPORTER_OTLP_PROFILES_ENDPOINT` | OTLP profiles receiver, used as given; else `OTEL_EXPORTER_OTLP_ENDPOINT` + `/v1development/profiles` (HTTP) | `http://localhost:4040/v1development/profiles` (Pyroscope), `http://localhost:4318/v1development/profiles` (Collector) |
@@ -352,11 +352,14 @@ impl EnvConfig {
             })?);
         }
         if let Some(v) = get("PYROSCOPE_UPLOAD_INTERVAL") {
-            let interval = parse_duration(&v).filter(|d| *d >= Duration::from_millis(100));
+            let interval = parse_duration(&v).filter(|d| {
+                (crate::collector::MIN_PROFILE_INTERVAL..=crate::collector::MAX_PROFILE_INTERVAL)
+                    .contains(d)
+            });
             config.upload_interval = Some(interval.ok_or_else(|| {
                 ConfigError::new(
                     "PYROSCOPE_UPLOAD_INTERVAL",
-                    "not a duration of at least 100 ms",
+                    "not a duration from 100 ms to 60 s",
                     &v,
                     "a duration like `10s`, `500ms`, `1m`, or whole seconds, with no space before the unit",
                 )
@@ -379,17 +382,7 @@ impl EnvConfig {
             });
         }
         config.output_dir = output_dir_variable(|name| lookup(name).map(OsString::from));
-        if let Some(v) = get("OTEL_PROFILING_OUTPUT_MAX_BYTES") {
-            config.output_max_bytes =
-                Some(crate::export::local_budget::parse_bytes(&v).ok_or_else(|| {
-                    ConfigError::new(
-                        "OTEL_PROFILING_OUTPUT_MAX_BYTES",
-                        "not a size",
-                        &v,
-                        "bytes, or with a KiB, MiB or GiB suffix (`512MiB`); 0 for no bound",
-                    )
-                })?);
-        }
+        config.output_max_bytes = output_max_bytes_variable(get)?;
         if let Some(v) = get("OTEL_PROFILING_MAX_LIVE_ROOTS") {
             config.max_live_roots = Some(parse_max_live_roots(&v).ok_or_else(|| {
                 ConfigError::new(
@@ -945,6 +938,28 @@ fn percent_decode(s: &str) -> Option<String> {
         .decode_utf8()
         .ok()
         .map(|decoded| decoded.into_owned())
+}
+
+/// `OTEL_PROFILING_OUTPUT_MAX_BYTES` as `get` reports it (blank counts as unset): the one
+/// reader of the variable, for [`EnvConfig`] and the standalone
+/// [`ProfilerBuilder`](crate::ProfilerBuilder).
+pub(crate) fn output_max_bytes_variable(
+    get: impl Fn(&str) -> Option<String>,
+) -> Result<Option<u64>, ConfigError> {
+    const NAME: &str = "OTEL_PROFILING_OUTPUT_MAX_BYTES";
+    let Some(v) = get(NAME).filter(|v| !v.trim().is_empty()) else {
+        return Ok(None);
+    };
+    crate::export::local_budget::parse_bytes(&v)
+        .map(Some)
+        .ok_or_else(|| {
+            ConfigError::new(
+                NAME,
+                "not a size",
+                &v,
+                "bytes, or with a KiB, MiB or GiB suffix (`512MiB`); 0 for no bound",
+            )
+        })
 }
 
 /// `10s`, `500ms`, `1m`, `2h`, or a bare number of seconds; surrounding blanks are

@@ -2,9 +2,15 @@
 //! collector thread and its sinks.
 
 use std::path::{Path, PathBuf};
+use std::sync::Arc;
 use std::time::Duration;
 
-use crate::collector::{Collector, CollectorConfig, ProfileSink};
+use crate::collector::{
+    Collector, CollectorConfig, ProfileSink, MAX_AGGREGATION_KEYS, MAX_PROFILE_INTERVAL,
+    MIN_PROFILE_INTERVAL,
+};
+use crate::config::ConfigError;
+use crate::export::local_budget::{LocalBudget, DEFAULT_OUTPUT_MAX_BYTES};
 use crate::local_sink::{output_dir, LocalProfileSink};
 use crate::sampler::watchdog::{self, Watchdog, WatchdogConfig, WatchdogError, WatchdogStats};
 use crate::sampler::{self, Sampler, SamplerConfig, SamplerError, SamplerStats};
@@ -19,9 +25,18 @@ pub enum ProfilerError {
     /// The blocked-in-poll watchdog could not start (its message names the field).
     #[error(transparent)]
     Watchdog(#[from] WatchdogError),
-    /// `interval` must be at least `drain_every` and non-zero.
-    #[error("profiler.interval must be at least 100 ms, got {0:?}")]
+    /// `interval` must be from
+    /// [`MIN_PROFILE_INTERVAL`](crate::collector::MIN_PROFILE_INTERVAL) (100 ms) to
+    /// [`MAX_PROFILE_INTERVAL`](crate::collector::MAX_PROFILE_INTERVAL) (60 s).
+    #[error("profiler.interval must be from 100 ms to 60 s, got {0:?}")]
     InvalidInterval(Duration),
+    /// `aggregation_max_keys` must be from 1 to
+    /// [`MAX_AGGREGATION_KEYS`](crate::collector::MAX_AGGREGATION_KEYS).
+    #[error("profiler.aggregation_max_keys must be from 1 to 1048576, got {0}")]
+    InvalidAggregationMaxKeys(usize),
+    /// A variable the profiler reads was malformed (its message names it).
+    #[error(transparent)]
+    Config(#[from] ConfigError),
     /// A file or thread could not be created.
     #[error("{what}: {source}")]
     Io {
@@ -60,6 +75,34 @@ pub struct ProfilerStats {
     pub dropped_encoder_busy: u64,
     /// Blocked-in-poll blocks (the blocked profile's `contentions`) dropped likewise.
     pub blocked_dropped_encoder_busy: u64,
+    /// CPU sampling periods that lost their span labels because their interval's
+    /// aggregation already held [`aggregation_max_keys`](ProfilerBuilder::aggregation_max_keys)
+    /// distinct (stack, span labels) keys: their CPU time stays in the profile, under
+    /// their stack with no span labels, or (when even the unlabelled stacks took their
+    /// room, an eighth more keys) under the one frame
+    /// [`AGGREGATION_FULL_FRAME`](crate::collector::AGGREGATION_FULL_FRAME).
+    pub aggregation_folded: u64,
+    /// Blocked-in-poll blocks likewise.
+    pub blocked_aggregation_folded: u64,
+    /// Distinct (stack, span labels) keys of the last interval's CPU aggregation handed
+    /// to the encoder: at most the cap plus an eighth plus one.
+    pub aggregation_keys: u64,
+    /// The same for the blocked-in-poll aggregation.
+    pub blocked_aggregation_keys: u64,
+    /// Addresses whose names the symbolizer keeps between intervals, all files together,
+    /// after the last interval: at most 32,768 a file (about 150 bytes each), within one
+    /// naming pass too.
+    pub symbol_cache_entries: u64,
+    /// Times a file's kept names were full and forgotten (found again as they are
+    /// sampled): a count that keeps rising means the hot addresses do not fit.
+    pub symbol_cache_clears: u64,
+    /// Local profile and span files removed to keep the local directory within its
+    /// bound ([`ProfilerBuilder::output_max_bytes`]); 0 without local files. Under
+    /// [`Telemetry`](crate::Telemetry) the bound is shared with the span file and this
+    /// is [`HealthStats::local_files_removed`](crate::HealthStats::local_files_removed).
+    pub local_files_removed: u64,
+    /// Their bytes.
+    pub local_bytes_removed: u64,
 }
 
 /// Builds a [`Profiler`].
@@ -74,8 +117,10 @@ pub struct ProfilerBuilder {
     output_dir: Option<PathBuf>,
     sinks: Vec<Box<dyn ProfileSink>>,
     local_files: Option<bool>,
+    /// The bound on the local directory, in bytes (0: none).
+    output_max_bytes: Option<u64>,
     /// The bound on the local directory (from `Telemetry`, shared with its span file).
-    budget: Option<std::sync::Arc<crate::export::local_budget::LocalBudget>>,
+    budget: Option<Arc<LocalBudget>>,
     /// `None`: the default watchdog; `Some(None)`: switched off.
     blocked: Option<Option<WatchdogConfig>>,
 }
@@ -87,6 +132,7 @@ impl std::fmt::Debug for ProfilerBuilder {
             .field("collector", &self.collector)
             .field("output_dir", &self.output_dir)
             .field("sinks", &self.sinks.len())
+            .field("output_max_bytes", &self.output_max_bytes)
             .field("blocked", &self.blocked)
             .finish()
     }
@@ -99,7 +145,8 @@ impl ProfilerBuilder {
         self
     }
 
-    /// Length of one profile (default 10 s).
+    /// Length of one profile (default 10 s; 100 ms to
+    /// [`MAX_PROFILE_INTERVAL`](crate::collector::MAX_PROFILE_INTERVAL), 60 s).
     pub fn interval(mut self, interval: Duration) -> Self {
         self.collector.interval = interval;
         self
@@ -117,6 +164,17 @@ impl ProfilerBuilder {
     /// against Pyroscope's per-profile size and per-tenant ingestion limits.
     pub fn trace_id_label(mut self, on: bool) -> Self {
         self.collector.trace_id_label = on;
+        self
+    }
+
+    /// The most distinct (stack, span labels) keys one interval's aggregation holds, for
+    /// CPU samples and blocked-in-poll looks each (default
+    /// [`DEFAULT_MAX_AGGREGATION_KEYS`](crate::collector::DEFAULT_MAX_AGGREGATION_KEYS),
+    /// 65,536; 1 to [`MAX_AGGREGATION_KEYS`](crate::collector::MAX_AGGREGATION_KEYS)).
+    /// Past it a sample with a new key keeps its CPU time but not its span labels,
+    /// counted in [`ProfilerStats::aggregation_folded`].
+    pub fn aggregation_max_keys(mut self, keys: usize) -> Self {
+        self.collector.max_keys = keys;
         self
     }
 
@@ -166,34 +224,59 @@ impl ProfilerBuilder {
         self
     }
 
+    /// The bound on this crate's profile and span files in the local directory, earlier
+    /// runs' included: the oldest go first. Default: `OTEL_PROFILING_OUTPUT_MAX_BYTES`,
+    /// else [`DEFAULT_OUTPUT_MAX_BYTES`] (256 MiB). `0` is no bound at all, the explicit
+    /// opt-out: the directory then grows for as long as the profiler runs.
+    pub fn output_max_bytes(mut self, bytes: u64) -> Self {
+        self.output_max_bytes = Some(bytes);
+        self
+    }
+
     /// Keeps the local directory within `budget` (shared with the setup's span file).
-    pub(crate) fn local_budget(
-        mut self,
-        budget: std::sync::Arc<crate::export::local_budget::LocalBudget>,
-    ) -> Self {
+    pub(crate) fn local_budget(mut self, budget: Arc<LocalBudget>) -> Self {
         self.budget = Some(budget);
         self
     }
 
     /// Starts sampling (the calling thread is registered) and the collector thread.
     pub fn start(mut self) -> Result<Profiler, ProfilerError> {
-        if self.collector.interval < Duration::from_millis(100) {
-            return Err(ProfilerError::InvalidInterval(self.collector.interval));
+        let interval = self.collector.interval;
+        if !(MIN_PROFILE_INTERVAL..=MAX_PROFILE_INTERVAL).contains(&interval) {
+            return Err(ProfilerError::InvalidInterval(interval));
+        }
+        if !(1..=MAX_AGGREGATION_KEYS).contains(&self.collector.max_keys) {
+            return Err(ProfilerError::InvalidAggregationMaxKeys(
+                self.collector.max_keys,
+            ));
         }
         self.collector.drain_every = self.collector.drain_every.min(self.collector.interval);
         self.sampler.drain_period = self.collector.drain_every;
-        let mut output = None;
+        let (mut output, mut local_budget) = (None, None);
         if self.local_files.unwrap_or(self.sinks.is_empty()) {
             let dir = output_dir(self.output_dir.as_deref());
-            let mut sink = LocalProfileSink::new(&dir).map_err(|source| ProfilerError::Io {
-                what: format!("creating the output directory {}", dir.display()),
-                source,
-            })?;
-            if let Some(budget) = self.budget.take() {
-                sink = sink.with_budget(budget);
-            }
+            let budget = match self.budget.take() {
+                Some(budget) => budget,
+                None => {
+                    let max_bytes = match self.output_max_bytes {
+                        Some(bytes) => bytes,
+                        None => crate::config::output_max_bytes_variable(|name| {
+                            std::env::var(name).ok()
+                        })?
+                        .unwrap_or(DEFAULT_OUTPUT_MAX_BYTES),
+                    };
+                    Arc::new(LocalBudget::new(&dir, max_bytes))
+                }
+            };
+            let sink = LocalProfileSink::new(&dir)
+                .map_err(|source| ProfilerError::Io {
+                    what: format!("creating the output directory {}", dir.display()),
+                    source,
+                })?
+                .with_budget(budget.clone());
             self.sinks.push(Box::new(sink));
             output = Some(dir);
+            local_budget = Some(budget);
         }
         if let Some(Some(config)) = &self.blocked {
             config.validate()?;
@@ -220,6 +303,7 @@ impl ProfilerBuilder {
             sampler: Some(sampler),
             collector: Some(collector),
             output_dir: output,
+            local_budget,
         })
     }
 }
@@ -242,6 +326,8 @@ pub struct Profiler {
     sampler: Option<Sampler>,
     collector: Option<Collector>,
     output_dir: Option<PathBuf>,
+    /// The bound kept on `output_dir`.
+    local_budget: Option<Arc<LocalBudget>>,
 }
 
 impl Profiler {
@@ -255,7 +341,16 @@ impl Profiler {
         self.output_dir.as_deref()
     }
 
-    /// Ends the current profile now and waits until the sinks have it.
+    /// The bound kept on [`output_dir`](Self::output_dir), if local files are on: give it
+    /// to a [`LocalSpanExporter`](crate::local_sink::LocalSpanExporter) writing there
+    /// (`with_budget`) so that one bound holds for both.
+    pub fn local_budget(&self) -> Option<&Arc<LocalBudget>> {
+        self.local_budget.as_ref()
+    }
+
+    /// Ends the current profile now and waits (up to `timeout`) until the sinks have it;
+    /// `false` if they did not in time. Flushes asked before a profile ended share it, so
+    /// calls against a stuck sink end no extra profiles and keep nothing per call.
     pub fn flush(&self, timeout: Duration) -> bool {
         self.collector.as_ref().is_some_and(|c| c.flush(timeout))
     }
@@ -277,6 +372,15 @@ impl Profiler {
             stats.blocked_in_profiles = s.blocked_in_profiles;
             stats.dropped_encoder_busy = s.dropped_encoder_busy;
             stats.blocked_dropped_encoder_busy = s.blocked_dropped_encoder_busy;
+            stats.aggregation_folded = s.aggregation_folded;
+            stats.blocked_aggregation_folded = s.blocked_aggregation_folded;
+            stats.aggregation_keys = s.aggregation_keys;
+            stats.blocked_aggregation_keys = s.blocked_aggregation_keys;
+            stats.symbol_cache_entries = s.symbol_cache_entries;
+            stats.symbol_cache_clears = s.symbol_cache_clears;
+        }
+        if let Some(budget) = &self.local_budget {
+            (stats.local_files_removed, stats.local_bytes_removed) = budget.removed();
         }
         stats
     }
@@ -301,5 +405,34 @@ impl Profiler {
 impl Drop for Profiler {
     fn drop(&mut self) {
         self.stop(Duration::from_secs(5));
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// Checked before anything starts: no sampler, thread or file comes of a bad setting.
+    #[test]
+    fn settings_out_of_range_fail_at_start_naming_the_field() {
+        let start_err = |builder: ProfilerBuilder| match builder.local_files(false).start() {
+            Ok(_) => panic!("started"),
+            Err(e) => e.to_string(),
+        };
+        for bad in [Duration::from_millis(99), Duration::from_secs(61)] {
+            let e = start_err(Profiler::builder().interval(bad));
+            assert!(
+                e.starts_with("profiler.interval must be from 100 ms to 60 s"),
+                "{e}"
+            );
+        }
+        for bad in [0, MAX_AGGREGATION_KEYS + 1] {
+            let e = start_err(Profiler::builder().aggregation_max_keys(bad));
+            assert!(
+                e.starts_with("profiler.aggregation_max_keys must be"),
+                "{e}"
+            );
+            assert!(e.contains(&MAX_AGGREGATION_KEYS.to_string()), "{e}");
+        }
     }
 }

@@ -991,7 +991,7 @@ fn push_path(path: &mut String, part: &str) {
 mod tests {
     use std::path::Path;
 
-    use super::super::{demangle, mapped::Mapped, FileKey, FileNames};
+    use super::super::{demangle, mapped::Mapped, FileKey, FileNames, MAX_NAMED_ADDRESSES};
     use super::*;
 
     /// What the symbolizer named an address before this module: `addr2line`'s frames
@@ -1114,12 +1114,17 @@ mod tests {
         let (exe, addresses) = addresses_of_this_binary(7);
         let loader = addr2line::Loader::new(&exe).expect("addr2line loads the test binary");
         let mut file = FileNames::default();
-        file.name_all(&FileKey::at(&exe), addresses.clone());
+        let key = FileKey::at(&exe);
         let overlapping = overlapping_functions(&exe);
         let (mut inlined, mut with_lines, mut differ, mut ambiguous) = (0, 0, Vec::new(), 0);
         let (mut line_tables_only, mut exact_inlined) = (0, 0);
         let same_place = |a: &FrameLine, b: &FrameLine| (&a.file, a.line) == (&b.file, b.line);
-        for &address in &addresses {
+        for (i, &address) in addresses.iter().enumerate() {
+            if i % MAX_NAMED_ADDRESSES == 0 {
+                // One pass names at most the cap: the addresses go in passes that size.
+                let end = (i + MAX_NAMED_ADDRESSES).min(addresses.len());
+                file.name_all(&key, addresses[i..end].to_vec());
+            }
             let expected = reference(&loader, &exe, address);
             let got = file.names.get(&address).expect("every address is named");
             inlined += usize::from(expected.len() > 1);

@@ -1,8 +1,9 @@
 //! Turning sampled addresses into function names, files and lines, off the hot path.
 //!
 //! Runs on the collector's encoder thread only, once per interval: [`Symbolizer::prepare`] names the
-//! interval's new addresses in one pass per file, then [`Symbolizer::frame`] reads them
-//! from the cache. Names are demangled without the Rust hash suffix. Without debug info (a
+//! interval's new addresses in one pass per file (per batch of at most about 16,000
+//! addresses, so that a pass never names past the cap below), then [`Symbolizer::frame`]
+//! reads them from the cache. Names are demangled without the Rust hash suffix. Without debug info (a
 //! default `--release` build) names come from the symbol table and carry no file or line;
 //! `debug = "line-tables-only"` in the release profile adds them, with inlined frames.
 //!
@@ -14,8 +15,9 @@
 //! set every ~2 MB read (`mapped::Mapped::touch`, `MADV_DONTNEED`), so only the units read
 //! last stay resident. What else stays is the symbol table of files where debug info did
 //! not name an address (`mapped::SymbolTable`, 24 bytes a symbol, names left in the file)
-//! and the names found, capped at [`MAX_NAMED_ADDRESSES`] per file, function names and
-//! paths interned. For a 52 MB binary with line tables the profiler adds about 9 MiB at the
+//! and the names found, capped at [`MAX_NAMED_ADDRESSES`] per file (within a pass too;
+//! `ProfilerStats::symbol_cache_entries` and `symbol_cache_clears` report them), function
+//! names and paths interned. For a 52 MB binary with line tables the profiler adds about 9 MiB at the
 //! peak and 6 MiB between intervals, instead of 81 MiB with `addr2line`'s whole-file
 //! context (`docs/benchmarks.md`).
 //!
@@ -166,11 +168,12 @@ impl ModuleMap {
 /// The path standing for the vDSO, as `/proc/self/maps` names its mapping; no file has it.
 const VDSO: &str = "[vdso]";
 
-/// At most this many addresses of one file keep their names between intervals; past it
+/// At most this many addresses of one file keep their names, within a pass too; past it
 /// the file's names are forgotten and found again as they are sampled. An entry costs
 /// about 150 bytes (key, slot, the frames' 40 bytes each) beside the interned strings, so
-/// a full cache of a big binary stays around 5 MB.
-const MAX_NAMED_ADDRESSES: usize = 32 * 1024;
+/// a full cache of a big binary stays around 5 MB. The encoder names an interval's
+/// stacks in batches small enough for one pass to fit (`encoder::BATCH_ADDRESSES`).
+pub(crate) const MAX_NAMED_ADDRESSES: usize = 32 * 1024;
 
 /// One file's index of its debug info, built on first use, and the names found so far by
 /// file address.
@@ -183,6 +186,11 @@ struct FileNames {
     names: HashMap<u64, Arc<[FrameLine]>>,
     /// Function names and paths of `names`, each stored once.
     strings: HashSet<Arc<str>>,
+    /// Times `names` was full and forgotten.
+    clears: u64,
+    /// Passes over the file made so far (tests: a batch is one pass, not one a frame).
+    #[cfg(test)]
+    passes: u64,
 }
 
 /// What is kept of a file between passes: its mapping (only the pages read last stay
@@ -236,6 +244,8 @@ pub(crate) struct Symbolizer {
     files: HashMap<FileKey, FileNames>,
     /// The loader's load/unload counts when `modules` was listed.
     listed_at: Option<LoadGeneration>,
+    /// Cache clears of files no longer mapped (forgotten with them).
+    clears_of_unmapped: u64,
 }
 
 impl Symbolizer {
@@ -244,6 +254,7 @@ impl Symbolizer {
             modules: Vec::new(),
             files: HashMap::new(),
             listed_at: None,
+            clears_of_unmapped: 0,
         };
         symbolizer.refresh();
         symbolizer
@@ -265,9 +276,42 @@ impl Symbolizer {
     /// Makes `modules` the loaded objects and drops the names of files not among them.
     fn remap(&mut self, mut modules: Vec<ModuleMap>) {
         modules.sort_by_key(|m| m.code.start);
-        self.files
-            .retain(|file, _| modules.iter().any(|m| m.file == *file));
+        let clears = &mut self.clears_of_unmapped;
+        self.files.retain(|file, names| {
+            let mapped = modules.iter().any(|m| m.file == *file);
+            if !mapped {
+                *clears += names.clears;
+            }
+            mapped
+        });
         self.modules = modules;
+    }
+
+    /// A symbolizer whose one object is the vDSO, mapped (made up) over `code`: every
+    /// address there is named cheaply, from memory (tests of the cache's bounds).
+    #[cfg(test)]
+    pub(crate) fn vdso_only_over(code: Range<u64>) -> Symbolizer {
+        let mut symbolizer = Symbolizer::new();
+        symbolizer.remap(vec![ModuleMap {
+            file: FileKey::at(VDSO),
+            bias: code.start,
+            code,
+        }]);
+        symbolizer
+    }
+
+    /// Passes made over all files kept now.
+    #[cfg(test)]
+    pub(crate) fn passes(&self) -> u64 {
+        self.files.values().map(|f| f.passes).sum()
+    }
+
+    /// Addresses named and kept now, all files together, and the times a file's names
+    /// were full and forgotten so far.
+    pub(crate) fn cache_stats(&self) -> (usize, u64) {
+        let named = self.files.values().map(|f| f.names.len()).sum();
+        let clears = self.files.values().map(|f| f.clears).sum::<u64>();
+        (named, self.clears_of_unmapped + clears)
     }
 
     /// Names, in one pass per file, every frame of `frames` (address, is a return
@@ -280,15 +324,9 @@ impl Symbolizer {
             let Some(i) = module_index(&self.modules, probe) else {
                 continue;
             };
-            let module = &self.modules[i];
-            let file_address = probe.wrapping_sub(module.bias);
-            let cached = self
-                .files
-                .get(&module.file)
-                .is_some_and(|f| f.names.contains_key(&file_address));
-            if !cached {
-                wanted.entry(i).or_default().push(file_address);
-            }
+            // Cached ones too: a pass that must forget names keeps those it is asked for.
+            let file_address = probe.wrapping_sub(self.modules[i].bias);
+            wanted.entry(i).or_default().push(file_address);
         }
         // Several mappings of one file (rare) are merged into one pass.
         let mut by_file: HashMap<&FileKey, Vec<u64>> = HashMap::new();
@@ -370,26 +408,47 @@ impl FileNames {
     }
 
     /// Names every address of `addresses` not cached yet, in one pass over the file.
+    /// The names kept never pass [`MAX_NAMED_ADDRESSES`], within the pass too: when they
+    /// would, those not among `addresses` are forgotten, and new addresses past the cap
+    /// are not named (the encoder's batches keep a pass within it; `lines` names one
+    /// alone when asked).
     fn name_all(&mut self, key: &FileKey, mut addresses: Vec<u64>) {
         let path = key.path.as_path();
         addresses.sort_unstable();
         addresses.dedup();
+        let wanted = addresses.clone();
         addresses.retain(|a| !self.names.contains_key(a));
         if addresses.is_empty() {
             return;
         }
         if self.names.len() + addresses.len() > MAX_NAMED_ADDRESSES {
             // Bounded: a long-running service keeps sampling addresses it has not seen
-            // (rare paths). Starting over costs one pass naming the hot ones again.
-            self.names.clear();
+            // (rare paths). Starting over costs one pass naming the hot ones again; the
+            // ones this pass was asked for stay.
+            self.names.retain(|a, _| wanted.binary_search(a).is_ok());
             self.strings.clear();
+            for lines in self.names.values() {
+                for line in lines.iter() {
+                    self.strings.insert(line.function.clone());
+                    self.strings.extend(line.file.clone());
+                }
+            }
+            self.clears += 1;
+            addresses.truncate(MAX_NAMED_ADDRESSES - self.names.len());
         }
         let FileNames {
             debug,
             vdso,
             names,
             strings,
+            clears: _,
+            #[cfg(test)]
+            passes,
         } = self;
+        #[cfg(test)]
+        {
+            *passes += 1;
+        }
         let mut intern = |s: &str| -> Arc<str> {
             if let Some(interned) = strings.get(s) {
                 return interned.clone();
@@ -937,6 +996,21 @@ mod tests {
         assert!(file.strings.len() <= file.names.len() + 1);
         // The newest addresses are named.
         assert!(file.names.contains_key(&(6 * step - 1)));
+        assert_eq!(file.clears, 1);
+    }
+
+    /// Audit U10: after a clear, one pass inserted all of its new addresses, so a pass
+    /// with more than the cap left the file's names past it until the next pass.
+    #[test]
+    fn one_pass_never_names_more_than_the_cap() {
+        let mut file = FileNames::default();
+        let vdso = FileKey::at(VDSO);
+        let over = MAX_NAMED_ADDRESSES as u64 + 1000;
+        file.name_all(&vdso, (0..over).collect());
+        assert_eq!(file.names.len(), MAX_NAMED_ADDRESSES);
+        // An address past the cap is still named when asked for, alone.
+        assert!(!file.lines(&vdso, over - 1).is_empty());
+        assert!(file.names.len() <= MAX_NAMED_ADDRESSES);
     }
 
     #[test]

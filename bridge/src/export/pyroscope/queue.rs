@@ -253,6 +253,7 @@ impl Shared {
                 if let Some(replaced) = state.items.pop_front() {
                     state.bytes -= replaced.size;
                 }
+                let mut kept_parts = parts.len();
                 for body in parts.into_iter().rev() {
                     let size = body.len();
                     state.bytes += size;
@@ -264,8 +265,28 @@ impl Shared {
                         not_before: Some(not_before),
                     });
                 }
+                // Each part carries its own framing, so the parts outweigh the request
+                // they replace: make room as `enqueue` does, oldest first after the parts,
+                // then the last parts, so that the bound holds after a split too.
+                let mut pushed_out = 0;
+                while state.bytes > self.max_bytes {
+                    let oldest = if state.items.len() > kept_parts {
+                        kept_parts
+                    } else {
+                        kept_parts = kept_parts.saturating_sub(1);
+                        kept_parts
+                    };
+                    match state.items.remove(oldest) {
+                        Some(old) => {
+                            state.bytes -= old.size;
+                            pushed_out += 1;
+                        }
+                        None => break,
+                    }
+                }
                 PyroscopeStats::add(&self.stats.pushes_split, 1);
                 self.publish(&state);
+                self.count_dropped(pushed_out);
                 return;
             }
             Outcome::Retry(not_before) => {
@@ -365,6 +386,37 @@ mod tests {
             panic!("expected a request")
         };
         assert_eq!(body[0], 2);
+    }
+
+    /// Audit U11: the parts of a split request (framing repeated in each) went over the
+    /// bound until the next `enqueue`. Older requests make room now, then the last parts.
+    #[test]
+    fn a_split_stays_within_the_bound() {
+        let shared = Shared::new(100);
+        assert_eq!(shared.enqueue(vec![1; 60]), Enqueued::Queued);
+        assert_eq!(shared.enqueue(vec![2; 30]), Enqueued::Queued);
+        let _ = shared.take();
+        assert_eq!(shared.enqueue(vec![3; 10]), Enqueued::Queued);
+        let later = Instant::now();
+        shared.complete(Outcome::Split(vec![vec![4; 35], vec![5; 35]], later), None);
+        // 35 + 35 + 30 + 10 > 100: the oldest request after the parts (fill 2) goes.
+        assert_eq!(snapshot(&shared), (3, 80, 1));
+        let Take::Send { body, .. } = shared.take() else {
+            panic!("expected a request")
+        };
+        assert_eq!(body[0], 4);
+        shared.complete(Outcome::Sent, None);
+        let Take::Send { body, .. } = shared.take() else {
+            panic!("expected a request")
+        };
+        assert_eq!(body[0], 5);
+
+        // Nothing else to push out: the last part goes.
+        let shared = Shared::new(100);
+        assert_eq!(shared.enqueue(vec![1; 100]), Enqueued::Queued);
+        let _ = shared.take();
+        shared.complete(Outcome::Split(vec![vec![4; 55], vec![5; 55]], later), None);
+        assert_eq!(snapshot(&shared), (1, 55, 1));
     }
 
     #[test]

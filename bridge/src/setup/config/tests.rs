@@ -184,6 +184,38 @@ fn sample_rate_and_upload_interval() {
     }
 }
 
+/// A profile is stamped with its interval's start and Grafana's span link searches 60 s
+/// around a span: `2h` used to be accepted, and an interval that long also held two
+/// hours of samples in memory before the aggregation had a cap.
+#[test]
+fn upload_interval_is_at_most_a_minute() {
+    for (ok, d) in [("60s", 60), ("1m", 60), ("60", 60)] {
+        let c = env(&[("PYROSCOPE_UPLOAD_INTERVAL", ok)]).expect(ok);
+        assert_eq!(c.upload_interval, Some(Duration::from_secs(d)), "{ok}");
+    }
+    for bad in ["61s", "60001ms", "2m", "2h"] {
+        let e = env(&[("PYROSCOPE_UPLOAD_INTERVAL", bad)]).expect_err(bad);
+        assert_eq!(e.field, "PYROSCOPE_UPLOAD_INTERVAL", "{bad}");
+        assert!(e.to_string().contains("100 ms to 60 s"), "{e}");
+    }
+}
+
+/// `0` is read as it is written, the explicit "no bound", never as unset.
+#[test]
+fn output_max_bytes() {
+    for (v, bytes) in [("64KiB", 64 << 10), ("268435456", 256 << 20), ("0", 0)] {
+        let c = env(&[("OTEL_PROFILING_OUTPUT_MAX_BYTES", v)]).expect(v);
+        assert_eq!(c.output_max_bytes, Some(bytes), "{v}");
+    }
+    let c = env(&[("OTEL_PROFILING_OUTPUT_MAX_BYTES", " ")]).expect("blank");
+    assert_eq!(c.output_max_bytes, None);
+    for bad in ["10MB", "-1", "lots"] {
+        let e = env(&[("OTEL_PROFILING_OUTPUT_MAX_BYTES", bad)]).expect_err(bad);
+        assert_eq!(e.field, "OTEL_PROFILING_OUTPUT_MAX_BYTES", "{bad}");
+        assert!(e.to_string().contains("0 for no bound"), "{e}");
+    }
+}
+
 #[test]
 fn output_dir() {
     let c = env(&[("OTEL_PROFILING_OUTPUT_DIR", "/tmp/prof")]).expect("ok");
