@@ -15,7 +15,7 @@ use crate::functions::{FunctionCpu, FunctionTotals};
 use crate::ids::{SpanId, TraceId};
 use crate::input::Sampling;
 use crate::input::{version_label, Input, Span};
-use crate::split::TimeSplit;
+use crate::split::{Part, TimeSplit, PART_ORDER};
 use crate::stats::percentile;
 use crate::verdict::{NoSamples, Verdict};
 
@@ -294,86 +294,40 @@ fn build_group(
     };
     let attribute_cpu_ns = sum_of(|s| s.cpu_time_ns);
     let attribute_samples = sum_of(|s| s.cpu_samples);
-    let ratio = |cpu: u64| {
-        if wall_total_ns == 0 {
-            0.0
-        } else {
-            cpu as f64 / wall_total_ns as f64
-        }
-    };
-    let cpu_ratio = ratio(profile_cpu_ns);
-    let split = TimeSplit::of_spans(spans, by_id);
-    // Blocked in poll needs the spans' active time; without it off-CPU time is waiting.
-    let blocked_ratio = split.active.map(|_| ratio(split.blocked_ns));
-    let (verdict, reason, no_samples) = if profile_cpu_ns > 0 {
-        let verdict = Verdict::from_split(cpu_ratio, blocked_ratio);
-        (
-            verdict,
-            verdict.reason_split(cpu_ratio, blocked_ratio),
-            None,
-        )
+    let cpu_ratio = if wall_total_ns == 0 {
+        0.0
     } else {
-        let why = NoSamples::classify(spans, sampling);
-        let explanation = why.explain(sampling);
-        match why {
-            NoSamples::ProfileNotRead => {
-                let by_attributes = ratio(attribute_cpu_ns.unwrap_or(0));
-                let verdict = Verdict::from_split(by_attributes, blocked_ratio);
-                let reason = format!(
-                    "{}; {explanation}",
-                    verdict.reason_split(by_attributes, blocked_ratio)
-                );
-                (verdict, reason, Some(why))
-            }
-            // No samples, yet a thread sat inside the span: blocked, not awaiting.
-            NoSamples::BlockedInPoll => {
-                let verdict = Verdict::BlockedInPoll;
-                let reason = match blocked_ratio {
-                    Some(_) => format!(
-                        "{} (no CPU sample: it ran on no CPU long enough to be sampled)",
-                        verdict.reason_split(0.0, blocked_ratio)
-                    ),
-                    None => explanation,
-                };
-                (verdict, reason, Some(why))
-            }
-            NoSamples::Waiting if blocked_ratio.is_some() => {
-                let verdict = Verdict::Waiting;
-                let reason = format!(
-                    "{}; {explanation}",
-                    verdict.reason_split(0.0, blocked_ratio)
-                );
-                (verdict, reason, Some(why))
-            }
-            _ => (Verdict::Waiting, explanation, Some(why)),
+        profile_cpu_ns as f64 / wall_total_ns as f64
+    };
+    // One split: the verdict compares its shares and the reason prints them, as the
+    // table, the bars and the diff do.
+    let split = TimeSplit::of_spans(spans, by_id);
+    let verdict = Verdict::of_split(&split);
+    let mut reason = verdict.reason(&split);
+    let no_samples = (profile_cpu_ns == 0).then(|| NoSamples::classify(spans, sampling));
+    match no_samples {
+        None => {}
+        // The split's CPU is the attributes' here; the reason says why.
+        Some(why @ NoSamples::ProfileNotRead) => {
+            reason = format!("{reason}; {}", why.explain(sampling));
         }
-    };
-    // Woken but not polled for most of the time: queued for a worker, not waiting.
-    let queued_ratio =
-        (split.active.is_some() && split.queued_measured).then(|| ratio(split.queued_ns));
-    let (verdict, reason) = match (verdict.with_queued(queued_ratio), queued_ratio) {
-        (Verdict::Queued, Some(queued)) => (
-            Verdict::Queued,
-            Verdict::queued_reason(ratio(split.cpu_in_wall_ns), blocked_ratio, queued),
-        ),
-        _ => (verdict, reason),
-    };
-    // Runnable but not run for most of the time: waiting for a CPU, not blocked.
-    let runqueue_ratio =
-        (split.active.is_some() && split.runqueue_measured).then(|| ratio(split.runqueue_ns));
-    let (verdict, reason) = match (verdict.with_runqueue(runqueue_ratio), runqueue_ratio) {
-        (Verdict::WaitingForCpu, Some(runqueue)) => (
-            Verdict::WaitingForCpu,
-            Verdict::runqueue_reason(
-                ratio(split.cpu_in_wall_ns),
-                runqueue,
-                split.runqueue_ns,
-                split.throttled_ns,
-                split.cpu_limit_millicpus,
-            ),
-        ),
-        _ => (verdict, reason),
-    };
+        Some(why) if split.active.is_none() => {
+            reason = why.explain(sampling);
+        }
+        // No samples, yet a thread sat inside the span: blocked, not awaiting.
+        Some(NoSamples::BlockedInPoll) if verdict == Verdict::BlockedInPoll => {
+            reason =
+                format!("{reason} (no CPU sample: it ran on no CPU long enough to be sampled)");
+        }
+        // Said only beside the verdict it explains (a queued span is not "waiting").
+        Some(why @ NoSamples::Waiting) if verdict == Verdict::Waiting => {
+            reason = format!("{reason}; {}", why.explain(sampling));
+        }
+        Some(NoSamples::Waiting | NoSamples::BlockedInPoll) => {}
+        Some(why) => {
+            reason = format!("{reason}; {}", why.explain(sampling));
+        }
+    }
     // Where it blocks: the watchdog's blocked stacks of these spans.
     let mut blocked_functions = FunctionTotals::with_owners(sources.owners.clone());
     let mut blocked_profile_ns = 0;
@@ -491,7 +445,14 @@ impl SpanReport {
     /// The report below its header: the table, each group, and the notes.
     pub(crate) fn write_body(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         writeln!(f)?;
-        let mut table = Table::new(&[
+        let listed = || self.groups.iter().filter(|g| !g.unmatched_route);
+        // A column per part some group's split has, each cell that part's share as the
+        // sentences print it ("-" where the group's split has no such part).
+        let parts: Vec<Part> = PART_ORDER
+            .into_iter()
+            .filter(|&part| listed().any(|g| g.split.ns(part).is_some()))
+            .collect();
+        let mut header = vec![
             "SPAN",
             "VERSION",
             "COUNT",
@@ -499,16 +460,14 @@ impl SpanReport {
             "WALL P95",
             "CPU (PROFILE)",
             "CPU (ATTRS)",
-            "CPU/WALL",
-            "CPU WAIT",
-            "BLOCKED",
-            "AWAITING",
-            "VERDICT",
-        ])
-        .left_align(1)
-        .left_align(11);
-        for g in self.groups.iter().filter(|g| !g.unmatched_route) {
-            table.row(vec![
+        ];
+        header.extend(parts.iter().map(|p| p.column()));
+        header.push("VERDICT");
+        let mut table = Table::new(&header)
+            .left_align(1)
+            .left_align(header.len() - 1);
+        for g in listed() {
+            let mut row = vec![
                 g.name.clone(),
                 version_label(g.version.as_deref()).to_owned(),
                 g.count.to_string(),
@@ -516,16 +475,10 @@ impl SpanReport {
                 ms(g.wall_p95_ns),
                 ms(g.profile_cpu_ns),
                 g.attribute_cpu_ns.map_or_else(|| "-".to_owned(), ms),
-                format!("{:.2}", g.cpu_ratio),
-                if g.split.runqueue_measured {
-                    share_of_wall(g, g.split.runqueue_ns)
-                } else {
-                    "-".to_owned()
-                },
-                share_of_wall(g, g.split.blocked_ns),
-                share_of_wall(g, g.split.awaiting_ns),
-                g.verdict.to_string(),
-            ]);
+            ];
+            row.extend(parts.iter().map(|&part| share_cell(&g.split, part)));
+            row.push(g.verdict.to_string());
+            table.row(row);
         }
         write!(f, "{table}")?;
         for g in self.groups.iter().filter(|g| !g.unmatched_route) {
@@ -592,13 +545,12 @@ fn describe_waiting(waiting_ns: u64, deps: &Dependencies) -> String {
     }
 }
 
-/// `part` as a share of the group's wall time, or `-` without active time to split by.
-fn share_of_wall(g: &SpanGroup, part: u64) -> String {
-    if g.split.active.is_none() || g.wall_total_ns == 0 {
-        "-".to_owned()
-    } else {
-        format!("{:.2}", part as f64 / g.wall_total_ns as f64)
-    }
+/// `part`'s share of the group's wall time as every view prints it, or `-` when the
+/// group's split has no such part.
+fn share_cell(split: &TimeSplit, part: Part) -> String {
+    split
+        .share(part)
+        .map_or_else(|| "-".to_owned(), |share| share.to_string())
 }
 
 /// What to do about server spans all named `request` (tower-http's default).
@@ -644,7 +596,14 @@ pub(crate) fn write_group(
         .split
         .parts()
         .into_iter()
-        .map(|(part, ns)| format!("{} {}", part.label(), ms(ns)))
+        .map(|(part, ns)| {
+            format!(
+                "{} {} ({})",
+                part.label(),
+                ms(ns),
+                share_cell(&g.split, part)
+            )
+        })
         .collect();
     writeln!(
         f,
@@ -864,8 +823,91 @@ fn version_phrase(version: Option<&str>) -> String {
 
 #[cfg(test)]
 mod tests {
+    use proptest::prelude::*;
+
     use super::*;
     use crate::dependencies::ChildCoverage;
+    use crate::split::arbitrary;
+
+    /// The cells of a text table's line: columns are two spaces apart or more, and no
+    /// cell holds two spaces running.
+    fn cells(line: &str) -> Vec<&str> {
+        line.split("  ")
+            .map(str::trim)
+            .filter(|c| !c.is_empty())
+            .collect()
+    }
+
+    proptest! {
+        /// Issue 41, item 1: over random splits (any mix of CPU from samples or
+        /// attributes, active time, run delay, queued time, spans without them), every
+        /// share the verdict's sentence names is the one its column shows, the figures
+        /// line says the same, the verdict is the table's, and CPU-bound means the CPU
+        /// column is at least half.
+        #[test]
+        fn every_share_a_sentence_names_is_the_one_its_column_shows(
+            (spans, samples) in arbitrary::group("1", 1)
+        ) {
+            let count = spans.len();
+            let input = Input {
+                spans,
+                samples,
+                profile_files: 1,
+                span_files: 1,
+                period_ns: Some(10_000_000),
+                ..Input::default()
+            };
+            let report = SpanReport::from_input(&input);
+            let text = report.to_string();
+            let lines: Vec<&str> = text.lines().collect();
+            let header = cells(lines.iter().find(|l| l.starts_with("SPAN ")).expect("header"));
+            let row = cells(lines.iter().find(|l| l.starts_with("job ")).expect("row"));
+            prop_assert_eq!(header.len(), row.len());
+            let column = |part: Part| -> Option<u64> {
+                let at = header.iter().position(|h| *h == part.column())?;
+                row[at].strip_suffix('%').map(|n| n.parse().expect("a share"))
+            };
+            let sentence = lines
+                .iter()
+                .find_map(|l| l.strip_prefix("job, version 1: "))
+                .expect("the group's sentence");
+            let (verdict, reason) = sentence.split_once(" — ").expect("verdict — reason");
+            prop_assert_eq!(verdict, *row.last().expect("verdict cell"));
+            let named = arbitrary::shares_named(reason).map_err(TestCaseError::fail)?;
+            for (part, share) in named {
+                prop_assert_eq!(Some(share), column(part), "{} in {}\n{}", part.label(), reason, text);
+            }
+            let cpu = column(Part::Cpu).expect("a CPU column");
+            prop_assert_eq!(verdict == "CPU-bound", cpu >= 50, "{}", text);
+            // The figures line names each part with the table's share.
+            let figures = lines
+                .iter()
+                .find(|l| l.starts_with("  where the wall time went: "))
+                .expect("figures line");
+            let g = &report.groups[0];
+            for (part, ns) in g.split.parts() {
+                let share = column(part).map_or("-".to_owned(), |s| format!("{s}%"));
+                let expected = format!("{} {} ({share})", part.label(), ms(ns));
+                prop_assert!(figures.contains(&expected), "{} not in {}", expected, figures);
+            }
+            // "its X ms per span awaiting" is the figures line's awaiting over the spans.
+            for part in [Part::Awaiting, Part::OffCpu] {
+                let per_span = format!(" ms per span {}", part.label());
+                let Some(at) = reason.find(&per_span) else { continue };
+                let x: f64 = reason[..at].rsplit(' ').next().expect("n").parse().expect("ms");
+                let total = figures
+                    .split(&format!("{} ", part.label()))
+                    .nth(1)
+                    .and_then(|rest| rest.split(" ms").next())
+                    .and_then(|n| n.parse::<f64>().ok())
+                    .expect("the part's ms");
+                prop_assert!(
+                    (x - total / count as f64).abs() <= 0.05 + 0.05 / count as f64,
+                    "{} per span against {} in all over {} spans", x, total, count
+                );
+            }
+        }
+    }
 
     /// A child span covering part of the waiting is named with what it leaves uncovered,
     /// and no advice; only children that cover next to nothing (under 10 %) get "instrument

@@ -5,11 +5,15 @@
 //! them). Telling blocked from awaiting needs the time the span was *active* (entered,
 //! polled). Two span attributes say it, best first: `profiling.wall.active_ns` (written by
 //! the bridge: the whole local root over all its threads) and `busy_ns` (written by
-//! `tracing-opentelemetry`: the time the span itself was entered). Then, per span,
-//! blocked ≈ active − CPU and awaiting ≈ wall − active. Without either on every span of a
-//! group, the split is CPU against "not on CPU", and says so.
+//! `tracing-opentelemetry`: the time the span itself was entered). Then, summed over the
+//! spans, blocked ≈ active − CPU and awaiting ≈ wall − active. Without either on every
+//! span of a group, the split is CPU against "not on CPU", and says so.
+//!
+//! Every view prints a part's share as [`TimeSplit::share`] gives it, and the verdicts
+//! are decided on those shares: a sentence and the column beside it cannot disagree.
 
 use std::collections::HashMap;
+use std::fmt;
 
 use otel_profiling::{WALL_ACTIVE_ATTRIBUTE, WALL_QUEUED_ATTRIBUTE};
 
@@ -62,7 +66,7 @@ pub enum CpuSource {
 }
 
 /// One part of the wall time, for drawing.
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
 pub enum Part {
     /// Running on a CPU.
     Cpu,
@@ -82,7 +86,7 @@ pub enum Part {
 }
 
 impl Part {
-    /// A short label.
+    /// A short label; the sentences name the parts with it.
     pub fn label(self) -> &'static str {
         match self {
             Part::Cpu => "CPU",
@@ -92,6 +96,50 @@ impl Part {
             Part::Awaiting => "awaiting",
             Part::OffCpu => "not on CPU",
         }
+    }
+
+    /// The text report's column header for the part.
+    pub fn column(self) -> &'static str {
+        match self {
+            Part::Cpu => "CPU",
+            Part::Blocked => "BLOCKED",
+            Part::Queued => "QUEUED",
+            Part::Runqueue => "CPU WAIT",
+            Part::Awaiting => "AWAITING",
+            Part::OffCpu => "NOT ON CPU",
+        }
+    }
+}
+
+/// Every part, in the order the split draws them.
+pub const PART_ORDER: [Part; 6] = [
+    Part::Cpu,
+    Part::Runqueue,
+    Part::Blocked,
+    Part::Queued,
+    Part::Awaiting,
+    Part::OffCpu,
+];
+
+/// A share of the wall time in whole percent, rounded half up. Every view (the text
+/// table, the sentences, the HTML bars, the diff) prints a part's share with this one
+/// figure and the verdicts compare it, so no two places can round one part differently.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, PartialOrd, Ord, Hash)]
+pub struct Percent(pub u64);
+
+impl Percent {
+    /// `part` of `whole` (`None` when `whole` is 0: no share to speak of).
+    pub fn of(part: u64, whole: u64) -> Option<Percent> {
+        (whole > 0).then(|| {
+            let (part, whole) = (u128::from(part), u128::from(whole));
+            Percent(((part * 100 + whole / 2) / whole) as u64)
+        })
+    }
+}
+
+impl fmt::Display for Percent {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.pad(&format!("{}%", self.0))
     }
 }
 
@@ -279,6 +327,19 @@ impl TimeSplit {
         }
     }
 
+    /// The nanoseconds of `part`, when the split has that part.
+    pub fn ns(&self, part: Part) -> Option<u64> {
+        self.parts()
+            .into_iter()
+            .find_map(|(p, ns)| (p == part).then_some(ns))
+    }
+
+    /// The share of the wall time of `part`, when the split has that part and a wall
+    /// time: the figure every view prints for it.
+    pub fn share(&self, part: Part) -> Option<Percent> {
+        self.ns(part).and_then(|ns| Percent::of(ns, self.wall_ns))
+    }
+
     /// Where the split's figures came from, in a sentence.
     pub fn source(&self) -> String {
         let cpu = match self.cpu_source {
@@ -449,6 +510,16 @@ mod tests {
     }
 
     #[test]
+    fn shares_round_half_up_and_need_a_wall_time() {
+        assert_eq!(Percent::of(1, 200), Some(Percent(1)));
+        assert_eq!(Percent::of(1, 201), Some(Percent(0)));
+        assert_eq!(Percent::of(2, 3), Some(Percent(67)));
+        assert_eq!(Percent::of(u64::MAX, u64::MAX), Some(Percent(100)));
+        assert_eq!(Percent::of(0, 0), None);
+        assert_eq!(Percent(42).to_string(), "42%");
+    }
+
+    #[test]
     fn wall_active_time_is_preferred_over_busy_time() {
         let mut a = span("a", 100, Some(10));
         a.wall_active_ns = Some(60 * MS);
@@ -465,5 +536,139 @@ mod tests {
                 (Part::Awaiting, 40 * MS)
             ]
         );
+    }
+}
+
+/// Random groups of spans for the property tests of every view that prints a split, and
+/// the reader of the shares a sentence names.
+#[cfg(test)]
+pub(crate) mod arbitrary {
+    use std::sync::Arc;
+
+    use proptest::prelude::*;
+
+    use super::{Part, PART_ORDER};
+    use crate::ids::SpanId;
+    use crate::input::{Sample, Span};
+
+    const US: u64 = 1_000;
+
+    /// One span's figures: wall (µs), CPU as a share of it (over 1: threads in parallel),
+    /// whether the CPU is in samples, the attributes or both, the active time (bridge's or
+    /// busy_ns) as a share of the wall, run delay as a share of the active time, queued as
+    /// a share of the rest, a profile id or not.
+    type Figures = (
+        u64,
+        f64,
+        (bool, bool),
+        Option<(f64, bool)>,
+        Option<f64>,
+        Option<f64>,
+        bool,
+    );
+
+    fn figures() -> impl Strategy<Value = Figures> {
+        (
+            1u64..2_000_000,
+            0.0..1.3f64,
+            (any::<bool>(), any::<bool>()),
+            proptest::option::weighted(0.8, (0.0..=1.0f64, proptest::bool::weighted(0.2))),
+            proptest::option::weighted(0.6, 0.0..=1.0f64),
+            proptest::option::weighted(0.5, 0.0..=1.0f64),
+            proptest::bool::weighted(0.9),
+        )
+    }
+
+    /// 1 to 6 spans of `version`, ids from `first_id`, and the CPU samples of those whose
+    /// CPU is in the profile. Spans are spread one second apart from `first_id` seconds.
+    pub(crate) fn group(
+        version: &'static str,
+        first_id: u64,
+    ) -> impl Strategy<Value = (Vec<Span>, Vec<Sample>)> {
+        proptest::collection::vec(figures(), 1..=6).prop_map(move |all| {
+            let mut spans = Vec::new();
+            let mut samples = Vec::new();
+            for (i, (wall, cpu, (in_profile, in_attrs), active, runqueue, queued, id)) in
+                all.into_iter().enumerate()
+            {
+                let n = first_id + i as u64;
+                let start = n * 1_000_000 * US;
+                let wall_ns = wall * US;
+                let cpu_ns = (cpu * wall_ns as f64) as u64;
+                let active_ns = active.map(|(a, busy)| ((a * wall_ns as f64) as u64, busy));
+                let mut span = Span {
+                    name: "job".into(),
+                    service_version: Some(version.into()),
+                    profile_id: id.then(|| format!("{n:016x}")),
+                    ..Span::test_root(n, start, start + wall_ns)
+                };
+                if in_attrs {
+                    span.cpu_time_ns = Some(cpu_ns);
+                    span.cpu_samples = Some(cpu_ns / 10_000_000);
+                }
+                match active_ns {
+                    Some((a, true)) => span.busy_ns = Some(a),
+                    Some((a, false)) => {
+                        span.wall_active_ns = Some(a);
+                        span.wall_runqueue_ns = runqueue.map(|r| (r * a as f64) as u64);
+                        span.wall_queued_ns =
+                            queued.map(|q| (q * (wall_ns - a.min(wall_ns)) as f64) as u64);
+                    }
+                    None => {}
+                }
+                if in_profile && cpu_ns > 0 {
+                    samples.push(Sample {
+                        frames: vec![Arc::from("work")],
+                        cpu_ns,
+                        count: (cpu_ns / 10_000_000).max(1),
+                        span_id: Some(SpanId::from(n)),
+                        trace_id: None,
+                        span_name: None,
+                        window: None,
+                    });
+                }
+                spans.push(span);
+            }
+            (spans, samples)
+        })
+    }
+
+    /// Every `<part label> <n>%` in `text`, in order; an error for a `%` figure that no
+    /// part's label names (a share nothing ties to a column).
+    pub(crate) fn shares_named(text: &str) -> Result<Vec<(Part, u64)>, String> {
+        // Longest first: "CPU" ends "waiting for a CPU" and "not on CPU".
+        let mut labels: Vec<Part> = PART_ORDER.to_vec();
+        labels.sort_by_key(|p| std::cmp::Reverse(p.label().len()));
+        let mut found = Vec::new();
+        for (at, _) in text.match_indices('%') {
+            let before = &text[..at];
+            let digits = before.len() - before.trim_end_matches(|c: char| c.is_ascii_digit()).len();
+            let number: u64 = before[at - digits..]
+                .parse()
+                .map_err(|_| format!("a % without a number at {at} in {text:?}"))?;
+            let head = before[..at - digits]
+                .strip_suffix(' ')
+                .ok_or_else(|| format!("{number}% without a label in {text:?}"))?;
+            let part = labels
+                .iter()
+                .find(|p| head.ends_with(p.label()))
+                .ok_or_else(|| format!("{number}% names no part in {text:?}"))?;
+            found.push((*part, number));
+        }
+        Ok(found)
+    }
+
+    #[test]
+    fn shares_named_reads_labels_and_refuses_stray_figures() {
+        assert_eq!(
+            shares_named("CPU 42% of the wall time (waiting for a CPU 3%, not on CPU 1%)"),
+            Ok(vec![
+                (Part::Cpu, 42),
+                (Part::Runqueue, 3),
+                (Part::OffCpu, 1)
+            ])
+        );
+        assert!(shares_named("it blocks in f (95% of the blocked time)").is_err());
+        assert!(shares_named("awaiting 43 %").is_err());
     }
 }
