@@ -421,6 +421,7 @@ impl VersionDiff {
                     ns as f64 / 1e6
                 ),
             },
+            Part::Unknown => " (spans without the figures the others carry)".to_owned(),
             Part::Awaiting | Part::OffCpu => {
                 if a.dependencies.children.is_empty() {
                     return " (no child span covers it: instrument the dependency call)".to_owned();
@@ -483,6 +484,13 @@ fn part_deltas(before: &DiffSide, after: &DiffSide) -> Vec<PartDelta> {
                     ns.push((Part::Awaiting, s.awaiting_ns));
                 } else {
                     ns.push((Part::Awaiting, s.awaiting_ns + s.queued_ns));
+                }
+                // Spans of either side that lack what the others carry: compared as such,
+                // never folded into blocked or awaiting.
+                if before.split.ns(Part::Unknown).is_some()
+                    || after.split.ns(Part::Unknown).is_some()
+                {
+                    ns.push((Part::Unknown, s.unknown_ns));
                 }
             }
         }
@@ -723,6 +731,7 @@ fn column(part: Part) -> &'static str {
         Part::Runqueue => "WAITING FOR A CPU",
         Part::Awaiting => "AWAITING",
         Part::OffCpu => "NOT ON CPU",
+        Part::Unknown => "UNKNOWN",
     }
 }
 

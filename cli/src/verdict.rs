@@ -14,7 +14,7 @@
 use std::fmt;
 
 use crate::input::{Sampling, Span};
-use crate::split::{Part, Percent, TimeSplit, PART_ORDER};
+use crate::split::{Part, Percent, TimeSplit, Unknown, PART_ORDER};
 use crate::stats::percentile;
 
 /// CPU share (percent of the wall time) from which a span is [`Verdict::CpuBound`].
@@ -31,6 +31,9 @@ pub const QUEUED_PERCENT: u64 = 50;
 /// half the wall time; a tie goes to the run delay, which was measured, where blocked is
 /// what is left).
 pub const RUNQUEUE_PERCENT: u64 = 50;
+/// Unknown share (spans without the figures the others carry) from which a span that is
+/// not CPU-bound is [`Verdict::NoEvidence`]: the rest is too little to judge by.
+pub const UNKNOWN_PERCENT: u64 = 50;
 
 /// Whether spans spent their wall time computing or waiting.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
@@ -51,6 +54,8 @@ pub enum Verdict {
     Mixed,
     /// CPU time is under [`WAITING_PERCENT`] of wall time.
     Waiting,
+    /// Most of the wall time is the split's unknown part: too little is known to judge.
+    NoEvidence,
 }
 
 impl Verdict {
@@ -65,6 +70,8 @@ impl Verdict {
             Verdict::BlockedInPoll
         } else if share(Part::Queued) >= QUEUED_PERCENT {
             Verdict::Queued
+        } else if share(Part::Unknown) >= UNKNOWN_PERCENT {
+            Verdict::NoEvidence
         } else if share(Part::Cpu) < WAITING_PERCENT {
             Verdict::Waiting
         } else {
@@ -78,6 +85,7 @@ impl Verdict {
             Verdict::BlockedInPoll => Part::Blocked,
             Verdict::Queued => Part::Queued,
             Verdict::WaitingForCpu => Part::Runqueue,
+            Verdict::NoEvidence => Part::Unknown,
             Verdict::CpuBound | Verdict::Mixed | Verdict::Waiting => Part::Cpu,
         };
         if split.ns(part).is_some() {
@@ -141,6 +149,10 @@ impl Verdict {
                  a dependency",
                 runqueue_cause(split)
             ),
+            Verdict::NoEvidence if split.ns(Part::Unknown).is_some() => {
+                format!("not split: {}", unknown_cause(split.unknown))
+            }
+            Verdict::NoEvidence => "nothing says whether the spans computed or waited".to_owned(),
         };
         format!("{figures}: {meaning}")
     }
@@ -164,6 +176,25 @@ fn runqueue_cause(split: &TimeSplit) -> String {
     }
 }
 
+/// Which spans the unknown part comes from.
+fn unknown_cause(unknown: Unknown) -> String {
+    let mut causes = Vec::new();
+    if unknown.without_active > 0 {
+        causes.push(format!(
+            "{} span(s) carry no active time while the others do (roots the bridge did not \
+             follow, or whose figures were lost)",
+            unknown.without_active
+        ));
+    }
+    if unknown.without_runqueue > 0 {
+        causes.push(format!(
+            "{} span(s) carry no run delay while the others do (no watchdog ran for them)",
+            unknown.without_runqueue
+        ));
+    }
+    causes.join("; ")
+}
+
 impl fmt::Display for Verdict {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         f.pad(match self {
@@ -173,6 +204,7 @@ impl fmt::Display for Verdict {
             Verdict::WaitingForCpu => "waiting for a CPU",
             Verdict::Mixed => "mixed",
             Verdict::Waiting => "waiting",
+            Verdict::NoEvidence => "no evidence",
         })
     }
 }
@@ -390,6 +422,27 @@ mod tests {
         span.cgroup_throttled_ns = Some(MS);
         let busy = Verdict::WaitingForCpu.reason(&split(&span));
         assert!(busy.contains("other work held the CPUs"), "{busy}");
+    }
+
+    #[test]
+    fn most_of_the_time_unknown_is_no_evidence() {
+        let followed = Span {
+            span_id: crate::ids::SpanId::from(2u64),
+            ..root(100, 0, Some(100), None)
+        };
+        let unfollowed = Span {
+            span_id: crate::ids::SpanId::from(3u64),
+            wall_active_ns: None,
+            ..root(300, 0, None, None)
+        };
+        let s = TimeSplit::of_spans(&[&followed, &unfollowed], &HashMap::new());
+        assert_eq!(Verdict::of_split(&s), Verdict::NoEvidence);
+        assert_eq!(
+            Verdict::NoEvidence.reason(&s),
+            "unknown 75% of the wall time (blocked in poll 25%): not split: 1 span(s) carry \
+             no active time while the others do (roots the bridge did not follow, or whose \
+             figures were lost)"
+        );
     }
 
     /// Short spans with no samples: "too short" only while the threads' time inside

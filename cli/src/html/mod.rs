@@ -438,13 +438,14 @@ fn part_class(part: Part) -> &'static str {
         Part::Runqueue => "runqueue",
         Part::Awaiting => "awaiting",
         Part::OffCpu => "offcpu",
+        Part::Unknown => "unknown",
     }
 }
 
 fn source_tag(split: &TimeSplit) -> String {
     match (split.active, split.partial) {
-        (Some(source), _) => source.attribute().to_owned(),
-        (None, Some((source, n))) => format!("{} on {n}/{} spans", source.attribute(), split.spans),
+        (Some(source), None) => source.attribute().to_owned(),
+        (_, Some((source, n))) => format!("{} on {n}/{} spans", source.attribute(), split.spans),
         (None, None) => "none".to_owned(),
     }
 }
@@ -457,6 +458,7 @@ fn verdict_class(verdict: Verdict) -> &'static str {
         Verdict::WaitingForCpu => "waiting-cpu",
         Verdict::Mixed => "mixed",
         Verdict::Waiting => "waiting",
+        Verdict::NoEvidence => "no-evidence",
     }
 }
 
@@ -700,7 +702,7 @@ fn write_notes(out: &mut String, period_ms: f64) -> fmt::Result {
         r#"<section id="notes"><h2>How to read this</h2><ul>
 <li>CPU is sampled: each sample stands for one {period_ms:.0} ms period of CPU, so a CPU figure from n samples is good to about ±√n periods; the sample count is shown beside it.</li>
 <li>Blocked in poll ≈ active time − CPU: the span kept its thread busy but off the CPU — a blocking call inside async code (which stalls every other task on that worker), or the thread waiting for a CPU the machine gave to other work. Awaiting ≈ wall − active time: the span was not being polled (waiting on I/O, a timer, a lock, another task, or queued behind other work).</li>
-<li>Active time comes from span attributes: <code>profiling.wall.active_ns</code> (written by otel-profiling: all threads of the local root) or else <code>busy_ns</code> (written by tracing-opentelemetry: the root span's own entered time), when every span of the row carries it. Without either, only CPU against not on CPU is known.</li>
+<li>Active time comes from span attributes: <code>profiling.wall.active_ns</code> (written by otel-profiling: all threads of the local root) or else <code>busy_ns</code> (written by tracing-opentelemetry: the root span's own entered time). Spans of a row without it, where others carry it, are its unknown part (hatched): never counted as blocked or awaiting. Without either on any span, only CPU against not on CPU is known.</li>
 <li>Verdicts compare the shares the bars print: CPU-bound at {bound} % of CPU or more, waiting under {waiting} %, mixed between (blocked in poll, waiting for a CPU or queued when that part holds half the wall time); a slow span with no samples is never called fast.</li>
 </ul><p class="generated">Written by otel-profiling-cli {version}; no server, no network.</p></section>"#,
         version = env!("CARGO_PKG_VERSION"),
