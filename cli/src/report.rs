@@ -17,7 +17,7 @@ use crate::input::Sampling;
 use crate::input::{version_label, Input, Span};
 use crate::split::{Part, TimeSplit, PART_ORDER};
 use crate::stats::percentile;
-use crate::verdict::{NoSamples, Verdict};
+use crate::verdict::{has_evidence, EvidenceContext, NoSamples, Verdict};
 
 /// How many functions each top list holds.
 pub const TOP_FUNCTIONS: usize = 5;
@@ -160,6 +160,7 @@ impl SpanReport {
         let roots = input.local_roots();
         let children = ChildIndex::new(&input.spans);
         let owners = input.ownership();
+        let evidence = input.evidence();
         // By route when the span has one (see `Span::report_name`).
         let mut grouped: BTreeMap<(Cow<'_, str>, Option<&str>), Vec<&Span>> = BTreeMap::new();
         for span in &roots {
@@ -187,7 +188,7 @@ impl SpanReport {
                             span_id: span.span_id,
                             trace_id: span.trace_id,
                             wall_ns: span.wall_ns(),
-                            reason: NoSamples::classify(&[span], sampling),
+                            reason: NoSamples::classify(&[span], sampling, &evidence),
                         });
                     }
                 }
@@ -198,6 +199,7 @@ impl SpanReport {
                     children: &children,
                     samples: &input.samples,
                     owners: owners.clone(),
+                    evidence: &evidence,
                 };
                 build_group(name, version, &spans, &sources)
             })
@@ -245,6 +247,7 @@ impl SpanGroup {
             children: &children,
             samples: &input.samples,
             owners: input.ownership(),
+            evidence: &input.evidence(),
         };
         build_group(name, version, spans, &sources)
     }
@@ -262,6 +265,8 @@ struct GroupSources<'a> {
     samples: &'a [crate::input::Sample],
     /// Whose code each frame is.
     owners: std::sync::Arc<crate::ownership::Ownership>,
+    /// What the input says about the bridge's evidence.
+    evidence: &'a EvidenceContext,
 }
 
 fn build_group(
@@ -302,14 +307,25 @@ fn build_group(
     // One split: the verdict compares its shares and the reason prints them, as the
     // table, the bars and the diff do.
     let split = TimeSplit::of_spans(spans, by_id);
-    let verdict = Verdict::of_split(&split);
+    let mut verdict = Verdict::of_split(&split);
     let mut reason = verdict.reason(&split);
-    let no_samples = (profile_cpu_ns == 0).then(|| NoSamples::classify(spans, sampling));
+    let no_samples =
+        (profile_cpu_ns == 0).then(|| NoSamples::classify(spans, sampling, sources.evidence));
     match no_samples {
         None => {}
         // The split's CPU is the attributes' here; the reason says why.
         Some(why @ NoSamples::ProfileNotRead) => {
             reason = format!("{reason}; {}", why.explain(sampling));
+        }
+        // No samples, no active time, no evidence attribute: nothing says where the time
+        // went, and no sample is no evidence of waiting.
+        Some(why)
+            if why.is_no_evidence()
+                && split.active.is_none()
+                && !spans.iter().any(|s| has_evidence(s)) =>
+        {
+            verdict = Verdict::NoEvidence;
+            reason = why.explain(sampling);
         }
         Some(why) if split.active.is_none() => {
             reason = why.explain(sampling);
@@ -944,6 +960,78 @@ mod tests {
         );
         let none = describe_waiting(238 * MS, &Dependencies::default());
         assert!(none.ends_with("instrument the dependency call"), "{none}");
+    }
+
+    /// Issue 41, item 2: a 5 ms job started with the plain `FutureExt::with_context`
+    /// carries a profile id and nothing else, beside roots the bridge followed. It reads
+    /// "no evidence — not followed", with what to use instead; never "waiting", "too
+    /// short" or "instrument the dependency call".
+    #[test]
+    fn a_root_the_crate_never_followed_is_no_evidence_and_says_why() {
+        const MS: u64 = 1_000_000;
+        let job = Span {
+            name: "job".into(),
+            ..Span::test_root(1, 1_000 * MS, 1_005 * MS)
+        };
+        let followed = Span {
+            name: "GET /report".into(),
+            cpu_time_ns: Some(0),
+            cpu_samples: Some(0),
+            wall_active_ns: Some(MS),
+            ..Span::test_root(2, 1_100 * MS, 1_200 * MS)
+        };
+        let input = Input {
+            spans: vec![job, followed],
+            profile_files: 1,
+            span_files: 1,
+            period_ns: Some(10 * MS),
+            profile_windows: vec![(0, 10_000 * MS)],
+            ..Input::default()
+        };
+        let report = SpanReport::from_input(&input);
+        let job = report.group("job", None).expect("job");
+        assert_eq!(job.verdict, Verdict::NoEvidence);
+        assert_eq!(
+            job.no_samples,
+            Some(NoSamples::NoEvidence(
+                crate::verdict::NoEvidence::NotFollowed
+            ))
+        );
+        assert!(
+            job.reason.starts_with("not followed by otel-profiling")
+                && job.reason.contains("with_profiling_context"),
+            "{}",
+            job.reason
+        );
+        let text = report.to_string();
+        assert!(
+            text.contains("job, no service.version: no evidence — not followed"),
+            "{text}"
+        );
+        assert!(
+            text.contains("  job, no service.version: 1 span(s), not followed: "),
+            "{text}"
+        );
+        let section = text.split("\njob, ").nth(1).expect("the job's section");
+        let section = section.split("\n\n").next().unwrap_or_default();
+        assert!(
+            !section.contains("instrument") && !section.contains("too short"),
+            "{text}"
+        );
+        // Started before any profile's window: no sampler ran at its start.
+        let input = Input {
+            profile_windows: vec![(1_050 * MS, 10_000 * MS)],
+            ..input
+        };
+        let report = SpanReport::from_input(&input);
+        let job = report.group("job", None).expect("job");
+        assert_eq!(job.verdict, Verdict::NoEvidence);
+        assert!(
+            job.reason
+                .starts_with("no sampler was running when it started"),
+            "{}",
+            job.reason
+        );
     }
 
     /// "Your code" comes from the binary: the profiles' source paths make `sha2` (a

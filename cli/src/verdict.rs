@@ -9,8 +9,11 @@
 //!
 //! An empty profile is never read as "fast": a slow span without samples did not run on a
 //! CPU long enough to be sampled, so it was waiting; a short one may simply have been
-//! missed by the sampling period.
+//! missed by the sampling period. And a root the bridge kept no evidence for (no
+//! `profiling.*` attribute, no sample) is "no evidence", never "waiting": why it has none
+//! is told apart ([`NoEvidence`]).
 
+use std::collections::{HashMap, HashSet};
 use std::fmt;
 
 use crate::input::{Sampling, Span};
@@ -54,7 +57,8 @@ pub enum Verdict {
     Mixed,
     /// CPU time is under [`WAITING_PERCENT`] of wall time.
     Waiting,
-    /// Most of the wall time is the split's unknown part: too little is known to judge.
+    /// Nothing says where the time went: no samples and no evidence attributes (see
+    /// [`NoEvidence`]), or most of it is the split's unknown part.
     NoEvidence,
 }
 
@@ -209,6 +213,148 @@ impl fmt::Display for Verdict {
     }
 }
 
+/// What the whole input says about the bridge's evidence: needed to tell why a root has
+/// none ([`NoEvidence`]).
+#[derive(Clone, Debug, Default, PartialEq, Eq)]
+pub struct EvidenceContext {
+    /// The `service.version`s some local root of which carries the bridge's evidence
+    /// attributes (so its tracer provider has a `CpuEvidenceProcessor`).
+    pub versions_with_evidence: HashSet<Option<String>>,
+    /// How many local roots of each `service.version` were read.
+    pub roots_by_version: HashMap<Option<String>, usize>,
+    /// The time windows of the profiles read (`[start, end)`, ns since the epoch): a
+    /// sampler ran over each.
+    pub profile_windows: Vec<(u64, u64)>,
+}
+
+impl EvidenceContext {
+    /// The context of `roots` (the local roots read) and the profiles' windows.
+    pub fn new(roots: &[&Span], profile_windows: Vec<(u64, u64)>) -> EvidenceContext {
+        EvidenceContext {
+            versions_with_evidence: roots
+                .iter()
+                .filter(|s| has_evidence(s))
+                .map(|s| s.service_version.clone())
+                .collect(),
+            roots_by_version: roots.iter().fold(HashMap::new(), |mut n, s| {
+                *n.entry(s.service_version.clone()).or_default() += 1;
+                n
+            }),
+            profile_windows,
+        }
+    }
+
+    /// Why `spans` (none of which carries evidence) have none.
+    fn why_none(&self, spans: &[&Span]) -> NoEvidence {
+        // Other roots of the same version as these spans were read.
+        let mut ours: HashMap<&Option<String>, usize> = HashMap::new();
+        for span in spans {
+            *ours.entry(&span.service_version).or_default() += 1;
+        }
+        let others = ours
+            .iter()
+            .any(|(v, &n)| self.roots_by_version.get(*v).is_some_and(|&all| all > n));
+        let processor = spans
+            .iter()
+            .any(|s| self.versions_with_evidence.contains(&s.service_version));
+        if !processor {
+            // Other roots of the same version read, and none carries evidence: the
+            // provider has no processor. With nothing to compare, it cannot be told.
+            return if others {
+                NoEvidence::NoProcessor
+            } else {
+                NoEvidence::Undetermined
+            };
+        }
+        if self.profile_windows.is_empty() {
+            return NoEvidence::NotFollowedOrNoSampler;
+        }
+        let sampled_at = |t: u64| self.profile_windows.iter().any(|&(a, b)| a <= t && t < b);
+        if spans.iter().any(|s| sampled_at(s.start_unix_nano)) {
+            NoEvidence::NotFollowed
+        } else {
+            NoEvidence::NoSampler
+        }
+    }
+}
+
+/// Whether a span carries the evidence attributes the bridge writes on every local root
+/// it followed (`profiling.cpu.samples`, `profiling.cpu.time_ns`,
+/// `profiling.wall.active_ns`, always together).
+pub fn has_evidence(span: &Span) -> bool {
+    span.cpu_samples.is_some() || span.cpu_time_ns.is_some() || span.wall_active_ns.is_some()
+}
+
+/// Why a local root carries no evidence attribute and no sample. The bridge leaves the
+/// attributes out rather than write zeros that would read as "never ran"
+/// (`bridge/src/hooks/evidence.rs`), so their absence says only that it kept none.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, PartialOrd, Ord, Hash)]
+pub enum NoEvidence {
+    /// Other roots of its version carry evidence and a profile read covers its start: a
+    /// sampler ran, the processor claimed counters, and no layer or wrapper of the crate
+    /// followed the root (the plain `FutureExt::with_context`, say).
+    NotFollowed,
+    /// Other roots of its version carry evidence, and no profile read covers its start:
+    /// no sampler ran when it started, so no counters were claimed.
+    NoSampler,
+    /// Other roots of its version carry evidence; the profiles read say nothing of when
+    /// they were taken, so "not followed" cannot be told from "no sampler at its start".
+    NotFollowedOrNoSampler,
+    /// No root of its version read carries evidence: the tracer provider has no
+    /// `CpuEvidenceProcessor`.
+    NoProcessor,
+    /// No other root to compare it with.
+    Undetermined,
+}
+
+impl NoEvidence {
+    fn label(self) -> &'static str {
+        match self {
+            NoEvidence::NotFollowed => "not followed",
+            NoEvidence::NoSampler => "no sampler at its start",
+            NoEvidence::NotFollowedOrNoSampler => "not followed or no sampler",
+            NoEvidence::NoProcessor => "no evidence processor",
+            NoEvidence::Undetermined => "no evidence",
+        }
+    }
+
+    fn explain(self) -> &'static str {
+        match self {
+            NoEvidence::NotFollowed => {
+                "not followed by otel-profiling: no profiling.* \
+                attribute and no CPU sample, while other roots of its version carry them and \
+                a sampler ran at its start — its work ran outside the crate's layer and \
+                wrappers (e.g. a future given the plain opentelemetry FutureExt::with_context): \
+                enter its span through ProfilingLayer, or wrap the future with \
+                with_profiling_context (ProfilingFutureExt)"
+            }
+            NoEvidence::NoSampler => {
+                "no sampler was running when it started (no profile \
+                read covers its start), so the bridge kept no evidence for it: start the \
+                profiler before the work it should see"
+            }
+            NoEvidence::NotFollowedOrNoSampler => {
+                "no profiling.* attribute and no CPU \
+                sample, while other roots of its version carry them: either the crate did not \
+                follow it (enter its span through ProfilingLayer, or wrap its future with \
+                with_profiling_context) or no sampler ran at its start — the profiles read do \
+                not say when they were taken"
+            }
+            NoEvidence::NoProcessor => {
+                "no root of its version carries profiling.* \
+                attributes: the tracer provider has no CpuEvidenceProcessor (Telemetry adds \
+                one; else wrap the exporting span processor in CpuEvidenceProcessor::new), so \
+                no CPU, active or queued time was recorded"
+            }
+            NoEvidence::Undetermined => {
+                "no profiling.* attribute and no CPU sample, and no \
+                other root read to compare with: no CpuEvidenceProcessor, a root the crate did \
+                not follow (ProfilingLayer, with_profiling_context) or no sampler at its start"
+            }
+        }
+    }
+}
+
 /// Why spans have no CPU samples (ordered from the most to the least telling).
 #[derive(Clone, Copy, Debug, PartialEq, Eq, PartialOrd, Ord, Hash)]
 pub enum NoSamples {
@@ -219,6 +365,8 @@ pub enum NoSamples {
     NoProfiles,
     /// The spans carry no `pyroscope.profile.id`: nothing tied samples to them.
     Unsampled,
+    /// No evidence attribute, no active time at all: the bridge kept nothing for them.
+    NoEvidence(NoEvidence),
     /// Shorter (p95) than two sampling periods: likely missed by the sampling.
     TooShort,
     /// Long enough to be sampled had it computed, and a thread sat inside it off CPU for
@@ -231,7 +379,7 @@ pub enum NoSamples {
 
 impl NoSamples {
     /// Why `spans` (of one group, or a single span) have no CPU samples.
-    pub fn classify(spans: &[&Span], sampling: Sampling) -> NoSamples {
+    pub fn classify(spans: &[&Span], sampling: Sampling, context: &EvidenceContext) -> NoSamples {
         if spans.iter().any(|s| s.cpu_time_ns.unwrap_or(0) > 0) {
             return NoSamples::ProfileNotRead;
         }
@@ -240,6 +388,11 @@ impl NoSamples {
         }
         if spans.iter().all(|s| s.profile_id.is_none()) {
             return NoSamples::Unsampled;
+        }
+        // Neither the bridge's figures nor tracing-opentelemetry's: no sample is no
+        // evidence of waiting, since nothing says the sampler could tie one to them.
+        if !spans.iter().any(|s| has_evidence(s) || s.busy_ns.is_some()) {
+            return NoSamples::NoEvidence(context.why_none(spans));
         }
         let mut walls: Vec<u64> = spans.iter().map(|s| s.wall_ns()).collect();
         walls.sort_unstable();
@@ -268,12 +421,22 @@ impl NoSamples {
         }
     }
 
+    /// Whether this says nothing about where the time went (the verdict is then
+    /// [`Verdict::NoEvidence`] unless the spans' active time splits it).
+    pub fn is_no_evidence(self) -> bool {
+        matches!(
+            self,
+            NoSamples::NoProfiles | NoSamples::Unsampled | NoSamples::NoEvidence(_)
+        )
+    }
+
     /// A short label: `waiting`, `too short`, `unsampled`, ...
     pub fn label(self) -> &'static str {
         match self {
             NoSamples::ProfileNotRead => "profile not read",
             NoSamples::NoProfiles => "no profiles",
             NoSamples::Unsampled => "unsampled",
+            NoSamples::NoEvidence(why) => why.label(),
             NoSamples::TooShort => "too short",
             NoSamples::BlockedInPoll => "blocked in poll",
             NoSamples::Waiting => "waiting",
@@ -302,6 +465,10 @@ impl NoSamples {
                 no CPU sample is tied to them (no ProfileIdSpanProcessor, or the trace was not \
                 sampled); this is no evidence that the span is fast"
                 .to_owned(),
+            NoSamples::NoEvidence(why) => format!(
+                "{}; nothing says whether it computed or waited",
+                why.explain()
+            ),
             NoSamples::TooShort => format!(
                 "too short for the sampling period: one sample per {period_ms:.0} ms of CPU \
                  ({hz:.0} Hz), so spans under ~{:.0} ms often get none (Pyroscope documents \
@@ -445,6 +612,72 @@ mod tests {
         );
     }
 
+    fn context(roots: &[&Span], windows: Vec<(u64, u64)>) -> EvidenceContext {
+        EvidenceContext::new(roots, windows)
+    }
+
+    /// A root with a profile id and nothing else is told apart by what the other roots
+    /// and the profiles' windows say — never "waiting", never "too short".
+    #[test]
+    fn why_a_root_has_no_evidence_is_told_apart() {
+        let sampling = Sampling {
+            profiles_read: true,
+            period_ns: 10 * MS,
+        };
+        // A 5 ms job, as the plain FutureExt::with_context leaves it: too short, were it
+        // followed.
+        let job = Span::test_root(1, 1_000 * MS, 1_005 * MS);
+        let followed = Span {
+            cpu_time_ns: Some(0),
+            cpu_samples: Some(0),
+            wall_active_ns: Some(0),
+            ..Span::test_root(2, 2_000 * MS, 2_100 * MS)
+        };
+        let classify = |ctx: &EvidenceContext| NoSamples::classify(&[&job], sampling, ctx);
+        let covered = vec![(900 * MS, 3_000 * MS)];
+        assert_eq!(
+            classify(&context(&[&job, &followed], covered.clone())),
+            NoSamples::NoEvidence(NoEvidence::NotFollowed)
+        );
+        assert_eq!(
+            classify(&context(&[&job, &followed], vec![(1_500 * MS, 3_000 * MS)])),
+            NoSamples::NoEvidence(NoEvidence::NoSampler)
+        );
+        assert_eq!(
+            classify(&context(&[&job, &followed], vec![])),
+            NoSamples::NoEvidence(NoEvidence::NotFollowedOrNoSampler)
+        );
+        // Another root of the version, without evidence either: no processor.
+        let other = Span::test_root(3, 2_000 * MS, 2_100 * MS);
+        assert_eq!(
+            classify(&context(&[&job, &other], covered.clone())),
+            NoSamples::NoEvidence(NoEvidence::NoProcessor)
+        );
+        // A root of another version carries evidence: says nothing of this one's.
+        let elsewhere = Span {
+            service_version: Some("2".into()),
+            ..followed.clone()
+        };
+        assert_eq!(
+            classify(&context(&[&job, &elsewhere], covered.clone())),
+            NoSamples::NoEvidence(NoEvidence::Undetermined)
+        );
+        assert_eq!(
+            classify(&context(&[&job], covered.clone())),
+            NoSamples::NoEvidence(NoEvidence::Undetermined)
+        );
+        let why = classify(&context(&[&job, &followed], covered)).explain(sampling);
+        assert!(
+            why.contains("with_profiling_context") && !why.contains("waiting"),
+            "{why}"
+        );
+        // With evidence (followed, no CPU), the short job is too short, as before.
+        assert_eq!(
+            NoSamples::classify(&[&followed], sampling, &context(&[&followed], vec![])).label(),
+            "waiting"
+        );
+    }
+
     /// Short spans with no samples: "too short" only while the threads' time inside
     /// them adds up to less than two sampling periods; past that, the exact active time
     /// decides (blocked in poll when they were inside for most of their wall time).
@@ -452,31 +685,39 @@ mod tests {
     fn short_blocked_spans_are_blocked_once_their_active_time_could_have_been_sampled() {
         let span = |id: u64, wall_us: u64, active_us: Option<u64>| Span {
             wall_active_ns: active_us.map(|a| a * 1_000),
+            busy_ns: Some(0),
             ..Span::test_root(id, id * 1_000 * MS, id * 1_000 * MS + wall_us * 1_000)
         };
         let sampling = Sampling {
             profiles_read: true,
             period_ns: 10 * MS,
         };
+        let ctx = EvidenceContext::default();
         let blocked: Vec<Span> = (1..=3).map(|i| span(i, 15_600, Some(15_500))).collect();
         let all: Vec<&Span> = blocked.iter().collect();
         // 46.5 ms inside, not one sample: not computing.
         assert_eq!(
-            NoSamples::classify(&all, sampling),
+            NoSamples::classify(&all, sampling, &ctx),
             NoSamples::BlockedInPoll
         );
         // One such span (15.5 ms inside, under two periods) may simply have been missed.
         assert_eq!(
-            NoSamples::classify(&all[..1], sampling),
+            NoSamples::classify(&all[..1], sampling, &ctx),
             NoSamples::TooShort
         );
         // Short spans mostly awaiting are waiting, not too short, once as much is known.
         let awaiting: Vec<Span> = (1..=5).map(|i| span(i, 15_600, Some(5_000))).collect();
         let all: Vec<&Span> = awaiting.iter().collect();
-        assert_eq!(NoSamples::classify(&all, sampling), NoSamples::Waiting);
-        // Without active time, the wall time's p95 decides as before.
+        assert_eq!(
+            NoSamples::classify(&all, sampling, &ctx),
+            NoSamples::Waiting
+        );
+        // Without the bridge's active time, busy_ns (0 here) decides.
         let unknown: Vec<Span> = (1..=5).map(|i| span(i, 15_600, None)).collect();
         let all: Vec<&Span> = unknown.iter().collect();
-        assert_eq!(NoSamples::classify(&all, sampling), NoSamples::TooShort);
+        assert_eq!(
+            NoSamples::classify(&all, sampling, &ctx),
+            NoSamples::TooShort
+        );
     }
 }

@@ -117,7 +117,9 @@ fn shows_split_verdicts_flame_graphs_and_the_version_diff() {
     // No busy_ns on GET /orders: said so, and only CPU against not on CPU.
     assert!(page.contains(">none<br><small>CPU vs not on CPU<"));
     assert!(page.contains("CPU 0% · not on CPU 100%"));
-    assert!(page.contains("CPU-bound") && page.contains("waiting"));
+    // No samples and no evidence attribute on any root of 1.0: never "waiting".
+    assert!(page.contains(r#"<span class="verdict no-evidence">no evidence</span> no root of its version carries profiling.* attributes"#), "{page}");
+    assert!(page.contains(r#"<span class="verdict cpu-bound">CPU-bound</span>"#));
     // The diff 1.0 → 2.0 names the new function; 2.0 → 3.0 got cheaper and is folded.
     assert_eq!(html.diffs().len(), 2);
     assert_eq!(html.diffs()[0].new_functions[0].function, "paginate");

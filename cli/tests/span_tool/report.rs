@@ -125,8 +125,9 @@ fn short_and_unsampled_spans_without_samples_are_explained() {
     );
     assert!(health.reason.contains("~20 ms"), "{}", health.reason);
 
+    // Unsampled and no evidence attribute: nothing says it waited.
     let legacy = report.group("GET /legacy", None).expect("legacy");
-    assert_eq!(legacy.verdict, Verdict::Waiting);
+    assert_eq!(legacy.verdict, Verdict::NoEvidence);
     assert_eq!(legacy.no_samples, Some(NoSamples::Unsampled));
     assert!(
         legacy.reason.contains("pyroscope.profile.id"),
