@@ -13,8 +13,8 @@ use crate::error::ReportError;
 use crate::format::{ms, ms_delta, ms_f, Table};
 use crate::functions::{is_address, FunctionCpu, FunctionTotals};
 use crate::input::{version_label, Input, Span};
-use crate::report::SpanGroup;
-use crate::split::{Part, TimeSplit, PART_ORDER};
+use crate::report::{worth_instrumenting, SpanGroup};
+use crate::split::{Part, Percent, TimeSplit, PART_ORDER};
 use crate::stats::percentile;
 use crate::verdict::Verdict;
 
@@ -424,7 +424,14 @@ impl VersionDiff {
             Part::Unknown => " (spans without the figures the others carry)".to_owned(),
             Part::Awaiting | Part::OffCpu => {
                 if a.dependencies.children.is_empty() {
-                    return " (no child span covers it: instrument the dependency call)".to_owned();
+                    // Advice only for growth worth finding a call for: a fraction of a
+                    // millisecond has none to instrument.
+                    let share = Percent::of(p.after_ns as u64, a.wall_mean_ns() as u64);
+                    return if worth_instrumenting(p.delta_ns(), share) {
+                        " (no child span covers it: instrument the dependency call)".to_owned()
+                    } else {
+                        " (no child span covers it)".to_owned()
+                    };
                 }
                 let now = a.dependencies.describe(3);
                 let was = b.dependencies.describe(3);

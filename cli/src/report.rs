@@ -15,7 +15,7 @@ use crate::functions::{FunctionCpu, FunctionTotals};
 use crate::ids::{SpanId, TraceId};
 use crate::input::Sampling;
 use crate::input::{version_label, Input, Span};
-use crate::split::{Part, TimeSplit, PART_ORDER};
+use crate::split::{Part, Percent, TimeSplit, PART_ORDER};
 use crate::stats::percentile;
 use crate::verdict::{has_evidence, EvidenceContext, NoSamples, Verdict};
 
@@ -375,7 +375,10 @@ fn build_group(
     let reason = if unmatched_route {
         "requests no route matched (no http.route: 404s, paths outside the router)".to_owned()
     } else if verdict == Verdict::Waiting {
-        format!("{reason}; {}", waiting_on(&split, &dependencies))
+        match waiting_on(&split, &dependencies) {
+            Some(on) => format!("{reason}; {on}"),
+            None => reason,
+        }
     } else {
         reason
     };
@@ -508,15 +511,16 @@ impl SpanReport {
 }
 
 /// What a waiting group waits on: the child spans covering its time off CPU, or the
-/// advice to instrument the call nothing covers.
-fn waiting_on(split: &TimeSplit, deps: &Dependencies) -> String {
+/// advice to instrument the call nothing covers when that time is worth it; `None` when
+/// there is nothing to say (no child span, and too little uncovered to instrument).
+fn waiting_on(split: &TimeSplit, deps: &Dependencies) -> Option<String> {
     // Awaiting when the active time splits it off; else all the time not on CPU.
-    let waiting_ns = if split.active.is_some() {
-        split.awaiting_ns
+    let (waiting_ns, part) = if split.active.is_some() {
+        (split.awaiting_ns, Part::Awaiting)
     } else {
-        split.off_cpu_ns
+        (split.off_cpu_ns, Part::OffCpu)
     };
-    describe_waiting(waiting_ns, deps)
+    describe_waiting(waiting_ns, part, split.wall_ns, deps)
 }
 
 /// Below this share of the waiting covered by child spans, they explain next to nothing
@@ -525,40 +529,69 @@ fn waiting_on(split: &TimeSplit, deps: &Dependencies) -> String {
 /// may be time between the calls).
 const COVERED_ENOUGH_TO_NAME: f64 = 0.1;
 
-fn describe_waiting(waiting_ns: u64, deps: &Dependencies) -> String {
-    let per_root = |ns: u64| ns as f64 / deps.roots.max(1) as f64 / 1e6;
-    if deps.children.is_empty() {
-        return format!(
-            "no child span covers its {:.1} ms per span off CPU: instrument the dependency call",
-            per_root(waiting_ns)
-        );
-    }
+/// Awaiting that no child span covers is worth instrumenting only from this much per span
+/// (a 0.1 ms health check has no dependency call to find)…
+pub const INSTRUMENT_FLOOR_NS: f64 = 5_000_000.0;
+/// …and from this share of the wall time (a few ms beside a long computation are not
+/// where the time went).
+pub const INSTRUMENT_SHARE: Percent = Percent(20);
+
+/// Whether `uncovered_ns_per_span` of time awaiting, `share` of the wall time, with no
+/// child span over it, is worth "instrument the dependency call".
+pub(crate) fn worth_instrumenting(uncovered_ns_per_span: f64, share: Option<Percent>) -> bool {
+    uncovered_ns_per_span >= INSTRUMENT_FLOOR_NS && share.is_some_and(|s| s >= INSTRUMENT_SHARE)
+}
+
+fn describe_waiting(
+    waiting_ns: u64,
+    part: Part,
+    wall_ns: u64,
+    deps: &Dependencies,
+) -> Option<String> {
+    let roots = deps.roots.max(1) as f64;
+    let per_root = |ns: u64| ns as f64 / roots / 1e6;
     let covered = deps.covered_ns.min(waiting_ns);
-    if 2 * covered >= waiting_ns {
+    let uncovered = waiting_ns - covered;
+    let worth = worth_instrumenting(uncovered as f64 / roots, Percent::of(uncovered, wall_ns));
+    let label = part.label();
+    if deps.children.is_empty() {
+        return worth.then(|| {
+            format!(
+                "no child span covers its {:.1} ms per span {label}: instrument the \
+                 dependency call",
+                per_root(waiting_ns)
+            )
+        });
+    }
+    Some(if 2 * covered >= waiting_ns {
         format!(
-            "waiting on a dependency: {}, covering {:.1} of its {:.1} ms per span off CPU",
+            "waiting on a dependency: {}, covering {:.1} of its {:.1} ms per span {label}",
             deps.describe(3),
             per_root(covered),
             per_root(waiting_ns)
         )
     } else if covered as f64 >= COVERED_ENOUGH_TO_NAME * waiting_ns as f64 {
         format!(
-            "waiting on a dependency: {}, covering {:.1} of its {:.1} ms per span off CPU; \
+            "waiting on a dependency: {}, covering {:.1} of its {:.1} ms per span {label}; \
              the other {:.1} ms are in no child span",
             deps.describe(3),
             per_root(covered),
             per_root(waiting_ns),
-            per_root(waiting_ns - covered)
+            per_root(uncovered)
         )
     } else {
+        let advice = if worth {
+            ": instrument the dependency call that takes the rest"
+        } else {
+            ""
+        };
         format!(
-            "its child spans ({}) cover only {:.1} of its {:.1} ms per span off CPU: \
-             instrument the dependency call that takes the rest",
+            "its child spans ({}) cover only {:.1} of its {:.1} ms per span {label}{advice}",
             deps.describe(3),
             per_root(covered),
             per_root(waiting_ns)
         )
-    }
+    })
 }
 
 /// `part`'s share of the group's wall time as every view prints it, or `-` when the
@@ -927,7 +960,7 @@ mod tests {
 
     /// A child span covering part of the waiting is named with what it leaves uncovered,
     /// and no advice; only children that cover next to nothing (under 10 %) get "instrument
-    /// the dependency call that takes the rest".
+    /// the dependency call that takes the rest", and only when the rest is worth it.
     #[test]
     fn a_child_covering_part_of_a_wait_is_named_without_advice() {
         const MS: u64 = 1_000_000;
@@ -940,26 +973,69 @@ mod tests {
             }],
             covered_ns: covered_ms * MS,
         };
-        let most = describe_waiting(238 * MS, &deps(122));
+        let waiting = |ns, deps: &Dependencies| {
+            describe_waiting(ns, Part::Awaiting, 250 * MS, deps).unwrap_or_default()
+        };
         assert_eq!(
-            most,
+            waiting(238 * MS, &deps(122)),
             "waiting on a dependency: 1 × db.query (122.0 ms), covering 122.0 of its 238.0 ms \
-             per span off CPU"
+             per span awaiting"
         );
-        let part = describe_waiting(238 * MS, &deps(60));
+        let part = waiting(238 * MS, &deps(60));
         assert_eq!(
             part,
             "waiting on a dependency: 1 × db.query (60.0 ms), covering 60.0 of its 238.0 ms \
-             per span off CPU; the other 178.0 ms are in no child span"
+             per span awaiting; the other 178.0 ms are in no child span"
         );
         assert!(!part.contains("instrument"));
-        let little = describe_waiting(238 * MS, &deps(10));
+        let little = waiting(238 * MS, &deps(10));
         assert!(
             little.ends_with("instrument the dependency call that takes the rest"),
             "{little}"
         );
-        let none = describe_waiting(238 * MS, &Dependencies::default());
+        let none = waiting(238 * MS, &Dependencies::default());
         assert!(none.ends_with("instrument the dependency call"), "{none}");
+    }
+
+    /// "Instrument the dependency call" needs awaiting worth finding a call for: at least
+    /// the floor per span and the share of the wall time, with no child span over it.
+    #[test]
+    fn instrument_the_dependency_call_only_when_the_awaiting_is_material() {
+        const MS: u64 = 1_000_000;
+        let none = Dependencies::default();
+        // A 0.1 ms health check, all of it awaiting: nothing to instrument, nothing said.
+        assert_eq!(
+            describe_waiting(100_000, Part::Awaiting, 100_000, &none),
+            None
+        );
+        // 6 ms awaiting per span, but beside 100 ms of wall: under the share.
+        assert_eq!(
+            describe_waiting(6 * MS, Part::Awaiting, 100 * MS, &none),
+            None
+        );
+        // 30 ms of 100: worth it.
+        assert_eq!(
+            describe_waiting(30 * MS, Part::Awaiting, 100 * MS, &none).as_deref(),
+            Some("no child span covers its 30.0 ms per span awaiting: instrument the dependency call")
+        );
+        // Children covering next to nothing of a small wait: named, no advice.
+        let child = Dependencies {
+            roots: 1,
+            children: vec![ChildCoverage {
+                name: "cache.get".into(),
+                count: 1,
+                covered_ns: 10_000,
+            }],
+            covered_ns: 10_000,
+        };
+        assert_eq!(
+            describe_waiting(2 * MS, Part::Awaiting, 3 * MS, &child).as_deref(),
+            Some("its child spans (1 × cache.get (0.0 ms)) cover only 0.0 of its 2.0 ms per span awaiting")
+        );
+        assert!(worth_instrumenting(5.0 * MS as f64, Some(Percent(20))));
+        assert!(!worth_instrumenting(4.9 * MS as f64, Some(Percent(90))));
+        assert!(!worth_instrumenting(50.0 * MS as f64, Some(Percent(19))));
+        assert!(!worth_instrumenting(50.0 * MS as f64, None));
     }
 
     /// Issue 41, item 2: a 5 ms job started with the plain `FutureExt::with_context`

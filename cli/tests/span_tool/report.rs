@@ -460,7 +460,7 @@ fn waiting_names_the_child_spans_covering_it_or_asks_for_instrumentation() {
     assert_eq!(orders.verdict, Verdict::Waiting, "{}", orders.reason);
     assert!(
         orders.reason.contains(
-            "waiting on a dependency: 3 × inventory.lookup (90.0 ms), covering 90.0 of its 98.0 ms per span off CPU"
+            "waiting on a dependency: 3 × inventory.lookup (90.0 ms), covering 90.0 of its 98.0 ms per span awaiting"
         ),
         "{}",
         orders.reason
@@ -471,7 +471,7 @@ fn waiting_names_the_child_spans_covering_it_or_asks_for_instrumentation() {
     assert_eq!(slow.verdict, Verdict::Waiting, "{}", slow.reason);
     assert!(
         slow.reason.contains(
-            "no child span covers its 98.0 ms per span off CPU: instrument the dependency call"
+            "no child span covers its 98.0 ms per span awaiting: instrument the dependency call"
         ),
         "{}",
         slow.reason
