@@ -13,8 +13,8 @@ use crate::error::ReportError;
 use crate::format::{ms, ms_delta, ms_f, Table};
 use crate::functions::{is_address, FunctionCpu, FunctionTotals};
 use crate::input::{version_label, Input, Span};
-use crate::report::SpanGroup;
-use crate::split::{Part, TimeSplit};
+use crate::report::{worth_instrumenting, SpanGroup};
+use crate::split::{Part, Percent, TimeSplit, PART_ORDER};
 use crate::stats::percentile;
 use crate::verdict::Verdict;
 
@@ -28,16 +28,6 @@ pub const NEW_FUNCTION_SHARE: f64 = 0.05;
 /// A part of the split whose time per request moved less than this is left out of the
 /// one-line statement of what changed (it would print as ±0.00 ms).
 pub const NOTICEABLE_NS: f64 = 5_000.0;
-
-/// The parts in the order the split draws them.
-const PART_ORDER: [Part; 6] = [
-    Part::Cpu,
-    Part::Runqueue,
-    Part::Blocked,
-    Part::Queued,
-    Part::Awaiting,
-    Part::OffCpu,
-];
 
 /// One span name compared between two versions or two directories, per request.
 #[derive(Clone, Debug)]
@@ -431,9 +421,17 @@ impl VersionDiff {
                     ns as f64 / 1e6
                 ),
             },
+            Part::Unknown => " (spans without the figures the others carry)".to_owned(),
             Part::Awaiting | Part::OffCpu => {
                 if a.dependencies.children.is_empty() {
-                    return " (no child span covers it: instrument the dependency call)".to_owned();
+                    // Advice only for growth worth finding a call for: a fraction of a
+                    // millisecond has none to instrument.
+                    let share = Percent::of(p.after_ns as u64, a.wall_mean_ns() as u64);
+                    return if worth_instrumenting(p.delta_ns(), share) {
+                        " (no child span covers it: instrument the dependency call)".to_owned()
+                    } else {
+                        " (no child span covers it)".to_owned()
+                    };
                 }
                 let now = a.dependencies.describe(3);
                 let was = b.dependencies.describe(3);
@@ -493,6 +491,13 @@ fn part_deltas(before: &DiffSide, after: &DiffSide) -> Vec<PartDelta> {
                     ns.push((Part::Awaiting, s.awaiting_ns));
                 } else {
                     ns.push((Part::Awaiting, s.awaiting_ns + s.queued_ns));
+                }
+                // Spans of either side that lack what the others carry: compared as such,
+                // never folded into blocked or awaiting.
+                if before.split.ns(Part::Unknown).is_some()
+                    || after.split.ns(Part::Unknown).is_some()
+                {
+                    ns.push((Part::Unknown, s.unknown_ns));
                 }
             }
         }
@@ -678,28 +683,28 @@ impl VersionDiff {
              one sampling period of CPU):"
         )?;
         let mut header = vec!["", "WALL", "CPU SAMPLES"];
-        header.extend(columns.iter().map(|p| match p {
-            Part::Cpu => "CPU",
-            Part::Blocked => "BLOCKED IN POLL",
-            Part::Queued => "QUEUED",
-            Part::Runqueue => "WAITING FOR A CPU",
-            Part::Awaiting => "AWAITING",
-            Part::OffCpu => "NOT ON CPU",
-        }));
+        header.extend(columns.iter().map(|&p| column(p)));
         header.push("VERDICT");
         let mut table = Table::new(&header).left_align(header.len() - 1).indent(2);
         for side in sides {
-            let wall = side.wall_mean_ns();
             let parts = side.parts_per_request();
             let mut row = vec![
                 side.label.clone(),
-                ms_f(wall),
+                ms_f(side.wall_mean_ns()),
                 side.split.cpu_samples.to_string(),
             ];
             for column in &columns {
+                // The share as the report prints it, of the side's summed times (the same
+                // ratio as of the means).
                 row.push(parts.iter().find(|(p, _)| p == column).map_or_else(
                     || "-".to_owned(),
-                    |(_, ns)| format!("{} ({:.0}%)", ms_f(*ns), share(*ns, wall)),
+                    |(part, ns)| {
+                        let share = side
+                            .split
+                            .share(*part)
+                            .map_or_else(|| "-".to_owned(), |p| p.to_string());
+                        format!("{} ({share})", ms_f(*ns))
+                    },
                 ));
             }
             row.push(side.verdict.to_string());
@@ -724,18 +729,24 @@ impl VersionDiff {
     }
 }
 
-/// `part` as a percentage of `whole` (0 when `whole` is 0).
-fn share(part: f64, whole: f64) -> f64 {
-    if whole > 0.0 {
-        part * 100.0 / whole
-    } else {
-        0.0
+/// The split table's header for `part`.
+fn column(part: Part) -> &'static str {
+    match part {
+        Part::Cpu => "CPU",
+        Part::Blocked => "BLOCKED IN POLL",
+        Part::Queued => "QUEUED",
+        Part::Runqueue => "WAITING FOR A CPU",
+        Part::Awaiting => "AWAITING",
+        Part::OffCpu => "NOT ON CPU",
+        Part::Unknown => "UNKNOWN",
     }
 }
 
 #[cfg(test)]
 mod tests {
     use std::sync::Arc;
+
+    use proptest::prelude::*;
 
     use super::*;
     use crate::ids::SpanId;
@@ -936,5 +947,70 @@ mod tests {
             "{}",
             diff.what_changed()
         );
+    }
+
+    proptest! {
+        /// Issue 41, item 1: each side's sentence names the shares its row of the split
+        /// table shows, over random pairs of groups.
+        #[test]
+        fn each_sides_sentence_names_the_shares_of_its_row(
+            (old, old_samples) in crate::split::arbitrary::group("1", 1),
+            (new, new_samples) in crate::split::arbitrary::group("2", 100),
+        ) {
+            let (n_old, n_new) = (old.len(), new.len());
+            let input = Input {
+                spans: old.into_iter().chain(new).collect(),
+                samples: old_samples.into_iter().chain(new_samples).collect(),
+                profile_files: 1,
+                span_files: 1,
+                period_ns: Some(10 * MS),
+                ..Input::default()
+            };
+            let (old, new) = input.spans.split_at(n_old);
+            prop_assert_eq!(new.len(), n_new);
+            let old: Vec<&Span> = old.iter().collect();
+            let new: Vec<&Span> = new.iter().collect();
+            let text =
+                VersionDiff::between_spans(&input, "job", ("1", &old), ("2", &new)).to_string();
+            let cells = |line: &str| -> Vec<String> {
+                line.split("  ")
+                    .map(str::trim)
+                    .filter(|c| !c.is_empty())
+                    .map(str::to_owned)
+                    .collect()
+            };
+            let lines: Vec<&str> = text.lines().collect();
+            let at = lines
+                .iter()
+                .position(|l| l.contains("CPU SAMPLES") && l.contains("VERDICT"))
+                .expect("header");
+            let header = cells(lines[at]);
+            for label in ["1", "2"] {
+                let row = cells(
+                    lines[at..]
+                        .iter()
+                        .find(|l| l.starts_with(&format!("  {label} ")))
+                        .expect("row"),
+                );
+                prop_assert_eq!(header.len() + 1, row.len(), "{}", text);
+                let share = |part: Part| -> Option<u64> {
+                    let at = header.iter().position(|h| h == column(part))?;
+                    let cell = &row[at + 1];
+                    let (_, pct) = cell.split_once(" (")?;
+                    pct.strip_suffix("%)").map(|n| n.parse().expect("a share"))
+                };
+                let sentence = lines
+                    .iter()
+                    .find_map(|l| l.strip_prefix(&format!("  {label}: ")))
+                    .expect("the side's sentence");
+                let (verdict, reason) = sentence.split_once(" — ").expect("verdict — reason");
+                prop_assert_eq!(verdict, row.last().expect("verdict").as_str());
+                let named = crate::split::arbitrary::shares_named(reason)
+                    .map_err(TestCaseError::fail)?;
+                for (part, n) in named {
+                    prop_assert_eq!(Some(n), share(part), "{} in {}\n{}", part.label(), reason, text);
+                }
+            }
+        }
     }
 }

@@ -366,7 +366,8 @@ fn select_span_id<'a>(input: &'a Input, id: &str) -> Result<Selected<'a>, Report
             root.span_id, root.name
         ),
         _ => {
-            NoSamples::classify(&[span], input.sampling()).explain(input.sampling())
+            NoSamples::classify(&[span], input.sampling(), &input.evidence())
+                .explain(input.sampling())
                 + CONCURRENT_HINT
         }
     };
@@ -425,6 +426,7 @@ fn select_span_name<'a>(
     };
     Err(ReportError::NoSamples {
         selection,
-        reason: NoSamples::classify(&roots, sampling).explain(sampling) + CONCURRENT_HINT,
+        reason: NoSamples::classify(&roots, sampling, &input.evidence()).explain(sampling)
+            + CONCURRENT_HINT,
     })
 }

@@ -13,6 +13,7 @@ pub use pprof::Sample;
 use crate::error::ReportError;
 use crate::ids::{SpanId, TraceId};
 use crate::ownership::Ownership;
+use crate::verdict::EvidenceContext;
 
 /// File name ending of the profile files (the local sink's).
 pub use otel_profiling::local_sink::CPU_PROFILE_SUFFIX as PROFILE_SUFFIX;
@@ -57,6 +58,9 @@ pub struct Input {
     pub span_files: usize,
     /// The largest sampling period of the profiles read, if any says.
     pub period_ns: Option<u64>,
+    /// The windows of the CPU profiles read that say theirs (`[start, end)`, ns since the
+    /// epoch): when a sampler ran, which tells a root started without one.
+    pub profile_windows: Vec<(u64, u64)>,
     /// The source file of each function the profiles name one for.
     pub sources: HashMap<Arc<str>, Arc<str>>,
     /// Executables whose profiles say they have no debug info, each once.
@@ -133,6 +137,7 @@ impl Input {
                     input.period_ns = input.period_ns.max(Some(profile.period_ns));
                 }
                 input.samples.extend(profile.samples);
+                input.profile_windows.extend(profile.window);
                 input.sources.extend(profile.sources);
                 input.without_debug_info.extend(profile.without_debug_info);
             }
@@ -152,6 +157,12 @@ impl Input {
             input.span_files += span_files.len();
         }
         Ok(input)
+    }
+
+    /// What the local roots and profiles read say about the bridge's evidence, to tell
+    /// why a root has none.
+    pub fn evidence(&self) -> EvidenceContext {
+        EvidenceContext::new(&self.local_roots(), self.profile_windows.clone())
     }
 
     /// The sampling period of the profiles, or [`DEFAULT_PERIOD_NS`] when none says.

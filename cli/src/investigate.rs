@@ -398,8 +398,13 @@ impl Investigation {
                 "cpu_profile_ns": g.profile_cpu_ns,
                 "cpu_samples": g.profile_samples,
                 "cpu_attribute_ns": g.attribute_cpu_ns,
+                // Each part's share as the reason and the text print it.
                 "parts": g.split.parts().into_iter()
-                    .map(|(p, ns)| json!({"part": p.label(), "ns": ns}))
+                    .map(|(p, ns)| json!({
+                        "part": p.label(),
+                        "ns": ns,
+                        "percent": g.split.share(p).map(|s| s.0),
+                    }))
                     .collect::<Vec<_>>(),
                 "child_spans": g.dependencies.children.iter()
                     .map(|c| json!({"name": c.name, "count": c.count, "covered_ns": c.covered_ns}))

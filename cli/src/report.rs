@@ -15,9 +15,9 @@ use crate::functions::{FunctionCpu, FunctionTotals};
 use crate::ids::{SpanId, TraceId};
 use crate::input::Sampling;
 use crate::input::{version_label, Input, Span};
-use crate::split::TimeSplit;
+use crate::split::{Part, Percent, TimeSplit, PART_ORDER};
 use crate::stats::percentile;
-use crate::verdict::{NoSamples, Verdict};
+use crate::verdict::{has_evidence, EvidenceContext, NoSamples, Verdict};
 
 /// How many functions each top list holds.
 pub const TOP_FUNCTIONS: usize = 5;
@@ -160,6 +160,7 @@ impl SpanReport {
         let roots = input.local_roots();
         let children = ChildIndex::new(&input.spans);
         let owners = input.ownership();
+        let evidence = input.evidence();
         // By route when the span has one (see `Span::report_name`).
         let mut grouped: BTreeMap<(Cow<'_, str>, Option<&str>), Vec<&Span>> = BTreeMap::new();
         for span in &roots {
@@ -187,7 +188,7 @@ impl SpanReport {
                             span_id: span.span_id,
                             trace_id: span.trace_id,
                             wall_ns: span.wall_ns(),
-                            reason: NoSamples::classify(&[span], sampling),
+                            reason: NoSamples::classify(&[span], sampling, &evidence),
                         });
                     }
                 }
@@ -198,6 +199,7 @@ impl SpanReport {
                     children: &children,
                     samples: &input.samples,
                     owners: owners.clone(),
+                    evidence: &evidence,
                 };
                 build_group(name, version, &spans, &sources)
             })
@@ -245,6 +247,7 @@ impl SpanGroup {
             children: &children,
             samples: &input.samples,
             owners: input.ownership(),
+            evidence: &input.evidence(),
         };
         build_group(name, version, spans, &sources)
     }
@@ -262,6 +265,8 @@ struct GroupSources<'a> {
     samples: &'a [crate::input::Sample],
     /// Whose code each frame is.
     owners: std::sync::Arc<crate::ownership::Ownership>,
+    /// What the input says about the bridge's evidence.
+    evidence: &'a EvidenceContext,
 }
 
 fn build_group(
@@ -294,86 +299,51 @@ fn build_group(
     };
     let attribute_cpu_ns = sum_of(|s| s.cpu_time_ns);
     let attribute_samples = sum_of(|s| s.cpu_samples);
-    let ratio = |cpu: u64| {
-        if wall_total_ns == 0 {
-            0.0
-        } else {
-            cpu as f64 / wall_total_ns as f64
-        }
-    };
-    let cpu_ratio = ratio(profile_cpu_ns);
-    let split = TimeSplit::of_spans(spans, by_id);
-    // Blocked in poll needs the spans' active time; without it off-CPU time is waiting.
-    let blocked_ratio = split.active.map(|_| ratio(split.blocked_ns));
-    let (verdict, reason, no_samples) = if profile_cpu_ns > 0 {
-        let verdict = Verdict::from_split(cpu_ratio, blocked_ratio);
-        (
-            verdict,
-            verdict.reason_split(cpu_ratio, blocked_ratio),
-            None,
-        )
+    let cpu_ratio = if wall_total_ns == 0 {
+        0.0
     } else {
-        let why = NoSamples::classify(spans, sampling);
-        let explanation = why.explain(sampling);
-        match why {
-            NoSamples::ProfileNotRead => {
-                let by_attributes = ratio(attribute_cpu_ns.unwrap_or(0));
-                let verdict = Verdict::from_split(by_attributes, blocked_ratio);
-                let reason = format!(
-                    "{}; {explanation}",
-                    verdict.reason_split(by_attributes, blocked_ratio)
-                );
-                (verdict, reason, Some(why))
-            }
-            // No samples, yet a thread sat inside the span: blocked, not awaiting.
-            NoSamples::BlockedInPoll => {
-                let verdict = Verdict::BlockedInPoll;
-                let reason = match blocked_ratio {
-                    Some(_) => format!(
-                        "{} (no CPU sample: it ran on no CPU long enough to be sampled)",
-                        verdict.reason_split(0.0, blocked_ratio)
-                    ),
-                    None => explanation,
-                };
-                (verdict, reason, Some(why))
-            }
-            NoSamples::Waiting if blocked_ratio.is_some() => {
-                let verdict = Verdict::Waiting;
-                let reason = format!(
-                    "{}; {explanation}",
-                    verdict.reason_split(0.0, blocked_ratio)
-                );
-                (verdict, reason, Some(why))
-            }
-            _ => (Verdict::Waiting, explanation, Some(why)),
+        profile_cpu_ns as f64 / wall_total_ns as f64
+    };
+    // One split: the verdict compares its shares and the reason prints them, as the
+    // table, the bars and the diff do.
+    let split = TimeSplit::of_spans(spans, by_id);
+    let mut verdict = Verdict::of_split(&split);
+    let mut reason = verdict.reason(&split);
+    let no_samples =
+        (profile_cpu_ns == 0).then(|| NoSamples::classify(spans, sampling, sources.evidence));
+    match no_samples {
+        None => {}
+        // The split's CPU is the attributes' here; the reason says why.
+        Some(why @ NoSamples::ProfileNotRead) => {
+            reason = format!("{reason}; {}", why.explain(sampling));
         }
-    };
-    // Woken but not polled for most of the time: queued for a worker, not waiting.
-    let queued_ratio =
-        (split.active.is_some() && split.queued_measured).then(|| ratio(split.queued_ns));
-    let (verdict, reason) = match (verdict.with_queued(queued_ratio), queued_ratio) {
-        (Verdict::Queued, Some(queued)) => (
-            Verdict::Queued,
-            Verdict::queued_reason(ratio(split.cpu_in_wall_ns), blocked_ratio, queued),
-        ),
-        _ => (verdict, reason),
-    };
-    // Runnable but not run for most of the time: waiting for a CPU, not blocked.
-    let runqueue_ratio =
-        (split.active.is_some() && split.runqueue_measured).then(|| ratio(split.runqueue_ns));
-    let (verdict, reason) = match (verdict.with_runqueue(runqueue_ratio), runqueue_ratio) {
-        (Verdict::WaitingForCpu, Some(runqueue)) => (
-            Verdict::WaitingForCpu,
-            Verdict::runqueue_reason(
-                ratio(split.cpu_in_wall_ns),
-                runqueue,
-                split.runqueue_ns,
-                split.throttled_ns,
-                split.cpu_limit_millicpus,
-            ),
-        ),
-        _ => (verdict, reason),
-    };
+        // No samples, no active time, no evidence attribute: nothing says where the time
+        // went, and no sample is no evidence of waiting.
+        Some(why)
+            if why.is_no_evidence()
+                && split.active.is_none()
+                && !spans.iter().any(|s| has_evidence(s)) =>
+        {
+            verdict = Verdict::NoEvidence;
+            reason = why.explain(sampling);
+        }
+        Some(why) if split.active.is_none() => {
+            reason = why.explain(sampling);
+        }
+        // No samples, yet a thread sat inside the span: blocked, not awaiting.
+        Some(NoSamples::BlockedInPoll) if verdict == Verdict::BlockedInPoll => {
+            reason =
+                format!("{reason} (no CPU sample: it ran on no CPU long enough to be sampled)");
+        }
+        // Said only beside the verdict it explains (a queued span is not "waiting").
+        Some(why @ NoSamples::Waiting) if verdict == Verdict::Waiting => {
+            reason = format!("{reason}; {}", why.explain(sampling));
+        }
+        Some(NoSamples::Waiting | NoSamples::BlockedInPoll) => {}
+        Some(why) => {
+            reason = format!("{reason}; {}", why.explain(sampling));
+        }
+    }
     // Where it blocks: the watchdog's blocked stacks of these spans.
     let mut blocked_functions = FunctionTotals::with_owners(sources.owners.clone());
     let mut blocked_profile_ns = 0;
@@ -405,7 +375,10 @@ fn build_group(
     let reason = if unmatched_route {
         "requests no route matched (no http.route: 404s, paths outside the router)".to_owned()
     } else if verdict == Verdict::Waiting {
-        format!("{reason}; {}", waiting_on(&split, &dependencies))
+        match waiting_on(&split, &dependencies) {
+            Some(on) => format!("{reason}; {on}"),
+            None => reason,
+        }
     } else {
         reason
     };
@@ -491,7 +464,14 @@ impl SpanReport {
     /// The report below its header: the table, each group, and the notes.
     pub(crate) fn write_body(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         writeln!(f)?;
-        let mut table = Table::new(&[
+        let listed = || self.groups.iter().filter(|g| !g.unmatched_route);
+        // A column per part some group's split has, each cell that part's share as the
+        // sentences print it ("-" where the group's split has no such part).
+        let parts: Vec<Part> = PART_ORDER
+            .into_iter()
+            .filter(|&part| listed().any(|g| g.split.ns(part).is_some()))
+            .collect();
+        let mut header = vec![
             "SPAN",
             "VERSION",
             "COUNT",
@@ -499,16 +479,14 @@ impl SpanReport {
             "WALL P95",
             "CPU (PROFILE)",
             "CPU (ATTRS)",
-            "CPU/WALL",
-            "CPU WAIT",
-            "BLOCKED",
-            "AWAITING",
-            "VERDICT",
-        ])
-        .left_align(1)
-        .left_align(11);
-        for g in self.groups.iter().filter(|g| !g.unmatched_route) {
-            table.row(vec![
+        ];
+        header.extend(parts.iter().map(|p| p.column()));
+        header.push("VERDICT");
+        let mut table = Table::new(&header)
+            .left_align(1)
+            .left_align(header.len() - 1);
+        for g in listed() {
+            let mut row = vec![
                 g.name.clone(),
                 version_label(g.version.as_deref()).to_owned(),
                 g.count.to_string(),
@@ -516,16 +494,10 @@ impl SpanReport {
                 ms(g.wall_p95_ns),
                 ms(g.profile_cpu_ns),
                 g.attribute_cpu_ns.map_or_else(|| "-".to_owned(), ms),
-                format!("{:.2}", g.cpu_ratio),
-                if g.split.runqueue_measured {
-                    share_of_wall(g, g.split.runqueue_ns)
-                } else {
-                    "-".to_owned()
-                },
-                share_of_wall(g, g.split.blocked_ns),
-                share_of_wall(g, g.split.awaiting_ns),
-                g.verdict.to_string(),
-            ]);
+            ];
+            row.extend(parts.iter().map(|&part| share_cell(&g.split, part)));
+            row.push(g.verdict.to_string());
+            table.row(row);
         }
         write!(f, "{table}")?;
         for g in self.groups.iter().filter(|g| !g.unmatched_route) {
@@ -539,15 +511,16 @@ impl SpanReport {
 }
 
 /// What a waiting group waits on: the child spans covering its time off CPU, or the
-/// advice to instrument the call nothing covers.
-fn waiting_on(split: &TimeSplit, deps: &Dependencies) -> String {
+/// advice to instrument the call nothing covers when that time is worth it; `None` when
+/// there is nothing to say (no child span, and too little uncovered to instrument).
+fn waiting_on(split: &TimeSplit, deps: &Dependencies) -> Option<String> {
     // Awaiting when the active time splits it off; else all the time not on CPU.
-    let waiting_ns = if split.active.is_some() {
-        split.awaiting_ns
+    let (waiting_ns, part) = if split.active.is_some() {
+        (split.awaiting_ns, Part::Awaiting)
     } else {
-        split.off_cpu_ns
+        (split.off_cpu_ns, Part::OffCpu)
     };
-    describe_waiting(waiting_ns, deps)
+    describe_waiting(waiting_ns, part, split.wall_ns, deps)
 }
 
 /// Below this share of the waiting covered by child spans, they explain next to nothing
@@ -556,49 +529,77 @@ fn waiting_on(split: &TimeSplit, deps: &Dependencies) -> String {
 /// may be time between the calls).
 const COVERED_ENOUGH_TO_NAME: f64 = 0.1;
 
-fn describe_waiting(waiting_ns: u64, deps: &Dependencies) -> String {
-    let per_root = |ns: u64| ns as f64 / deps.roots.max(1) as f64 / 1e6;
-    if deps.children.is_empty() {
-        return format!(
-            "no child span covers its {:.1} ms per span off CPU: instrument the dependency call",
-            per_root(waiting_ns)
-        );
-    }
+/// Awaiting that no child span covers is worth instrumenting only from this much per span
+/// (a 0.1 ms health check has no dependency call to find)…
+pub const INSTRUMENT_FLOOR_NS: f64 = 5_000_000.0;
+/// …and from this share of the wall time (a few ms beside a long computation are not
+/// where the time went).
+pub const INSTRUMENT_SHARE: Percent = Percent(20);
+
+/// Whether `uncovered_ns_per_span` of time awaiting, `share` of the wall time, with no
+/// child span over it, is worth "instrument the dependency call".
+pub(crate) fn worth_instrumenting(uncovered_ns_per_span: f64, share: Option<Percent>) -> bool {
+    uncovered_ns_per_span >= INSTRUMENT_FLOOR_NS && share.is_some_and(|s| s >= INSTRUMENT_SHARE)
+}
+
+fn describe_waiting(
+    waiting_ns: u64,
+    part: Part,
+    wall_ns: u64,
+    deps: &Dependencies,
+) -> Option<String> {
+    let roots = deps.roots.max(1) as f64;
+    let per_root = |ns: u64| ns as f64 / roots / 1e6;
     let covered = deps.covered_ns.min(waiting_ns);
-    if 2 * covered >= waiting_ns {
+    let uncovered = waiting_ns - covered;
+    let worth = worth_instrumenting(uncovered as f64 / roots, Percent::of(uncovered, wall_ns));
+    let label = part.label();
+    if deps.children.is_empty() {
+        return worth.then(|| {
+            format!(
+                "no child span covers its {:.1} ms per span {label}: instrument the \
+                 dependency call",
+                per_root(waiting_ns)
+            )
+        });
+    }
+    Some(if 2 * covered >= waiting_ns {
         format!(
-            "waiting on a dependency: {}, covering {:.1} of its {:.1} ms per span off CPU",
+            "waiting on a dependency: {}, covering {:.1} of its {:.1} ms per span {label}",
             deps.describe(3),
             per_root(covered),
             per_root(waiting_ns)
         )
     } else if covered as f64 >= COVERED_ENOUGH_TO_NAME * waiting_ns as f64 {
         format!(
-            "waiting on a dependency: {}, covering {:.1} of its {:.1} ms per span off CPU; \
+            "waiting on a dependency: {}, covering {:.1} of its {:.1} ms per span {label}; \
              the other {:.1} ms are in no child span",
             deps.describe(3),
             per_root(covered),
             per_root(waiting_ns),
-            per_root(waiting_ns - covered)
+            per_root(uncovered)
         )
     } else {
+        let advice = if worth {
+            ": instrument the dependency call that takes the rest"
+        } else {
+            ""
+        };
         format!(
-            "its child spans ({}) cover only {:.1} of its {:.1} ms per span off CPU: \
-             instrument the dependency call that takes the rest",
+            "its child spans ({}) cover only {:.1} of its {:.1} ms per span {label}{advice}",
             deps.describe(3),
             per_root(covered),
             per_root(waiting_ns)
         )
-    }
+    })
 }
 
-/// `part` as a share of the group's wall time, or `-` without active time to split by.
-fn share_of_wall(g: &SpanGroup, part: u64) -> String {
-    if g.split.active.is_none() || g.wall_total_ns == 0 {
-        "-".to_owned()
-    } else {
-        format!("{:.2}", part as f64 / g.wall_total_ns as f64)
-    }
+/// `part`'s share of the group's wall time as every view prints it, or `-` when the
+/// group's split has no such part.
+fn share_cell(split: &TimeSplit, part: Part) -> String {
+    split
+        .share(part)
+        .map_or_else(|| "-".to_owned(), |share| share.to_string())
 }
 
 /// What to do about server spans all named `request` (tower-http's default).
@@ -644,7 +645,14 @@ pub(crate) fn write_group(
         .split
         .parts()
         .into_iter()
-        .map(|(part, ns)| format!("{} {}", part.label(), ms(ns)))
+        .map(|(part, ns)| {
+            format!(
+                "{} {} ({})",
+                part.label(),
+                ms(ns),
+                share_cell(&g.split, part)
+            )
+        })
         .collect();
     writeln!(
         f,
@@ -864,12 +872,95 @@ fn version_phrase(version: Option<&str>) -> String {
 
 #[cfg(test)]
 mod tests {
+    use proptest::prelude::*;
+
     use super::*;
     use crate::dependencies::ChildCoverage;
+    use crate::split::arbitrary;
+
+    /// The cells of a text table's line: columns are two spaces apart or more, and no
+    /// cell holds two spaces running.
+    fn cells(line: &str) -> Vec<&str> {
+        line.split("  ")
+            .map(str::trim)
+            .filter(|c| !c.is_empty())
+            .collect()
+    }
+
+    proptest! {
+        /// Issue 41, item 1: over random splits (any mix of CPU from samples or
+        /// attributes, active time, run delay, queued time, spans without them), every
+        /// share the verdict's sentence names is the one its column shows, the figures
+        /// line says the same, the verdict is the table's, and CPU-bound means the CPU
+        /// column is at least half.
+        #[test]
+        fn every_share_a_sentence_names_is_the_one_its_column_shows(
+            (spans, samples) in arbitrary::group("1", 1)
+        ) {
+            let count = spans.len();
+            let input = Input {
+                spans,
+                samples,
+                profile_files: 1,
+                span_files: 1,
+                period_ns: Some(10_000_000),
+                ..Input::default()
+            };
+            let report = SpanReport::from_input(&input);
+            let text = report.to_string();
+            let lines: Vec<&str> = text.lines().collect();
+            let header = cells(lines.iter().find(|l| l.starts_with("SPAN ")).expect("header"));
+            let row = cells(lines.iter().find(|l| l.starts_with("job ")).expect("row"));
+            prop_assert_eq!(header.len(), row.len());
+            let column = |part: Part| -> Option<u64> {
+                let at = header.iter().position(|h| *h == part.column())?;
+                row[at].strip_suffix('%').map(|n| n.parse().expect("a share"))
+            };
+            let sentence = lines
+                .iter()
+                .find_map(|l| l.strip_prefix("job, version 1: "))
+                .expect("the group's sentence");
+            let (verdict, reason) = sentence.split_once(" — ").expect("verdict — reason");
+            prop_assert_eq!(verdict, *row.last().expect("verdict cell"));
+            let named = arbitrary::shares_named(reason).map_err(TestCaseError::fail)?;
+            for (part, share) in named {
+                prop_assert_eq!(Some(share), column(part), "{} in {}\n{}", part.label(), reason, text);
+            }
+            let cpu = column(Part::Cpu).expect("a CPU column");
+            prop_assert_eq!(verdict == "CPU-bound", cpu >= 50, "{}", text);
+            // The figures line names each part with the table's share.
+            let figures = lines
+                .iter()
+                .find(|l| l.starts_with("  where the wall time went: "))
+                .expect("figures line");
+            let g = &report.groups[0];
+            for (part, ns) in g.split.parts() {
+                let share = column(part).map_or("-".to_owned(), |s| format!("{s}%"));
+                let expected = format!("{} {} ({share})", part.label(), ms(ns));
+                prop_assert!(figures.contains(&expected), "{} not in {}", expected, figures);
+            }
+            // "its X ms per span awaiting" is the figures line's awaiting over the spans.
+            for part in [Part::Awaiting, Part::OffCpu] {
+                let per_span = format!(" ms per span {}", part.label());
+                let Some(at) = reason.find(&per_span) else { continue };
+                let x: f64 = reason[..at].rsplit(' ').next().expect("n").parse().expect("ms");
+                let total = figures
+                    .split(&format!("{} ", part.label()))
+                    .nth(1)
+                    .and_then(|rest| rest.split(" ms").next())
+                    .and_then(|n| n.parse::<f64>().ok())
+                    .expect("the part's ms");
+                prop_assert!(
+                    (x - total / count as f64).abs() <= 0.05 + 0.05 / count as f64,
+                    "{} per span against {} in all over {} spans", x, total, count
+                );
+            }
+        }
+    }
 
     /// A child span covering part of the waiting is named with what it leaves uncovered,
     /// and no advice; only children that cover next to nothing (under 10 %) get "instrument
-    /// the dependency call that takes the rest".
+    /// the dependency call that takes the rest", and only when the rest is worth it.
     #[test]
     fn a_child_covering_part_of_a_wait_is_named_without_advice() {
         const MS: u64 = 1_000_000;
@@ -882,26 +973,141 @@ mod tests {
             }],
             covered_ns: covered_ms * MS,
         };
-        let most = describe_waiting(238 * MS, &deps(122));
+        let waiting = |ns, deps: &Dependencies| {
+            describe_waiting(ns, Part::Awaiting, 250 * MS, deps).unwrap_or_default()
+        };
         assert_eq!(
-            most,
+            waiting(238 * MS, &deps(122)),
             "waiting on a dependency: 1 × db.query (122.0 ms), covering 122.0 of its 238.0 ms \
-             per span off CPU"
+             per span awaiting"
         );
-        let part = describe_waiting(238 * MS, &deps(60));
+        let part = waiting(238 * MS, &deps(60));
         assert_eq!(
             part,
             "waiting on a dependency: 1 × db.query (60.0 ms), covering 60.0 of its 238.0 ms \
-             per span off CPU; the other 178.0 ms are in no child span"
+             per span awaiting; the other 178.0 ms are in no child span"
         );
         assert!(!part.contains("instrument"));
-        let little = describe_waiting(238 * MS, &deps(10));
+        let little = waiting(238 * MS, &deps(10));
         assert!(
             little.ends_with("instrument the dependency call that takes the rest"),
             "{little}"
         );
-        let none = describe_waiting(238 * MS, &Dependencies::default());
+        let none = waiting(238 * MS, &Dependencies::default());
         assert!(none.ends_with("instrument the dependency call"), "{none}");
+    }
+
+    /// "Instrument the dependency call" needs awaiting worth finding a call for: at least
+    /// the floor per span and the share of the wall time, with no child span over it.
+    #[test]
+    fn instrument_the_dependency_call_only_when_the_awaiting_is_material() {
+        const MS: u64 = 1_000_000;
+        let none = Dependencies::default();
+        // A 0.1 ms health check, all of it awaiting: nothing to instrument, nothing said.
+        assert_eq!(
+            describe_waiting(100_000, Part::Awaiting, 100_000, &none),
+            None
+        );
+        // 6 ms awaiting per span, but beside 100 ms of wall: under the share.
+        assert_eq!(
+            describe_waiting(6 * MS, Part::Awaiting, 100 * MS, &none),
+            None
+        );
+        // 30 ms of 100: worth it.
+        assert_eq!(
+            describe_waiting(30 * MS, Part::Awaiting, 100 * MS, &none).as_deref(),
+            Some("no child span covers its 30.0 ms per span awaiting: instrument the dependency call")
+        );
+        // Children covering next to nothing of a small wait: named, no advice.
+        let child = Dependencies {
+            roots: 1,
+            children: vec![ChildCoverage {
+                name: "cache.get".into(),
+                count: 1,
+                covered_ns: 10_000,
+            }],
+            covered_ns: 10_000,
+        };
+        assert_eq!(
+            describe_waiting(2 * MS, Part::Awaiting, 3 * MS, &child).as_deref(),
+            Some("its child spans (1 × cache.get (0.0 ms)) cover only 0.0 of its 2.0 ms per span awaiting")
+        );
+        assert!(worth_instrumenting(5.0 * MS as f64, Some(Percent(20))));
+        assert!(!worth_instrumenting(4.9 * MS as f64, Some(Percent(90))));
+        assert!(!worth_instrumenting(50.0 * MS as f64, Some(Percent(19))));
+        assert!(!worth_instrumenting(50.0 * MS as f64, None));
+    }
+
+    /// Issue 41, item 2: a 5 ms job started with the plain `FutureExt::with_context`
+    /// carries a profile id and nothing else, beside roots the bridge followed. It reads
+    /// "no evidence — not followed", with what to use instead; never "waiting", "too
+    /// short" or "instrument the dependency call".
+    #[test]
+    fn a_root_the_crate_never_followed_is_no_evidence_and_says_why() {
+        const MS: u64 = 1_000_000;
+        let job = Span {
+            name: "job".into(),
+            ..Span::test_root(1, 1_000 * MS, 1_005 * MS)
+        };
+        let followed = Span {
+            name: "GET /report".into(),
+            cpu_time_ns: Some(0),
+            cpu_samples: Some(0),
+            wall_active_ns: Some(MS),
+            ..Span::test_root(2, 1_100 * MS, 1_200 * MS)
+        };
+        let input = Input {
+            spans: vec![job, followed],
+            profile_files: 1,
+            span_files: 1,
+            period_ns: Some(10 * MS),
+            profile_windows: vec![(0, 10_000 * MS)],
+            ..Input::default()
+        };
+        let report = SpanReport::from_input(&input);
+        let job = report.group("job", None).expect("job");
+        assert_eq!(job.verdict, Verdict::NoEvidence);
+        assert_eq!(
+            job.no_samples,
+            Some(NoSamples::NoEvidence(
+                crate::verdict::NoEvidence::NotFollowed
+            ))
+        );
+        assert!(
+            job.reason.starts_with("not followed by otel-profiling")
+                && job.reason.contains("with_profiling_context"),
+            "{}",
+            job.reason
+        );
+        let text = report.to_string();
+        assert!(
+            text.contains("job, no service.version: no evidence — not followed"),
+            "{text}"
+        );
+        assert!(
+            text.contains("  job, no service.version: 1 span(s), not followed: "),
+            "{text}"
+        );
+        let section = text.split("\njob, ").nth(1).expect("the job's section");
+        let section = section.split("\n\n").next().unwrap_or_default();
+        assert!(
+            !section.contains("instrument") && !section.contains("too short"),
+            "{text}"
+        );
+        // Started before any profile's window: no sampler ran at its start.
+        let input = Input {
+            profile_windows: vec![(1_050 * MS, 10_000 * MS)],
+            ..input
+        };
+        let report = SpanReport::from_input(&input);
+        let job = report.group("job", None).expect("job");
+        assert_eq!(job.verdict, Verdict::NoEvidence);
+        assert!(
+            job.reason
+                .starts_with("no sampler was running when it started"),
+            "{}",
+            job.reason
+        );
     }
 
     /// "Your code" comes from the binary: the profiles' source paths make `sha2` (a

@@ -5,13 +5,19 @@
 //! them). Telling blocked from awaiting needs the time the span was *active* (entered,
 //! polled). Two span attributes say it, best first: `profiling.wall.active_ns` (written by
 //! the bridge: the whole local root over all its threads) and `busy_ns` (written by
-//! `tracing-opentelemetry`: the time the span itself was entered). Then, per span,
-//! blocked ≈ active − CPU and awaiting ≈ wall − active. Without either on every span of a
+//! `tracing-opentelemetry`: the time the span itself was entered). Then, summed over the
+//! spans, blocked ≈ active − CPU and awaiting ≈ wall − active. Spans of a group that lack
+//! the active time (or the run delay) the others carry add their unsplit time as an
+//! *unknown* part, never to blocked or awaiting. Without active time on any span of a
 //! group, the split is CPU against "not on CPU", and says so.
+//!
+//! Every view prints a part's share as [`TimeSplit::share`] gives it, and the verdicts
+//! are decided on those shares: a sentence and the column beside it cannot disagree.
 
 use std::collections::HashMap;
+use std::fmt;
 
-use otel_profiling::{WALL_ACTIVE_ATTRIBUTE, WALL_QUEUED_ATTRIBUTE};
+use otel_profiling::{WALL_ACTIVE_ATTRIBUTE, WALL_QUEUED_ATTRIBUTE, WALL_RUNQUEUE_ATTRIBUTE};
 
 use crate::ids::SpanId;
 use crate::input::otlp::BUSY_NS_ATTRIBUTE;
@@ -62,7 +68,7 @@ pub enum CpuSource {
 }
 
 /// One part of the wall time, for drawing.
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
 pub enum Part {
     /// Running on a CPU.
     Cpu,
@@ -79,10 +85,14 @@ pub enum Part {
     Awaiting,
     /// Not on CPU, with no active time to tell blocked from awaiting.
     OffCpu,
+    /// Not on CPU, and not split because these spans lack a figure the group's other
+    /// spans carry (see [`TimeSplit::unknown`]): shown as its own part rather than
+    /// counted as blocked or awaiting.
+    Unknown,
 }
 
 impl Part {
-    /// A short label.
+    /// A short label; the sentences name the parts with it.
     pub fn label(self) -> &'static str {
         match self {
             Part::Cpu => "CPU",
@@ -91,8 +101,65 @@ impl Part {
             Part::Runqueue => "waiting for a CPU",
             Part::Awaiting => "awaiting",
             Part::OffCpu => "not on CPU",
+            Part::Unknown => "unknown",
         }
     }
+
+    /// The text report's column header for the part.
+    pub fn column(self) -> &'static str {
+        match self {
+            Part::Cpu => "CPU",
+            Part::Blocked => "BLOCKED",
+            Part::Queued => "QUEUED",
+            Part::Runqueue => "CPU WAIT",
+            Part::Awaiting => "AWAITING",
+            Part::OffCpu => "NOT ON CPU",
+            Part::Unknown => "UNKNOWN",
+        }
+    }
+}
+
+/// Every part, in the order the split draws them.
+pub const PART_ORDER: [Part; 7] = [
+    Part::Cpu,
+    Part::Runqueue,
+    Part::Blocked,
+    Part::Queued,
+    Part::Awaiting,
+    Part::OffCpu,
+    Part::Unknown,
+];
+
+/// A share of the wall time in whole percent, rounded half up. Every view (the text
+/// table, the sentences, the HTML bars, the diff) prints a part's share with this one
+/// figure and the verdicts compare it, so no two places can round one part differently.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, PartialOrd, Ord, Hash)]
+pub struct Percent(pub u64);
+
+impl Percent {
+    /// `part` of `whole` (`None` when `whole` is 0: no share to speak of).
+    pub fn of(part: u64, whole: u64) -> Option<Percent> {
+        (whole > 0).then(|| {
+            let (part, whole) = (u128::from(part), u128::from(whole));
+            Percent(((part * 100 + whole / 2) / whole) as u64)
+        })
+    }
+}
+
+impl fmt::Display for Percent {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.pad(&format!("{}%", self.0))
+    }
+}
+
+/// Why a split has an [`Part::Unknown`] part: which spans lack what the others carry.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct Unknown {
+    /// Spans without the active time the others carry: their time off CPU.
+    pub without_active: usize,
+    /// Spans with active time but no `profiling.wall.runqueue_ns`, where others carry it:
+    /// their active − CPU (blocked, or waiting for a CPU: not told apart).
+    pub without_runqueue: usize,
 }
 
 /// The split of a group's summed wall time.
@@ -114,15 +181,16 @@ pub struct TimeSplit {
     /// Blocked inside a poll: summed active − summed CPU, at most the off-CPU time (0
     /// without active time).
     pub blocked_ns: u64,
-    /// Queued: woken but not yet polled, from `profiling.wall.queued_ns` when every span
-    /// carries it (0 otherwise: then queued time is part of awaiting).
+    /// Queued: woken but not yet polled, from `profiling.wall.queued_ns` of the spans
+    /// that carry it (0 when none does: then queued time is part of awaiting).
     pub queued_ns: u64,
-    /// Whether every span carries `profiling.wall.queued_ns`.
+    /// Whether a span with active time carries `profiling.wall.queued_ns` (spans without
+    /// it keep their queued time in awaiting, which holds it by definition).
     pub queued_measured: bool,
-    /// Runnable inside the span but not running (`profiling.wall.runqueue_ns`, when every
-    /// span carries it; 0 otherwise): taken out of the blocked time.
+    /// Runnable inside the span but not running (`profiling.wall.runqueue_ns` of the
+    /// spans that carry it; 0 when none does): taken out of the blocked time.
     pub runqueue_ns: u64,
-    /// Whether every span carries `profiling.wall.runqueue_ns`.
+    /// Whether a span with active time carries `profiling.wall.runqueue_ns`.
     pub runqueue_measured: bool,
     /// The container's CPU-quota throttling while the spans ran, summed
     /// (`profiling.cgroup.throttled_ns`), and the largest CPU limit seen (thousandths).
@@ -133,13 +201,52 @@ pub struct TimeSplit {
     pub awaiting_ns: u64,
     /// Not on CPU: wall − CPU, when there is no active time (0 with it).
     pub off_cpu_ns: u64,
-    /// The active time's source, when every span carries one.
+    /// Off CPU but not split, because some spans lack what the others carry (see
+    /// [`TimeSplit::unknown`]); 0 when every span carries the same figures.
+    pub unknown_ns: u64,
+    /// Which spans the unknown time comes from.
+    pub unknown: Unknown,
+    /// The active time's source: the one every span carries, else the best one some do.
     pub active: Option<ActiveSource>,
-    /// Summed active time, nanoseconds (0 without).
+    /// Summed active time of the spans that carry it, nanoseconds (0 without).
     pub active_ns: u64,
-    /// Without active time on every span: the best attribute and how many spans carry it,
-    /// when some do.
+    /// Without the active time on every span: its source and how many spans carry it.
     pub partial: Option<(ActiveSource, usize)>,
+}
+
+/// Sums over one subset of a group's spans.
+#[derive(Clone, Copy, Default)]
+struct Sums {
+    wall: u64,
+    cpu: u64,
+    cpu_in_wall: u64,
+    active: u64,
+    runqueue: u64,
+    spans: usize,
+}
+
+impl Sums {
+    fn add(&mut self, wall: u64, cpu: u64, active: u64, runqueue: u64) {
+        self.wall += wall;
+        self.cpu += cpu;
+        self.cpu_in_wall += cpu.min(wall);
+        self.active += active;
+        self.runqueue += runqueue;
+        self.spans += 1;
+    }
+
+    /// The time off CPU.
+    fn off_cpu(&self) -> u64 {
+        self.wall - self.cpu_in_wall
+    }
+
+    /// Active − CPU − run delay, within the time off CPU left after the run delay.
+    fn held(&self, runqueue: u64) -> u64 {
+        self.active
+            .saturating_sub(self.cpu)
+            .saturating_sub(runqueue)
+            .min(self.off_cpu() - runqueue)
+    }
 }
 
 impl TimeSplit {
@@ -164,42 +271,40 @@ impl TimeSplit {
             |field: fn(&Span) -> Option<u64>| spans.iter().filter(|s| field(s).is_some()).count();
         let with_active = with(|s| s.wall_active_ns);
         let with_busy = with(|s| s.busy_ns);
-        let active = if !spans.is_empty() && with_active == spans.len() {
+        // The figure every span carries; else the best one some carry, and the spans
+        // without it go to the unknown part (one unfollowed root no longer takes the
+        // whole group's split away).
+        let all = |n: usize| !spans.is_empty() && n == spans.len();
+        let active = if all(with_active) {
             Some(ActiveSource::WallActive)
-        } else if !spans.is_empty() && with_busy == spans.len() {
+        } else if all(with_busy) {
+            Some(ActiveSource::BusyNs)
+        } else if with_active > 0 {
+            Some(ActiveSource::WallActive)
+        } else if with_busy > 0 {
             Some(ActiveSource::BusyNs)
         } else {
             None
         };
-        let partial = match (active, with_active, with_busy) {
-            (Some(_), _, _) | (None, 0, 0) => None,
-            (None, a, _) if a > 0 => Some((ActiveSource::WallActive, a)),
-            (None, _, b) => Some((ActiveSource::BusyNs, b)),
+        let active_of = |span: &Span| match active {
+            Some(ActiveSource::WallActive) => span.wall_active_ns,
+            Some(ActiveSource::BusyNs) => span.busy_ns,
+            None => None,
         };
-        let mut split = TimeSplit {
-            spans: spans.len(),
-            wall_ns: 0,
-            cpu_ns: 0,
-            cpu_samples: 0,
-            cpu_source,
-            cpu_in_wall_ns: 0,
-            blocked_ns: 0,
-            queued_ns: 0,
-            queued_measured: !spans.is_empty() && spans.iter().all(|s| s.wall_queued_ns.is_some()),
-            runqueue_ns: 0,
-            runqueue_measured: !spans.is_empty()
-                && spans.iter().all(|s| s.wall_runqueue_ns.is_some()),
-            throttled_ns: spans.iter().filter_map(|s| s.cgroup_throttled_ns).sum(),
-            cpu_limit_millicpus: spans
-                .iter()
-                .filter_map(|s| s.cgroup_cpu_limit_millicpus)
-                .max(),
-            awaiting_ns: 0,
-            off_cpu_ns: 0,
-            active,
-            active_ns: 0,
-            partial,
-        };
+        let covered = spans.iter().filter(|s| active_of(s).is_some()).count();
+        let partial = active
+            .filter(|_| covered < spans.len())
+            .map(|source| (source, covered));
+        let runqueue_measured = spans
+            .iter()
+            .any(|s| active_of(s).is_some() && s.wall_runqueue_ns.is_some());
+        let queued_measured = spans
+            .iter()
+            .any(|s| active_of(s).is_some() && s.wall_queued_ns.is_some());
+        // Spans with active time and run delay, with active time only, without either.
+        let (mut measured, mut unmeasured, mut uncovered) =
+            (Sums::default(), Sums::default(), Sums::default());
+        let (mut cpu_ns, mut cpu_samples, mut queued) = (0, 0, 0);
         for span in spans {
             let wall = span.wall_ns();
             let (cpu, samples) = match cpu_source {
@@ -209,52 +314,77 @@ impl TimeSplit {
                 }
                 CpuSource::None => (0, 0),
             };
-            let cpu_in_wall = cpu.min(wall);
-            split.wall_ns += wall;
-            split.cpu_ns += cpu;
-            split.cpu_samples += samples;
-            split.cpu_in_wall_ns += cpu_in_wall;
-            let active_ns = match active {
-                Some(ActiveSource::WallActive) => span.wall_active_ns,
-                Some(ActiveSource::BusyNs) => span.busy_ns,
-                None => None,
-            };
-            split.queued_ns += span.wall_queued_ns.unwrap_or(0);
-            split.runqueue_ns += span.wall_runqueue_ns.unwrap_or(0);
-            match active_ns {
-                Some(active_ns) => split.active_ns += active_ns,
-                None => split.off_cpu_ns += wall - cpu_in_wall,
+            cpu_ns += cpu;
+            cpu_samples += samples;
+            match (active_of(span), span.wall_runqueue_ns) {
+                (Some(active), Some(runqueue)) => {
+                    measured.add(wall, cpu, active, runqueue);
+                    queued += span.wall_queued_ns.unwrap_or(0);
+                }
+                (Some(active), None) => {
+                    unmeasured.add(wall, cpu, active, 0);
+                    queued += span.wall_queued_ns.unwrap_or(0);
+                }
+                (None, _) => uncovered.add(wall, cpu, 0, 0),
             }
         }
-        if split.active.is_some() {
-            // Subtracted over the whole group, not per span: a span's CPU is a handful of
-            // samples of one period each, so per span "active − CPU" rounds up whenever the
-            // samples fall short and is clipped at 0 when they overshoot — biased towards
-            // "blocked". Summed first, the sampling errors cancel. The parts still add up
-            // to the wall time.
-            let off_cpu = split.wall_ns - split.cpu_in_wall_ns;
-            // Runnable but not run is part of the active time that is not CPU: it is not
-            // blocked (the thread was not waiting on anything).
-            split.runqueue_ns = if split.runqueue_measured {
-                split.runqueue_ns.min(off_cpu)
-            } else {
-                0
-            };
-            split.blocked_ns = split
-                .active_ns
-                .saturating_sub(split.cpu_ns)
-                .saturating_sub(split.runqueue_ns)
-                .min(off_cpu - split.runqueue_ns);
-            let waited = split.runqueue_ns + split.blocked_ns;
-            split.queued_ns = if split.queued_measured {
-                split.queued_ns.min(off_cpu - waited)
-            } else {
-                0
-            };
-            split.awaiting_ns = off_cpu - waited - split.queued_ns;
-        } else {
-            split.runqueue_ns = 0;
+        let total = |f: fn(&Sums) -> u64| f(&measured) + f(&unmeasured) + f(&uncovered);
+        let mut split = TimeSplit {
+            spans: spans.len(),
+            wall_ns: total(|s| s.wall),
+            cpu_ns,
+            cpu_samples,
+            cpu_source,
+            cpu_in_wall_ns: total(|s| s.cpu_in_wall),
+            blocked_ns: 0,
+            queued_ns: 0,
+            queued_measured,
+            runqueue_ns: 0,
+            runqueue_measured,
+            throttled_ns: spans.iter().filter_map(|s| s.cgroup_throttled_ns).sum(),
+            cpu_limit_millicpus: spans
+                .iter()
+                .filter_map(|s| s.cgroup_cpu_limit_millicpus)
+                .max(),
+            awaiting_ns: 0,
+            off_cpu_ns: 0,
+            unknown_ns: 0,
+            unknown: Unknown::default(),
+            active,
+            active_ns: measured.active + unmeasured.active,
+            partial,
+        };
+        if split.active.is_none() {
+            split.off_cpu_ns = split.wall_ns - split.cpu_in_wall_ns;
+            return split;
         }
+        // Subtracted over each set of spans, not per span: a span's CPU is a handful of
+        // samples of one period each, so per span "active − CPU" rounds up whenever the
+        // samples fall short and is clipped at 0 when they overshoot — biased towards
+        // "blocked". Summed first, the sampling errors cancel. The parts still add up
+        // to the wall time.
+        // Runnable but not run is part of the active time that is not CPU: it is not
+        // blocked (the thread was not waiting on anything).
+        split.runqueue_ns = measured.runqueue.min(measured.off_cpu());
+        let blocked = measured.held(split.runqueue_ns);
+        let held = unmeasured.held(0);
+        if runqueue_measured && held > 0 {
+            // Blocked or waiting for a CPU, where others tell the two apart: unknown.
+            split.unknown_ns += held;
+            split.unknown.without_runqueue = unmeasured.spans;
+            split.blocked_ns = blocked;
+        } else {
+            // No span measured run delay: preemption stays in blocked (docs/elapsed-time.md).
+            split.blocked_ns = blocked + held;
+        }
+        if uncovered.spans > 0 {
+            split.unknown_ns += uncovered.off_cpu();
+            split.unknown.without_active = uncovered.spans;
+        }
+        let awaiting =
+            measured.off_cpu() - split.runqueue_ns - blocked + unmeasured.off_cpu() - held;
+        split.queued_ns = queued.min(awaiting);
+        split.awaiting_ns = awaiting - split.queued_ns;
         split
     }
 
@@ -270,6 +400,9 @@ impl TimeSplit {
                 parts.push((Part::Queued, self.queued_ns));
             }
             parts.push((Part::Awaiting, self.awaiting_ns));
+            if self.unknown != Unknown::default() {
+                parts.push((Part::Unknown, self.unknown_ns));
+            }
             parts
         } else {
             vec![
@@ -277,6 +410,19 @@ impl TimeSplit {
                 (Part::OffCpu, self.off_cpu_ns),
             ]
         }
+    }
+
+    /// The nanoseconds of `part`, when the split has that part.
+    pub fn ns(&self, part: Part) -> Option<u64> {
+        self.parts()
+            .into_iter()
+            .find_map(|(p, ns)| (p == part).then_some(ns))
+    }
+
+    /// The share of the wall time of `part`, when the split has that part and a wall
+    /// time: the figure every view prints for it.
+    pub fn share(&self, part: Part) -> Option<Percent> {
+        self.ns(part).and_then(|ns| Percent::of(ns, self.wall_ns))
     }
 
     /// Where the split's figures came from, in a sentence.
@@ -288,22 +434,33 @@ impl TimeSplit {
             }
             CpuSource::None => "no CPU samples and no CPU in profiling.cpu.time_ns",
         };
-        let active = match (self.active, self.partial) {
+        let mut active = match (self.active, self.partial) {
             (Some(source), _) => format!(
                 "blocked = {attr} − CPU, awaiting = wall − {attr} ({})",
                 source.describe(),
                 attr = source.attribute()
             ),
-            (None, Some((source, n))) => format!(
-                "{} on {n} of {} spans only, so CPU against not on CPU",
-                source.attribute(),
-                self.spans
-            ),
-            (None, None) => format!(
+            (None, _) => format!(
                 "no {BUSY_NS_ATTRIBUTE} or {WALL_ACTIVE_ATTRIBUTE} on the spans, so CPU against \
                  not on CPU (blocked and awaiting cannot be told apart)"
             ),
         };
+        if let (Some((source, n)), true) = (self.partial, self.unknown.without_active > 0) {
+            active.push_str(&format!(
+                "; unknown: the time off CPU of the {} of {} spans without {} (blocked and \
+                 awaiting cannot be told apart there)",
+                self.spans - n,
+                self.spans,
+                source.attribute()
+            ));
+        }
+        if self.unknown.without_runqueue > 0 {
+            active.push_str(&format!(
+                "; unknown: active − CPU of the {} span(s) without {WALL_RUNQUEUE_ATTRIBUTE} \
+                 (blocked and waiting for a CPU cannot be told apart there)",
+                self.unknown.without_runqueue
+            ));
+        }
         if self.active.is_some() && self.queued_measured {
             format!(
                 "{cpu}; {active}; queued = {WALL_QUEUED_ATTRIBUTE} (woken, not yet polled: \
@@ -396,13 +553,37 @@ mod tests {
                 (Part::Awaiting, 0)
             ]
         );
-        // One span without it: the delay stays inside blocked, as before.
+        // One span without it: its active − CPU is blocked or waiting for a CPU, not
+        // told apart, so unknown; the other's run delay still counts.
         let mut b = a.clone();
         b.span_id = test_span_id("b");
         b.wall_runqueue_ns = None;
         let split = TimeSplit::of_spans(&[&a, &b], &HashMap::new());
+        assert!(split.runqueue_measured);
+        assert_eq!(split.unknown.without_runqueue, 1);
+        assert_eq!(
+            split.parts(),
+            [
+                (Part::Cpu, 0),
+                (Part::Runqueue, 180 * MS),
+                (Part::Blocked, 304 * MS),
+                (Part::Awaiting, 0),
+                (Part::Unknown, 484 * MS)
+            ]
+        );
+        assert!(
+            split
+                .source()
+                .contains("active − CPU of the 1 span(s) without"),
+            "{}",
+            split.source()
+        );
+        // No span measured it: the delay stays inside blocked (a documented limit).
+        let mut a = a.clone();
+        a.wall_runqueue_ns = None;
+        let split = TimeSplit::of_spans(&[&a, &b], &HashMap::new());
         assert!(!split.runqueue_measured);
-        assert_eq!(split.runqueue_ns, 0);
+        assert_eq!(split.unknown, Unknown::default());
         assert_eq!(split.blocked_ns, 2 * 484 * MS);
     }
 
@@ -423,29 +604,57 @@ mod tests {
                 (Part::Awaiting, 30 * MS)
             ]
         );
-        // One span without it: queued stays inside awaiting, and says nothing.
+        // One span without it: its queued time stays inside awaiting (which holds it by
+        // definition); the other's still counts.
         let mut b = a.clone();
         b.span_id = test_span_id("b");
         b.wall_queued_ns = None;
         let split = TimeSplit::of_spans(&[&a, &b], &HashMap::new());
-        assert!(!split.queued_measured);
-        assert_eq!(split.queued_ns, 0);
-        assert_eq!(split.awaiting_ns, 2 * 90 * MS);
+        assert!(split.queued_measured);
+        assert_eq!(split.queued_ns, 60 * MS);
+        assert_eq!(split.awaiting_ns, 2 * 90 * MS - 60 * MS);
     }
 
     #[test]
-    fn without_busy_time_on_every_span_it_is_cpu_against_not_on_cpu() {
+    fn spans_without_the_active_time_the_others_carry_are_an_unknown_part() {
+        // a: 100 ms, 70 ms busy; b: 50 ms, nothing. a splits, b's 50 ms are unknown
+        // (before, b took the whole group's split away).
         let (a, b) = (span("a", 100, Some(70)), span("b", 50, None));
         let split = TimeSplit::of_spans(&[&a, &b], &HashMap::new());
-        assert_eq!(split.active, None);
+        assert_eq!(split.active, Some(ActiveSource::BusyNs));
         assert_eq!(split.partial, Some((ActiveSource::BusyNs, 1)));
         assert_eq!(split.cpu_source, CpuSource::None);
-        assert_eq!(split.parts(), [(Part::Cpu, 0), (Part::OffCpu, 150 * MS)]);
+        assert_eq!(
+            split.parts(),
+            [
+                (Part::Cpu, 0),
+                (Part::Blocked, 70 * MS),
+                (Part::Awaiting, 30 * MS),
+                (Part::Unknown, 50 * MS)
+            ]
+        );
+        assert_eq!(split.share(Part::Unknown), Some(Percent(33)));
         assert!(
-            split.source().contains("busy_ns on 1 of 2 spans only"),
+            split
+                .source()
+                .contains("unknown: the time off CPU of the 1 of 2 spans without busy_ns"),
             "{}",
             split.source()
         );
+        // No span with active time: CPU against not on CPU.
+        let split = TimeSplit::of_spans(&[&b], &HashMap::new());
+        assert_eq!(split.active, None);
+        assert_eq!(split.parts(), [(Part::Cpu, 0), (Part::OffCpu, 50 * MS)]);
+    }
+
+    #[test]
+    fn shares_round_half_up_and_need_a_wall_time() {
+        assert_eq!(Percent::of(1, 200), Some(Percent(1)));
+        assert_eq!(Percent::of(1, 201), Some(Percent(0)));
+        assert_eq!(Percent::of(2, 3), Some(Percent(67)));
+        assert_eq!(Percent::of(u64::MAX, u64::MAX), Some(Percent(100)));
+        assert_eq!(Percent::of(0, 0), None);
+        assert_eq!(Percent(42).to_string(), "42%");
     }
 
     #[test]
@@ -465,5 +674,139 @@ mod tests {
                 (Part::Awaiting, 40 * MS)
             ]
         );
+    }
+}
+
+/// Random groups of spans for the property tests of every view that prints a split, and
+/// the reader of the shares a sentence names.
+#[cfg(test)]
+pub(crate) mod arbitrary {
+    use std::sync::Arc;
+
+    use proptest::prelude::*;
+
+    use super::{Part, PART_ORDER};
+    use crate::ids::SpanId;
+    use crate::input::{Sample, Span};
+
+    const US: u64 = 1_000;
+
+    /// One span's figures: wall (µs), CPU as a share of it (over 1: threads in parallel),
+    /// whether the CPU is in samples, the attributes or both, the active time (bridge's or
+    /// busy_ns) as a share of the wall, run delay as a share of the active time, queued as
+    /// a share of the rest, a profile id or not.
+    type Figures = (
+        u64,
+        f64,
+        (bool, bool),
+        Option<(f64, bool)>,
+        Option<f64>,
+        Option<f64>,
+        bool,
+    );
+
+    fn figures() -> impl Strategy<Value = Figures> {
+        (
+            1u64..2_000_000,
+            0.0..1.3f64,
+            (any::<bool>(), any::<bool>()),
+            proptest::option::weighted(0.8, (0.0..=1.0f64, proptest::bool::weighted(0.2))),
+            proptest::option::weighted(0.6, 0.0..=1.0f64),
+            proptest::option::weighted(0.5, 0.0..=1.0f64),
+            proptest::bool::weighted(0.9),
+        )
+    }
+
+    /// 1 to 6 spans of `version`, ids from `first_id`, and the CPU samples of those whose
+    /// CPU is in the profile. Spans are spread one second apart from `first_id` seconds.
+    pub(crate) fn group(
+        version: &'static str,
+        first_id: u64,
+    ) -> impl Strategy<Value = (Vec<Span>, Vec<Sample>)> {
+        proptest::collection::vec(figures(), 1..=6).prop_map(move |all| {
+            let mut spans = Vec::new();
+            let mut samples = Vec::new();
+            for (i, (wall, cpu, (in_profile, in_attrs), active, runqueue, queued, id)) in
+                all.into_iter().enumerate()
+            {
+                let n = first_id + i as u64;
+                let start = n * 1_000_000 * US;
+                let wall_ns = wall * US;
+                let cpu_ns = (cpu * wall_ns as f64) as u64;
+                let active_ns = active.map(|(a, busy)| ((a * wall_ns as f64) as u64, busy));
+                let mut span = Span {
+                    name: "job".into(),
+                    service_version: Some(version.into()),
+                    profile_id: id.then(|| format!("{n:016x}")),
+                    ..Span::test_root(n, start, start + wall_ns)
+                };
+                if in_attrs {
+                    span.cpu_time_ns = Some(cpu_ns);
+                    span.cpu_samples = Some(cpu_ns / 10_000_000);
+                }
+                match active_ns {
+                    Some((a, true)) => span.busy_ns = Some(a),
+                    Some((a, false)) => {
+                        span.wall_active_ns = Some(a);
+                        span.wall_runqueue_ns = runqueue.map(|r| (r * a as f64) as u64);
+                        span.wall_queued_ns =
+                            queued.map(|q| (q * (wall_ns - a.min(wall_ns)) as f64) as u64);
+                    }
+                    None => {}
+                }
+                if in_profile && cpu_ns > 0 {
+                    samples.push(Sample {
+                        frames: vec![Arc::from("work")],
+                        cpu_ns,
+                        count: (cpu_ns / 10_000_000).max(1),
+                        span_id: Some(SpanId::from(n)),
+                        trace_id: None,
+                        span_name: None,
+                        window: None,
+                    });
+                }
+                spans.push(span);
+            }
+            (spans, samples)
+        })
+    }
+
+    /// Every `<part label> <n>%` in `text`, in order; an error for a `%` figure that no
+    /// part's label names (a share nothing ties to a column).
+    pub(crate) fn shares_named(text: &str) -> Result<Vec<(Part, u64)>, String> {
+        // Longest first: "CPU" ends "waiting for a CPU" and "not on CPU".
+        let mut labels: Vec<Part> = PART_ORDER.to_vec();
+        labels.sort_by_key(|p| std::cmp::Reverse(p.label().len()));
+        let mut found = Vec::new();
+        for (at, _) in text.match_indices('%') {
+            let before = &text[..at];
+            let digits = before.len() - before.trim_end_matches(|c: char| c.is_ascii_digit()).len();
+            let number: u64 = before[at - digits..]
+                .parse()
+                .map_err(|_| format!("a % without a number at {at} in {text:?}"))?;
+            let head = before[..at - digits]
+                .strip_suffix(' ')
+                .ok_or_else(|| format!("{number}% without a label in {text:?}"))?;
+            let part = labels
+                .iter()
+                .find(|p| head.ends_with(p.label()))
+                .ok_or_else(|| format!("{number}% names no part in {text:?}"))?;
+            found.push((*part, number));
+        }
+        Ok(found)
+    }
+
+    #[test]
+    fn shares_named_reads_labels_and_refuses_stray_figures() {
+        assert_eq!(
+            shares_named("CPU 42% of the wall time (waiting for a CPU 3%, not on CPU 1%)"),
+            Ok(vec![
+                (Part::Cpu, 42),
+                (Part::Runqueue, 3),
+                (Part::OffCpu, 1)
+            ])
+        );
+        assert!(shares_named("it blocks in f (95% of the blocked time)").is_err());
+        assert!(shares_named("awaiting 43 %").is_err());
     }
 }

@@ -20,8 +20,8 @@ use crate::format::{ms, ms_delta, ms_f, percent};
 use crate::ids::SpanId;
 use crate::input::{version_label, Input, Span};
 use crate::report::{SpanGroup, SpanReport};
-use crate::split::{Part, TimeSplit};
-use crate::verdict::{Verdict, CPU_BOUND_RATIO, WAITING_RATIO};
+use crate::split::{Part, Percent, TimeSplit, PART_ORDER};
+use crate::verdict::{Verdict, CPU_BOUND_PERCENT, WAITING_PERCENT};
 
 use flame::FlameTree;
 
@@ -82,7 +82,8 @@ impl HtmlReport {
             .map(|group| {
                 let spans = spans_of(group);
                 GroupView {
-                    split: TimeSplit::of_spans(&spans, &by_id),
+                    // The report's own split: one per group, never computed twice.
+                    split: group.split.clone(),
                     flame: FlameTree::of_samples(
                         spans
                             .iter()
@@ -381,14 +382,7 @@ impl HtmlReport {
 
 fn write_legend(out: &mut String) -> fmt::Result {
     writeln!(out, r#"<p class="legend">"#)?;
-    for part in [
-        Part::Cpu,
-        Part::Runqueue,
-        Part::Blocked,
-        Part::Queued,
-        Part::Awaiting,
-        Part::OffCpu,
-    ] {
+    for part in PART_ORDER {
         writeln!(
             out,
             r#"<span><i class="seg {}"></i>{}</span>"#,
@@ -402,28 +396,36 @@ fn write_legend(out: &mut String) -> fmt::Result {
     )
 }
 
-/// A horizontal bar of the split's parts, widths in percent of the wall time.
+/// A horizontal bar of the split's parts, widths in percent of the wall time, and each
+/// part's share as the report's sentences and table print it.
 fn write_bar(out: &mut String, split: &TimeSplit) -> fmt::Result {
     write!(out, r#"<div class="bar">"#)?;
     let wall = split.wall_ns.max(1);
+    let share = |part: Part| {
+        split
+            .share(part)
+            .map_or_else(|| "-".to_owned(), |p: Percent| p.to_string())
+    };
     for (part, ns) in split.parts() {
         if ns == 0 {
             continue;
         }
-        let share = ns as f64 * 100.0 / wall as f64;
+        // The width is exact; the figure is the one every view prints.
+        let width = ns as f64 * 100.0 / wall as f64;
         write!(
             out,
-            r#"<span class="seg {}" style="width:{share:.2}%" title="{}: {} ({share:.1}%)"></span>"#,
+            r#"<span class="seg {}" style="width:{width:.2}%" title="{}: {} ({})"></span>"#,
             part_class(part),
             part.label(),
             ms(ns),
+            share(part),
         )?;
     }
     write!(out, "</div><small>")?;
     let figures: Vec<String> = split
         .parts()
         .into_iter()
-        .map(|(part, ns)| format!("{} {}", part.label(), percent(ns, split.wall_ns)))
+        .map(|(part, _)| format!("{} {}", part.label(), share(part)))
         .collect();
     write!(out, "{}</small>", figures.join(" · "))
 }
@@ -436,13 +438,14 @@ fn part_class(part: Part) -> &'static str {
         Part::Runqueue => "runqueue",
         Part::Awaiting => "awaiting",
         Part::OffCpu => "offcpu",
+        Part::Unknown => "unknown",
     }
 }
 
 fn source_tag(split: &TimeSplit) -> String {
     match (split.active, split.partial) {
-        (Some(source), _) => source.attribute().to_owned(),
-        (None, Some((source, n))) => format!("{} on {n}/{} spans", source.attribute(), split.spans),
+        (Some(source), None) => source.attribute().to_owned(),
+        (_, Some((source, n))) => format!("{} on {n}/{} spans", source.attribute(), split.spans),
         (None, None) => "none".to_owned(),
     }
 }
@@ -455,6 +458,7 @@ fn verdict_class(verdict: Verdict) -> &'static str {
         Verdict::WaitingForCpu => "waiting-cpu",
         Verdict::Mixed => "mixed",
         Verdict::Waiting => "waiting",
+        Verdict::NoEvidence => "no-evidence",
     }
 }
 
@@ -472,16 +476,17 @@ fn write_group(out: &mut String, index: usize, g: &SpanGroup, view: &GroupView) 
         reason = Esc(&g.reason),
     )?;
     write_bar(out, s)?;
+    // The other parts as the bar has them (a part not measured is not named).
+    let rest: Vec<String> = s
+        .parts()
+        .into_iter()
+        .filter(|&(part, _)| part != Part::Cpu)
+        .map(|(part, ns)| format!("{} {}", part.label(), ms(ns)))
+        .collect();
     let active = if s.active.is_some() {
-        format!(
-            "; active {}: waiting for a CPU {}, blocked in poll {}, awaiting {}",
-            ms(s.active_ns),
-            ms(s.runqueue_ns),
-            ms(s.blocked_ns),
-            ms(s.awaiting_ns)
-        )
+        format!("; active {}: {}", ms(s.active_ns), rest.join(", "))
     } else {
-        format!("; not on CPU {}", ms(s.off_cpu_ns))
+        format!("; {}", rest.join(", "))
     };
     writeln!(
         out,
@@ -697,12 +702,12 @@ fn write_notes(out: &mut String, period_ms: f64) -> fmt::Result {
         r#"<section id="notes"><h2>How to read this</h2><ul>
 <li>CPU is sampled: each sample stands for one {period_ms:.0} ms period of CPU, so a CPU figure from n samples is good to about ±√n periods; the sample count is shown beside it.</li>
 <li>Blocked in poll ≈ active time − CPU: the span kept its thread busy but off the CPU — a blocking call inside async code (which stalls every other task on that worker), or the thread waiting for a CPU the machine gave to other work. Awaiting ≈ wall − active time: the span was not being polled (waiting on I/O, a timer, a lock, another task, or queued behind other work).</li>
-<li>Active time comes from span attributes: <code>profiling.wall.active_ns</code> (written by otel-profiling: all threads of the local root) or else <code>busy_ns</code> (written by tracing-opentelemetry: the root span's own entered time), when every span of the row carries it. Without either, only CPU against not on CPU is known.</li>
-<li>Verdicts compare CPU with wall time: CPU-bound at {bound:.0} % or more, waiting under {waiting:.0} %, mixed between; a slow span with no samples is never called fast.</li>
+<li>Active time comes from span attributes: <code>profiling.wall.active_ns</code> (written by otel-profiling: all threads of the local root) or else <code>busy_ns</code> (written by tracing-opentelemetry: the root span's own entered time). Spans of a row without it, where others carry it, are its unknown part (hatched): never counted as blocked or awaiting. Without either on any span, only CPU against not on CPU is known.</li>
+<li>Verdicts compare the shares the bars print: CPU-bound at {bound} % of CPU or more, waiting under {waiting} %, mixed between (blocked in poll, waiting for a CPU or queued when that part holds half the wall time); a slow span with no samples is never called fast, and a root the bridge kept no evidence for reads "no evidence", with why.</li>
 </ul><p class="generated">Written by otel-profiling-cli {version}; no server, no network.</p></section>"#,
         version = env!("CARGO_PKG_VERSION"),
-        bound = CPU_BOUND_RATIO * 100.0,
-        waiting = WAITING_RATIO * 100.0,
+        bound = CPU_BOUND_PERCENT,
+        waiting = WAITING_PERCENT,
     )
 }
 

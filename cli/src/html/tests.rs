@@ -1,6 +1,8 @@
 use std::path::PathBuf;
 use std::sync::Arc;
 
+use proptest::prelude::*;
+
 use super::*;
 use crate::ids::SpanId;
 use crate::input::Sample;
@@ -104,14 +106,20 @@ fn shows_split_verdicts_flame_graphs_and_the_version_diff() {
     assert_eq!(page.matches(r#"<svg class="flame""#).count(), 3);
     assert!(page.contains(r#"data-n="paginate""#));
     assert!(page.contains("No flame graph:"));
-    // busy_ns on the hostile endpoint's spans: CPU 40 of 100 ms, blocked 40, awaiting 20.
-    assert!(page.contains("CPU 40.0%"), "{page}");
-    assert!(page.contains("blocked in poll 40.0% · awaiting 20.0%"));
+    // busy_ns on the hostile endpoint's spans: CPU 40 of 100 ms, blocked 40, awaiting 20,
+    // each share as the verdict's sentence prints it.
+    assert!(
+        page.contains("CPU 40% · blocked in poll 40% · awaiting 20%"),
+        "{page}"
+    );
+    assert!(page.contains("CPU 40% of the wall time (blocked in poll 40%, awaiting 20%)"));
     assert!(page.contains(">busy_ns<"));
     // No busy_ns on GET /orders: said so, and only CPU against not on CPU.
     assert!(page.contains(">none<br><small>CPU vs not on CPU<"));
-    assert!(page.contains("CPU 0.0% · not on CPU 100.0%"));
-    assert!(page.contains("CPU-bound") && page.contains("waiting"));
+    assert!(page.contains("CPU 0% · not on CPU 100%"));
+    // No samples and no evidence attribute on any root of 1.0: never "waiting".
+    assert!(page.contains(r#"<span class="verdict no-evidence">no evidence</span> no root of its version carries profiling.* attributes"#), "{page}");
+    assert!(page.contains(r#"<span class="verdict cpu-bound">CPU-bound</span>"#));
     // The diff 1.0 → 2.0 names the new function; 2.0 → 3.0 got cheaper and is folded.
     assert_eq!(html.diffs().len(), 2);
     assert_eq!(html.diffs()[0].new_functions[0].function, "paginate");
@@ -141,5 +149,40 @@ fn shows_split_verdicts_flame_graphs_and_the_version_diff() {
             page.matches(&format!("</{tag}>")).count(),
             "unbalanced <{tag}>"
         );
+    }
+}
+
+proptest! {
+    /// Issue 41, item 1: the page's sentence names the shares its bar prints.
+    #[test]
+    fn the_verdict_line_names_the_shares_its_bar_prints(
+        (spans, samples) in crate::split::arbitrary::group("1", 1)
+    ) {
+        let input = Input {
+            spans,
+            samples,
+            profile_files: 1,
+            span_files: 1,
+            period_ns: Some(10 * MS),
+            ..Input::default()
+        };
+        let page = HtmlReport::from_input(&input).to_string();
+        let article = page.split(r#"<article class="group" id="g0">"#).nth(1).expect("the group");
+        let reason = article
+            .split(r#"<p class="verdict-line">"#)
+            .nth(1)
+            .and_then(|l| l.split("</p>").next())
+            .and_then(|l| l.split("</span> ").nth(1))
+            .expect("the verdict line");
+        let figures = article
+            .split(r#"</div><small>"#)
+            .nth(1)
+            .and_then(|f| f.split("</small>").next())
+            .expect("the bar's figures");
+        let bar = crate::split::arbitrary::shares_named(figures).map_err(TestCaseError::fail)?;
+        let named = crate::split::arbitrary::shares_named(reason).map_err(TestCaseError::fail)?;
+        for (part, n) in named {
+            prop_assert!(bar.contains(&(part, n)), "{} {}% not in the bar {}: {}", part.label(), n, figures, reason);
+        }
     }
 }

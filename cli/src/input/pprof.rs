@@ -43,6 +43,9 @@ pub struct ProfileFile {
     /// Executables the profile says have no debug info (see
     /// [`proto::NO_INLINE_INFO_COMMENT`]): their inlined functions count in their callers.
     pub without_debug_info: Vec<String>,
+    /// The time the profile covers, `[start, end)` in ns since the Unix epoch, when it
+    /// says: a sampler ran over it, samples or not.
+    pub window: Option<(u64, u64)>,
 }
 
 /// Reads and resolves one gzipped (or plain) pprof file.
@@ -191,6 +194,7 @@ pub fn resolve_value(profile: &proto::Profile, value: &str) -> ProfileFile {
         samples,
         sources,
         without_debug_info,
+        window,
     }
 }
 

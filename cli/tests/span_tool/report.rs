@@ -125,8 +125,9 @@ fn short_and_unsampled_spans_without_samples_are_explained() {
     );
     assert!(health.reason.contains("~20 ms"), "{}", health.reason);
 
+    // Unsampled and no evidence attribute: nothing says it waited.
     let legacy = report.group("GET /legacy", None).expect("legacy");
-    assert_eq!(legacy.verdict, Verdict::Waiting);
+    assert_eq!(legacy.verdict, Verdict::NoEvidence);
     assert_eq!(legacy.no_samples, Some(NoSamples::Unsampled));
     assert!(
         legacy.reason.contains("pyroscope.profile.id"),
@@ -319,12 +320,10 @@ fn display_is_a_readable_table() {
             "300.0 ms",
             "640.0 ms",
             "640.0 ms",
-            "0.67",
-            // No run delay measured, and no active time on these spans: nothing to split
-            // off-CPU time by.
-            "-",
-            "-",
-            "-",
+            // No active time on any group's spans: CPU against not on CPU, each share as
+            // the sentence prints it.
+            "67%",
+            "33%",
             "CPU-bound"
         ]
     );
@@ -434,7 +433,7 @@ fn a_span_holding_its_thread_off_cpu_is_blocked_in_poll_not_waiting() {
         .find(|l| l.starts_with("GET /sleep, "))
         .expect("sleep group");
     assert!(
-        sleep.contains("blocked in poll") && sleep.contains("off CPU for 98%"),
+        sleep.contains("blocked in poll — blocked in poll 98% of the wall time (awaiting 2%)"),
         "{sleep}"
     );
     let io = text
@@ -444,7 +443,8 @@ fn a_span_holding_its_thread_off_cpu_is_blocked_in_poll_not_waiting() {
     assert!(io.contains("waiting") && io.contains("no thread"), "{io}");
     assert!(
         text.contains(
-            "where the wall time went: CPU 0.0 ms, blocked in poll 294.0 ms, awaiting 6.0 ms"
+            "where the wall time went: CPU 0.0 ms (0%), blocked in poll 294.0 ms (98%), awaiting \
+             6.0 ms (2%)"
         ),
         "{text}"
     );
@@ -460,7 +460,7 @@ fn waiting_names_the_child_spans_covering_it_or_asks_for_instrumentation() {
     assert_eq!(orders.verdict, Verdict::Waiting, "{}", orders.reason);
     assert!(
         orders.reason.contains(
-            "waiting on a dependency: 3 × inventory.lookup (90.0 ms), covering 90.0 of its 98.0 ms per span off CPU"
+            "waiting on a dependency: 3 × inventory.lookup (90.0 ms), covering 90.0 of its 98.0 ms per span awaiting"
         ),
         "{}",
         orders.reason
@@ -471,7 +471,7 @@ fn waiting_names_the_child_spans_covering_it_or_asks_for_instrumentation() {
     assert_eq!(slow.verdict, Verdict::Waiting, "{}", slow.reason);
     assert!(
         slow.reason.contains(
-            "no child span covers its 98.0 ms per span off CPU: instrument the dependency call"
+            "no child span covers its 98.0 ms per span awaiting: instrument the dependency call"
         ),
         "{}",
         slow.reason
@@ -489,7 +489,10 @@ fn woken_but_not_polled_is_queued_not_waiting() {
     let poll = report.group("GET /poll", Some(V1)).expect("poll");
     assert_eq!(poll.verdict, Verdict::Queued, "{}", poll.reason);
     assert!(
-        poll.reason.contains("not yet polled for 80%"),
+        poll.reason.starts_with(
+            "queued 80% of the wall time (blocked in poll 2%, awaiting 18%): woken but not \
+             yet polled"
+        ) && !poll.reason.contains("is waiting"),
         "{}",
         poll.reason
     );
@@ -504,7 +507,10 @@ fn woken_but_not_polled_is_queued_not_waiting() {
     );
     let text = report.to_string();
     assert!(
-        text.contains("where the wall time went: CPU 0.0 ms, blocked in poll 6.0 ms, queued 240.0 ms, awaiting 54.0 ms"),
+        text.contains(
+            "where the wall time went: CPU 0.0 ms (0%), blocked in poll 6.0 ms (2%), queued \
+             240.0 ms (80%), awaiting 54.0 ms (18%)"
+        ),
         "{text}"
     );
 }
