@@ -53,6 +53,16 @@ pub struct RecordStats {
     /// Local roots refused evidence counters at the cap: their spans carry no
     /// `profiling.*` attributes.
     pub evidence_refused: u64,
+    /// Heap bytes of the scope stacks' spills (scopes nested past 32 on a thread; at
+    /// most 96 KiB a thread, given back when it exits).
+    pub scope_spill_bytes: u64,
+    /// The most scopes one thread's spill held (at most 4,096).
+    pub scope_spill_max: u64,
+    /// Oldest spilled scopes dropped at the spill's cap (almost always enters never
+    /// exited: a forgotten guard).
+    pub scopes_evicted: u64,
+    /// Enters not recorded (re-entrant, or in a thread-local destructor).
+    pub scopes_refused: u64,
 }
 
 /// The span record's tables now.
@@ -60,6 +70,7 @@ pub fn record_stats() -> RecordStats {
     let labels: LabelTableStats = LABELS.stats();
     let names = crate::span_name::stats();
     let counters = crate::root_cpu::stats();
+    let scopes = crate::span_context::scopes::scope_stats();
     RecordStats {
         label_slots: labels.slots,
         label_slots_cap: labels.cap,
@@ -75,6 +86,10 @@ pub fn record_stats() -> RecordStats {
         root_counter_slots: counters.slots,
         evidence_entries: crate::evidence::entries(),
         evidence_refused: counters.refused,
+        scope_spill_bytes: scopes.spill_bytes,
+        scope_spill_max: scopes.spilled_max,
+        scopes_evicted: scopes.evicted,
+        scopes_refused: scopes.refused,
     }
 }
 

@@ -70,6 +70,17 @@ impl Snapshot {
             ("evidence", r.evidence_entries),
             ("thread_slots", s.thread_slots),
             ("ring_kib", s.ring_bytes / 1024),
+            ("scope_spill", r.scope_spill_bytes),
+            (
+                "schedstat_fds",
+                self.health.profiler.blocked.schedstat_files_open,
+            ),
+            ("agg_keys", self.health.profiler.aggregation_keys),
+            ("symbol_cache", self.health.profiler.symbol_cache_entries),
+            (
+                "queue_kib",
+                self.health.pyroscope.map_or(0, |p| p.bytes_queued / 1024),
+            ),
         ]
     }
 
@@ -150,7 +161,7 @@ impl Mix {
                         let _e = root.enter();
                         tracing::info_span!("load").in_scope(|| work(n));
                         roots.fetch_add(1, Ordering::Relaxed);
-                        if n % 8 == 0 {
+                        if n.is_multiple_of(8) {
                             std::thread::sleep(pace);
                         }
                     }
@@ -191,7 +202,7 @@ impl Mix {
                         );
                         drop(SpanContextGuard::enter(Some(&root)));
                         roots.fetch_add(1, Ordering::Relaxed);
-                        if n % 64 == 0 {
+                        if n.is_multiple_of(64) {
                             std::thread::sleep(pace);
                         }
                     }

@@ -95,10 +95,6 @@ static EVICTED: AtomicU64 = AtomicU64::new(0);
 static REFUSED: AtomicU64 = AtomicU64::new(0);
 
 /// The scope stacks' counters.
-#[cfg_attr(
-    not(test),
-    expect(dead_code, reason = "read through RecordStats once wired")
-)]
 pub(crate) fn scope_stats() -> ScopeStats {
     ScopeStats {
         spill_bytes: SPILL_BYTES.load(Ordering::Relaxed),
