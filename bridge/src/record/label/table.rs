@@ -351,7 +351,12 @@ impl LabelTable {
     #[inline(never)]
     fn refill(&self) -> Option<(u32, &'static Slot)> {
         if self.in_limbo.load(Ordering::Relaxed) >= RECLAIM_BATCH as u64 {
-            if let Some(slot) = self.reclaim(RECLAIM_BATCH, Some(PARKED_WINDOW)) {
+            // A reclaim that found the limbo taken by others' batches: their frees may
+            // be on the free list by now (a second look, no wait).
+            if let Some(slot) = self
+                .reclaim(RECLAIM_BATCH, Some(PARKED_WINDOW))
+                .or_else(|| self.pop(&self.free))
+            {
                 return Some(slot);
             }
         }
