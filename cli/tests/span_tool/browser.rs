@@ -342,7 +342,7 @@ const EXPECTED: Expected = Expected {
         ">busy_ns<br><small>CPU / blocked / awaiting<",
         ">profiling.wall.active_ns<br><small>CPU / blocked / awaiting<",
         // GET /search: 30 of 100 ms on CPU, 60 ms active.
-        "CPU 30.0% · blocked in poll 30.0% · awaiting 40.0%",
+        "CPU 30% · blocked in poll 30% · awaiting 40%",
         ">none<br><small>CPU vs not on CPU<",
         "GET /report: 1.0.0 → 2.0.0, per request",
         "New in 2.0.0",
