@@ -71,10 +71,16 @@ fn main() {
         mix.uploads()
     );
     match soak_mix::slope_ci(&points) {
-        Some((slope, half)) => println!(
-            "RSS slope after warm-up: {slope:+.3} MiB/hour, 95% CI [{:+.3}, {:+.3}] ({} points)",
-            slope - half,
-            slope + half,
+        Some(fit) => println!(
+            "RSS slope after warm-up: {:+.3} MiB/hour, 95% CI [{:+.3}, {:+.3}] allowing for \
+             correlated points (Newey-West, lag {}); [{:+.3}, {:+.3}] as if independent \
+             ({} points)",
+            fit.slope,
+            fit.slope - fit.hac_half,
+            fit.slope + fit.hac_half,
+            fit.lag,
+            fit.slope - fit.ols_half,
+            fit.slope + fit.ols_half,
             points.len()
         ),
         None => println!("RSS slope: too few points after warm-up"),

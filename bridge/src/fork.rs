@@ -84,6 +84,16 @@ impl<T> AtforkMutex<T> {
         self.lock.lock().unwrap_or_else(PoisonError::into_inner)
     }
 
+    /// Locks if no one holds the lock now (a poisoned lock is taken as is), never
+    /// waiting: for a thread that already holds another such lock.
+    pub(crate) fn try_lock(&self) -> Option<MutexGuard<'_, T>> {
+        match self.lock.try_lock() {
+            Ok(guard) => Some(guard),
+            Err(std::sync::TryLockError::Poisoned(poisoned)) => Some(poisoned.into_inner()),
+            Err(std::sync::TryLockError::WouldBlock) => None,
+        }
+    }
+
     /// In the prepare handler: takes the lock and keeps it until [`Self::release`].
     pub(crate) fn hold(&'static self) {
         let guard = self.lock();

@@ -234,3 +234,32 @@ fn every_structure_is_flat_after_warm_up_under_the_realistic_mix() {
         otel_profiling::MAX_SPAN_NAMES as u64
     );
 }
+
+/// The soak bench's slope: exact on a line, and on a random walk (each point the last
+/// plus noise, as RSS read every few seconds is) the interval that allows for correlated
+/// points is the wider one.
+#[test]
+fn the_rss_slope_and_its_intervals() {
+    let line: Vec<(f64, f64)> = (0..100).map(|i| (i as f64, 3.0 + 0.5 * i as f64)).collect();
+    let fit = soak_mix::slope_ci(&line).expect("a fit");
+    assert!((fit.slope - 0.5).abs() < 1e-9 && fit.ols_half < 1e-6);
+
+    // A deterministic walk: steps of ±1 from a linear congruential generator.
+    let mut state = 12_345_u64;
+    let mut y = 0.0;
+    let walk: Vec<(f64, f64)> = (0..600)
+        .map(|i| {
+            state = state
+                .wrapping_mul(6_364_136_223_846_793_005)
+                .wrapping_add(1);
+            y += if state >> 63 == 0 { 1.0 } else { -1.0 };
+            (i as f64, y)
+        })
+        .collect();
+    let fit = soak_mix::slope_ci(&walk).expect("a fit");
+    assert!(fit.lag >= 1);
+    assert!(
+        fit.hac_half > 2.0 * fit.ols_half,
+        "correlated points widen the interval: {fit:?}"
+    );
+}

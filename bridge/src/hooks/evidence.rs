@@ -334,6 +334,27 @@ fn shard(span_id: u64) -> MutexGuard<'static, Shard> {
     shards[(span_id as usize) % SHARDS].lock()
 }
 
+/// Moves a free counter slot from another shard into `slots` (the lists of `key`'s
+/// shard, which has none), if one has a spare: without it, the table would keep the sum
+/// of every shard's own peak, which creeps up for weeks as shards meet new peaks by
+/// chance, rather than the peak of all roots at once. Only on the path that would take
+/// a fresh slot, and never waiting: a shard someone holds is skipped (two locks held at
+/// once, so only `try_lock`).
+fn borrow_spare(key: u64, slots: &mut SlotLists) {
+    let shards = table();
+    let home = (key as usize) % SHARDS;
+    for step in 1..SHARDS {
+        let Some(mut other) = shards[(home + step) % SHARDS].try_lock() else {
+            continue;
+        };
+        if let Some(index) = other.slots.spare() {
+            drop(other);
+            slots.adopt(index);
+            return;
+        }
+    }
+}
+
 /// Roots with counters now (each shard's entries, under its lock; none before the
 /// table is made).
 pub(crate) fn entries() -> u64 {
@@ -381,6 +402,9 @@ fn claim(span_id: SpanId) -> Option<Arc<RootCounters>> {
     shard.inserts = shard.inserts.wrapping_add(1);
     if shard.inserts.is_multiple_of(SWEEP_EVERY) {
         shard.sweep(crate::clock::coarse_monotonic_ns(), &mut gone);
+    }
+    if shard.slots.needs_fresh() {
+        borrow_spare(key, &mut shard.slots);
     }
     // A full table (millions of live roots) only loses the evidence, never the span.
     let handle = shard.slots.claim().ok()?;
@@ -828,6 +852,28 @@ mod tests {
             active >= stretch.as_nanos() as u64 * 95 / 100,
             "active {active} ns for a {stretch:?} poll"
         );
+    }
+
+    /// A shard whose free list is empty takes another shard's free slot rather than a
+    /// fresh one: the table then holds the peak of all roots at once, not the sum of
+    /// every shard's own peak (which creeps for as long as the service runs).
+    #[test]
+    fn a_shard_with_nothing_free_borrows_another_shards_slot_before_a_fresh_one() {
+        let _turn = crate::sampler::test_turn();
+        let home = 7;
+        let donor = (home + 1) % SHARDS;
+        {
+            let mut shard = table()[donor].lock();
+            let handle = shard.slots.claim().expect("a slot");
+            shard.slots.release(handle);
+        }
+        // Lists with nothing free, as a shard at its peak has.
+        let mut empty = SlotLists::default();
+        assert!(empty.needs_fresh());
+        borrow_spare(home as u64, &mut empty);
+        assert!(!empty.needs_fresh(), "a spare came from another shard");
+        let index = empty.spare().expect("the borrowed slot");
+        table()[donor].lock().slots.adopt(index);
     }
 
     /// Two providers in one process, one with the evidence processor: only its roots get

@@ -328,6 +328,29 @@ impl SlotLists {
         self.free.len() > before
     }
 
+    /// True when a claim would take a fresh slot: nothing free, even after recycling
+    /// the limbo. The caller may then [`adopt`](Self::adopt) a spare from other lists.
+    pub(crate) fn needs_fresh(&mut self) -> bool {
+        if self.free.is_empty() && !self.limbo.is_empty() {
+            self.recycle_in(&ROOTS);
+        }
+        self.free.is_empty()
+    }
+
+    /// A free slot these lists can give away (recycling the limbo if none is free), for
+    /// lists that would otherwise take a fresh one.
+    pub(crate) fn spare(&mut self) -> Option<u32> {
+        if self.needs_fresh() {
+            return None;
+        }
+        self.free.pop()
+    }
+
+    /// Takes `index`, a free slot another lists' [`spare`](Self::spare) gave away.
+    pub(crate) fn adopt(&mut self, index: u32) {
+        self.free.push(index);
+    }
+
     /// Claims a slot with zeroed counters for a new root.
     pub(crate) fn claim(&mut self) -> Result<CpuHandle, TableFull> {
         self.claim_in(&ROOTS)

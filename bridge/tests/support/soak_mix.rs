@@ -318,9 +318,22 @@ pub fn fresh_dir(name: &str) -> PathBuf {
     dir
 }
 
-/// Least-squares slope of `(x, y)` with its 95 % confidence half-width (t quantile for
-/// n − 2 degrees of freedom; the normal's 1.96 past 30).
-pub fn slope_ci(points: &[(f64, f64)]) -> Option<(f64, f64)> {
+/// A least-squares slope with two 95 % confidence half-widths.
+#[derive(Debug, Clone, Copy)]
+pub struct Slope {
+    pub slope: f64,
+    /// Treating the points as independent (t quantile for n − 2 degrees of freedom, the
+    /// normal's 1.96 past 30). RSS read every few seconds is not: each point carries the
+    /// last one's heap, so this interval is too narrow for a soak.
+    pub ols_half: f64,
+    /// Newey–West (Bartlett kernel, lag ⌊4 (n/100)^(2/9)⌋): the standard error that allows
+    /// for residuals correlated with their neighbours, which RSS's are.
+    pub hac_half: f64,
+    pub lag: usize,
+}
+
+/// Least-squares slope of `(x, y)` with its confidence half-widths (see [`Slope`]).
+pub fn slope_ci(points: &[(f64, f64)]) -> Option<Slope> {
     let n = points.len();
     if n < 3 {
         return None;
@@ -334,15 +347,36 @@ pub fn slope_ci(points: &[(f64, f64)]) -> Option<(f64, f64)> {
         return None;
     }
     let slope = sxy / sxx;
-    let residual: f64 = points
+    let residuals: Vec<f64> = points
         .iter()
-        .map(|p| (p.1 - my - slope * (p.0 - mx)).powi(2))
-        .sum();
+        .map(|p| p.1 - my - slope * (p.0 - mx))
+        .collect();
+    let residual: f64 = residuals.iter().map(|e| e * e).sum();
     let se = (residual / (nf - 2.0) / sxx).sqrt();
     const T95: [f64; 30] = [
         12.71, 4.30, 3.18, 2.78, 2.57, 2.45, 2.36, 2.31, 2.26, 2.23, 2.20, 2.18, 2.16, 2.14, 2.13,
         2.12, 2.11, 2.10, 2.09, 2.09, 2.08, 2.07, 2.07, 2.06, 2.06, 2.06, 2.05, 2.05, 2.05, 2.04,
     ];
     let t = T95.get(n - 3).copied().unwrap_or(1.96);
-    Some((slope, t * se))
+    // Newey–West: the scores u_t = x̃_t e_t, their variance plus the weighted
+    // autocovariances up to `lag`.
+    let lag = (4.0 * (nf / 100.0).powf(2.0 / 9.0)).floor() as usize;
+    let scores: Vec<f64> = points
+        .iter()
+        .zip(&residuals)
+        .map(|(p, e)| (p.0 - mx) * e)
+        .collect();
+    let mut s = scores.iter().map(|u| u * u).sum::<f64>();
+    for l in 1..=lag.min(n - 1) {
+        let weight = 1.0 - l as f64 / (lag as f64 + 1.0);
+        let cov: f64 = scores[l..].iter().zip(&scores).map(|(a, b)| a * b).sum();
+        s += 2.0 * weight * cov;
+    }
+    let hac_se = (s.max(0.0) * nf / (nf - 2.0)).sqrt() / sxx;
+    Some(Slope {
+        slope,
+        ols_half: t * se,
+        hac_half: t * hac_se,
+        lag,
+    })
 }
