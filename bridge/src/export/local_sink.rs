@@ -35,14 +35,12 @@ use std::path::{Path, PathBuf};
 use std::sync::{Arc, Mutex, PoisonError};
 use std::time::SystemTime;
 
-use opentelemetry_proto::tonic::collector::trace::v1::ExportTraceServiceRequest;
-use opentelemetry_proto::transform::common::tonic::ResourceAttributesWithSchema;
-use opentelemetry_proto::transform::trace::tonic::group_spans_by_resource_and_scope;
 use opentelemetry_sdk::error::{OTelSdkError, OTelSdkResult};
 use opentelemetry_sdk::trace::{SpanData, SpanExporter};
 use opentelemetry_sdk::Resource;
 
 use super::local_budget::{LocalBudget, DEFAULT_OUTPUT_MAX_BYTES};
+use super::span_json::SpanJson;
 use crate::collector::{EncodedProfile, ProfileSink};
 
 /// The environment variable that overrides the default output directory.
@@ -235,7 +233,7 @@ pub struct LocalSpanExporter {
     /// The first span file (later ones, after rotation, are named by their own start).
     path: PathBuf,
     file: Mutex<SpanFile>,
-    resource: ResourceAttributesWithSchema,
+    json: SpanJson,
     budget: Arc<LocalBudget>,
 }
 
@@ -246,7 +244,14 @@ struct SpanFile {
     file: Option<File>,
     /// Bytes in it.
     written: u64,
+    /// The line being encoded, kept between batches so that encoding allocates nothing
+    /// once it has grown to a batch's size.
+    line: Vec<u8>,
 }
+
+/// The encoding buffer kept between batches at most (a batch of 512 spans is ~0.4 MiB);
+/// a larger one, from an unusual batch, is let go.
+const LINE_KEPT_BYTES: usize = 4 << 20;
 
 impl LocalSpanExporter {
     /// An exporter writing into `dir` (created if missing), keeping it within
@@ -262,8 +267,9 @@ impl LocalSpanExporter {
                 path,
                 file: None,
                 written: 0,
+                line: Vec::new(),
             }),
-            resource: ResourceAttributesWithSchema::from(&Resource::builder_empty().build()),
+            json: SpanJson::default(),
             budget: Arc::new(LocalBudget::new(dir.as_ref(), DEFAULT_OUTPUT_MAX_BYTES)),
         })
     }
@@ -288,18 +294,35 @@ impl LocalSpanExporter {
         &self.path
     }
 
+    /// Encodes `batch` as one line and appends it to the span file.
+    fn write_batch(&self, batch: &[SpanData]) -> io::Result<()> {
+        let mut state = self.file.lock().unwrap_or_else(PoisonError::into_inner);
+        let mut line = std::mem::take(&mut state.line);
+        line.clear();
+        self.json.write_line(batch, &mut line);
+        let written = self.append(&mut state, &line);
+        if line.capacity() <= LINE_KEPT_BYTES {
+            state.line = line;
+        }
+        written
+    }
+
+    /// Appends an encoded line (tests drive the budget with small ones).
+    #[cfg(test)]
     fn write_line(&self, line: &[u8]) -> io::Result<()> {
         let mut state = self.file.lock().unwrap_or_else(PoisonError::into_inner);
+        self.append(&mut state, line)
+    }
+
+    fn append(&self, state: &mut SpanFile, line: &[u8]) -> io::Result<()> {
         let incoming = line.len() as u64;
         if let Some(limit) = self.budget.span_file_limit() {
             if state.written > 0 && state.written + incoming > limit {
                 // Rotate: the full file becomes one the budget may remove.
                 let path = span_file_path(&self.dir, Some(&state.path));
-                *state = SpanFile {
-                    path,
-                    file: None,
-                    written: 0,
-                };
+                state.path = path;
+                state.file = None;
+                state.written = 0;
             }
         }
         self.budget.make_room(incoming, Some(&state.path));
@@ -313,7 +336,6 @@ impl LocalSpanExporter {
         match state.file.as_mut() {
             Some(f) => {
                 f.write_all(line)?;
-                f.flush()?;
                 state.written += incoming;
                 Ok(())
             }
@@ -327,19 +349,13 @@ impl SpanExporter for LocalSpanExporter {
         if batch.is_empty() {
             return Ok(());
         }
-        let request = ExportTraceServiceRequest {
-            resource_spans: group_spans_by_resource_and_scope(batch, &self.resource),
-        };
-        let mut line = serde_json::to_vec(&request)
-            .map_err(|e| OTelSdkError::InternalFailure(format!("encoding spans as JSON: {e}")))?;
-        line.push(b'\n');
-        self.write_line(&line).map_err(|e| {
+        self.write_batch(&batch).map_err(|e| {
             OTelSdkError::InternalFailure(format!("writing spans into {}: {e}", self.dir.display()))
         })
     }
 
     fn set_resource(&mut self, resource: &Resource) {
-        self.resource = ResourceAttributesWithSchema::from(resource);
+        self.json = SpanJson::new(resource);
     }
 }
 

@@ -8,5 +8,6 @@ mod log_limiter;
 pub mod otlp;
 pub mod otlp_profiles;
 pub mod pyroscope;
+mod span_json;
 pub mod span_stats;
 pub mod tls;
