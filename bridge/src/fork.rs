@@ -48,6 +48,7 @@ extern "C" fn in_parent() {
 extern "C" fn in_child() {
     crate::sampler::after_fork_in_child();
     crate::thread_ctx::after_fork_in_child();
+    crate::span_context::own_clocks::after_fork_in_child();
     crate::thread_ctx::release_after_fork();
     crate::span_name::release_after_fork();
     crate::evidence::release_after_fork();

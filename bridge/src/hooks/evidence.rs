@@ -28,7 +28,7 @@ use crate::fork::AtforkMutex;
 use crate::label::{release_slot, Label, LabelOwner};
 use crate::local_root::is_local_root;
 use crate::processor::{mark_profile_id_known, ProfileIdScope};
-use crate::root_cpu::{CpuHandle, RootTotals, SlotLists};
+use crate::root_cpu::{CpuHandle, RootTotals, RunDelay, SlotLists};
 
 /// Samples taken while the span (or its local children) ran on some thread.
 pub const CPU_SAMPLES_ATTRIBUTE: &str = "profiling.cpu.samples";
@@ -579,7 +579,7 @@ impl<P: SpanProcessor> SpanProcessor for CpuEvidenceProcessor<P> {
             let int = |v: u64| i64::try_from(v).unwrap_or(i64::MAX);
             let attributes = &mut span.attributes;
             attributes.push(KeyValue::new(CPU_SAMPLES_ATTRIBUTE, int(totals.samples)));
-            attributes.push(KeyValue::new(CPU_TIME_ATTRIBUTE, int(totals.cpu_ns)));
+            attributes.push(KeyValue::new(CPU_TIME_ATTRIBUTE, int(totals.cpu_ns())));
             attributes.push(KeyValue::new(
                 WALL_ACTIVE_ATTRIBUTE,
                 int(crate::clock::ticks_to_ns(totals.active_ticks)),
@@ -588,11 +588,14 @@ impl<P: SpanProcessor> SpanProcessor for CpuEvidenceProcessor<P> {
                 span.attributes
                     .push(KeyValue::new(WALL_QUEUED_ATTRIBUTE, int(queued)));
             }
-            // Measured for every root while a watchdog runs: one it never saw inside a
-            // period had none to speak of (the error is one period per stretch).
-            let runqueue = totals
-                .runqueue_ns
-                .or_else(|| crate::sampler::watchdog::is_running().then_some(0));
+            // Read at the end of every long stretch; a root with none had below 1 ms a
+            // stretch (see `span_context::active`); unknown when a reading failed, and
+            // then left out, never 0.
+            let runqueue = match totals.runqueue {
+                RunDelay::Read(ns) => Some(ns),
+                RunDelay::NoLongStretch => Some(0),
+                RunDelay::Unknown => None,
+            };
             if let Some(runqueue) = runqueue {
                 span.attributes
                     .push(KeyValue::new(WALL_RUNQUEUE_ATTRIBUTE, int(runqueue)));

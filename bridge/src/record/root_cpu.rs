@@ -96,6 +96,17 @@ struct Slot {
     /// of `state`, which decide which root it is for (see [`ActiveCounter::add`]). The
     /// next claim zeroes it once no add is in progress.
     active: AtomicU64,
+    /// Of `active`, nanoseconds the root's long stretches (see `span_context::active`)
+    /// were not on a CPU, as the thread's CPU clock read at their ends says; bit 63 once
+    /// a long stretch could not be read (its CPU time is then unknown). Added with
+    /// `active`, under the same count.
+    off_cpu: AtomicU64,
+    /// The reference figures of the test-only exact timing (every stretch read, see
+    /// `span_context::active::reference`): CPU and run delay, nanoseconds.
+    #[cfg(test)]
+    ref_cpu: AtomicU64,
+    #[cfg(test)]
+    ref_delay: AtomicU64,
     /// Wall time the root's futures spent woken but not yet polled (queued for a worker),
     /// as measured by the plain-API future wrapper: a 16-bit tag of the owning generation
     /// in the top 16 bits, nanoseconds in the low 47, and bit 47 set once anything
@@ -108,7 +119,8 @@ struct Slot {
     /// checked as the add counts itself in (16 bits would repeat every 32,768 reuses).
     queued: AtomicU64,
     /// Run delay: time the root's threads were runnable inside it but not running, as
-    /// the blocked-in-poll watchdog reads it from the scheduler; same layout as `queued`.
+    /// the scheduler counts it, read at the ends of the root's long stretches; same layout
+    /// as `queued`, with [`RUNQUEUE_UNKNOWN`] set once a long stretch could not be read.
     runqueue: AtomicU64,
 }
 
@@ -119,6 +131,11 @@ impl Slot {
             samples: AtomicU64::new(0),
             time_ns: AtomicU64::new(0),
             active: AtomicU64::new(0),
+            off_cpu: AtomicU64::new(0),
+            #[cfg(test)]
+            ref_cpu: AtomicU64::new(0),
+            #[cfg(test)]
+            ref_delay: AtomicU64::new(0),
             queued: AtomicU64::new(0),
             runqueue: AtomicU64::new(0),
         }
@@ -158,6 +175,13 @@ const TAGGED_VALUE_MASK: u64 = (1 << TAGGED_BITS) - 1;
 /// In [`Slot::queued`]: something measured it.
 const QUEUED_MEASURED: u64 = 1 << (TAGGED_BITS - 1);
 const QUEUED_NS_MASK: u64 = QUEUED_MEASURED - 1;
+/// In [`Slot::runqueue`]: a long stretch's run delay could not be read, so the root's
+/// total is unknown (not the sum of the others).
+const RUNQUEUE_UNKNOWN: u64 = 1 << (TAGGED_BITS - 2);
+/// Nanoseconds in [`Slot::runqueue`] (46 bits: 19 hours a root, saturating).
+const RUNQUEUE_NS_MASK: u64 = RUNQUEUE_UNKNOWN - 1;
+/// In [`Slot::off_cpu`]: a long stretch's CPU time could not be read.
+const OFF_CPU_UNKNOWN: u64 = 1 << 63;
 
 /// The generation tag [`Slot::queued`] and [`Slot::runqueue`] carry for `generation`:
 /// tells `generation` from `generation + 1` (its release), which is all it is asked (see
@@ -372,6 +396,12 @@ impl SlotLists {
         // retired.
         let next = generation_of(slot.state.load(Ordering::Relaxed)) + 1;
         slot.active.store(0, Ordering::Relaxed);
+        slot.off_cpu.store(0, Ordering::Relaxed);
+        #[cfg(test)]
+        {
+            slot.ref_cpu.store(0, Ordering::Relaxed);
+            slot.ref_delay.store(0, Ordering::Relaxed);
+        }
         slot.queued.store(tag(next), Ordering::Relaxed);
         slot.runqueue.store(tag(next), Ordering::Relaxed);
         // Even (free) → odd (owned); the release orders the zeroing before it.
@@ -415,7 +445,7 @@ impl SlotLists {
         // counted in flight for every later load, `recycle`'s included.
         fence(Ordering::SeqCst);
         let adders_quiet = state & ADDERS_MASK == 0;
-        let (active, queued, runqueue) = if adders_quiet {
+        let (active, off_cpu, queued, runqueue) = if adders_quiet {
             // No add in progress as the generation moved on: an adder that counts itself
             // in later reads the new generation and leaves the words alone, and this
             // read-modify-write synchronises with every earlier adder's release of the
@@ -423,6 +453,7 @@ impl SlotLists {
             // next owner's).
             (
                 slot.active.load(Ordering::Relaxed),
+                slot.off_cpu.load(Ordering::Relaxed),
                 slot.queued.load(Ordering::Relaxed),
                 slot.runqueue.load(Ordering::Relaxed),
             )
@@ -436,6 +467,7 @@ impl SlotLists {
             let closed = tag(handle.generation.wrapping_add(1));
             (
                 slot.active.load(Ordering::SeqCst),
+                slot.off_cpu.load(Ordering::SeqCst),
                 slot.queued.swap(closed, Ordering::SeqCst),
                 slot.runqueue.swap(closed, Ordering::SeqCst),
             )
@@ -452,10 +484,22 @@ impl SlotLists {
         }
         let totals = RootTotals {
             samples: slot.samples.load(Ordering::Relaxed),
-            cpu_ns: slot.time_ns.load(Ordering::Relaxed),
+            sampled_cpu_ns: slot.time_ns.load(Ordering::Relaxed),
             active_ticks: active,
+            off_cpu_ns: (off_cpu & OFF_CPU_UNKNOWN == 0).then_some(off_cpu),
             queued_ns: (queued & QUEUED_MEASURED != 0).then_some(queued & QUEUED_NS_MASK),
-            runqueue_ns: (runqueue & QUEUED_MEASURED != 0).then_some(runqueue & QUEUED_NS_MASK),
+            runqueue: if runqueue & RUNQUEUE_UNKNOWN != 0 {
+                RunDelay::Unknown
+            } else if runqueue & QUEUED_MEASURED != 0 {
+                RunDelay::Read(runqueue & RUNQUEUE_NS_MASK)
+            } else {
+                RunDelay::NoLongStretch
+            },
+            #[cfg(test)]
+            reference: (
+                slot.ref_cpu.load(Ordering::Relaxed),
+                slot.ref_delay.load(Ordering::Relaxed),
+            ),
         };
         if handle.generation + 1 >= GENERATION_LIMIT {
             roots.retired.fetch_add(1, Ordering::Relaxed);
@@ -493,16 +537,47 @@ fn set_generation(index: u32, generation: u64) {
 pub(crate) struct RootTotals {
     /// CPU samples taken under the root.
     pub(crate) samples: u64,
-    /// The CPU time they stand for.
-    pub(crate) cpu_ns: u64,
+    /// The CPU time those samples stand for (the sampler's measure, used only where the
+    /// stretches' could not be read).
+    pub(crate) sampled_cpu_ns: u64,
     /// Wall time threads spent inside the root, in `clock::ticks` (see [`ActiveCounter::add`]).
     pub(crate) active_ticks: u64,
+    /// Of the active time, what the root's long stretches spent off CPU; `None` when one
+    /// of them could not be read.
+    pub(crate) off_cpu_ns: Option<u64>,
     /// Wall time its futures spent woken but not polled, when a wrapper measured it (see
     /// [`add_queued`]).
     pub(crate) queued_ns: Option<u64>,
-    /// Run delay of its threads inside it, when the watchdog read any (see
-    /// [`add_runqueue`]).
-    pub(crate) runqueue_ns: Option<u64>,
+    /// Run delay of its threads inside it.
+    pub(crate) runqueue: RunDelay,
+    /// The test-only exact timing's CPU and run delay (see `span_context::active`).
+    #[cfg(test)]
+    pub(crate) reference: (u64, u64),
+}
+
+impl RootTotals {
+    /// CPU time threads spent inside the root: the active time less what its long
+    /// stretches spent off CPU (a short stretch counts as on CPU: see
+    /// `span_context::active` for the bound), or, when a long stretch could not be read,
+    /// what the samples stand for.
+    pub(crate) fn cpu_ns(&self) -> u64 {
+        match self.off_cpu_ns {
+            Some(off) => crate::clock::ticks_to_ns(self.active_ticks).saturating_sub(off),
+            None => self.sampled_cpu_ns,
+        }
+    }
+}
+
+/// A root's run delay, as its stretches measured it.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub(crate) enum RunDelay {
+    /// Read at the end of every long stretch: this many nanoseconds.
+    Read(u64),
+    /// No stretch of the root was long: each counts none (at most the threshold each).
+    #[default]
+    NoLongStretch,
+    /// A long stretch could not be read (no `/proc`, a refused read): unknown.
+    Unknown,
 }
 
 /// A root's counters found once, for the active-time adds of a thread that keeps running
@@ -576,6 +651,82 @@ impl ActiveCounter {
     }
 }
 
+impl ActiveCounter {
+    /// Adds a long stretch: `ticks` of wall time inside the root, and what reading the
+    /// thread's clocks at its ends found (`exact`: nanoseconds of it off CPU, and of run
+    /// delay), or `None` when they could not be read (the root's CPU time and run delay
+    /// are then unknown). The same protocol as [`ActiveCounter::add`], one count for
+    /// all the words.
+    #[inline]
+    pub(crate) fn add_long(self, ticks: u64, exact: Option<(u64, u64)>) -> bool {
+        self.add_long_in(&ROOTS, ticks, exact)
+    }
+
+    /// [`ActiveCounter::add_long`], counting a refused add in `roots`.
+    #[inline]
+    fn add_long_in(self, roots: &RootTable, ticks: u64, exact: Option<(u64, u64)>) -> bool {
+        let slot = self.slot;
+        #[cfg(all(test, loom))]
+        if loom_model::uncounted() {
+            // The models' broken variant: the check without the count.
+            let current = generation_of(slot.state.load(Ordering::SeqCst)) == self.generation;
+            if current {
+                slot.active.fetch_add(ticks, Ordering::Relaxed);
+                if let Some((off_cpu, delay)) = exact {
+                    slot.off_cpu.fetch_add(off_cpu, Ordering::Relaxed);
+                    add_to(
+                        &slot.runqueue,
+                        tag(self.generation),
+                        delay,
+                        RUNQUEUE_NS_MASK,
+                        QUEUED_MEASURED,
+                    );
+                }
+            }
+            return current;
+        }
+        let current = generation_of(slot.state.fetch_add(1, Ordering::SeqCst)) == self.generation;
+        if current {
+            slot.active.fetch_add(ticks, Ordering::Relaxed);
+            let tag = tag(self.generation);
+            match exact {
+                Some((off_cpu, delay)) => {
+                    slot.off_cpu.fetch_add(off_cpu, Ordering::Relaxed);
+                    add_to(
+                        &slot.runqueue,
+                        tag,
+                        delay,
+                        RUNQUEUE_NS_MASK,
+                        QUEUED_MEASURED,
+                    );
+                }
+                None => {
+                    slot.off_cpu.fetch_or(OFF_CPU_UNKNOWN, Ordering::Relaxed);
+                    add_to(&slot.runqueue, tag, 0, RUNQUEUE_NS_MASK, RUNQUEUE_UNKNOWN);
+                }
+            }
+        }
+        let after = slot.state.fetch_sub(1, Ordering::Release);
+        let added = current && generation_of(after) == self.generation;
+        if !added {
+            roots.stale_active.fetch_add(1, Ordering::Relaxed);
+        }
+        added
+    }
+
+    /// The test-only reference: `cpu` and `delay` nanoseconds read at both ends of a
+    /// stretch of any length.
+    #[cfg(test)]
+    pub(crate) fn add_reference(self, cpu: u64, delay: u64) {
+        let slot = self.slot;
+        if generation_of(slot.state.fetch_add(1, Ordering::SeqCst)) == self.generation {
+            slot.ref_cpu.fetch_add(cpu, Ordering::Relaxed);
+            slot.ref_delay.fetch_add(delay, Ordering::Relaxed);
+        }
+        slot.state.fetch_sub(1, Ordering::Release);
+    }
+}
+
 /// [`ActiveCounter::add`] from the handle `raw` (tests).
 #[cfg(test)]
 pub(crate) fn add_active(raw: u128, ns: u64) -> bool {
@@ -597,26 +748,6 @@ pub(crate) fn add_queued(raw: u128, ns: u64) -> bool {
         raw,
         ns,
         |slot| &slot.queued,
-        QUEUED_NS_MASK,
-        QUEUED_MEASURED,
-    )
-}
-
-/// Adds `ns` of run delay (runnable inside the root, not running) and marks the root's
-/// run delay as measured. Same rules as [`ActiveCounter::add`]; called by the watchdog thread.
-#[inline]
-pub(crate) fn add_runqueue(raw: u128, ns: u64) -> bool {
-    add_runqueue_in(&ROOTS, raw, ns)
-}
-
-/// [`add_runqueue`] into `roots`.
-#[inline]
-fn add_runqueue_in(roots: &RootTable, raw: u128, ns: u64) -> bool {
-    add_tagged(
-        roots,
-        raw,
-        ns,
-        |slot| &slot.runqueue,
         QUEUED_NS_MASK,
         QUEUED_MEASURED,
     )
@@ -736,32 +867,6 @@ fn record_in(roots: &RootTable, raw: u128, time_ns: u64) {
     roots.in_flight.fetch_sub(1, Ordering::SeqCst);
 }
 
-/// Adds `ns` of CPU time measured outside a sample (the watchdog's reading of a thread's
-/// CPU clock, see `sampler::cpu_ledger`) to the root `raw`: its CPU total, not its sample
-/// count. Same rules as [`record`].
-pub(crate) fn add_cpu(raw: u128, ns: u64) {
-    add_cpu_in(&ROOTS, raw, ns);
-}
-
-/// [`add_cpu`] into `roots`.
-fn add_cpu_in(roots: &RootTable, raw: u128, ns: u64) {
-    if raw == 0 || ns == 0 {
-        return;
-    }
-    let Some(handle) = CpuHandle::from_raw(raw) else {
-        return;
-    };
-    roots.in_flight.fetch_add(1, Ordering::SeqCst);
-    // Paired with the fence in `release`, as in `record`.
-    fence(Ordering::SeqCst);
-    if let Some(slot) = roots.slot(handle.index) {
-        if slot.generation() == handle.generation {
-            slot.time_ns.fetch_add(ns, Ordering::Relaxed);
-        }
-    }
-    roots.in_flight.fetch_sub(1, Ordering::SeqCst);
-}
-
 /// Samples taken under a root that had already ended (a kept or leaked `LocalRoot`);
 /// they were not counted for any span.
 pub(crate) fn stale_handles() -> u64 {
@@ -806,10 +911,12 @@ mod tests {
             lists.release(a),
             RootTotals {
                 samples: 2,
-                cpu_ns: 20,
+                sampled_cpu_ns: 20,
                 active_ticks: 100,
+                off_cpu_ns: Some(0),
                 queued_ns: None,
-                runqueue_ns: None
+                runqueue: RunDelay::NoLongStretch,
+                reference: (0, 0),
             }
         );
         assert!(!add_active(a.to_raw(), 5), "ended root refuses active time");
@@ -832,10 +939,12 @@ mod tests {
             lists.release(b),
             RootTotals {
                 samples: 1,
-                cpu_ns: 7,
+                sampled_cpu_ns: 7,
                 active_ticks: 3,
+                off_cpu_ns: Some(0),
                 queued_ns: None,
-                runqueue_ns: None
+                runqueue: RunDelay::NoLongStretch,
+                reference: (0, 0),
             }
         );
         // Releasing twice is harmless.
@@ -996,10 +1105,12 @@ mod tests {
             lists.release(b),
             RootTotals {
                 samples: 0,
-                cpu_ns: 0,
+                sampled_cpu_ns: 0,
                 active_ticks: 7,
+                off_cpu_ns: Some(0),
                 queued_ns: None,
-                runqueue_ns: None
+                runqueue: RunDelay::NoLongStretch,
+                reference: (0, 0),
             }
         );
     }
@@ -1162,10 +1273,12 @@ mod tests {
             lists.release(last),
             RootTotals {
                 samples: 1,
-                cpu_ns: 10,
+                sampled_cpu_ns: 10,
                 active_ticks: 4,
+                off_cpu_ns: Some(0),
                 queued_ns: None,
-                runqueue_ns: None
+                runqueue: RunDelay::NoLongStretch,
+                reference: (0, 0),
             },
             "its last root still counts"
         );

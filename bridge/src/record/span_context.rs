@@ -238,7 +238,9 @@ impl SpanContextCell {
             let Some(now) = crate::clock::tsc_ticks() else {
                 return self.switch_with_hooks(None, Some(to));
             };
-            active::entered_at(now);
+            if !active::entered_at(now) {
+                return self.switch_with_hooks(None, Some(to));
+            }
         }
         self.write(Some(to));
         crate::thread_ctx::publish(Some(to));
@@ -333,6 +335,7 @@ impl Drop for SpanContextGuard<'_> {
 pub(crate) mod active;
 #[cfg(all(test, loom))]
 mod loom_model;
+pub(crate) mod own_clocks;
 pub(crate) mod scopes;
 #[cfg(test)]
 mod tests;

@@ -63,6 +63,11 @@ pub struct RecordStats {
     pub scopes_evicted: u64,
     /// Enters not recorded (re-entrant, or in a thread-local destructor).
     pub scopes_refused: u64,
+    /// `/proc/thread-self/schedstat` files the span hooks keep open (a gauge): one per
+    /// thread that ended a stretch of 1 ms or more with counters, read for its run delay
+    /// there, closed when the thread exits; at most 256 at once (past it a reading opens
+    /// and closes the file).
+    pub schedstat_files_open: u64,
 }
 
 /// The span record's tables now.
@@ -90,6 +95,7 @@ pub fn record_stats() -> RecordStats {
         scope_spill_max: scopes.spilled_max,
         scopes_evicted: scopes.evicted,
         scopes_refused: scopes.refused,
+        schedstat_files_open: crate::span_context::own_clocks::kept(),
     }
 }
 

@@ -37,7 +37,7 @@
 
 mod altstack;
 pub(crate) mod cgroup;
-mod cpu_ledger;
+pub(crate) mod cpu_ledger;
 mod handler;
 // The loaded-object walker; the symbolizer uses it on every architecture, the unwinder's
 // table copies only where there is an unwinder.

@@ -221,15 +221,6 @@ pub struct WatchdogStats {
     /// Blocked nanoseconds seen (off-CPU inside a root, past the threshold) in runs of
     /// blocked looks that no stack could be taken for: in no profile, counted here.
     pub unattributed_ns: u64,
-    /// `/proc/self/task/<tid>/schedstat` files open now (a gauge, not a count since the
-    /// start): one per thread inside a root with CPU counters, read for its run delay,
-    /// closed when the thread exits or stays out of roots for a second; at most 256 (or
-    /// a quarter of the soft `RLIMIT_NOFILE`, if lower).
-    pub schedstat_files_open: u64,
-    /// Run-delay readings (one per thread inside a root per 50 ms) not made because that
-    /// many schedstat files were already open: those roots' `profiling.wall.runqueue_ns`
-    /// misses that time.
-    pub run_delay_skipped: u64,
 }
 
 struct Counters {
@@ -245,8 +236,6 @@ struct Counters {
     dropped: AtomicU64,
     cpu_ns: AtomicU64,
     unattributed_ns: AtomicU64,
-    schedstat_files_open: AtomicU64,
-    run_delay_skipped: AtomicU64,
 }
 
 static COUNTERS: Counters = Counters {
@@ -262,8 +251,6 @@ static COUNTERS: Counters = Counters {
     dropped: AtomicU64::new(0),
     cpu_ns: AtomicU64::new(0),
     unattributed_ns: AtomicU64::new(0),
-    schedstat_files_open: AtomicU64::new(0),
-    run_delay_skipped: AtomicU64::new(0),
 };
 
 fn bump(counter: &AtomicU64) {
@@ -287,8 +274,6 @@ pub fn stats() -> WatchdogStats {
         dropped: get(&c.dropped),
         cpu_ns: get(&c.cpu_ns),
         unattributed_ns: get(&c.unattributed_ns),
-        schedstat_files_open: get(&c.schedstat_files_open),
-        run_delay_skipped: get(&c.run_delay_skipped),
     }
 }
 
@@ -356,11 +341,6 @@ pub(crate) fn after_fork_in_child() {
 
 /// Only one watchdog runs at a time.
 static RUNNING: AtomicBool = AtomicBool::new(false);
-
-/// Whether a watchdog runs in this process (it also measures the roots' run delay).
-pub(crate) fn is_running() -> bool {
-    RUNNING.load(Ordering::Acquire)
-}
 
 /// A running watchdog thread (`otel-profiling-watchdog`). Dropping it stops the thread.
 #[derive(Debug)]
@@ -691,8 +671,6 @@ pub(crate) struct Scanner {
     config: WatchdogConfig,
     /// By slot index (slots are dense and never freed: a vector, no hashing per slot).
     tracked: Vec<Option<Tracked>>,
-    /// The run delay of threads inside roots (`run_delay`).
-    run_delay: run_delay::RunDelay,
     tick: u64,
     /// The slots of this pass (kept to reuse its allocation) and where the next starts.
     slots: Vec<&'static Slot>,
@@ -707,7 +685,6 @@ impl Scanner {
             stack: vec![0; config.max_stack_bytes],
             config,
             tracked: Vec::new(),
-            run_delay: run_delay::RunDelay::new(run_delay::max_open()),
             tick: 0,
             slots: Vec::new(),
             cursor: 0,
@@ -738,7 +715,6 @@ impl Scanner {
                 continue;
             }
             let index = slot.index() as usize;
-            self.run_delay.owned(index, generation, self.tick);
             if self.tracked.len() <= index {
                 self.tracked.resize_with(index + 1, || None);
             }
@@ -752,8 +728,6 @@ impl Scanner {
                 }
                 continue;
             };
-            self.run_delay
-                .note(slot, index, generation, root, pass_start, self.tick);
             let fresh = Tracked {
                 generation,
                 seq,
@@ -807,7 +781,6 @@ impl Scanner {
                 ended.end_run();
             }
         }
-        self.run_delay.sweep(tick, pass_start);
     }
 }
 
@@ -978,6 +951,5 @@ impl Look<'_> {
     }
 }
 
-mod run_delay;
 #[cfg(test)]
 mod tests;

@@ -71,10 +71,7 @@ impl Snapshot {
             ("thread_slots", s.thread_slots),
             ("ring_kib", s.ring_bytes / 1024),
             ("scope_spill", r.scope_spill_bytes),
-            (
-                "schedstat_fds",
-                self.health.profiler.blocked.schedstat_files_open,
-            ),
+            ("schedstat_fds", r.schedstat_files_open),
             ("agg_keys", self.health.profiler.aggregation_keys),
             ("symbol_cache", self.health.profiler.symbol_cache_entries),
             (
