@@ -314,7 +314,7 @@ fn build_group(
     match no_samples {
         None => {}
         // The split's CPU is the attributes' here; the reason says why.
-        Some(why @ NoSamples::ProfileNotRead) => {
+        Some(why @ (NoSamples::ProfileNotRead | NoSamples::CpuUnderSampling { .. })) => {
             reason = format!("{reason}; {}", why.explain(sampling));
         }
         // No samples, no active time, no evidence attribute: nothing says where the time

@@ -358,9 +358,16 @@ impl NoEvidence {
 /// Why spans have no CPU samples (ordered from the most to the least telling).
 #[derive(Clone, Copy, Debug, PartialEq, Eq, PartialOrd, Ord, Hash)]
 pub enum NoSamples {
-    /// The spans' `profiling.cpu.time_ns` records CPU, but no profile read has their
-    /// samples: the profile covering them is elsewhere or not written yet.
+    /// The spans' `profiling.cpu.time_ns` records at least two sampling periods of CPU,
+    /// so samples were due, but no profile read has them: the profile covering them is
+    /// elsewhere or not written yet.
     ProfileNotRead,
+    /// The spans' `profiling.cpu.time_ns` records CPU (`cpu_ns` in all), but less than two
+    /// sampling periods: no sample was due, and none is no sign of a missing profile.
+    CpuUnderSampling {
+        /// Their CPU time together, nanoseconds.
+        cpu_ns: u64,
+    },
     /// No profile file was read at all.
     NoProfiles,
     /// The spans carry no `pyroscope.profile.id`: nothing tied samples to them.
@@ -380,8 +387,15 @@ pub enum NoSamples {
 impl NoSamples {
     /// Why `spans` (of one group, or a single span) have no CPU samples.
     pub fn classify(spans: &[&Span], sampling: Sampling, context: &EvidenceContext) -> NoSamples {
-        if spans.iter().any(|s| s.cpu_time_ns.unwrap_or(0) > 0) {
-            return NoSamples::ProfileNotRead;
+        let cpu_ns: u64 = spans.iter().map(|s| s.cpu_time_ns.unwrap_or(0)).sum();
+        if cpu_ns > 0 {
+            // The attribute is the stretches' exact CPU time: under two periods, a span
+            // often gets no sample at all (a 5 ms job at 100 Hz, half the time).
+            return if cpu_ns >= sampling.too_short_ns() {
+                NoSamples::ProfileNotRead
+            } else {
+                NoSamples::CpuUnderSampling { cpu_ns }
+            };
         }
         if !sampling.profiles_read {
             return NoSamples::NoProfiles;
@@ -434,6 +448,7 @@ impl NoSamples {
     pub fn label(self) -> &'static str {
         match self {
             NoSamples::ProfileNotRead => "profile not read",
+            NoSamples::CpuUnderSampling { .. } => "CPU under sampling",
             NoSamples::NoProfiles => "no profiles",
             NoSamples::Unsampled => "unsampled",
             NoSamples::NoEvidence(why) => why.label(),
@@ -457,6 +472,13 @@ impl NoSamples {
                 directories (one is written every interval and at shutdown); the verdict uses \
                 the span attributes"
                 .to_owned(),
+            NoSamples::CpuUnderSampling { cpu_ns } => format!(
+                "no profile sample carries these span ids, and their profiling.cpu.time_ns \
+                 records {:.1} ms of CPU, under the {:.0} ms it takes to expect samples at \
+                 {hz:.0} Hz: too little CPU for stacks; the verdict uses the span attributes",
+                cpu_ns as f64 / 1e6,
+                sampling.too_short_ns() as f64 / 1e6
+            ),
             NoSamples::NoProfiles => "no CPU samples because no profile file (*_cpu.pb.gz) was \
                 read: the profiler did not run or has not written yet; this is no evidence \
                 that the span is fast"
@@ -675,6 +697,39 @@ mod tests {
         assert_eq!(
             NoSamples::classify(&[&followed], sampling, &context(&[&followed], vec![])).label(),
             "waiting"
+        );
+    }
+
+    /// CPU in the attributes and no sample: a missing profile only when samples were
+    /// due (two periods of CPU or more); a 5 ms job of CPU at 100 Hz often gets none,
+    /// which says nothing of the profiles read.
+    #[test]
+    fn cpu_without_samples_is_a_missing_profile_only_when_samples_were_due() {
+        let sampling = Sampling {
+            profiles_read: true,
+            period_ns: 10 * MS,
+        };
+        let job = |id: u64, cpu_ms: u64| Span {
+            cpu_time_ns: Some(cpu_ms * MS),
+            cpu_samples: Some(0),
+            wall_active_ns: Some(cpu_ms * MS),
+            ..Span::test_root(id, id * 1_000 * MS, id * 1_000 * MS + cpu_ms * MS)
+        };
+        let ctx = EvidenceContext::default();
+        let short = job(1, 5);
+        let why = NoSamples::classify(&[&short], sampling, &ctx);
+        assert_eq!(why, NoSamples::CpuUnderSampling { cpu_ns: 5 * MS });
+        let text = why.explain(sampling);
+        assert!(
+            text.contains("5.0 ms of CPU") && !text.contains("not in these directories"),
+            "{text}"
+        );
+        // Five such jobs together: 25 ms, samples were due.
+        let jobs: Vec<Span> = (1..=5).map(|i| job(i, 5)).collect();
+        let all: Vec<&Span> = jobs.iter().collect();
+        assert_eq!(
+            NoSamples::classify(&all, sampling, &ctx),
+            NoSamples::ProfileNotRead
         );
     }
 

@@ -1,30 +1,20 @@
-//! How much of a thread's CPU time has been given to local roots: one word per thread
-//! slot, so the signal handler and the watchdog can both give CPU time to roots without
-//! ever giving the same nanosecond twice.
+//! How much of a thread's CPU time its samples stand for: one word per thread slot, so
+//! that each sample carries the CPU time since the last one, measured, not counted.
 //!
 //! Why not `period × (1 + si_overrun)` per signal: under CPU contention Linux checks a
 //! thread's CPU timer only at ticks where the thread is current, and (measured on 6.18,
 //! 2 cores, 4 busy threads) a thread can run 100–170 ms of CPU between two signals. The
 //! overrun count makes the *next* signal carry the missed periods, so process totals stay
-//! right, but a root that ends before that signal loses them: a 300 ms CPU-bound root read
-//! 180 ms of CPU, and the rest was reported as blocked in poll.
+//! right, but per sample the weight is off.
 //!
-//! So CPU time given to roots is measured, not counted: the ledger holds the thread's CPU
-//! clock (`CLOCK_THREAD_CPUTIME_ID`, nanoseconds since the thread started) up to which
-//! CPU time has been given. A charger reads the clock and moves the ledger forward to its
-//! reading; what it moved is given to the root the thread holds at that moment:
-//!
-//! - the handler, at every signal (the clock read is one async-signal-safe syscall, about
-//!   0.2 µs, at most the sampling rate per thread);
-//! - the watchdog, every run-delay period (50 ms) for threads inside a root, from the same
-//!   `schedstat` read (its first field is the same clock, a tick behind at most): this
-//!   bounds what a root's end can leave uncounted to one period even when signals lag.
-//!
-//! The ledger only moves forward (compare-and-swap to a larger value), so two chargers
-//! racing give each nanosecond once. The error per stretch of a thread inside a root is at
-//! most the gap between two charges (one sampling period when signals come on time, one
-//! watchdog period otherwise): CPU time since the last charge before the stretch began is
-//! lent to it, and CPU time after its last charge goes to whatever the thread holds next.
+//! So the ledger holds the thread's CPU clock (`CLOCK_THREAD_CPUTIME_ID`, nanoseconds
+//! since the thread started) up to which CPU time has been given to samples; the owner's
+//! handler reads the clock at every signal (one async-signal-safe syscall, about 0.2 µs,
+//! at most the sampling rate per thread) and moves the ledger forward to its reading.
+//! A root's own CPU time is not the samples': the span hooks read it where its stretches
+//! end (`record/span_context/active.rs`); the samples' is its fallback where those cannot
+//! be read. The ledger only moves forward (compare-and-swap to a larger value), so a
+//! reading that lags gives nothing.
 
 use crate::sync::{AtomicU64, Ordering};
 
@@ -43,22 +33,12 @@ impl CpuLedger {
     }
 
     /// Moves the ledger to `now_ns` if that is ahead of it and returns how far it moved
-    /// (0 otherwise). Async-signal-safe: a compare-and-swap loop on one word, which only
-    /// the owner's handler and the watchdog write, at most once per period each.
+    /// (0 otherwise). Async-signal-safe: a compare-and-swap loop on one word.
     #[inline]
     pub(crate) fn advance(&self, now_ns: u64) -> u64 {
-        self.advance_while(now_ns, || true)
-    }
-
-    /// As [`advance`](Self::advance), for a charger on another thread: `still_owned` is
-    /// checked before each attempt, so a reading of a previous owner's clock never moves
-    /// the ledger a new owner has reset (the reset changes the word, which fails the
-    /// compare-and-swap of a charger that checked ownership before it).
-    #[inline]
-    pub(crate) fn advance_while(&self, now_ns: u64, still_owned: impl Fn() -> bool) -> u64 {
         let mut given = self.given_ns.load(Ordering::Acquire);
         loop {
-            if now_ns <= given || !still_owned() {
+            if now_ns <= given {
                 return 0;
             }
             match self.given_ns.compare_exchange_weak(
@@ -91,8 +71,6 @@ pub(crate) fn thread_cpu_ns() -> Option<u64> {
     Some(secs.saturating_mul(1_000_000_000).saturating_add(nanos))
 }
 
-#[cfg(all(test, loom))]
-mod loom_model;
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -102,18 +80,10 @@ mod tests {
         let ledger = CpuLedger::default();
         ledger.reset(1_000);
         assert_eq!(ledger.advance(1_500), 500);
-        // A lagging reading (the watchdog's schedstat, a tick behind) gives nothing.
+        // A lagging reading gives nothing.
         assert_eq!(ledger.advance(1_200), 0);
         assert_eq!(ledger.advance(1_500), 0);
         assert_eq!(ledger.advance(2_000), 500);
-    }
-
-    #[test]
-    fn a_charger_that_lost_the_owner_moves_nothing() {
-        let ledger = CpuLedger::default();
-        ledger.reset(10);
-        assert_eq!(ledger.advance_while(50, || false), 0);
-        assert_eq!(ledger.advance(50), 40);
     }
 
     #[test]

@@ -39,9 +39,7 @@ use crate::span_context::SpanContextCell;
 /// and releases get room to spare.
 const STACK: usize = 1 << 20;
 
-pub(in crate::sampler) fn spawn<T: Send + 'static>(
-    f: impl FnOnce() -> T + Send + 'static,
-) -> thread::JoinHandle<T> {
+fn spawn<T: Send + 'static>(f: impl FnOnce() -> T + Send + 'static) -> thread::JoinHandle<T> {
     thread::Builder::new()
         .stack_size(STACK)
         .spawn(f)
@@ -60,19 +58,10 @@ fn owner(cell: *const SpanContextCell) -> Owner {
     }
 }
 
-/// An owner whose thread's CPU clock read `cpu_ns` when it registered (the CPU ledger's
-/// model).
-pub(in crate::sampler) fn owner_at(cpu_ns: u64) -> Owner {
-    Owner {
-        cpu_ns,
-        ..owner(std::ptr::null())
-    }
-}
-
 /// A table whose first chunk (all the slots a model uses) is built by the model's main
 /// thread, before any other starts: chunks are published through `NeverFreed`'s own
 /// atomics, which this model does not check.
-pub(in crate::sampler) fn table() -> Arc<SlotTable> {
+fn table() -> Arc<SlotTable> {
     let table = Arc::new(SlotTable::new());
     let first = table.fresh().expect("a slot");
     table.push_free(first);
