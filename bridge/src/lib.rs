@@ -95,6 +95,19 @@ pub use span_name::{span_names_overflowed, SpanName, MAX_SPAN_NAMES};
 #[cfg(feature = "test-support")]
 #[doc(hidden)]
 pub mod test_support {
+    /// Sets the length from which a stretch inside a root reads the thread's clocks
+    /// (250 µs; `record/span_context/active.rs`): the instruction benchmarks raise it,
+    /// since under valgrind every poll would otherwise last that long.
+    pub fn set_long_stretch_ns(ns: u64) {
+        crate::span_context::active::set_long_ns(ns);
+    }
+
+    /// One reading of the calling thread's CPU clock and run delay, as a long stretch's
+    /// end makes it (`record/span_context/own_clocks.rs`): true if both were read.
+    pub fn read_own_clocks() -> bool {
+        crate::span_context::own_clocks::read().is_some()
+    }
+
     /// Pyroscope's `push.v1` messages, the exporter's own (`export/pyroscope/proto.rs`).
     #[cfg(feature = "pyroscope")]
     pub mod push_v1 {

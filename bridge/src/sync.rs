@@ -300,6 +300,11 @@ mod model {
                 pub(crate) fn fetch_sub(&self, value: $int, order: Ordering) -> $int {
                     self.inner.fetch_sub(value, self.order(order))
                 }
+
+                #[track_caller]
+                pub(crate) fn fetch_or(&self, value: $int, order: Ordering) -> $int {
+                    self.inner.fetch_or(value, self.order(order))
+                }
             }
         )*};
     }

@@ -334,23 +334,37 @@ fn shard(span_id: u64) -> MutexGuard<'static, Shard> {
     shards[(span_id as usize) % SHARDS].lock()
 }
 
-/// Moves a free counter slot from another shard into `slots` (the lists of `key`'s
-/// shard, which has none), if one has a spare: without it, the table would keep the sum
-/// of every shard's own peak, which creeps up for weeks as shards meet new peaks by
-/// chance, rather than the peak of all roots at once. Only on the path that would take
-/// a fresh slot, and never waiting: a shard someone holds is skipped (two locks held at
-/// once, so only `try_lock`).
-fn borrow_spare(key: u64, slots: &mut SlotLists) {
-    let shards = table();
-    let home = (key as usize) % SHARDS;
-    for step in 1..SHARDS {
-        let Some(mut other) = shards[(home + step) % SHARDS].try_lock() else {
-            continue;
-        };
-        if let Some(index) = other.slots.spare() {
-            drop(other);
-            slots.adopt(index);
-            return;
+/// Free counter slots no shard keeps: a shard keeps at most [`SPARES_KEPT`] free ones,
+/// and a shard with none takes one from here before a fresh one. Without it the table
+/// would hold the sum of every shard's own peak of roots, which creeps up for weeks as
+/// shards meet new peaks by chance; with it, the peak of all roots at once plus
+/// `SHARDS × SPARES_KEPT`. A lock a `fork` can leave held: the forking thread holds it
+/// (`hold_for_fork`). Only ever `try_lock`ed while a shard is held, so no thread waits on
+/// it holding a shard: a slot that could not go to the pool stays in its shard.
+static SPARE_POOL: AtforkMutex<Vec<u32>> = AtforkMutex::new(Vec::new());
+
+/// Free counter slots a shard keeps for its own next roots.
+const SPARES_KEPT: usize = 2;
+
+/// `slots` (a shard's, which has none free) takes a slot from the pool, if it has one.
+fn take_spare(slots: &mut SlotLists) {
+    if let Some(index) = SPARE_POOL.try_lock().and_then(|mut pool| pool.pop()) {
+        slots.adopt(index);
+    }
+}
+
+/// `slots` (a shard's, after a release) gives its free slots past [`SPARES_KEPT`] to the
+/// pool.
+fn give_spares(slots: &mut SlotLists) {
+    if let Some(index) = slots.extra(SPARES_KEPT) {
+        match SPARE_POOL.try_lock() {
+            Some(mut pool) => {
+                pool.push(index);
+                while let Some(index) = slots.extra(SPARES_KEPT) {
+                    pool.push(index);
+                }
+            }
+            None => slots.adopt(index),
         }
     }
 }
@@ -370,10 +384,12 @@ pub(crate) fn hold_for_fork() {
     for shard in table() {
         shard.hold();
     }
+    SPARE_POOL.hold();
 }
 
 /// After `fork`, in the parent and in the child.
 pub(crate) fn release_after_fork() {
+    SPARE_POOL.release();
     for shard in table().iter().rev() {
         shard.release();
     }
@@ -404,7 +420,7 @@ fn claim(span_id: SpanId) -> Option<Arc<RootCounters>> {
         shard.sweep(crate::clock::coarse_monotonic_ns(), &mut gone);
     }
     if shard.slots.needs_fresh() {
-        borrow_spare(key, &mut shard.slots);
+        take_spare(&mut shard.slots);
     }
     // A full table (millions of live roots) only loses the evidence, never the span.
     let handle = shard.slots.claim().ok()?;
@@ -466,6 +482,7 @@ fn take(span_id: SpanId) -> Option<(RootTotals, Option<u64>)> {
         let mut shard = shard(key);
         let entry = shard.entries.remove(key)?;
         let totals = shard.slots.release(entry.cpu.handle());
+        give_spares(&mut shard.slots);
         (entry, totals)
     };
     entry
@@ -857,26 +874,34 @@ mod tests {
         );
     }
 
-    /// A shard whose free list is empty takes another shard's free slot rather than a
-    /// fresh one: the table then holds the peak of all roots at once, not the sum of
-    /// every shard's own peak (which creeps for as long as the service runs).
+    /// A shard keeps a few free slots; the rest go to the pool, from which a shard with
+    /// none takes one before a fresh one: the table then holds the peak of all roots at
+    /// once, not the sum of every shard's own peak (which creeps for as long as the
+    /// service runs).
     #[test]
-    fn a_shard_with_nothing_free_borrows_another_shards_slot_before_a_fresh_one() {
+    fn spare_slots_past_a_shards_few_go_to_the_pool_and_serve_empty_shards() {
         let _turn = crate::sampler::test_turn();
-        let home = 7;
-        let donor = (home + 1) % SHARDS;
-        {
-            let mut shard = table()[donor].lock();
-            let handle = shard.slots.claim().expect("a slot");
-            shard.slots.release(handle);
+        let mut busy = SlotLists::default();
+        let handles: Vec<_> = (0..SPARES_KEPT + 3)
+            .map(|_| busy.claim().expect("a slot"))
+            .collect();
+        let pooled = || SPARE_POOL.lock().len();
+        let before = pooled();
+        for handle in handles {
+            busy.release(handle);
+            give_spares(&mut busy);
         }
-        // Lists with nothing free, as a shard at its peak has.
+        assert_eq!(
+            pooled(),
+            before + 3,
+            "all but {SPARES_KEPT} went to the pool"
+        );
+        // A shard with nothing free takes one of them.
         let mut empty = SlotLists::default();
         assert!(empty.needs_fresh());
-        borrow_spare(home as u64, &mut empty);
-        assert!(!empty.needs_fresh(), "a spare came from another shard");
-        let index = empty.spare().expect("the borrowed slot");
-        table()[donor].lock().slots.adopt(index);
+        take_spare(&mut empty);
+        assert!(!empty.needs_fresh(), "a spare came from the pool");
+        assert_eq!(pooled(), before + 2);
     }
 
     /// Two providers in one process, one with the evidence processor: only its roots get

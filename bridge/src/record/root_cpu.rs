@@ -353,7 +353,7 @@ impl SlotLists {
     }
 
     /// True when a claim would take a fresh slot: nothing free, even after recycling
-    /// the limbo. The caller may then [`adopt`](Self::adopt) a spare from other lists.
+    /// the limbo. The caller may then [`adopt`](Self::adopt) a slot from a shared pool.
     pub(crate) fn needs_fresh(&mut self) -> bool {
         if self.free.is_empty() && !self.limbo.is_empty() {
             self.recycle_in(&ROOTS);
@@ -361,16 +361,18 @@ impl SlotLists {
         self.free.is_empty()
     }
 
-    /// A free slot these lists can give away (recycling the limbo if none is free), for
-    /// lists that would otherwise take a fresh one.
-    pub(crate) fn spare(&mut self) -> Option<u32> {
-        if self.needs_fresh() {
-            return None;
+    /// A free slot past the first `keep` free ones, for a shared pool: lists that had
+    /// more roots once keep only a few spares, so that the table holds the peak of all
+    /// roots at once, not the sum of every list's own peak.
+    pub(crate) fn extra(&mut self, keep: usize) -> Option<u32> {
+        if self.free.len() > keep {
+            self.free.pop()
+        } else {
+            None
         }
-        self.free.pop()
     }
 
-    /// Takes `index`, a free slot another lists' [`spare`](Self::spare) gave away.
+    /// Takes `index`, a free slot from a shared pool.
     pub(crate) fn adopt(&mut self, index: u32) {
         self.free.push(index);
     }

@@ -38,6 +38,7 @@
 //! suspended, since no thread is inside the root then.
 
 use std::cell::Cell;
+use std::sync::atomic::{AtomicU64, Ordering};
 
 use super::own_clocks::{self, Reading};
 use crate::clock;
@@ -47,10 +48,25 @@ use crate::root_cpu::ActiveCounter;
 /// Stretches at least this long are read exactly (see the module docs).
 pub(crate) const LONG_NS: u64 = 250_000;
 
+/// [`LONG_NS`], or what a benchmark set (`set_long_ns`).
+static LONG_NS_NOW: AtomicU64 = AtomicU64::new(LONG_NS);
 /// A stretch shorter than this many ticks is short whatever the clock: the TSC runs at
-/// 0.5 GHz or more, and `CLOCK_MONOTONIC` counts nanoseconds, so it is under [`LONG_NS`]
+/// 0.5 GHz or more, and `CLOCK_MONOTONIC` counts nanoseconds, so it is under the threshold
 /// either way; only longer ones convert their ticks to compare (a multiply).
-const SURELY_SHORT_TICKS: u64 = LONG_NS / 2;
+static SURELY_SHORT_TICKS: AtomicU64 = AtomicU64::new(LONG_NS / 2);
+
+/// Sets the threshold of a long stretch (benchmarks: under valgrind a program runs ~50
+/// times slower, so at the real threshold every poll would read the clocks).
+#[cfg_attr(not(feature = "test-support"), allow(dead_code))]
+pub(crate) fn set_long_ns(ns: u64) {
+    LONG_NS_NOW.store(ns, Ordering::Relaxed);
+    SURELY_SHORT_TICKS.store(ns / 2, Ordering::Relaxed);
+}
+
+#[inline(always)]
+fn surely_short(wall: u64) -> bool {
+    wall < SURELY_SHORT_TICKS.load(Ordering::Relaxed)
+}
 
 /// The thread's open stretch, the counters of the root it left last, and the last reading.
 struct Stretch {
@@ -124,7 +140,7 @@ pub(crate) fn keep_counters(label: Label, cpu: u128) {
 pub(super) fn entered_at(now: u64) -> bool {
     STRETCH.with(|stretch| {
         let wall = now.wrapping_sub(stretch.entered_at.get());
-        if wall >= SURELY_SHORT_TICKS || reference::on() {
+        if !surely_short(wall) || reference::on() {
             return false;
         }
         stretch.short_since.set(stretch.short_since.get() + wall);
@@ -144,7 +160,7 @@ pub(super) fn left_at(from: Label, now: u64) -> bool {
             return false;
         }
         let wall = now.wrapping_sub(stretch.entered_at.get());
-        if wall >= SURELY_SHORT_TICKS || reference::on() {
+        if !surely_short(wall) || reference::on() {
             return false;
         }
         if let Some(cpu) = stretch.cpu.get() {
@@ -184,7 +200,8 @@ fn transition_cpu(from: Option<Label>) {
             return;
         }
         let mut wall = now.saturating_sub(opened);
-        let long = wall >= SURELY_SHORT_TICKS && clock::ticks_to_ns(wall) >= LONG_NS;
+        let long =
+            !surely_short(wall) && clock::ticks_to_ns(wall) >= LONG_NS_NOW.load(Ordering::Relaxed);
         if !long {
             if let Some(counter) = counter {
                 counter.add(wall);
