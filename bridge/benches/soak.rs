@@ -45,6 +45,7 @@ fn main() {
     let mix = soak_mix::Mix::start(&dir, pace);
     let start = Instant::now();
     let mut points = Vec::new();
+    let (mut anon, mut file) = (Vec::new(), Vec::new());
     let mut warm: Option<soak_mix::Snapshot> = None;
     let mut next_report = report;
     let mut last = mix.snapshot();
@@ -56,7 +57,10 @@ fn main() {
                 println!("-- warm-up over --");
                 warm = Some(last.clone());
             }
-            points.push((last.at.as_secs_f64() / 3600.0, last.rss_kib as f64 / 1024.0));
+            let hour = last.at.as_secs_f64() / 3600.0;
+            points.push((hour, last.rss_kib as f64 / 1024.0));
+            anon.push((hour, last.anon_kib as f64 / 1024.0));
+            file.push((hour, last.file_kib as f64 / 1024.0));
         }
         if last.at >= next_report {
             println!("{}", last.line());
@@ -84,6 +88,19 @@ fn main() {
             points.len()
         ),
         None => println!("RSS slope: too few points after warm-up"),
+    }
+    // The same for its two parts: anonymous memory is what a leak grows; mapped files'
+    // pages (the binary's debug info as the symbolizer first reads each part of it) are
+    // bounded by the files and dropped by the kernel under pressure.
+    for (what, series) in [("anonymous", &anon), ("mapped files", &file)] {
+        if let Some(fit) = soak_mix::slope_ci(series) {
+            println!(
+                "  of it {what}: {:+.3} MiB/hour, 95% CI [{:+.3}, {:+.3}] (Newey-West)",
+                fit.slope,
+                fit.slope - fit.hac_half,
+                fit.slope + fit.hac_half
+            );
+        }
     }
     if let Some(warm) = warm {
         for ((name, before), (_, after)) in warm.sizes().into_iter().zip(last.sizes()) {

@@ -50,6 +50,11 @@ pub struct Mix {
 pub struct Snapshot {
     pub at: Duration,
     pub rss_kib: u64,
+    /// Of `rss_kib`, anonymous memory (heap, stacks): what a leak grows.
+    pub anon_kib: u64,
+    /// Of `rss_kib`, pages of mapped files (the binary, its debug info as the symbolizer
+    /// reads it): bounded by the files' sizes, and the kernel's to drop under pressure.
+    pub file_kib: u64,
     pub roots: u64,
     pub health: HealthStats,
 }
@@ -84,9 +89,11 @@ impl Snapshot {
     /// One line: time, RSS, roots, then every size.
     pub fn line(&self) -> String {
         let mut line = format!(
-            "{:>6.0}s rss {:>7.1} MiB roots {:>10}",
+            "{:>6.0}s rss {:>7.1} MiB (anon {:.1}, file {:.1}) roots {:>10}",
             self.at.as_secs_f64(),
             self.rss_kib as f64 / 1024.0,
+            self.anon_kib as f64 / 1024.0,
+            self.file_kib as f64 / 1024.0,
             self.roots
         );
         for (name, value) in self.sizes() {
@@ -98,11 +105,16 @@ impl Snapshot {
 
 /// The process's resident set, in KiB.
 pub fn rss_kib() -> u64 {
+    status_kib("VmRSS:")
+}
+
+/// A `/proc/self/status` figure in KiB (`VmRSS:`, `RssAnon:`, `RssFile:`), 0 if absent.
+pub fn status_kib(field: &str) -> u64 {
     std::fs::read_to_string("/proc/self/status")
         .ok()
         .and_then(|s| {
             s.lines()
-                .find(|l| l.starts_with("VmRSS:"))
+                .find(|l| l.starts_with(field))
                 .and_then(|l| l.split_whitespace().nth(1))
                 .and_then(|v| v.parse().ok())
         })
@@ -287,6 +299,8 @@ impl Mix {
         Snapshot {
             at: self.started.elapsed(),
             rss_kib: rss_kib(),
+            anon_kib: status_kib("RssAnon:"),
+            file_kib: status_kib("RssFile:"),
             roots: self.roots.load(Ordering::Relaxed),
             health: self.guard.as_ref().map(|g| g.stats()).unwrap_or_default(),
         }
