@@ -50,6 +50,7 @@ fn run(envs: &[(&str, String)], dir: &std::path::Path) {
         .to_owned();
     assert!(get(&address, "/work").contains("hits"));
     assert!(get(&address, "/wait").contains("done"));
+    assert!(get(&address, "/blocking").contains("summed"));
     // SAFETY: a signal to our own child.
     unsafe { libc::kill(child.id() as i32, libc::SIGINT) };
     let out = child.wait_with_output().expect("it stops");
@@ -77,14 +78,14 @@ fn the_quickstart_serves_stops_on_ctrl_c_and_leaves_its_data() {
         .unwrap_or_else(|| panic!("a span file: {names:?}"));
     let text = std::fs::read_to_string(dir.join(spans)).expect("spans");
     assert!(
-        text.contains("GET /work") && text.contains("GET /wait"),
+        text.contains("GET /work") && text.contains("GET /wait") && text.contains("GET /blocking"),
         "{text}"
     );
     assert!(names.iter().any(|n| n.ends_with("_cpu.pb.gz")), "{names:?}");
     let _ = std::fs::remove_dir_all(&dir);
 
-    // Spans over OTLP/HTTP to an endpoint that never answers: the guard dropped inside
-    // the runtime still shuts down (no blocking-client panic), within its timeout.
+    // Spans over OTLP/HTTP to an endpoint that never answers: the guard, dropped after the
+    // runtime, still shuts down within its timeout.
     let hole = TcpListener::bind("127.0.0.1:0").expect("bind");
     let endpoint = format!("http://{}", hole.local_addr().expect("address"));
     std::thread::spawn(move || {
@@ -110,4 +111,46 @@ fn the_readme_stays_short_and_starts_with_the_two_commands() {
     assert!(readme.starts_with(
         "# otel-profiling\n\n```sh\ncargo run -p otel-profiling-examples --bin demo\ncargo test --workspace\n```\n"
     ));
+}
+
+/// A guard dropped inside the runtime (an `async fn main` that drops it at its end, as
+/// many services do, against the quickstart's advice) with spans over OTLP/HTTP to an
+/// endpoint that never answers: no panic of the blocking HTTP client, and it returns
+/// within its shutdown timeout.
+#[test]
+fn a_guard_dropped_inside_the_runtime_shuts_down_within_its_timeout() {
+    let hole = TcpListener::bind("127.0.0.1:0").expect("bind");
+    let endpoint = format!("http://{}", hole.local_addr().expect("address"));
+    std::thread::spawn(move || {
+        let mut held = Vec::new();
+        for stream in hole.incoming().flatten() {
+            held.push(stream);
+        }
+    });
+    let dir = std::env::temp_dir().join(format!("otel-profiling-inside-{}", std::process::id()));
+    let runtime = tokio::runtime::Runtime::new().expect("runtime");
+    let took = runtime.block_on(async {
+        let telemetry = otel_profiling::Telemetry::builder()
+            .service_name("inside")
+            .otlp(
+                &endpoint,
+                otel_profiling::config::OtlpProtocol::HttpProtobuf,
+            )
+            .expect("endpoint")
+            .output_dir(&dir)
+            .shutdown_timeout(std::time::Duration::from_secs(2))
+            .quiet(true)
+            .build()
+            .expect("setup");
+        let tracer = opentelemetry::trace::TracerProvider::tracer(telemetry.tracer_provider(), "t");
+        drop(opentelemetry::trace::Tracer::start(&tracer, "GET /inside"));
+        let start = std::time::Instant::now();
+        drop(telemetry);
+        start.elapsed()
+    });
+    let _ = std::fs::remove_dir_all(&dir);
+    assert!(
+        took < std::time::Duration::from_secs(10),
+        "shutdown took {took:?}"
+    );
 }

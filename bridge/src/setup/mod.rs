@@ -627,6 +627,9 @@ impl Telemetry {
             if let Some(line) = local_files_notice(profiler.output_dir(), spans_dir) {
                 eprintln!("{line}");
             }
+            if let Some(line) = backends_notice(&destinations, otlp.is_some()) {
+                eprintln!("{line}");
+            }
             let interval = self.interval.or(self.env.upload_interval);
             let to_pyroscope = pyroscope_stats.is_some() || otlp_profiles_stats.is_some();
             if let Some(line) = interval_notice(interval, to_pyroscope) {
@@ -776,6 +779,23 @@ fn local_files_notice(profiles_dir: Option<&Path>, spans_dir: Option<&Path>) -> 
         (None, None) => return None,
     };
     Some(format!("otel-profiling: writing {what}"))
+}
+
+/// The line printed at start naming the backends spans and profiles go to (the local
+/// directory has its own, [`local_files_notice`]): a user with backends set sees where
+/// the data goes, as one without sees the directory.
+fn backends_notice(destinations: &Destinations, spans_over_otlp: bool) -> Option<String> {
+    let mut parts = Vec::new();
+    if spans_over_otlp {
+        parts.push(format!("spans over OTLP to {}", destinations.spans));
+    }
+    if let Some(address) = &destinations.pyroscope {
+        parts.push(format!("profiles to Pyroscope at {address}"));
+    }
+    if let Some(endpoint) = &destinations.otlp_profiles {
+        parts.push(format!("profiles over OTLP to {endpoint}"));
+    }
+    (!parts.is_empty()).then(|| format!("otel-profiling: sending {}", parts.join("; ")))
 }
 
 /// Grafana's embedded span flame graph queries 30 s around the span.
@@ -1144,6 +1164,40 @@ mod tests {
         assert_eq!(interval_notice(Some(Duration::from_secs(60)), false), None);
         let line = interval_notice(Some(Duration::from_secs(60)), true).expect("a line");
         assert!(line.contains("60s") && line.contains("30 s"), "{line}");
+    }
+
+    #[test]
+    fn backends_notice_names_where_spans_and_profiles_go() {
+        let to = |spans: &str, pyroscope: Option<&str>, otlp_profiles: Option<&str>| Destinations {
+            spans: spans.to_owned(),
+            pyroscope: pyroscope.map(str::to_owned),
+            otlp_profiles: otlp_profiles.map(str::to_owned),
+        };
+        assert_eq!(
+            backends_notice(
+                &to(
+                    "http://tempo:4318/v1/traces",
+                    Some("http://pyroscope:4040"),
+                    None
+                ),
+                true
+            )
+            .as_deref(),
+            Some(
+                "otel-profiling: sending spans over OTLP to http://tempo:4318/v1/traces; \
+                 profiles to Pyroscope at http://pyroscope:4040"
+            )
+        );
+        // Spans to the local file (its own line), profiles over OTLP.
+        assert_eq!(
+            backends_notice(
+                &to("/tmp/x_spans.jsonl", None, Some("http://c:4317")),
+                false
+            )
+            .as_deref(),
+            Some("otel-profiling: sending profiles over OTLP to http://c:4317")
+        );
+        assert_eq!(backends_notice(&to("nowhere", None, None), false), None);
     }
 
     #[test]

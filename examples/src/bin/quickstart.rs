@@ -4,10 +4,10 @@ use tracing_subscriber::layer::SubscriberExt;
 use tracing_subscriber::util::SubscriberInitExt;
 use tracing_subscriber::{fmt, EnvFilter, Layer};
 
-#[tokio::main]
-async fn main() -> Result<(), Box<dyn std::error::Error>> {
+fn main() -> Result<(), Box<dyn std::error::Error>> {
     // Backends, service name and the rest from the environment (docs/configuration.md);
     // with nothing set, profiles and spans go to local files (the path is printed).
+    // Made before the runtime, so that it is dropped after it (docs/setup.md).
     let telemetry = otel_profiling::Telemetry::from_env()?
         .default_service_name("quickstart")
         .build()?;
@@ -18,9 +18,20 @@ async fn main() -> Result<(), Box<dyn std::error::Error>> {
         .with(telemetry.layer())
         .init();
 
+    let runtime = tokio::runtime::Runtime::new()?;
+    runtime.block_on(serve())?;
+    // The runtime first (its tasks' spans end), then the guard: the last profile written,
+    // the spans flushed, each within the shutdown timeout.
+    runtime.shutdown_timeout(std::time::Duration::from_secs(5));
+    drop(telemetry);
+    Ok(())
+}
+
+async fn serve() -> Result<(), Box<dyn std::error::Error>> {
     let app = Router::new()
         .route("/work", get(work))
         .route("/wait", get(wait))
+        .route("/blocking", get(blocking))
         // tower-http's TraceLayer, its root spans named `GET /work`, `GET /wait`.
         .layer(otel_profiling::axum::trace_layer());
     let address = std::env::var("ADDRESS").unwrap_or_else(|_| "127.0.0.1:3000".into());
@@ -31,7 +42,6 @@ async fn main() -> Result<(), Box<dyn std::error::Error>> {
             let _ = tokio::signal::ctrl_c().await;
         })
         .await?;
-    drop(telemetry); // the last profile written, the spans flushed
     Ok(())
 }
 
@@ -45,4 +55,17 @@ async fn work() -> String {
 async fn wait() -> &'static str {
     tokio::time::sleep(std::time::Duration::from_millis(200)).await;
     "done\n"
+}
+
+/// Work on tokio's blocking pool, still `GET /blocking`'s: the request's span is carried
+/// into the closure, so the pool's thread is sampled under it (without `in_scope`, its
+/// CPU would belong to no span).
+async fn blocking() -> String {
+    let span = tracing::Span::current();
+    let sum = tokio::task::spawn_blocking(move || {
+        span.in_scope(|| (0..50_000_000u64).filter(|n| n % 3 == 0).sum::<u64>())
+    })
+    .await
+    .unwrap_or_default();
+    format!("{sum} summed\n")
 }
