@@ -170,7 +170,10 @@ fn wrap_and_retire() {
     assert!(totals.samples <= 1 && totals.active_ticks <= 4);
     assert_eq!(
         lists.release_in(&roots, next),
-        super::RootTotals::default(),
+        super::RootTotals {
+            off_cpu_ns: Some(0),
+            ..super::RootTotals::default()
+        },
         "the next root got another's counts"
     );
 }
