@@ -62,6 +62,19 @@ fn run(envs: &[(&str, String)], dir: &std::path::Path) {
     );
 }
 
+/// An OTLP endpoint that accepts connections and never answers (the connections held).
+fn endpoint_that_never_answers() -> String {
+    let hole = TcpListener::bind("127.0.0.1:0").expect("bind");
+    let endpoint = format!("http://{}", hole.local_addr().expect("address"));
+    std::thread::spawn(move || {
+        let mut held = Vec::new();
+        for stream in hole.incoming().flatten() {
+            held.push(stream);
+        }
+    });
+    endpoint
+}
+
 #[test]
 fn the_quickstart_serves_stops_on_ctrl_c_and_leaves_its_data() {
     let dir =
@@ -86,14 +99,7 @@ fn the_quickstart_serves_stops_on_ctrl_c_and_leaves_its_data() {
 
     // Spans over OTLP/HTTP to an endpoint that never answers: the guard, dropped after the
     // runtime, still shuts down within its timeout.
-    let hole = TcpListener::bind("127.0.0.1:0").expect("bind");
-    let endpoint = format!("http://{}", hole.local_addr().expect("address"));
-    std::thread::spawn(move || {
-        let mut held = Vec::new();
-        for stream in hole.incoming().flatten() {
-            held.push(stream);
-        }
-    });
+    let endpoint = endpoint_that_never_answers();
     run(&[("OTEL_EXPORTER_OTLP_ENDPOINT", endpoint)], &dir);
     let _ = std::fs::remove_dir_all(&dir);
 }
@@ -119,14 +125,7 @@ fn the_readme_stays_short_and_starts_with_the_two_commands() {
 /// within its shutdown timeout.
 #[test]
 fn a_guard_dropped_inside_the_runtime_shuts_down_within_its_timeout() {
-    let hole = TcpListener::bind("127.0.0.1:0").expect("bind");
-    let endpoint = format!("http://{}", hole.local_addr().expect("address"));
-    std::thread::spawn(move || {
-        let mut held = Vec::new();
-        for stream in hole.incoming().flatten() {
-            held.push(stream);
-        }
-    });
+    let endpoint = endpoint_that_never_answers();
     let dir = std::env::temp_dir().join(format!("otel-profiling-inside-{}", std::process::id()));
     let runtime = tokio::runtime::Runtime::new().expect("runtime");
     let took = runtime.block_on(async {

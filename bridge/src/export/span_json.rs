@@ -140,12 +140,9 @@ fn write_span(span: &SpanData, out: &mut Vec<u8>) {
     if !span.events.events.is_empty() {
         fields.key("events");
         fields.out.push(b'[');
-        for (i, event) in span.events.events.iter().enumerate() {
-            if i > 0 {
-                fields.out.push(b',');
-            }
-            fields.out.push(b'{');
-            let mut event_fields = Fields::new(fields.out);
+        list(fields.out, &span.events.events, |out, event| {
+            out.push(b'{');
+            let mut event_fields = Fields::new(out);
             event_fields.nanos("timeUnixNano", event.timestamp);
             event_fields.string("name", &event.name);
             event_fields.key_values("attributes", event.attributes.iter());
@@ -153,21 +150,18 @@ fn write_span(span: &SpanData, out: &mut Vec<u8>) {
                 "droppedAttributesCount",
                 u64::from(event.dropped_attributes_count),
             );
-            fields.out.push(b'}');
-        }
+            out.push(b'}');
+        });
         fields.out.push(b']');
     }
     fields.number("droppedEventsCount", u64::from(span.events.dropped_count));
     if !span.links.links.is_empty() {
         fields.key("links");
         fields.out.push(b'[');
-        for (i, link) in span.links.links.iter().enumerate() {
-            if i > 0 {
-                fields.out.push(b',');
-            }
+        list(fields.out, &span.links.links, |out, link| {
             let linked = &link.span_context;
-            fields.out.push(b'{');
-            let mut link_fields = Fields::new(fields.out);
+            out.push(b'{');
+            let mut link_fields = Fields::new(out);
             link_fields.hex("traceId", &linked.trace_id().to_bytes());
             link_fields.hex("spanId", &linked.span_id().to_bytes());
             link_fields.string("traceState", &linked.trace_state().header());
@@ -180,8 +174,8 @@ fn write_span(span: &SpanData, out: &mut Vec<u8>) {
                 "flags",
                 u64::from(span_flags(linked.is_remote(), linked.trace_flags().to_u8())),
             );
-            fields.out.push(b'}');
-        }
+            out.push(b'}');
+        });
         fields.out.push(b']');
     }
     fields.number("droppedLinksCount", u64::from(span.links.dropped_count));

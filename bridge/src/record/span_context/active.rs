@@ -146,7 +146,9 @@ pub(super) fn entered_at(now: u64) -> bool {
         if !surely_short(wall) || reference::on() {
             return false;
         }
-        stretch.short_since.set(stretch.short_since.get() + wall);
+        stretch
+            .short_since
+            .set(stretch.short_since.get().saturating_add(wall));
         stretch.entered_at.set(now);
         true
     })
@@ -169,7 +171,9 @@ pub(super) fn left_at(from: Label, now: u64) -> bool {
         if let Some(cpu) = stretch.cpu.get() {
             cpu.add(wall);
         }
-        stretch.short_since.set(stretch.short_since.get() + wall);
+        stretch
+            .short_since
+            .set(stretch.short_since.get().saturating_add(wall));
         stretch.entered_at.set(now);
         true
     })
@@ -209,7 +213,9 @@ fn transition_cpu(from: Option<Label>) {
             if let Some(counter) = counter {
                 counter.add(wall);
             }
-            stretch.short_since.set(stretch.short_since.get() + wall);
+            stretch
+                .short_since
+                .set(stretch.short_since.get().saturating_add(wall));
             stretch.entered_at.set(now);
             return;
         }
@@ -230,8 +236,8 @@ fn transition_cpu(from: Option<Label>) {
         let on_cpu_all_along = match (last, cpu) {
             (Some(last), Some(cpu)) if last.pid == pid => {
                 let ran = cpu.saturating_sub(last.cpu_ns);
-                let wall_ns = clock::ticks_to_ns(wall) + clock::ticks_to_ns(short);
-                ran + ON_CPU_SLACK_NS + wall_ns / 100 >= wall_ns
+                let wall_ns = clock::ticks_to_ns(wall).saturating_add(clock::ticks_to_ns(short));
+                ran.saturating_add(ON_CPU_SLACK_NS + wall_ns / 100) >= wall_ns
             }
             _ => false,
         };

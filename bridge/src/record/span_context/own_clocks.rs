@@ -41,9 +41,14 @@ struct Kept {
 impl Drop for Kept {
     fn drop(&mut self) {
         let fd = self.fd.replace(-1);
-        if fd >= 0 && self.pid.get() == current_pid() {
-            // SAFETY: this thread opened `fd` in this process and no one else uses it.
-            unsafe { libc::close(fd) };
+        if fd < 0 {
+            return;
+        }
+        // SAFETY: this thread's descriptor (opened by it, or by the thread it was forked
+        // from: then this process's own copy), used by no one else.
+        unsafe { libc::close(fd) };
+        // Counted only in the process that opened it (a child's count starts at 0).
+        if self.pid.get() == current_pid() {
             KEPT.fetch_sub(1, Ordering::Relaxed);
         }
     }
