@@ -89,7 +89,7 @@ impl Input {
         // decides nothing, or a main-thread sample that happened to fall in that window
         // would make the binary's crate the only user crate and the span's own code (a
         // library crate of the same workspace) a dependency.
-        let mains: std::collections::BTreeSet<String> = self
+        let mut mains: std::collections::BTreeSet<String> = self
             .samples
             .iter()
             .filter(|s| !self.names_only || s.span_id.is_some())
@@ -101,7 +101,28 @@ impl Input {
                 (plain && crate::functions::library_group(f).is_none()).then(|| krate.to_owned())
             })
             .collect();
+        if self.names_only {
+            mains.extend(self.span_module_crates());
+        }
         Arc::new(owners.entry_crates_only(mains))
+    }
+
+    /// The crates the spans were made in, from their `code.module.name` (see
+    /// [`CODE_MODULE_ATTRIBUTES`](otlp::CODE_MODULE_ATTRIBUTES)), leaving out runtime,
+    /// library and profiler crates (spans a framework's or this crate's layer makes):
+    /// read from a backend (function names only), these are the user's code.
+    pub fn span_module_crates(&self) -> std::collections::BTreeSet<String> {
+        self.spans
+            .iter()
+            .filter_map(|s| s.code_module.as_deref())
+            .filter_map(|module| {
+                let krate = module.split("::").next()?;
+                let plain =
+                    !krate.is_empty() && krate.chars().all(|c| c.is_alphanumeric() || c == '_');
+                let library = crate::functions::library_group(&format!("{krate}::x")).is_some();
+                (plain && !library).then(|| krate.to_owned())
+            })
+            .collect()
     }
 
     /// Reads every `*_cpu.pb.gz` and `*_spans.jsonl` file of `dirs`.
@@ -312,7 +333,63 @@ mod tests {
             cgroup_throttled_ns: None,
             cgroup_cpu_limit_millicpus: None,
             busy_ns: None,
+            code_module: None,
+            evidence_missing: None,
         }
+    }
+
+    /// Read from a backend (names only) with no `main` on the span's stacks: the crates
+    /// the spans were made in are the user's, never a framework's or the profiler's, and
+    /// a dependency no span names is not the user's code.
+    #[test]
+    fn names_only_the_spans_modules_name_the_users_crates() {
+        let frames = [
+            "tokio::runtime::poll",
+            "svc::catalog::import",
+            "miniz_oxide::inflate",
+        ];
+        let mut input = Input {
+            samples: vec![Sample {
+                frames: frames.iter().rev().map(|f| Arc::from(*f)).collect(),
+                cpu_ns: 10_000_000,
+                count: 1,
+                span_id: Some(SpanId::from(1)),
+                trace_id: None,
+                span_name: None,
+                window: None,
+            }],
+            names_only: true,
+            ..Input::default()
+        };
+        assert!(
+            input.ownership().is_user("miniz_oxide::inflate"),
+            "without the spans' modules, told from the names alone"
+        );
+        for (id, module) in [
+            ("0000000000000001", "otel_profiling::axum"),
+            ("0000000000000002", "svc::catalog"),
+            ("0000000000000003", "tower_http::trace"),
+            ("0000000000000004", "9bad::x"),
+        ] {
+            let mut s = span(id, None, true);
+            s.code_module = Some(module.into());
+            input.spans.push(s);
+        }
+        assert_eq!(
+            input.span_module_crates().into_iter().collect::<Vec<_>>(),
+            ["9bad", "svc"].map(String::from)
+        );
+        let owners = input.ownership();
+        assert!(owners.is_user("svc::catalog::import"));
+        assert_eq!(
+            owners.group("miniz_oxide::inflate").as_deref(),
+            Some("miniz_oxide")
+        );
+        assert_eq!(
+            owners.group("sqlite3VdbeExec").as_deref(),
+            Some(crate::ownership::C_GROUP)
+        );
+        assert!(!owners.is_user("otel_profiling::hooks::otel_scope::in_scope"));
     }
 
     #[test]

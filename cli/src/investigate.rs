@@ -10,8 +10,10 @@
 //! 2. its profile from Pyroscope selected as Grafana's "Profiles for this span" selects
 //!    it (`SelectMergeSpanProfile`: the span id and the series labels mapped from the
 //!    span's resource), for the CPU profile type and the blocked-in-poll one; Pyroscope
-//!    returns function names only, so "your code" comes from the qualified names and
-//!    `--crate`;
+//!    returns function names only, so "your code" comes from the qualified names'
+//!    crates: `--crate`, else the crates the trace's spans were made in
+//!    (`code.module.name`, frameworks' and the profiler's left out); C functions are
+//!    never the user's code;
 //! 3. no samples for the span (no `pyroscope.profile.id`, too short, unsampled): the
 //!    service's profile over the span's interval instead, widened by the upload interval
 //!    (a profile is stamped at its interval's start), always titled
@@ -42,7 +44,7 @@ use crate::report::{write_group, SpanGroup, SpanReport};
 mod endpoint;
 pub use endpoint::{
     EndpointQuery, EndpointReport, VersionSummary, DEFAULT_SPANS_PER_VERSION, MAX_SEARCH_TRACES,
-    SLOWEST,
+    SEARCHABLE_AFTER_S, SLOWEST,
 };
 
 /// The version of [`Investigation::to_json`]'s schema (`docs/investigate.md`).
@@ -56,6 +58,22 @@ pub const MAX_CONTROL_TRACES: u32 = 20;
 /// Said when no `--crate` was given: Pyroscope's span profiles carry no source files.
 pub const NAMES_ONLY_HINT: &str = "note: Pyroscope returns function names only, so \"your \
      code\" is told from the names; name your crates with --crate to be exact";
+/// The note under a report read from Pyroscope without `--crate`: which crates were taken
+/// as the user's, from the spans' `code.module.name` ([`Input::span_module_crates`]), or
+/// [`NAMES_ONLY_HINT`] when the spans name none.
+pub fn names_only_note(input: &Input) -> String {
+    let crates = input.span_module_crates();
+    if crates.is_empty() {
+        return NAMES_ONLY_HINT.to_owned();
+    }
+    let crates: Vec<String> = crates.into_iter().collect();
+    format!(
+        "note: Pyroscope returns function names only, so \"your code\" is the crates your \
+         spans were made in (code.module.name): {}; name yours with --crate to be exact",
+        crates.join(", ")
+    )
+}
+
 /// The interval Grafana's "Profiles for this span" adds on each side of the span.
 const GRAFANA_MARGIN_MS: i64 = 60_000;
 
@@ -549,7 +567,7 @@ impl fmt::Display for Investigation {
         if let Some(group) = self.group() {
             write_group(f, group, false)?;
             if self.input.user_crates.is_empty() {
-                writeln!(f, "  {NAMES_ONLY_HINT}")?;
+                writeln!(f, "  {}", names_only_note(&self.input))?;
             }
         }
         if let Some(control) = &self.control {

@@ -13,6 +13,10 @@
 //! crate seen only under dependency paths, and otherwise classified by name as before
 //! ([`library_group`]: known runtime and library families, C library functions).
 //!
+//! Where the user's crates are known (files, `--crate`, `main`, the spans' modules), a
+//! name without a path in C's style (an upper-case letter, which no snake_case Rust
+//! function has) is C code linked in (`sqlite3VdbeExec`): [`C_GROUP`].
+//!
 //! The profiler's own frames (the `otel_profiling` crate: its span hooks, the sampler)
 //! are never the user's code, whatever their files say: a service built against the
 //! bridge as a path dependency (a vendored copy, this repository's examples) would
@@ -113,7 +117,21 @@ impl Ownership {
                 return Some(family_or(krate));
             }
         }
-        library_group(frame).map(Arc::from)
+        match library_group(frame) {
+            Some(group) => Some(Arc::from(group)),
+            // Where the user's crates are known, a path-less name in C's style (an
+            // upper-case letter: `sqlite3VdbeExec`, which no snake_case Rust function
+            // has) is a C library's the symbol table named. A bare snake_case name may be
+            // the user's inlined Rust code whose crate the debug info did not give.
+            None if krate.is_none()
+                && !self.user_crates.is_empty()
+                && !frame.starts_with(['<', '{'])
+                && frame.chars().any(|c| c.is_ascii_uppercase()) =>
+            {
+                Some(Arc::from(C_GROUP))
+            }
+            None => None,
+        }
     }
 
     /// Whether `frame` is the user's code.
@@ -126,6 +144,9 @@ impl Ownership {
         self.user_crates.iter().map(String::as_str)
     }
 }
+
+/// The group of path-less names no family claims: C code linked into the executable.
+pub const C_GROUP: &str = "C code";
 
 /// The profiler's own crate: its frames are its own, never the user's (module docs).
 const PROFILER_CRATE: &str = "otel_profiling";
@@ -183,6 +204,10 @@ mod tests {
             owners.group("close").as_deref(),
             None.or(library_group("close"))
         );
+        assert!(
+            owners.is_user("{closure#0}"),
+            "a bare Rust name is no C code"
+        );
         // No files at all: the name rules alone, as before.
         let none = Ownership::default();
         assert_eq!(none.group("sha2::x").as_deref(), library_group("sha2::x"));
@@ -209,5 +234,20 @@ mod tests {
             Some("tokio")
         );
         assert_eq!(owners.group("__memcpy_avx").as_deref(), Some("libc"));
+        // C code linked in: never the user's once their crates are known.
+        assert_eq!(owners.group("sqlite3VdbeExec").as_deref(), Some(C_GROUP));
+        assert_eq!(
+            Ownership::new(HashMap::new(), &["svc".to_owned()])
+                .group("sqlite3VdbeExec")
+                .as_deref(),
+            Some(C_GROUP)
+        );
+        // The profiler's frames, named or vendored: its own.
+        assert_eq!(
+            owners
+                .group("otel_profiling::hooks::otel_scope::in_scope<u64>")
+                .as_deref(),
+            Some("otel_profiling")
+        );
     }
 }

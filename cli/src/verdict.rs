@@ -244,8 +244,26 @@ impl EvidenceContext {
         }
     }
 
-    /// Why `spans` (none of which carries evidence) have none.
+    /// Why `spans` (none of which carries evidence) have none: as the bridge says on the
+    /// spans (`profiling.evidence.missing`, the reason most of them give), else inferred
+    /// from the other roots and the profiles' windows.
     fn why_none(&self, spans: &[&Span]) -> NoEvidence {
+        let mut said: HashMap<NoEvidence, usize> = HashMap::new();
+        for span in spans {
+            let reason = match span.evidence_missing.as_deref() {
+                Some("not_followed") => NoEvidence::NotFollowed,
+                Some("no_sampler") => NoEvidence::NoSampler,
+                Some("root_cap") => NoEvidence::RootCap,
+                _ => continue,
+            };
+            *said.entry(reason).or_default() += 1;
+        }
+        if let Some((reason, _)) = said
+            .into_iter()
+            .max_by_key(|&(r, n)| (n, std::cmp::Reverse(r)))
+        {
+            return reason;
+        }
         // Other roots of the same version as these spans were read.
         let mut ours: HashMap<&Option<String>, usize> = HashMap::new();
         for span in spans {
@@ -300,6 +318,8 @@ pub enum NoEvidence {
     /// Other roots of its version carry evidence; the profiles read say nothing of when
     /// they were taken, so "not followed" cannot be told from "no sampler at its start".
     NotFollowedOrNoSampler,
+    /// The bridge says the live-root cap (`max_live_roots`) was reached when it started.
+    RootCap,
     /// No root of its version read carries evidence: the tracer provider has no
     /// `CpuEvidenceProcessor`.
     NoProcessor,
@@ -313,6 +333,7 @@ impl NoEvidence {
             NoEvidence::NotFollowed => "not followed",
             NoEvidence::NoSampler => "no sampler at its start",
             NoEvidence::NotFollowedOrNoSampler => "not followed or no sampler",
+            NoEvidence::RootCap => "over the live-root cap",
             NoEvidence::NoProcessor => "no evidence processor",
             NoEvidence::Undetermined => "no evidence",
         }
@@ -340,6 +361,12 @@ impl NoEvidence {
                 with_profiling_context) or no sampler ran at its start — the profiles read do \
                 not say when they were taken"
             }
+            NoEvidence::RootCap => {
+                "the bridge kept no evidence for it: the live-root cap \
+                (max_live_roots, OTEL_PROFILING_MAX_LIVE_ROOTS) was reached when it started, \
+                so no counters were claimed (and its samples carry no span labels either): \
+                raise the cap if this many roots are really alive at once"
+            }
             NoEvidence::NoProcessor => {
                 "no root of its version carries profiling.* \
                 attributes: the tracer provider has no CpuEvidenceProcessor (Telemetry adds \
@@ -358,12 +385,13 @@ impl NoEvidence {
 /// Why spans have no CPU samples (ordered from the most to the least telling).
 #[derive(Clone, Copy, Debug, PartialEq, Eq, PartialOrd, Ord, Hash)]
 pub enum NoSamples {
-    /// The spans' `profiling.cpu.time_ns` records at least two sampling periods of CPU,
-    /// so samples were due, but no profile read has them: the profile covering them is
-    /// elsewhere or not written yet.
+    /// Samples were taken under the spans (their `profiling.cpu.samples`; without it, their
+    /// `profiling.cpu.time_ns` records at least two sampling periods), but no profile read
+    /// has them: the profile covering them is elsewhere or not written yet.
     ProfileNotRead,
-    /// The spans' `profiling.cpu.time_ns` records CPU (`cpu_ns` in all), but less than two
-    /// sampling periods: no sample was due, and none is no sign of a missing profile.
+    /// The spans' `profiling.cpu.time_ns` records CPU (`cpu_ns` in all), but no sample was
+    /// taken under them (their `profiling.cpu.samples` is 0; without it, the CPU is under
+    /// two sampling periods): none is no sign of a missing profile.
     CpuUnderSampling {
         /// Their CPU time together, nanoseconds.
         cpu_ns: u64,
@@ -389,9 +417,20 @@ impl NoSamples {
     pub fn classify(spans: &[&Span], sampling: Sampling, context: &EvidenceContext) -> NoSamples {
         let cpu_ns: u64 = spans.iter().map(|s| s.cpu_time_ns.unwrap_or(0)).sum();
         if cpu_ns > 0 {
-            // The attribute is the stretches' exact CPU time: under two periods, a span
-            // often gets no sample at all (a 5 ms job at 100 Hz, half the time).
-            return if cpu_ns >= sampling.too_short_ns() {
+            // The bridge counted the samples taken under each root
+            // (`profiling.cpu.samples`): none taken is no missing profile, however much
+            // CPU (samples land where the threads are at each period's end; spread thin,
+            // 4 expected is 0 taken one time in 50). Without the count, the CPU time
+            // decides: under two periods a span often gets no sample at all (a 5 ms job
+            // at 100 Hz, half the time).
+            let counted = spans.iter().all(|s| s.cpu_samples.is_some());
+            let taken: u64 = spans.iter().filter_map(|s| s.cpu_samples).sum();
+            let due = if counted {
+                taken > 0
+            } else {
+                cpu_ns >= sampling.too_short_ns()
+            };
+            return if due {
                 NoSamples::ProfileNotRead
             } else {
                 NoSamples::CpuUnderSampling { cpu_ns }
@@ -472,12 +511,24 @@ impl NoSamples {
                 directories (one is written every interval and at shutdown); the verdict uses \
                 the span attributes"
                 .to_owned(),
+            NoSamples::CpuUnderSampling { cpu_ns } if cpu_ns < sampling.too_short_ns() => {
+                format!(
+                    "no profile sample carries these span ids, and their profiling.cpu.time_ns \
+                     records {:.1} ms of CPU, under the {:.0} ms it takes to expect samples at \
+                     {hz:.0} Hz: too little CPU for stacks; the verdict uses the span \
+                     attributes",
+                    cpu_ns as f64 / 1e6,
+                    sampling.too_short_ns() as f64 / 1e6
+                )
+            }
             NoSamples::CpuUnderSampling { cpu_ns } => format!(
-                "no profile sample carries these span ids, and their profiling.cpu.time_ns \
-                 records {:.1} ms of CPU, under the {:.0} ms it takes to expect samples at \
-                 {hz:.0} Hz: too little CPU for stacks; the verdict uses the span attributes",
+                "no profile sample carries these span ids, and none was taken under them \
+                 (profiling.cpu.samples 0) though their profiling.cpu.time_ns records {:.1} ms \
+                 of CPU, {:.1} periods at {hz:.0} Hz: CPU spread thin over short stretches \
+                 gets few samples, and none is no missing profile; the verdict uses the span \
+                 attributes",
                 cpu_ns as f64 / 1e6,
-                sampling.too_short_ns() as f64 / 1e6
+                cpu_ns as f64 / sampling.period_ns.max(1) as f64
             ),
             NoSamples::NoProfiles => "no CPU samples because no profile file (*_cpu.pb.gz) was \
                 read: the profiler did not run or has not written yet; this is no evidence \
@@ -669,6 +720,24 @@ mod tests {
             classify(&context(&[&job, &followed], vec![])),
             NoSamples::NoEvidence(NoEvidence::NotFollowedOrNoSampler)
         );
+        // The bridge's own word (read from Tempo, no profile windows): exact, and it wins
+        // over what the context would infer.
+        for (said, reason) in [
+            ("not_followed", NoEvidence::NotFollowed),
+            ("no_sampler", NoEvidence::NoSampler),
+            ("root_cap", NoEvidence::RootCap),
+        ] {
+            let told = Span {
+                evidence_missing: Some(said.into()),
+                ..job.clone()
+            };
+            let ctx = context(&[&told, &followed], vec![]);
+            assert_eq!(
+                NoSamples::classify(&[&told], sampling, &ctx),
+                NoSamples::NoEvidence(reason),
+                "{said}"
+            );
+        }
         // Another root of the version, without evidence either: no processor.
         let other = Span::test_root(3, 2_000 * MS, 2_100 * MS);
         assert_eq!(
@@ -724,8 +793,28 @@ mod tests {
             text.contains("5.0 ms of CPU") && !text.contains("not in these directories"),
             "{text}"
         );
-        // Five such jobs together: 25 ms, samples were due.
-        let jobs: Vec<Span> = (1..=5).map(|i| job(i, 5)).collect();
+        // Five such jobs together: 25 ms, but the bridge counted no sample under them:
+        // no missing profile.
+        let mut jobs: Vec<Span> = (1..=5).map(|i| job(i, 5)).collect();
+        let all: Vec<&Span> = jobs.iter().collect();
+        let why = NoSamples::classify(&all, sampling, &ctx);
+        assert_eq!(why, NoSamples::CpuUnderSampling { cpu_ns: 25 * MS });
+        let text = why.explain(sampling);
+        assert!(
+            text.contains("none was taken under them") && !text.contains("not in these"),
+            "{text}"
+        );
+        // One sample counted under them, none in the profiles read: a profile is missing.
+        jobs[2].cpu_samples = Some(1);
+        let all: Vec<&Span> = jobs.iter().collect();
+        assert_eq!(
+            NoSamples::classify(&all, sampling, &ctx),
+            NoSamples::ProfileNotRead
+        );
+        // Without the count (older spans), the CPU time decides.
+        for job in &mut jobs {
+            job.cpu_samples = None;
+        }
         let all: Vec<&Span> = jobs.iter().collect();
         assert_eq!(
             NoSamples::classify(&all, sampling, &ctx),

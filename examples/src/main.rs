@@ -18,8 +18,9 @@ use std::time::{Duration, Instant};
 
 use otel_profiling_examples::{app, inventory, load, service};
 
-/// Set in the child processes the demo starts.
-const ROLE_VAR: &str = "OTEL_PROFILING_DEMO_ROLE";
+/// Set in the child processes the demo starts; outside `OTEL_PROFILING_*`, whose
+/// variables the bridge does not read it warns about.
+const ROLE_VAR: &str = "DEMO_CHILD_ROLE";
 const RELEASES: [(&str, &str); 2] = [("1.4.0", "v1"), ("1.5.0", "paged")];
 const LOAD_FOR: Duration = Duration::from_secs(20);
 

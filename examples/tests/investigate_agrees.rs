@@ -3,7 +3,8 @@
 //! profile file pushed under its process's series labels, as the exporter labels them),
 //! and for spans of every endpoint and version the local report's one-span group and the
 //! investigation's have the same verdict, the same CPU and blocked time and the same top
-//! function of your code.
+//! function of your code; and `diff` of the two releases over the files names the same
+//! function as the cause as `investigate`'s control does over the stand-in.
 
 use std::collections::HashMap;
 use std::path::{Path, PathBuf};
@@ -11,6 +12,7 @@ use std::process::Command;
 use std::time::Duration;
 
 use opentelemetry_proto::tonic::collector::trace::v1::ExportTraceServiceRequest;
+use otel_profiling_cli::diff::VersionDiff;
 use otel_profiling_cli::input::Input;
 use otel_profiling_cli::investigate::{Backends, Baseline, Investigation, OperationQuery};
 use otel_profiling_cli::report::SpanGroup;
@@ -60,6 +62,12 @@ fn the_local_report_and_investigate_agree_on_the_same_run() {
         out.status.success(),
         "{}",
         String::from_utf8_lossy(&out.stderr)
+    );
+    // The first thing a new user runs warns about nothing of its own making.
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert!(
+        !stderr.contains("is not a variable otel-profiling reads"),
+        "{stderr}"
     );
     let dir = root.join("demo");
     let mut local = Input::load(std::slice::from_ref(&dir)).expect("the demo's files");
@@ -161,6 +169,40 @@ fn the_local_report_and_investigate_agree_on_the_same_run() {
         }
     }
     assert_eq!(compared, 12);
+
+    // The same headline from `diff` over the local files and from `investigate` over the
+    // stand-in, for the regression in a helper (`paginate_report`) the handler's closure
+    // calls, the demo built with line tables only (the workspace's profile for it), and
+    // no `--crate`: investigate takes the user's crates from the spans.
+    let local_diff = VersionDiff::between_versions_in(&local, "GET /report", "1.4.0", "1.5.0")
+        .expect("both releases in the local files");
+    let local_cause = local_diff.cause.as_ref().map(|c| c.function.clone());
+    let mut slow: Vec<_> = roots
+        .iter()
+        .filter(|s| {
+            s.report_name() == "GET /report" && s.service_version.as_deref() == Some("1.5.0")
+        })
+        .collect();
+    slow.sort_by_key(|s| s.wall_ns());
+    let median = slow[slow.len() / 2];
+    let mut query = OperationQuery::of_trace(&median.trace_id.to_string());
+    query.span_id = Some(median.span_id.to_string());
+    query.upload_interval = Duration::from_secs(5);
+    query.baseline = Baseline::Version("1.4.0".into());
+    let inv = Investigation::run(&backends, &query).expect("investigation");
+    let control = inv.control.as_ref().expect("a control");
+    let remote_cause = control
+        .diff
+        .as_ref()
+        .and_then(|d| d.cause.as_ref())
+        .map(|c| c.function.clone());
+    assert_eq!(
+        local_cause.as_deref(),
+        Some("otel_profiling_examples::report::paginate_report"),
+        "diff's headline: {}",
+        local_diff.what_changed()
+    );
+    assert_eq!(remote_cause, local_cause, "investigate's headline:\n{inv}");
     let _ = std::fs::remove_dir_all(&root);
 }
 

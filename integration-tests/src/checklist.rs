@@ -9,12 +9,12 @@ use std::fmt;
 use std::time::{Duration, Instant};
 
 use otel_profiling::export::pyroscope::PROFILE_TYPE_ID;
-use otel_profiling::{
-    CPU_TIME_ATTRIBUTE, PROFILE_ID_ATTRIBUTE, WALL_ACTIVE_ATTRIBUTE, WALL_RUNQUEUE_ATTRIBUTE,
-};
+use otel_profiling::{CPU_TIME_ATTRIBUTE, PROFILE_ID_ATTRIBUTE, WALL_ACTIVE_ATTRIBUTE};
 use otel_profiling_cli::investigate::{
     self, Backends as InvestigateBackends, Baseline, Investigation, OperationQuery,
 };
+use otel_profiling_cli::report::SpanGroup;
+use otel_profiling_cli::verdict::Verdict as ReportVerdict;
 
 use crate::clients::{
     Auth, FlameGraph, PyroscopeClient, QueryError, SpanProfileQuery, TempoClient, TraceSpan,
@@ -163,73 +163,43 @@ impl fmt::Display for CheckResult {
     }
 }
 
-/// CPU verdict of a span (there is deliberately no "fast").
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
-pub enum Verdict {
-    /// CPU ≥ 50 % of wall.
-    CpuBound,
-    /// Between.
-    Mixed,
-    /// CPU < 10 % of wall (an empty profile for a slow span is waiting).
-    Waiting,
-    /// Shorter than two sampling periods: no conclusion from CPU samples.
-    TooShort,
+/// The backends and query `investigate` reads recorded span `op` with (no control).
+fn investigation_of(b: &Backends, op: &RecordedOp) -> (InvestigateBackends, OperationQuery) {
+    let backends = InvestigateBackends {
+        tempo: b.tempo.clone(),
+        pyroscope: b.pyroscope.clone(),
+    };
+    let mut query = OperationQuery::of_trace(&op.trace_id);
+    query.span_id = Some(op.span_id.clone());
+    query.baseline = Baseline::Off;
+    query.upload_interval = crate::workload::UPLOAD_INTERVAL;
+    (backends, query)
 }
 
-/// Spans shorter than this carry too few samples at 100 Hz to judge.
-pub const MIN_JUDGED_WALL_MS: f64 = 20.0;
-
-/// Classifies a span by CPU/wall, with the reason. An empty profile for a slow span is
-/// "waiting", never "fast".
-pub fn classify(wall_ms: f64, cpu_ms: f64) -> (Verdict, String) {
-    if wall_ms < MIN_JUDGED_WALL_MS {
-        return (
-            Verdict::TooShort,
-            format!("{wall_ms:.1} ms is too short for 100 Hz sampling: no verdict"),
-        );
-    }
-    let ratio = cpu_ms / wall_ms;
-    if cpu_ms == 0.0 {
-        (
-            Verdict::Waiting,
-            format!("no CPU samples in {wall_ms:.0} ms: waiting (not fast)"),
-        )
-    } else if ratio >= 0.5 {
-        (
-            Verdict::CpuBound,
-            format!("CPU/wall {ratio:.2} ≥ 0.5: CPU-bound"),
-        )
-    } else if ratio < 0.1 {
-        (
-            Verdict::Waiting,
-            format!("CPU/wall {ratio:.2} < 0.1: waiting"),
-        )
-    } else {
-        (Verdict::Mixed, format!("CPU/wall {ratio:.2}: mixed"))
-    }
+/// The span report's verdict for one recorded span, read back from the backends as
+/// `otel-profiling investigate` reads it (the trace from Tempo, the span's profile from
+/// Pyroscope): the same split, verdict and sentence `report`, `diff` and the HTML page give
+/// (`cli/src/verdict.rs`), so the checklist cannot disagree with the tools users read.
+pub fn report_verdict(b: &Backends, op: &RecordedOp) -> Result<SpanGroup, String> {
+    let (backends, query) = investigation_of(b, op);
+    let inv = Investigation::run(&backends, &query).map_err(|e| format!("investigate: {e}"))?;
+    inv.group()
+        .cloned()
+        .ok_or_else(|| format!("investigate read no span group for {}", op.span_id))
 }
 
-/// [`classify`] of the time the span's threads could run: its run delay (runnable, not
-/// running: another process held the CPUs, `profiling.wall.runqueue_ns`) is left out of
-/// the wall time, so a CPU-heavy span on a busy machine still reads CPU-bound.
-pub fn classify_runnable(wall_ms: f64, cpu_ms: f64, runqueue_ms: f64) -> (Verdict, String) {
-    if runqueue_ms <= 0.0 {
-        return classify(wall_ms, cpu_ms);
+/// Whether a CPU-heavy span's verdict says so: CPU-bound, or — on a machine whose CPUs
+/// other processes held — waiting for a CPU with CPU and run delay together at least
+/// 80 % of its wall time (computing whenever it had a CPU).
+pub fn reads_cpu_heavy(group: &SpanGroup) -> bool {
+    match group.verdict {
+        ReportVerdict::CpuBound => true,
+        ReportVerdict::WaitingForCpu => {
+            let split = &group.split;
+            (split.cpu_in_wall_ns + split.runqueue_ns) * 10 >= group.wall_total_ns * 8
+        }
+        _ => false,
     }
-    let runnable = (wall_ms - runqueue_ms).max(cpu_ms).max(MIN_JUDGED_WALL_MS);
-    let (verdict, reason) = classify(runnable, cpu_ms);
-    (
-        verdict,
-        format!("{reason} (of {wall_ms:.0} ms, {runqueue_ms:.0} ms waiting for a CPU left out)"),
-    )
-}
-
-/// A span's `profiling.wall.runqueue_ns`, in ms (0 when absent).
-fn runqueue_ms(span: &TraceSpan) -> f64 {
-    span.attributes
-        .get(WALL_RUNQUEUE_ATTRIBUTE)
-        .and_then(|v| v.parse::<f64>().ok())
-        .map_or(0.0, |ns| ns / 1e6)
 }
 
 fn ms(ns: i64) -> f64 {
@@ -466,8 +436,10 @@ pub fn check_profile_link(b: &Backends, op: &RecordedOp, known_function: &str) -
     }
 }
 
-/// (3) The CPU-heavy span's profile holds CPU close to its duration (≥ 50 %) and its known
-/// function; the I/O-bound span is slow but its CPU evidence is sparse (< 10 %).
+/// (3) The CPU-heavy span reads CPU-bound in the span report (or waiting for a CPU while
+/// computing whenever it had one) and its profile holds its known function; the I/O-bound
+/// span is slow but off CPU: waiting, or blocked (a synchronous call holding its thread).
+/// The verdicts are the report's own ([`report_verdict`]).
 pub fn check_cpu_vs_io(
     b: &Backends,
     cpu_op: &RecordedOp,
@@ -498,27 +470,42 @@ pub fn check_cpu_vs_io(
         Ok(g) => g,
         Err(e) => return fail(3, TITLE, format!("SelectMergeSpanProfile: {e}"), evs),
     };
+    let (cpu_group, io_group) = match (report_verdict(b, cpu_op), report_verdict(b, io_op)) {
+        (Ok(c), Ok(i)) => (c, i),
+        (Err(e), _) | (_, Err(e)) => return fail(3, TITLE, e, evs),
+    };
     let (cpu_wall, cpu_cpu) = (spans[0].wall_ms(), ms(cpu_graph.total));
     let (io_wall, io_cpu) = (spans[1].wall_ms(), ms(io_graph.total));
-    let (cpu_verdict, cpu_reason) = classify_runnable(cpu_wall, cpu_cpu, runqueue_ms(&spans[0]));
-    let (io_verdict, io_reason) = classify_runnable(io_wall, io_cpu, runqueue_ms(&spans[1]));
     let mut cpu_ev = evidence(cpu_op, Some(&spans[0]), Some(&cpu_graph), &[known_function]);
-    cpu_ev
-        .notes
-        .push(format!("{}: {cpu_reason}", spans[0].name));
+    cpu_ev.notes.push(format!(
+        "{}: {} — {}",
+        spans[0].name, cpu_group.verdict, cpu_group.reason
+    ));
     let mut io_ev = evidence(io_op, Some(&spans[1]), Some(&io_graph), &[known_function]);
-    io_ev.notes.push(format!("{}: {io_reason}", spans[1].name));
+    io_ev.notes.push(format!(
+        "{}: {} — {}",
+        spans[1].name, io_group.verdict, io_group.reason
+    ));
     let evs = vec![cpu_ev, io_ev];
     let mut problems = Vec::new();
-    if cpu_verdict != Verdict::CpuBound {
-        problems.push(format!("CPU-heavy span: {cpu_reason}, expected CPU-bound"));
+    if !reads_cpu_heavy(&cpu_group) {
+        problems.push(format!(
+            "CPU-heavy span: {} — {}, expected CPU-bound",
+            cpu_group.verdict, cpu_group.reason
+        ));
     }
     if cpu_graph.function_total(known_function) == 0 {
         problems.push(format!("CPU-heavy span's profile lacks {known_function}"));
     }
-    if io_verdict != Verdict::Waiting {
+    // Off CPU either way: awaiting, or (a synchronous call, as this one sleeps) a thread
+    // held inside the span off CPU, which the report calls blocked in poll.
+    if !matches!(
+        io_group.verdict,
+        ReportVerdict::Waiting | ReportVerdict::BlockedInPoll
+    ) {
         problems.push(format!(
-            "I/O-bound span: {io_reason}, expected waiting (< 10 % CPU)"
+            "I/O-bound span: {} — {}, expected off CPU (waiting, or blocked in poll)",
+            io_group.verdict, io_group.reason
         ));
     }
     if problems.is_empty() {
@@ -527,7 +514,8 @@ pub fn check_cpu_vs_io(
             title: TITLE,
             passed: true,
             reason: format!(
-                "CPU-heavy {cpu_cpu:.0}/{cpu_wall:.0} ms CPU-bound; I/O-bound {io_cpu:.0}/{io_wall:.0} ms waiting"
+                "CPU-heavy {cpu_cpu:.0}/{cpu_wall:.0} ms {}; I/O-bound {io_cpu:.0}/{io_wall:.0} ms {}",
+                cpu_group.verdict, io_group.verdict
             ),
             evidence: evs,
         }
@@ -631,56 +619,6 @@ pub fn check_control(
     }
 }
 
-/// Where a span's wall time went, from its own attributes: CPU (`profiling.cpu.time_ns`),
-/// blocked inside a poll (`profiling.wall.active_ns` − CPU: a thread was inside the span
-/// but off CPU) and awaiting (wall − active: no thread inside it).
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
-pub enum TimeVerdict {
-    /// CPU ≥ 50 % of wall.
-    CpuBound,
-    /// Not CPU-bound; blocked in poll ≥ 50 % of wall.
-    BlockedInPoll,
-    /// Awaiting ≥ 50 % of wall.
-    Awaiting,
-    /// None of these dominates.
-    Mixed,
-}
-
-/// Classifies a span by its CPU and active time (ms), with the reason; `None` when the span
-/// lacks the attributes.
-pub fn classify_time(span: &TraceSpan) -> Option<(TimeVerdict, String)> {
-    let attr = |key: &str| -> Option<f64> { span.attributes.get(key)?.parse::<f64>().ok() };
-    let wall = span.wall_ms();
-    let cpu = attr(CPU_TIME_ATTRIBUTE)? / 1e6;
-    let active = attr(WALL_ACTIVE_ATTRIBUTE)? / 1e6;
-    if wall <= 0.0 {
-        return None;
-    }
-    // Run delay is part of the active time, not blocked (docs/elapsed-time.md).
-    let runqueue = runqueue_ms(span);
-    let blocked = (active - cpu - runqueue).max(0.0).min(wall - cpu.min(wall));
-    let awaiting = (wall - cpu.min(wall) - blocked - runqueue).max(0.0);
-    let shares = format!(
-        "wall {wall:.0} ms: CPU {cpu:.0} ms, blocked in poll {blocked:.0} ms, awaiting {awaiting:.0} ms"
-    );
-    let verdict = if cpu >= 0.5 * wall {
-        TimeVerdict::CpuBound
-    } else if blocked >= 0.5 * wall {
-        TimeVerdict::BlockedInPoll
-    } else if awaiting >= 0.5 * wall {
-        TimeVerdict::Awaiting
-    } else {
-        TimeVerdict::Mixed
-    };
-    let what = match verdict {
-        TimeVerdict::CpuBound => "CPU-bound",
-        TimeVerdict::BlockedInPoll => "blocked in poll (its thread held off CPU)",
-        TimeVerdict::Awaiting => "awaiting (no thread inside it)",
-        TimeVerdict::Mixed => "mixed",
-    };
-    Some((verdict, format!("{shares}: {what}")))
-}
-
 /// (5) A span whose task blocks its worker inside a poll is called blocked in poll — not
 /// waiting on a dependency, not CPU-bound — while a span awaiting a timer for as long is
 /// called awaiting (so the check tells the two apart rather than naming everything
@@ -706,29 +644,43 @@ pub fn check_blocked_in_poll(
     let mut verdicts = Vec::new();
     for (op, span) in [blocking_op, awaiting_op].into_iter().zip(&spans) {
         let mut ev = evidence(op, Some(span), None, &[]);
-        match classify_time(span) {
-            Some((verdict, reason)) => {
-                ev.notes.push(format!("{}: {reason}", span.name));
-                verdicts.push(Some((verdict, reason)));
-            }
-            None => {
-                problems.push(format!(
-                    "{} lacks {CPU_TIME_ATTRIBUTE} or {WALL_ACTIVE_ATTRIBUTE}",
-                    span.name
+        if !span.attributes.contains_key(CPU_TIME_ATTRIBUTE)
+            || !span.attributes.contains_key(WALL_ACTIVE_ATTRIBUTE)
+        {
+            problems.push(format!(
+                "{} lacks {CPU_TIME_ATTRIBUTE} or {WALL_ACTIVE_ATTRIBUTE}",
+                span.name
+            ));
+        }
+        match report_verdict(b, op) {
+            Ok(group) => {
+                ev.notes.push(format!(
+                    "{}: {} — {}",
+                    span.name, group.verdict, group.reason
                 ));
+                verdicts.push(Some(group));
+            }
+            Err(e) => {
+                problems.push(e);
                 verdicts.push(None);
             }
         }
         evs.push(ev);
     }
-    if let Some((verdict, reason)) = &verdicts[0] {
-        if *verdict != TimeVerdict::BlockedInPoll {
-            problems.push(format!("blocking span: {reason}, expected blocked in poll"));
+    if let Some(group) = &verdicts[0] {
+        if group.verdict != ReportVerdict::BlockedInPoll {
+            problems.push(format!(
+                "blocking span: {} — {}, expected blocked in poll",
+                group.verdict, group.reason
+            ));
         }
     }
-    if let Some((verdict, reason)) = &verdicts[1] {
-        if *verdict != TimeVerdict::Awaiting {
-            problems.push(format!("awaiting span: {reason}, expected awaiting"));
+    if let Some(group) = &verdicts[1] {
+        if group.verdict != ReportVerdict::Waiting {
+            problems.push(format!(
+                "awaiting span: {} — {}, expected waiting",
+                group.verdict, group.reason
+            ));
         }
     }
     if problems.is_empty() {
@@ -918,14 +870,7 @@ pub fn check_investigate_matches_grafana(
             vec![ev],
         );
     }
-    let backends = InvestigateBackends {
-        tempo: b.tempo.clone(),
-        pyroscope: b.pyroscope.clone(),
-    };
-    let mut query = OperationQuery::of_trace(&op.trace_id);
-    query.span_id = Some(op.span_id.clone());
-    query.baseline = Baseline::Off;
-    query.upload_interval = crate::workload::UPLOAD_INTERVAL;
+    let (backends, query) = investigation_of(b, op);
     let grafana_margin_ms = (span.start_unix_nano / 1_000_000) as i64 - grafana.start_ms;
     let samples_within_window =
         i64::try_from(query.upload_interval.as_millis()).unwrap_or(i64::MAX) <= grafana_margin_ms;

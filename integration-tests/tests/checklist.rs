@@ -18,12 +18,14 @@ use otel_profiling::export::pyroscope::{
 };
 use otel_profiling::pprof::{FrameLine, ProfileBuilder, SampleLabels, SymbolizedFrame};
 use otel_profiling::PROFILE_ID_ATTRIBUTE;
+use otel_profiling_cli::input::{otlp, Input};
 use otel_profiling_cli::investigate::Evidence as InvestigateEvidence;
+use otel_profiling_cli::report::SpanGroup;
+use otel_profiling_cli::verdict::Verdict as ReportVerdict;
 use otel_profiling_integration_tests::checklist::{
     check_blocked_in_poll, check_control, check_cpu_vs_io, check_investigate_matches_grafana,
-    check_profile_link, check_recorded, classify, classify_runnable, record_all,
-    selection_differences, Backends, GrafanaSelection, InvestigateSelection, Recordings, Verdict,
-    INVESTIGATE_TITLE,
+    check_profile_link, check_recorded, reads_cpu_heavy, record_all, selection_differences,
+    Backends, GrafanaSelection, InvestigateSelection, Recordings, INVESTIGATE_TITLE,
 };
 use otel_profiling_integration_tests::clients::{
     to_hex, OtlpClient, PushClient, SpanProfileQuery, TraceSpan,
@@ -147,14 +149,17 @@ fn check3_cpu_heavy_span_vs_io_bound_span() {
     println!("{r}");
     assert!(r.passed, "{r}");
     let (cpu, io) = (&r.evidence[0], &r.evidence[1]);
-    // CPU-bound by the check's own rule, which leaves the span's run delay out: on a busy
-    // machine the span burns half its wall time or less and waits for a CPU the rest (seen
-    // in CI: 200 ms of CPU in 401 ms, 178 ms of it waiting for a CPU).
-    assert!(cpu.notes[0].contains("CPU-bound"), "{r}");
+    // The report's verdicts: CPU-bound, or waiting for a CPU on a busy machine (seen in
+    // CI: 200 ms of CPU in 401 ms, 178 ms of it waiting for a CPU).
+    assert!(
+        cpu.notes[0].contains(": CPU-bound — ") || cpu.notes[0].contains(": waiting for a CPU — "),
+        "{r}"
+    );
     assert!(cpu.cpu_ms.unwrap() > 0.0);
     assert!(io.wall_ms.unwrap() >= 100.0);
     assert!(io.cpu_ms.unwrap() < 0.1 * io.wall_ms.unwrap());
-    assert!(io.notes[0].contains("waiting"), "{r}");
+    // It sleeps in a synchronous call: its thread is held off CPU inside it.
+    assert!(io.notes[0].contains(": blocked in poll — "), "{r}");
 }
 
 #[test]
@@ -171,27 +176,50 @@ fn check4_control_older_version_spends_far_less_in_the_regression() {
     assert_eq!(rec.report_old.response_bytes, rec.report_new.response_bytes);
 }
 
-#[test]
-fn an_empty_profile_for_a_slow_span_is_waiting_never_fast() {
-    assert_eq!(classify(800.0, 0.0).0, Verdict::Waiting);
-    assert!(classify(800.0, 0.0).1.contains("not fast"));
-    assert_eq!(classify(800.0, 40.0).0, Verdict::Waiting);
-    assert_eq!(classify(800.0, 200.0).0, Verdict::Mixed);
-    assert_eq!(classify(800.0, 500.0).0, Verdict::CpuBound);
-    assert_eq!(classify(5.0, 0.0).0, Verdict::TooShort);
+/// The checks take their verdicts from the span report (`report_verdict`): one root span
+/// as the bridge writes it, `wall_ms` long, with its CPU, active time and run delay.
+fn group_of(wall_ms: u64, cpu_ms: u64, active_ms: u64, runqueue_ms: u64) -> SpanGroup {
+    let ms = |v: u64| (v * 1_000_000).to_string();
+    let line = serde_json::json!({"resourceSpans": [{"scopeSpans": [{"spans": [{
+    "traceId": "0102030405060708090a0b0c0d0e0f10", "spanId": "00000000000000ab",
+    "name": "GET /x", "startTimeUnixNano": "1000000000",
+    "endTimeUnixNano": (1_000_000_000 + wall_ms * 1_000_000).to_string(),
+    "attributes": [
+        {"key": "pyroscope.profile.id", "value": {"stringValue": "00000000000000ab"}},
+        {"key": "profiling.cpu.samples", "value": {"intValue": (cpu_ms / 10).to_string()}},
+        {"key": "profiling.cpu.time_ns", "value": {"intValue": ms(cpu_ms)}},
+        {"key": "profiling.wall.active_ns", "value": {"intValue": ms(active_ms)}},
+        {"key": "profiling.wall.runqueue_ns", "value": {"intValue": ms(runqueue_ms)}},
+    ]}]}]}]});
+    let input = Input {
+        spans: otlp::spans_from_json(&line).expect("a span"),
+        span_files: 1,
+        ..Input::default()
+    };
+    let span = &input.spans[0];
+    SpanGroup::of_spans(&input, "GET /x", None, &[span])
 }
 
-/// The CI failure this guards: a 200 ms CPU-heavy span stretched to 400 ms by another
-/// process on the CPUs read "CPU/wall 0.50: mixed". Its run delay (runnable, not running)
-/// is left out of the wall; a sleeping span stays waiting.
+/// A slow span that computed nothing is waiting, never fast; and the CI failure this
+/// guards: a 200 ms CPU-heavy span stretched to 420 ms by another process on the CPUs
+/// (210 ms of run delay) still reads CPU-heavy, never "mixed".
 #[test]
-fn run_delay_does_not_turn_a_cpu_heavy_span_into_mixed() {
-    assert_eq!(classify(420.0, 200.0).0, Verdict::Mixed);
-    let (verdict, reason) = classify_runnable(420.0, 200.0, 210.0);
-    assert_eq!(verdict, Verdict::CpuBound, "{reason}");
-    assert!(reason.contains("210 ms waiting for a CPU"), "{reason}");
-    assert_eq!(classify_runnable(403.0, 0.0, 1.0).0, Verdict::Waiting);
-    assert_eq!(classify_runnable(800.0, 200.0, 0.0), classify(800.0, 200.0));
+fn the_checks_read_verdicts_as_the_report_gives_them() {
+    let idle = group_of(800, 0, 1, 0);
+    assert_eq!(idle.verdict, ReportVerdict::Waiting, "{}", idle.reason);
+    assert!(!reads_cpu_heavy(&idle));
+    let computing = group_of(800, 500, 800, 0);
+    assert_eq!(computing.verdict, ReportVerdict::CpuBound);
+    assert!(reads_cpu_heavy(&computing));
+    let preempted = group_of(420, 200, 415, 210);
+    assert!(
+        reads_cpu_heavy(&preempted),
+        "{}: {}",
+        preempted.verdict,
+        preempted.reason
+    );
+    let half = group_of(800, 200, 250, 0);
+    assert!(!reads_cpu_heavy(&half), "{}: {}", half.verdict, half.reason);
 }
 
 // ---- Each check fails when what it checks is broken ----

@@ -130,6 +130,9 @@ pub struct FoundSpan {
     pub duration_ns: u64,
     /// The attributes the query named or selected, by their bare name.
     pub attributes: BTreeMap<String, String>,
+    /// How many spans of its trace the query matched (the span set's `matched`): more
+    /// than the search returned for the trace when `spans_per_set` cut them.
+    pub set_matched: u32,
 }
 
 /// Client of Tempo's HTTP API (`http://host:3200`).
@@ -272,8 +275,10 @@ pub struct MetricsResult {
 }
 
 impl MetricsResult {
-    /// The last value of the quantile `q` (e.g. `"0.95"`) series whose
-    /// `resource.service.version` is `version`, in seconds.
+    /// The latest value (by timestamp: Tempo does not order the samples) of the quantile
+    /// `q` (e.g. `"0.95"`) series whose `resource.service.version` is `version`, in
+    /// seconds. Tempo's values are estimates from log2 duration buckets, not exact
+    /// quantiles.
     pub fn quantile(&self, version: &str, q: &str) -> Option<f64> {
         let wanted: f64 = q.parse().ok()?;
         self.series
@@ -289,8 +294,14 @@ impl MetricsResult {
                         .and_then(|p| p.parse::<f64>().ok())
                         .is_some_and(|p| (p - wanted).abs() < 1e-9)
             })
-            .filter_map(|s| s.samples.last().map(|(_, v)| *v))
-            .find(|v| v.is_finite())
+            .filter_map(|s| {
+                s.samples
+                    .iter()
+                    .filter(|(_, v)| v.is_finite())
+                    .max_by_key(|(t, _)| *t)
+                    .map(|(_, v)| *v)
+            })
+            .next()
     }
 }
 
@@ -347,6 +358,11 @@ pub fn parse_search(json: &Value) -> Result<Vec<FoundSpan>, String> {
             Some(sets) => sets.iter().collect(),
             None => trace.get("spanSet").into_iter().collect(),
         };
+        let set_matched = sets
+            .iter()
+            .filter_map(|set| set.get("matched").and_then(Value::as_u64))
+            .max()
+            .map_or(0, |m| u32::try_from(m).unwrap_or(u32::MAX));
         for span in sets
             .into_iter()
             .filter_map(|set| set.get("spans").and_then(Value::as_array))
@@ -374,6 +390,7 @@ pub fn parse_search(json: &Value) -> Result<Vec<FoundSpan>, String> {
                 start_unix_nano: json_u64(span.get("startTimeUnixNano")),
                 duration_ns: json_u64(span.get("durationNanos")),
                 attributes: attributes(span.get("attributes")),
+                set_matched,
             });
         }
     }
@@ -508,6 +525,78 @@ mod tests {
     use serde_json::json;
 
     use super::*;
+
+    /// An answer a real Tempo 3.0.3 gave (`tests/data/tempo-3.0.3/`, its README says how
+    /// each was captured).
+    fn captured(name: &str) -> Value {
+        let path = format!(
+            "{}/tests/data/tempo-3.0.3/{name}",
+            env!("CARGO_MANIFEST_DIR")
+        );
+        let text = std::fs::read_to_string(&path).unwrap_or_else(|e| panic!("{path}: {e}"));
+        serde_json::from_str(&text).unwrap_or_else(|e| panic!("{path}: {e}"))
+    }
+
+    #[test]
+    fn real_tempos_search_answers_parse() {
+        let found = parse_search(&captured("search-select.json")).unwrap();
+        assert_eq!(
+            found.len(),
+            3,
+            "one span per trace, spanSet and spanSets alike"
+        );
+        // 31 hex characters on the wire: the leading zero restored.
+        assert_eq!(found[0].trace_id, "08b2ea3e5bf00aa94ebedcc9715b8530");
+        assert_eq!(found[0].span_id, "1718a1f250da1139");
+        assert_eq!(found[0].name, "GET /report");
+        assert_eq!(found[0].start_unix_nano, 1_796_529_490_647_507_122);
+        assert_eq!(
+            found[0].duration_ns, 687_607_017,
+            "durationNanos is a string"
+        );
+        assert_eq!(found[0].attributes["service.version"], "1.5.0");
+        assert_eq!(found[0].set_matched, 1);
+        let control = parse_search(&captured("search-control.json")).unwrap();
+        assert_eq!(control.len(), 3);
+        assert!(control
+            .iter()
+            .all(|f| f.trace_id.len() == 32 && f.attributes["service.version"] == "1.4.0"));
+        assert_eq!(control[0].trace_id, "00084962dc40d7eca4d3dfebff18b3a0");
+    }
+
+    #[test]
+    fn real_tempos_traces_parse_from_both_paths() {
+        let v1 = parse_trace(&captured("trace-v1.json")).unwrap();
+        let v2 = parse_trace(&captured("trace-v2.json")).unwrap();
+        assert_eq!(
+            v1, v2,
+            "/api/traces and /api/v2/traces carry the same spans"
+        );
+        let root = &v1[0];
+        assert_eq!(root.trace_id, "08b2ea3e5bf00aa94ebedcc9715b8530");
+        assert_eq!(root.span_id, "1718a1f250da1139");
+        assert_eq!(root.parent_span_id, None);
+        assert_eq!(root.resource["service.version"], "1.5.0");
+        assert_eq!(
+            root.attributes["code.module.name"],
+            "otel_profiling_examples::service"
+        );
+        assert_eq!(root.attributes["pyroscope.profile.id"], root.span_id);
+    }
+
+    /// Values in seconds; steps without spans carry no value; samples are not in time
+    /// order; the latest valued step is the answer.
+    #[test]
+    fn real_tempos_quantiles_parse() {
+        let m = parse_metrics(&captured("query-range-quantiles.json")).unwrap();
+        assert_eq!(m.series.len(), 4);
+        assert!(m.series.iter().all(|s| s.labels.contains_key("p")));
+        assert_eq!(m.quantile("1.4.0", "0.5"), Some(0.102281743831112));
+        assert_eq!(m.quantile("1.4.0", "0.95"), Some(0.221553046348394));
+        assert_eq!(m.quantile("1.5.0", "0.5"), Some(0.7977871092357451));
+        assert_eq!(m.quantile("1.5.0", "0.95"), Some(1.80581130141917));
+        assert_eq!(m.quantile("9.9.9", "0.5"), None);
+    }
 
     #[test]
     fn search_answers_restore_leading_zeros_and_keep_each_span_once() {

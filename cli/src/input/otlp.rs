@@ -9,8 +9,8 @@ use std::path::Path;
 
 use otel_profiling::{
     CGROUP_CPU_LIMIT_ATTRIBUTE, CGROUP_THROTTLED_ATTRIBUTE, CPU_SAMPLES_ATTRIBUTE,
-    CPU_TIME_ATTRIBUTE, PROFILE_ID_ATTRIBUTE, WALL_ACTIVE_ATTRIBUTE, WALL_QUEUED_ATTRIBUTE,
-    WALL_RUNQUEUE_ATTRIBUTE,
+    CPU_TIME_ATTRIBUTE, EVIDENCE_MISSING_ATTRIBUTE, PROFILE_ID_ATTRIBUTE, WALL_ACTIVE_ATTRIBUTE,
+    WALL_QUEUED_ATTRIBUTE, WALL_RUNQUEUE_ATTRIBUTE,
 };
 use serde::Deserialize;
 use serde_json::Value;
@@ -28,6 +28,9 @@ pub const HTTP_METHOD_ATTRIBUTES: [&str; 2] = ["http.request.method", "http.meth
 /// Nanoseconds the span was entered (polled), as `tracing-opentelemetry` writes it on every
 /// span it exports; per span only, on whichever thread entered it.
 pub const BUSY_NS_ATTRIBUTE: &str = "busy_ns";
+
+/// The module a span was made in: the current convention's key, then the older one.
+pub const CODE_MODULE_ATTRIBUTES: [&str; 2] = ["code.module.name", "code.namespace"];
 
 /// `SpanFlags`: the `parent_is_remote` bit is set meaningfully.
 const FLAG_HAS_IS_REMOTE: u64 = 0x100;
@@ -80,6 +83,13 @@ pub struct Span {
     pub cgroup_cpu_limit_millicpus: Option<u64>,
     /// [`BUSY_NS_ATTRIBUTE`], when the span carries it.
     pub busy_ns: Option<u64>,
+    /// The module the span was made in: `code.module.name` (or the older
+    /// `code.namespace`), which `tracing-opentelemetry` sets from the callsite's module
+    /// path (`svc::catalog`), when the span carries it.
+    pub code_module: Option<String>,
+    /// Why the bridge kept no evidence for this root, when it says
+    /// (`profiling.evidence.missing`: `not_followed`, `no_sampler`, `root_cap`).
+    pub evidence_missing: Option<String>,
 }
 
 impl Span {
@@ -136,6 +146,8 @@ impl Span {
             busy_ns: None,
             http_route: None,
             http_method: None,
+            code_module: None,
+            evidence_missing: None,
         }
     }
 }
@@ -326,6 +338,8 @@ fn convert(span: JsonSpan, service_version: Option<String>) -> Result<Span, Stri
         cgroup_throttled_ns: None,
         cgroup_cpu_limit_millicpus: None,
         busy_ns: None,
+        code_module: None,
+        evidence_missing: None,
     };
     let id = out.span_id;
     let in_span = |e: String| format!("span {id}: {e}");
@@ -364,6 +378,11 @@ fn convert(span: JsonSpan, service_version: Option<String>) -> Result<Span, Stri
             }
             // Written by another library: a malformed value is ignored, not fatal.
             BUSY_NS_ATTRIBUTE => out.busy_ns = attribute.unsigned().ok(),
+            EVIDENCE_MISSING_ATTRIBUTE => out.evidence_missing = attribute.text(),
+            key if key == CODE_MODULE_ATTRIBUTES[0] => out.code_module = attribute.text(),
+            key if key == CODE_MODULE_ATTRIBUTES[1] && out.code_module.is_none() => {
+                out.code_module = attribute.text();
+            }
             _ => {}
         }
     }
@@ -408,6 +427,9 @@ mod tests {
                 {"key":"profiling.cpu.samples","value":{"intValue":2}},
                 {"key":"profiling.cpu.time_ns","value":{"intValue":"20000000"}},
                 {"key":"busy_ns","value":{"intValue":"1500"}},
+                {"key":"code.namespace","value":{"stringValue":"old::key"}},
+                {"key":"code.module.name","value":{"stringValue":"svc::catalog"}},
+                {"key":"profiling.evidence.missing","value":{"stringValue":"not_followed"}},
                 {"key":"idle_ns","value":{"intValue":"1000"}}]}]}]}]}"#,
         )
         .expect("parse");
@@ -433,6 +455,8 @@ mod tests {
                 cgroup_throttled_ns: None,
                 cgroup_cpu_limit_millicpus: None,
                 busy_ns: Some(1500),
+                code_module: Some("svc::catalog".into()),
+                evidence_missing: Some("not_followed".into()),
             }]
         );
         assert_eq!(spans[0].wall_ns(), 2500);

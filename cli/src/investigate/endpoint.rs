@@ -77,8 +77,12 @@ pub struct VersionSummary {
     pub p50_ns: f64,
     /// p95, ns.
     pub p95_ns: f64,
-    /// `"TraceQL metrics"` or `"the search's sample of N span(s)"`.
+    /// Where p50 and p95 come from: every matching span (exact, when the search held
+    /// them all), Tempo's TraceQL metrics (estimates from log2 duration buckets, within a
+    /// factor of two), or the search's sample.
     pub quantiles_from: String,
+    /// p50 and p95 are estimates, not quantiles of every span (printed with `≈`).
+    pub approximate: bool,
     /// The slowest spans of the sample: (trace id, span id, duration ns).
     pub slowest: Vec<(String, String, u64)>,
 }
@@ -94,6 +98,8 @@ pub struct EndpointReport {
     pub window_s: (u64, u64),
     /// Spans the search returned (all versions), and the limit it ran with.
     pub found: usize,
+    /// The end of the newest span found, ns since the epoch (0 when none).
+    pub newest_end_ns: u64,
     /// Per version, most recent first.
     pub versions: Vec<VersionSummary>,
     /// The report's table and groups over the spans read in full.
@@ -146,6 +152,11 @@ impl EndpointReport {
             limit,
             spans_per_set: 3,
         })?;
+        let traces_found = found
+            .iter()
+            .map(|s| s.trace_id.as_str())
+            .collect::<std::collections::BTreeSet<_>>()
+            .len();
         let mut by_version: BTreeMap<String, Vec<&FoundSpan>> = BTreeMap::new();
         for span in &found {
             by_version.entry(version_of(span)).or_default().push(span);
@@ -183,12 +194,44 @@ impl EndpointReport {
                 let p = |q: &str| m.quantile(version, q);
                 Some((p("0.5")?, p("0.95")?))
             });
-            let (p50_ns, p95_ns, quantiles_from) = match from_metrics {
-                Some((p50, p95)) => (p50 * 1e9, p95 * 1e9, "TraceQL metrics".to_owned()),
+            // The search holds every matching span when it returned fewer traces than
+            // its limit and no trace had more matches than it showed: then its exact
+            // quantiles beat Tempo's estimates.
+            let complete = traces_found < limit as usize
+                && spans.iter().all(|s| {
+                    let shown = found.iter().filter(|f| f.trace_id == s.trace_id).count();
+                    s.set_matched as usize <= shown
+                });
+            let (p50_ns, p95_ns, quantiles_from, approximate) = match from_metrics {
+                Some(_) if complete => (
+                    quantile(&durations, 0.5),
+                    quantile(&durations, 0.95),
+                    format!("every matching span ({}), exact", durations.len()),
+                    false,
+                ),
+                Some((p50, p95)) => (
+                    p50 * 1e9,
+                    p95 * 1e9,
+                    "TraceQL metrics, estimated from log2 duration buckets".to_owned(),
+                    true,
+                ),
+                None if complete => (
+                    quantile(&durations, 0.5),
+                    quantile(&durations, 0.95),
+                    format!(
+                        "every matching span ({}), exact; TraceQL metrics had no value yet",
+                        durations.len()
+                    ),
+                    false,
+                ),
                 None => (
                     quantile(&durations, 0.5),
                     quantile(&durations, 0.95),
-                    format!("the search's sample of {} span(s)", durations.len()),
+                    format!(
+                        "the search's sample of {} span(s); TraceQL metrics had no value",
+                        durations.len()
+                    ),
+                    true,
                 ),
             };
             let mut read = 0;
@@ -215,6 +258,7 @@ impl EndpointReport {
                 p50_ns,
                 p95_ns,
                 quantiles_from,
+                approximate,
                 slowest: sorted
                     .iter()
                     .take(SLOWEST)
@@ -238,6 +282,11 @@ impl EndpointReport {
             traceql,
             window_s: (start_s, end_s),
             found: found.len(),
+            newest_end_ns: found
+                .iter()
+                .map(|s| s.start_unix_nano.saturating_add(s.duration_ns))
+                .max()
+                .unwrap_or(0),
             versions,
             report: SpanReport::from_input(&input),
             input,
@@ -245,7 +294,26 @@ impl EndpointReport {
     }
 }
 
+/// How long a real Tempo took to list a finished trace in search (seconds after it ended:
+/// none of the newest at 5 s, all at 30 s; its TraceQL metrics later still).
+pub const SEARCHABLE_AFTER_S: u64 = 30;
+
 impl EndpointReport {
+    /// Said when the window ends less than [`SEARCHABLE_AFTER_S`] after the newest span
+    /// found (or nothing was found): Tempo lists a trace in search only seconds after it
+    /// ends, so the newest requests may be missing from the figures.
+    pub fn newest_spans_note(&self) -> Option<String> {
+        let newest_end_s = self.newest_end_ns / 1_000_000_000;
+        let recent = self.found == 0 || self.window_s.1 < newest_end_s + SEARCHABLE_AFTER_S;
+        recent.then(|| {
+            format!(
+                "note: the window ends now, and Tempo lists a trace in search only seconds \
+                 after it ends (its TraceQL metrics later still): requests of the last \
+                 ~{SEARCHABLE_AFTER_S} s may be missing; run again later to include them"
+            )
+        })
+    }
+
     /// The report as JSON (`docs/investigate.md`, the same `version` as
     /// [`super::JSON_VERSION`]).
     pub fn to_json(&self) -> serde_json::Value {
@@ -258,6 +326,7 @@ impl EndpointReport {
             "start_s": self.window_s.0,
             "end_s": self.window_s.1,
             "found": self.found,
+            "newest_spans_note": self.newest_spans_note(),
             "versions": self.versions.iter().map(|v| {
                 let group = self.report.groups.iter().find(|g| {
                     crate::input::version_label(g.version.as_deref()) == v.version
@@ -269,6 +338,7 @@ impl EndpointReport {
                     "p50_ns": v.p50_ns,
                     "p95_ns": v.p95_ns,
                     "quantiles_from": v.quantiles_from,
+                    "quantiles_approximate": v.approximate,
                     "slowest": v.slowest.iter().map(|(t, s, ns)| json!({
                         "trace_id": t, "span_id": s, "duration_ns": ns,
                     })).collect::<Vec<_>>(),
@@ -330,10 +400,14 @@ impl fmt::Display for EndpointReport {
             q.search_limit.clamp(1, MAX_SEARCH_TRACES),
             q.spans_per_version
         )?;
+        if let Some(note) = self.newest_spans_note() {
+            writeln!(f, "  {note}")?;
+        }
         for v in &self.versions {
+            let about = if v.approximate { "≈" } else { "" };
             writeln!(
                 f,
-                "\n  {}: {} span(s) found, {} read; wall p50 {}, p95 {} (from {})",
+                "\n  {}: {} span(s) found, {} read; wall p50 {about}{}, p95 {about}{} (from {})",
                 v.version,
                 v.found,
                 v.read,
@@ -356,8 +430,38 @@ impl fmt::Display for EndpointReport {
         )?;
         self.report.write_body(f)?;
         if self.query.user_crates.is_empty() {
-            writeln!(f, "\n{}", super::NAMES_ONLY_HINT)?;
+            writeln!(f, "\n{}", super::names_only_note(&self.input))?;
         }
         Ok(())
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn report(found: usize, newest_end_s: u64, window_end_s: u64) -> EndpointReport {
+        let input = Input::default();
+        EndpointReport {
+            query: EndpointQuery::new("svc", "GET /x", Duration::from_secs(600)),
+            traceql: String::new(),
+            window_s: (window_end_s - 600, window_end_s),
+            found,
+            newest_end_ns: newest_end_s * 1_000_000_000,
+            versions: Vec::new(),
+            report: SpanReport::from_input(&input),
+            input,
+        }
+    }
+
+    /// Tempo lists a trace only seconds after it ends: a window whose newest span ended
+    /// under 30 s before its end, or that found nothing, says the last may be missing.
+    #[test]
+    fn a_window_ending_at_fresh_spans_says_they_may_be_missing() {
+        assert!(report(0, 0, 10_000).newest_spans_note().is_some());
+        assert!(report(5, 9_990, 10_000).newest_spans_note().is_some());
+        assert!(report(5, 9_900, 10_000).newest_spans_note().is_none());
+        let shown = report(5, 9_990, 10_000).to_string();
+        assert!(shown.contains("may be missing"), "{shown}");
     }
 }

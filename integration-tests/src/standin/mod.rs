@@ -5,7 +5,8 @@
 //! checklist needs:
 //!
 //! * OTLP/HTTP ingest: `POST /v1/traces` (protobuf `ExportTraceServiceRequest`);
-//! * Tempo's v1 trace API: `GET /api/traces/<trace id hex>` → OTLP JSON `{"batches": [...]}`
+//! * Tempo's trace APIs: `GET /api/traces/<trace id hex>` → OTLP JSON `{"batches": [...]}`,
+//!   and `GET /api/v2/traces/<id>` → `{"trace": {"resourceSpans": [...]}}`
 //!   (ids base64-encoded, as Tempo's protobuf JSON marshalling writes them), 404 when unknown,
 //!   400 for a malformed id;
 //! * Pyroscope's push: `POST /push.v1.PusherService/Push` (Connect unary, protobuf, optionally
@@ -32,8 +33,10 @@
 //!   `<spanset filter> | quantile_over_time(duration, <q>, ...) [by (<attr>)]` only (the
 //!   filter as the search takes it), answering Tempo v3's `QueryRangeResponse` JSON
 //!   (`series[].labels` with `p` and the `by` attribute, `samples[]` of bucket start and
-//!   seconds, `promLabels`, `metrics.inspectedSpans`); exact nearest-rank quantiles rather
-//!   than Tempo's histogram estimates; `step` defaults to `(end - start) / 100` (at least
+//!   seconds, every step of the window present and those without spans lacking `value`,
+//!   `promLabels`, `metrics.inspectedSpans`); quantiles estimated as Tempo 3 does, from
+//!   log2 duration buckets (approximate within a factor of two, as Tempo's are); `step`
+//!   defaults to `(end - start) / 100` (at least
 //!   1 s), at most 1000 buckets; any other metrics query is a plain-text 400 starting `the
 //!   stand-in supports only`;
 //! * Pyroscope's querier (Connect unary, JSON; int64 accepted as strings or numbers,
@@ -156,6 +159,7 @@ impl StandIn {
         let app = Router::new()
             .route("/v1/traces", post(otlp_traces))
             .route("/api/traces/{id}", get(tempo_trace))
+            .route("/api/v2/traces/{id}", get(tempo_trace_v2))
             .route("/api/search", get(tempo_search))
             .route("/api/metrics/query_range", get(tempo_query_range))
             .route("/push.v1.PusherService/Push", post(pyroscope_push))
@@ -361,11 +365,31 @@ async fn otlp_traces(
 }
 
 async fn tempo_trace(State(stores): State<Arc<Stores>>, Path(id): Path<String>) -> Response {
+    trace_answer(&stores, &id, |batches| batches)
+}
+
+/// Tempo v2's trace API: the v1 answer's batches as `{"trace": {"resourceSpans": [...]},
+/// "metrics": {"inspectedBytes": "<n>"}}` (the stand-in's bytes: the spans' JSON).
+async fn tempo_trace_v2(State(stores): State<Arc<Stores>>, Path(id): Path<String>) -> Response {
+    trace_answer(&stores, &id, |v1| {
+        let bytes = v1["batches"].to_string().len();
+        serde_json::json!({
+            "trace": { "resourceSpans": v1["batches"] },
+            "metrics": { "inspectedBytes": bytes.to_string() },
+        })
+    })
+}
+
+fn trace_answer(
+    stores: &Stores,
+    id: &str,
+    shape: impl FnOnce(serde_json::Value) -> serde_json::Value,
+) -> Response {
     let tempo = match stores.tempo.lock() {
         Ok(t) => t,
         Err(_) => return StatusCode::INTERNAL_SERVER_ERROR.into_response(),
     };
-    match tempo.trace_json(&id) {
+    match tempo.trace_json(id).map(|found| found.map(shape)) {
         Ok(Some(json)) => (
             StatusCode::OK,
             [("content-type", "application/json")],
@@ -770,6 +794,158 @@ mod tests {
         );
     }
 
+    /// Every key path (`traces[].spanSet.spans[].durationNanos`) of `json`, and the JSON
+    /// type at it.
+    fn key_paths(json: &serde_json::Value, at: &str, out: &mut std::collections::BTreeSet<String>) {
+        use serde_json::Value;
+        match json {
+            Value::Object(map) => {
+                for (k, v) in map {
+                    key_paths(v, &format!("{at}.{k}"), out);
+                }
+            }
+            Value::Array(items) => items
+                .iter()
+                .for_each(|v| key_paths(v, &format!("{at}[]"), out)),
+            Value::String(_) => drop(out.insert(format!("{at}: string"))),
+            Value::Number(_) => drop(out.insert(format!("{at}: number"))),
+            Value::Bool(_) => drop(out.insert(format!("{at}: bool"))),
+            Value::Null => drop(out.insert(format!("{at}: null"))),
+        }
+    }
+
+    /// The stand-in answers the queries investigate makes with the keys, nesting and value
+    /// types a real Tempo 3.0.3 answered them with (its captured answers, in
+    /// `query/tests/data/tempo-3.0.3/`), for the same kind of spans.
+    #[test]
+    fn answers_have_the_shape_of_a_real_tempo_3s() {
+        use opentelemetry_proto::tonic::collector::trace::v1::ExportTraceServiceRequest;
+        use opentelemetry_proto::tonic::common::v1::{
+            any_value, AnyValue, InstrumentationScope, KeyValue,
+        };
+        use opentelemetry_proto::tonic::resource::v1::Resource;
+        use opentelemetry_proto::tonic::trace::v1::{ResourceSpans, ScopeSpans, Span};
+
+        let captured = |name: &str| -> serde_json::Value {
+            let path = format!(
+                "{}/../query/tests/data/tempo-3.0.3/{name}",
+                env!("CARGO_MANIFEST_DIR")
+            );
+            serde_json::from_str(&std::fs::read_to_string(&path).expect("captured answer"))
+                .expect("JSON")
+        };
+        let paths = |json: &serde_json::Value| {
+            let mut out = std::collections::BTreeSet::new();
+            key_paths(json, "", &mut out);
+            out
+        };
+        let standin = StandIn::start().expect("stand-in starts");
+        let http = reqwest::blocking::Client::builder()
+            .no_proxy()
+            .build()
+            .expect("client");
+        let kv = |key: &str, value: &str| KeyValue {
+            key: key.into(),
+            value: Some(AnyValue {
+                value: Some(any_value::Value::StringValue(value.into())),
+            }),
+            ..KeyValue::default()
+        };
+        let now_s = SystemTime::now()
+            .duration_since(SystemTime::UNIX_EPOCH)
+            .expect("clock")
+            .as_secs();
+        // The demo's kind of root span, as the captured answers were of.
+        let span = Span {
+            trace_id: vec![
+                0, 0x8b, 0x2e, 0xa3, 0xe5, 0xbf, 0, 0xaa, 0x94, 0xeb, 0xed, 0xcc, 0x97, 0x15, 0xb8,
+                0x53,
+            ],
+            span_id: vec![0x17, 0x18, 0xa1, 0xf2, 0x50, 0xda, 0x11, 0x39],
+            name: "GET /report".into(),
+            kind: 2,
+            start_time_unix_nano: (now_s - 100) * 1_000_000_000,
+            end_time_unix_nano: (now_s - 100) * 1_000_000_000 + 687_607_017,
+            attributes: vec![
+                kv("code.module.name", "otel_profiling_examples::service"),
+                kv("pyroscope.profile.id", "1718a1f250da1139"),
+                KeyValue {
+                    key: "thread.id".into(),
+                    value: Some(AnyValue {
+                        value: Some(any_value::Value::IntValue(10)),
+                    }),
+                    ..KeyValue::default()
+                },
+            ],
+            ..Span::default()
+        };
+        let request = ExportTraceServiceRequest {
+            resource_spans: vec![ResourceSpans {
+                resource: Some(Resource {
+                    attributes: vec![
+                        kv("service.version", "1.5.0"),
+                        kv("service.name", "report-service"),
+                    ],
+                    ..Resource::default()
+                }),
+                scope_spans: vec![ScopeSpans {
+                    scope: Some(InstrumentationScope {
+                        name: "otel-profiling".into(),
+                        ..InstrumentationScope::default()
+                    }),
+                    spans: vec![span],
+                    ..ScopeSpans::default()
+                }],
+                ..ResourceSpans::default()
+            }],
+        };
+        let r = http
+            .post(format!("{}/v1/traces", standin.url()))
+            .header("content-type", "application/x-protobuf")
+            .body(prost::Message::encode_to_vec(&request))
+            .send()
+            .expect("POST");
+        assert_eq!(r.status().as_u16(), 200);
+        let get = |path_and_query: &str| -> serde_json::Value {
+            let r = http
+                .get(format!("{}{path_and_query}", standin.url()))
+                .send()
+                .expect("GET");
+            assert_eq!(r.status().as_u16(), 200, "{path_and_query}");
+            serde_json::from_str(&r.text().expect("body")).expect("JSON")
+        };
+        let window = format!("start={}&end={}", now_s - 3600, now_s + 60);
+        let search = get(&format!(
+            "/api/search?q=%7B+resource.service.name+%3D+%22report-service%22+%26%26+name+%3D+\
+             %22GET+%2Freport%22+%7D+%7C+select(resource.service.version)&limit=3&{window}"
+        ));
+        let trace_v1 = get("/api/traces/008b2ea3e5bf00aa94ebedcc9715b853");
+        let trace_v2 = get("/api/v2/traces/008b2ea3e5bf00aa94ebedcc9715b853");
+        let metrics = get(&format!(
+            "/api/metrics/query_range?q=%7B+name+%3D+%22GET+%2Freport%22+%7D+%7C+\
+             quantile_over_time(duration%2C+.5%2C+.95)+by+(resource.service.version)\
+             &step=60s&{window}"
+        ));
+        for (name, ours, skip) in [
+            // Tempo's search metrics count jobs and bytes the stand-in has none of.
+            ("search-select.json", &search, ".metrics."),
+            ("trace-v1.json", &trace_v1, "\u{0}"),
+            ("trace-v2.json", &trace_v2, "\u{0}"),
+            ("query-range-quantiles.json", &metrics, ".metrics"),
+        ] {
+            let theirs: std::collections::BTreeSet<String> = paths(&captured(name))
+                .into_iter()
+                .filter(|p| !p.starts_with(skip))
+                .collect();
+            let ours = paths(ours);
+            let missing: Vec<&String> = theirs.difference(&ours).collect();
+            assert!(
+                missing.is_empty(),
+                "{name}: the stand-in lacks {missing:#?}\nit answers {ours:#?}"
+            );
+        }
+    }
+
     #[test]
     fn query_range_answers_tempos_shape_over_http() {
         use opentelemetry_proto::tonic::collector::trace::v1::ExportTraceServiceRequest;
@@ -833,7 +1009,15 @@ mod tests {
                  (duration%2C+0.95)+by+(resource.service.version)";
         let (status, body) = get(&format!("{q}&start=1000&end=1120&step=60s"));
         assert_eq!(status, 200, "{body}");
-        let json: serde_json::Value = serde_json::from_str(&body).expect("JSON");
+        let mut json: serde_json::Value = serde_json::from_str(&body).expect("JSON");
+        let exemplars = json["series"][0]
+            .as_object_mut()
+            .and_then(|s| s.remove("exemplars"));
+        assert_eq!(
+            exemplars.and_then(|e| e.as_array().map(Vec::len)),
+            Some(3),
+            "the three spans as exemplars"
+        );
         assert_eq!(
             json,
             serde_json::json!({
@@ -842,9 +1026,10 @@ mod tests {
                         {"key": "resource.service.version", "value": {"stringValue": "1.5.0"}},
                         {"key": "p", "value": {"doubleValue": 0.95}},
                     ],
+                    // Tempo's log2 estimates: both 2^31 ns.
                     "samples": [
-                        {"timestampMs": "1000000", "value": 1.25},
-                        {"timestampMs": "1060000", "value": 2.0},
+                        {"timestampMs": "1000000", "value": 2.147483648},
+                        {"timestampMs": "1060000", "value": 2.147483648},
                     ],
                     "promLabels": "{p=\"0.95\", resource.service.version=\"1.5.0\"}",
                 }],

@@ -410,6 +410,19 @@ impl TempoStore {
             if let Some(root) = root {
                 trace["rootTraceName"] = json!(root.span.name);
             }
+            // The trace's spans per service (Tempo's `serviceStats`; its `errorCount` is
+            // left out at 0, as protobuf JSON leaves out zeros).
+            let mut per_service: BTreeMap<&str, u64> = BTreeMap::new();
+            for s in spans.iter() {
+                *per_service
+                    .entry(service_name(s.resource.as_ref()).unwrap_or_default())
+                    .or_default() += 1;
+            }
+            trace["serviceStats"] = per_service
+                .into_iter()
+                .map(|(service, n)| (service.to_owned(), json!({ "spanCount": n })))
+                .collect::<serde_json::Map<String, Value>>()
+                .into();
             found.push((start, trace_id, trace));
         }
         found.sort_by(|a, b| b.0.cmp(&a.0).then_with(|| a.1.cmp(b.1)));
@@ -421,11 +434,37 @@ impl TempoStore {
     }
 }
 
-/// The exact nearest-rank `q` quantile of `sorted` (ascending, not empty): the smallest
-/// value with at least `q` of the values at or below it.
-fn nearest_rank(sorted: &[u64], q: f64) -> u64 {
-    let rank = (q * sorted.len() as f64).ceil() as usize;
-    sorted[rank.clamp(1, sorted.len()) - 1]
+/// The `q` quantile of `durations` (ns, not empty) as Tempo's `quantile_over_time`
+/// estimates it, in ns: each duration counts in its log2 bucket (the next power of two at
+/// or above it; 0 and 1 ns in the 1 ns bucket); the rank is `ceil(q·n)`, at least 1; a
+/// rank that ends a bucket answers that bucket's bound, else the value is interpolated
+/// exponentially between the previous (non-empty) bucket's bound (half this one's for
+/// the first) and this one's, by the share of this bucket's count the rank reaches. So
+/// a p50 of 100–1000 ms spans reads 2^29 ns, 536.9 ms: an estimate within a factor of
+/// two, never an observed duration.
+fn log2_quantile(durations: &[u64], q: f64) -> f64 {
+    let mut buckets: BTreeMap<u64, u64> = BTreeMap::new();
+    for &d in durations {
+        *buckets.entry(d.max(1).next_power_of_two()).or_default() += 1;
+    }
+    let n = durations.len() as u64;
+    let rank = ((q * n as f64).ceil() as u64).clamp(1, n.max(1));
+    let (mut below, mut previous) = (0u64, None::<u64>);
+    for (&bound, &count) in &buckets {
+        if below + count < rank {
+            below += count;
+            previous = Some(bound);
+            continue;
+        }
+        if below + count == rank {
+            return bound as f64;
+        }
+        let share = (rank - below) as f64 / count as f64;
+        let high = (bound as f64).log2();
+        let low = previous.map_or(high - 1.0, |p| (p as f64).log2());
+        return (low + (high - low) * share).exp2();
+    }
+    buckets.keys().last().map_or(0.0, |&b| b as f64)
 }
 
 /// A label value as Prometheus' text form writes it (strings quoted).
@@ -460,18 +499,21 @@ impl TempoStore {
     /// Each (group, quantile) is one series, labelled with the `by` attribute under its
     /// text as written and `p` (the quantile, a double), with one sample per bucket that
     /// has a span: `timestampMs` the bucket's start, `value` the quantile of the bucket's
-    /// durations in seconds. Tempo estimates quantiles from exponential histograms; the
-    /// stand-in computes the exact nearest-rank quantile instead, so a client must not
-    /// expect values bit-equal to Tempo's. Series are ordered by group, then quantile as
-    /// written. `inspectedSpans` counts the spans starting in the window, matching or not.
+    /// durations in seconds, estimated as Tempo 3 does from log2 duration buckets
+    /// (`log2_quantile`); every other step of the window is a sample without `value`,
+    /// as Tempo answers steps without spans. Series are ordered by group, then quantile
+    /// as written. `inspectedSpans` counts the spans starting in the window, matching or
+    /// not.
     pub fn query_range(&self, request: &MetricsRequest) -> Value {
         let from = request.start_s.saturating_mul(NANOS_PER_S);
         let to = request.end_s.saturating_mul(NANOS_PER_S);
         let query = &request.query;
         let mut inspected = 0u64;
-        // Group (its label value as JSON, keyed by that JSON's text) → bucket → durations.
+        // Group (its label value as JSON, keyed by that JSON's text) → bucket → durations,
+        // and the group's exemplars.
         type Buckets = BTreeMap<u64, Vec<u64>>;
         let mut groups: BTreeMap<Option<String>, (Option<Value>, Buckets)> = BTreeMap::new();
+        let mut exemplars: BTreeMap<Option<String>, Vec<Exemplar>> = BTreeMap::new();
         for stored in self.traces.values().flatten() {
             let span = &stored.span;
             let start = span.start_time_unix_nano;
@@ -492,18 +534,63 @@ impl TempoStore {
                         .map(|v| any_value_json(Some(v))),
                 });
             let bucket = (start - from) / request.step_ns;
+            let key = label.as_ref().map(Value::to_string);
+            let duration_ns = span.end_time_unix_nano.saturating_sub(start);
+            let group_exemplars = exemplars.entry(key.clone()).or_default();
+            if group_exemplars.len() < EXEMPLARS_PER_GROUP {
+                let mut labels = vec![
+                    json!({"key": "trace:id", "value": {"stringValue":
+                        hex(&span.trace_id).trim_start_matches('0')}}),
+                    json!({"key": "resource.service.name", "value": {"stringValue":
+                        service_name(stored.resource.as_ref()).unwrap_or_default()}}),
+                ];
+                if let (Some((by, _)), Some(value)) = (&query.by, &label) {
+                    if by != "resource.service.name" && by != "name" {
+                        labels.push(json!({"key": by, "value": value}));
+                    }
+                }
+                labels.push(json!({"key": "name", "value": {"stringValue": span.name}}));
+                labels.push(json!({"key": "duration", "value": {"stringValue":
+                    go_duration(duration_ns)}}));
+                group_exemplars.push(Exemplar {
+                    bucket,
+                    duration_ns,
+                    json: json!({
+                        "labels": labels,
+                        "value": duration_ns as f64 / 1e9,
+                        "timestampMs": (start / 1_000_000).to_string(),
+                    }),
+                });
+            }
             groups
-                .entry(label.as_ref().map(Value::to_string))
+                .entry(key)
                 .or_insert_with(|| (label, BTreeMap::new()))
                 .1
                 .entry(bucket)
                 .or_default()
-                .push(span.end_time_unix_nano.saturating_sub(start));
+                .push(duration_ns);
         }
         let mut series = Vec::new();
-        for (label, mut buckets) in groups.into_values() {
-            buckets.values_mut().for_each(|d| d.sort_unstable());
-            for &q in &query.quantiles {
+        for (key, (label, buckets)) in groups {
+            // Each exemplar goes to the quantile series whose value in its step is
+            // nearest its duration (as Tempo assigns them).
+            let mut assigned: Vec<Vec<Value>> = vec![Vec::new(); query.quantiles.len()];
+            for exemplar in exemplars.remove(&key).unwrap_or_default() {
+                let Some(durations) = buckets.get(&exemplar.bucket) else {
+                    continue;
+                };
+                let nearest = query
+                    .quantiles
+                    .iter()
+                    .map(|&q| (log2_quantile(durations, q) - exemplar.duration_ns as f64).abs())
+                    .enumerate()
+                    .min_by(|a, b| a.1.total_cmp(&b.1))
+                    .map(|(i, _)| i);
+                if let Some(i) = nearest {
+                    assigned[i].push(exemplar.json);
+                }
+            }
+            for (qi, &q) in query.quantiles.iter().enumerate() {
                 let mut labels = Vec::new();
                 let mut prom = Vec::new();
                 if let (Some((key, _)), Some(value)) = (&query.by, &label) {
@@ -513,14 +600,17 @@ impl TempoStore {
                 labels.push(json!({ "key": "p", "value": { "doubleValue": q } }));
                 prom.push(("p".to_string(), format!("\"{q}\"")));
                 prom.sort();
-                let samples: Vec<Value> = buckets
-                    .iter()
-                    .map(|(i, durations)| {
+                let steps = to.saturating_sub(from).div_ceil(request.step_ns.max(1));
+                let samples: Vec<Value> = (0..steps)
+                    .map(|i| {
                         let at_ms = (from + i * request.step_ns) / 1_000_000;
-                        json!({
-                            "timestampMs": at_ms.to_string(),
-                            "value": nearest_rank(durations, q) as f64 / 1e9,
-                        })
+                        match buckets.get(&i) {
+                            Some(durations) => json!({
+                                "timestampMs": at_ms.to_string(),
+                                "value": log2_quantile(durations, q) / 1e9,
+                            }),
+                            None => json!({ "timestampMs": at_ms.to_string() }),
+                        }
                     })
                     .collect();
                 let prom_labels = prom
@@ -528,11 +618,15 @@ impl TempoStore {
                     .map(|(k, v)| format!("{k}={v}"))
                     .collect::<Vec<_>>()
                     .join(", ");
-                series.push(json!({
+                let mut one = json!({
                     "labels": labels,
                     "samples": samples,
                     "promLabels": format!("{{{prom_labels}}}"),
-                }));
+                });
+                if !assigned[qi].is_empty() {
+                    one["exemplars"] = Value::Array(std::mem::take(&mut assigned[qi]));
+                }
+                series.push(one);
             }
         }
         json!({
@@ -540,6 +634,32 @@ impl TempoStore {
             "metrics": { "inspectedSpans": inspected.to_string() },
         })
     }
+}
+
+/// The most exemplar spans a `query_range` answer carries per group.
+const EXEMPLARS_PER_GROUP: usize = 20;
+
+/// A span shown with a metrics series, as Tempo 3 shows one: its trace id (hex without
+/// leading zeros), service, the `by` attribute, name and duration as labels.
+struct Exemplar {
+    bucket: u64,
+    duration_ns: u64,
+    json: Value,
+}
+
+/// A duration as Go's `time.Duration` prints it (`715.63262ms`, `1.5s`, `250µs`, `7ns`),
+/// which Tempo's exemplar labels use.
+fn go_duration(ns: u64) -> String {
+    let (value, unit) = match ns {
+        0 => return "0s".to_owned(),
+        n if n < 1_000 => return format!("{n}ns"),
+        n if n < 1_000_000 => (n as f64 / 1e3, "µs"),
+        n if n < 1_000_000_000 => (n as f64 / 1e6, "ms"),
+        n => (n as f64 / 1e9, "s"),
+    };
+    let text = format!("{value:.9}");
+    let text = text.trim_end_matches('0').trim_end_matches('.');
+    format!("{text}{unit}")
 }
 
 /// One span of a search answer: ids in hex, times as strings, the `returned` attributes
@@ -869,12 +989,17 @@ mod tests {
                 })
                 .unwrap_or_else(|| panic!("{version:?} {p}: {answer:#}"))
         };
+        // Tempo's estimates (see `quantiles_are_tempos_log2_estimates`), every step of the
+        // window present, those without spans without a value.
         let median = find(Some("1.5.0"), 0.5);
         assert_eq!(
             median["samples"],
             json!([
-                {"timestampMs": "100000", "value": 0.5},
-                {"timestampMs": "220000", "value": 0.007},
+                {"timestampMs": "100000", "value": 0.536870912},
+                {"timestampMs": "160000"},
+                {"timestampMs": "220000", "value": 0.008388608},
+                {"timestampMs": "280000"},
+                {"timestampMs": "340000"},
             ])
         );
         assert_eq!(
@@ -888,32 +1013,59 @@ mod tests {
             median["promLabels"],
             r#"{p="0.5", resource.service.version="1.5.0"}"#
         );
-        // Nearest rank: the 10th of 10 for .95.
-        assert_eq!(find(Some("1.5.0"), 0.95)["samples"][0]["value"], 1.0);
+        // The 10th of 10 for .95: the bound of its bucket.
         assert_eq!(
-            find(Some("2.0.0"), 0.95)["samples"],
-            json!([{"timestampMs": "100000", "value": 3.0}])
+            find(Some("1.5.0"), 0.95)["samples"][0]["value"],
+            1.073741824
+        );
+        assert_eq!(
+            find(Some("2.0.0"), 0.95)["samples"][0],
+            json!({"timestampMs": "100000", "value": 4.294967296})
         );
         let bare = find(None, 0.5);
         assert_eq!(
-            bare["samples"],
-            json!([{"timestampMs": "100000", "value": 0.042}])
+            bare["samples"][0],
+            json!({"timestampMs": "100000", "value": 0.067108864})
         );
         assert_eq!(bare["promLabels"], r#"{p="0.5"}"#);
         assert_eq!(bare["labels"].as_array().map(Vec::len), Some(1));
 
+        // Exemplars: each span of a group once, on the quantile series nearest it.
+        let exemplars = |s: &Value| s["exemplars"].as_array().map_or(0, Vec::len);
+        assert_eq!(
+            exemplars(find(Some("1.5.0"), 0.5)) + exemplars(find(Some("1.5.0"), 0.95)),
+            11
+        );
+        let slowest = &find(Some("1.5.0"), 0.95)["exemplars"];
+        assert!(
+            slowest.as_array().unwrap().iter().any(|e| e["value"] == 1.0
+                && e["labels"][2]["key"] == "resource.service.version"
+                && e["labels"][4] == json!({"key": "duration", "value": {"stringValue": "1s"}})),
+            "{slowest:#}"
+        );
+
         // Without by: one series per quantile; by name groups on the span name.
-        let answer = s.query_range(&MetricsRequest {
+        let mut answer = s.query_range(&MetricsRequest {
             query: parse_metrics_query("{} | quantile_over_time(duration, 0)").unwrap(),
             start_s: 100,
             end_s: 400,
             step_ns: 300 * S,
         });
+        let all = answer["series"][0]["exemplars"].take();
+        assert_eq!(
+            all.as_array().map(Vec::len),
+            Some(14),
+            "every span, up to 20"
+        );
+        answer["series"][0]
+            .as_object_mut()
+            .unwrap()
+            .remove("exemplars");
         assert_eq!(
             answer["series"],
             json!([{
                 "labels": [{"key": "p", "value": {"doubleValue": 0.0}}],
-                "samples": [{"timestampMs": "100000", "value": 0.007}],
+                "samples": [{"timestampMs": "100000", "value": 0.008388608}],
                 "promLabels": r#"{p="0"}"#,
             }])
         );
@@ -932,8 +1084,8 @@ mod tests {
         assert_eq!(
             names,
             [
-                (r#"{name="GET /x", p="1"}"#, &json!(3.0)),
-                (r#"{name="GET /y", p="1"}"#, &json!(50.0)),
+                (r#"{name="GET /x", p="1"}"#, &json!(4.294967296)),
+                (r#"{name="GET /y", p="1"}"#, &json!(68.719476736)),
             ]
         );
         // Nothing matching: no series.
@@ -948,13 +1100,31 @@ mod tests {
     }
 
     #[test]
-    fn nearest_rank_is_exact() {
-        let v = [1, 2, 3, 4];
-        assert_eq!(
-            [0.0, 0.25, 0.26, 0.5, 0.75, 0.99, 1.0].map(|q| nearest_rank(&v, q)),
-            [1, 1, 2, 2, 3, 4, 4]
-        );
-        assert_eq!(nearest_rank(&[9], 0.5), 9);
+    fn durations_print_as_go_prints_them() {
+        assert_eq!(go_duration(715_632_620), "715.63262ms");
+        assert_eq!(go_duration(1_500_000_000), "1.5s");
+        assert_eq!(go_duration(250_000), "250µs");
+        assert_eq!(go_duration(7), "7ns");
+        assert_eq!(go_duration(0), "0s");
+    }
+
+    /// Tempo's estimate: a rank that ends a log2 bucket is its bound, else exponential
+    /// interpolation from the previous bucket's bound (half this one's for the first).
+    #[test]
+    fn quantiles_are_tempos_log2_estimates() {
+        const MS: u64 = 1_000_000;
+        let spans: Vec<u64> = (1..=10).map(|i| i * 100 * MS).collect();
+        // Buckets 2^27 {100}, 2^28 {200}, 2^29 {300, 400, 500}, 2^30 {600..=1000}.
+        assert_eq!(log2_quantile(&spans, 0.5), (1u64 << 29) as f64);
+        assert_eq!(log2_quantile(&spans, 0.95), (1u64 << 30) as f64);
+        assert_eq!(log2_quantile(&spans, 0.0), (1u64 << 27) as f64, "rank 1");
+        // Rank 4 of 10: two of the three in 2^29, from 2^28: 2^(28 + 2/3).
+        let p = log2_quantile(&spans, 0.4);
+        assert!((p - (28.0f64 + 2.0 / 3.0).exp2()).abs() < 1.0, "{p}");
+        // First bucket: from half its bound.
+        assert!((log2_quantile(&[3, 3, 3, 3], 0.5) - 1.5f64.exp2()).abs() < 1e-9);
+        assert_eq!(log2_quantile(&[0], 1.0), 1.0);
+        assert_eq!(log2_quantile(&[7 * MS], 0.5), (1u64 << 23) as f64);
     }
 
     #[test]

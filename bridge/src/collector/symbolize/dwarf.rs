@@ -395,6 +395,9 @@ pub(super) struct Pass<'d, 'a> {
     package: Option<Option<gimli::DwarfPackage<Slice<'a>>>>,
 }
 
+/// A frame's file and line.
+type Location = (Option<Arc<str>>, Option<u32>);
+
 /// What one unit says about an address.
 #[derive(Default)]
 struct Answer<'a> {
@@ -423,6 +426,13 @@ pub(super) struct Found {
     /// The out-of-line function (the last frame) has a bare Rust name (see
     /// `qualify`): the symbol table should name it.
     pub(super) bare_function: bool,
+    /// Frames (by index) that are closures written in the out-of-line function, with
+    /// their own name: once the symbol table names that function, they read
+    /// `<its path>::<name>` (see `qualify::Named::InFunction`).
+    pub(super) closures_in_function: Vec<(usize, String)>,
+    /// Frames (by index) named by a path within the unit's crate, which the unit's name
+    /// does not give (`qualify::Named::InUnitCrate`).
+    pub(super) in_unit_crate: Vec<usize>,
     /// The crate of the compile unit, from its name (Rust units).
     pub(super) unit_crate: Option<Arc<str>>,
 }
@@ -549,28 +559,16 @@ impl<'d, 'a> Pass<'d, 'a> {
                 found[p].location = location;
                 continue;
             };
-            let mut frames = Vec::with_capacity(function.inlined.len() + 1);
+            // The chain as debug info names it, innermost first, then its names.
+            let mut raw: Vec<(String, Option<Location>, bool)> =
+                Vec::with_capacity(function.inlined.len() + 1);
             let mut at = location.clone();
-            let mut push = |name: Option<Slice<'a>>,
-                            at: &Option<(Option<Arc<str>>, Option<u32>)>,
-                            inlined: bool,
-                            intern: &mut dyn FnMut(&str) -> Arc<str>| {
-                let Some(name) = name else { return };
-                let raw = name.to_string_lossy();
-                let name = super::demangle(&raw, lang);
-                let (file, line) = at.clone().unwrap_or((None, None));
-                // A bare inlined Rust name gets its crate (no symbol names it).
-                let qualified = (rust && inlined)
-                    .then(|| super::qualify::inlined(&name, file.as_deref(), unit_crate.as_deref()))
-                    .flatten();
-                frames.push(FrameLine {
-                    function: intern(qualified.as_deref().unwrap_or(&name)),
-                    file,
-                    line,
-                });
-            };
+            let demangled =
+                |name: Slice<'a>| super::demangle(&name.to_string_lossy(), lang).into_owned();
             for inlined in function.inlined.iter().rev() {
-                push(inlined.name, &at, true, intern);
+                if let Some(name) = inlined.name {
+                    raw.push((demangled(name), at.clone(), true));
+                }
                 let call_file = match (inlined.call_file, &unit_ref.line_program) {
                     (Some(f), Some(_)) => file(f, intern),
                     _ => None,
@@ -580,8 +578,47 @@ impl<'d, 'a> Pass<'d, 'a> {
                     (inlined.call_line != 0).then_some(inlined.call_line),
                 ));
             }
-            push(function.name, &at, false, intern);
+            if let Some(name) = function.name {
+                raw.push((demangled(name), at, false));
+            }
+            let named = if rust {
+                let chain: Vec<super::qualify::RawFrame<'_>> = raw
+                    .iter()
+                    .map(|(name, at, inlined)| super::qualify::RawFrame {
+                        name,
+                        file: at.as_ref().and_then(|(f, _)| f.as_deref()),
+                        inlined: *inlined,
+                    })
+                    .collect();
+                super::qualify::chain(&chain, unit_crate.as_deref())
+            } else {
+                Vec::new()
+            };
+            let mut closures_in_function = Vec::new();
+            let mut in_unit_crate = Vec::new();
+            let mut frames = Vec::with_capacity(raw.len());
+            for (i, (name, at, _)) in raw.iter().enumerate() {
+                let (file, line) = at.clone().unwrap_or((None, None));
+                let name = match named.get(i) {
+                    Some(super::qualify::Named::As(qualified)) => qualified.as_str(),
+                    Some(super::qualify::Named::InFunction { suffix, fallback }) => {
+                        closures_in_function.push((i, suffix.clone()));
+                        fallback.as_str()
+                    }
+                    Some(super::qualify::Named::InUnitCrate(path)) => {
+                        in_unit_crate.push(i);
+                        path.as_str()
+                    }
+                    _ => name.as_str(),
+                };
+                frames.push(FrameLine {
+                    function: intern(name),
+                    file,
+                    line,
+                });
+            }
             let bare_function = rust
+                && function.name.is_some()
                 && frames
                     .last()
                     .is_some_and(|f| super::qualify::is_bare(&f.function));
@@ -589,6 +626,16 @@ impl<'d, 'a> Pass<'d, 'a> {
                 frames,
                 location,
                 bare_function,
+                closures_in_function: if bare_function {
+                    closures_in_function
+                } else {
+                    Vec::new()
+                },
+                in_unit_crate: if bare_function {
+                    in_unit_crate
+                } else {
+                    Vec::new()
+                },
                 unit_crate: unit_crate.clone(),
             };
         }

@@ -541,6 +541,35 @@ impl FileNames {
                         last.function = intern(&named);
                     }
                 }
+                // Closures written in it take its path (`qualify`'s `InFunction`), and
+                // paths within an unnamed unit crate its crate when it is that crate's
+                // code (`InUnitCrate`).
+                if let Some(last) = frames.last().cloned() {
+                    let function = last.function;
+                    let users = last
+                        .file
+                        .as_deref()
+                        .is_some_and(|f| qualify::crate_of_file(f).is_none());
+                    let krate = function
+                        .split_once("::")
+                        .map(|(k, _)| k)
+                        .filter(|k| users && !k.is_empty() && !k.starts_with('<'));
+                    if let Some(krate) = krate {
+                        for &i in &found.in_unit_crate {
+                            if let Some(frame) = frames.get_mut(i) {
+                                frame.function = intern(&format!("{krate}::{}", frame.function));
+                            }
+                        }
+                    }
+                    if !qualify::is_bare(&function) {
+                        let path = qualify::without_generics(&function);
+                        for (i, suffix) in &found.closures_in_function {
+                            if let Some(frame) = frames.get_mut(*i) {
+                                frame.function = intern(&format!("{path}::{suffix}"));
+                            }
+                        }
+                    }
+                }
                 frames
             } else {
                 found.frames
@@ -1092,8 +1121,9 @@ mod tests {
     /// function always has its module path (DWARF linkage names, else the symbol table);
     /// where debug info has inlined frames, none is bare — under `line-tables-only` (the
     /// README's recommendation), whose DWARF keeps only bare names, they read
-    /// `<crate>::<name>` (the user's crate from the compile unit, `itoa` from its registry
-    /// path); `debug = 0` and `strip = "debuginfo"` have no inline information at all; split
+    /// `<crate>::<module>::<name>` (the user's crate from the compile unit, `itoa` from its
+    /// registry path, the module from the file) and a closure reads as full debug info
+    /// names it, in its function (`catalog::hash_catalog::{closure#0}`); `debug = 0` and `strip = "debuginfo"` have no inline information at all; split
     /// debug info (`split-debuginfo = "packed" | "unpacked"`: the entries in a `.dwp` or in
     /// `.dwo` files) names as the same setting unsplit does.
     #[test]
@@ -1150,9 +1180,21 @@ mod tests {
                 assert_eq!(&names, plain_names, "debug = {debug}");
                 assert_eq!(inlined, *plain_inlined, "debug = {debug}");
             } else {
+                // The same paths full debug info gives, closures spelled as each names
+                // them (`{{closure}}` in linkage names, `{closure#0}` in line tables).
                 assert!(
-                    names.iter().any(|n| n.ends_with("digest")),
+                    names.contains("names_fixture::catalog::digest"),
                     "debug = {debug}: the user's inlined function: {names:?}"
+                );
+                assert!(
+                    names
+                        .iter()
+                        .any(|n| n.starts_with("names_fixture::catalog::hash_catalog::{")),
+                    "debug = {debug}: the user's closure, in its function: {names:?}"
+                );
+                assert!(
+                    !names.iter().any(|n| n.starts_with("names_fixture::{")),
+                    "debug = {debug}: no closure without its function: {names:?}"
                 );
                 assert!(
                     names.iter().any(|n| n.starts_with("itoa::")),
