@@ -46,6 +46,9 @@ fn main() {
     let start = Instant::now();
     let mut points = Vec::new();
     let (mut anon, mut file) = (Vec::new(), Vec::new());
+    // RSS beside the symbolizer's cached names: a bounded cache (capped per file) that
+    // keeps filling, ever more slowly, for hours as sampling reaches new addresses.
+    let mut with_names = Vec::new();
     let mut warm: Option<soak_mix::Snapshot> = None;
     let mut next_report = report;
     let mut last = mix.snapshot();
@@ -61,6 +64,11 @@ fn main() {
             points.push((hour, last.rss_kib as f64 / 1024.0));
             anon.push((hour, last.anon_kib as f64 / 1024.0));
             file.push((hour, last.file_kib as f64 / 1024.0));
+            with_names.push((
+                hour,
+                last.rss_kib as f64 / 1024.0,
+                last.health.profiler.symbol_cache_entries as f64,
+            ));
         }
         if last.at >= next_report {
             println!("{}", last.line());
@@ -101,6 +109,19 @@ fn main() {
                 fit.slope + fit.hac_half
             );
         }
+    }
+    // Net of the names: what the process gains that the cache's own count does not
+    // explain (the fit's bytes per name says whether the split is believable).
+    match soak_mix::slope_net_of(&with_names) {
+        Some((fit, per_name)) => println!(
+            "RSS slope net of the symbolizer's names: {:+.3} MiB/hour, 95% CI [{:+.3}, \
+             {:+.3}] (Newey-West); {:.0} bytes a name",
+            fit.slope,
+            fit.slope - fit.hac_half,
+            fit.slope + fit.hac_half,
+            per_name * 1024.0 * 1024.0
+        ),
+        None => println!("RSS slope net of the symbolizer's names: the names did not move"),
     }
     if let Some(warm) = warm {
         for ((name, before), (_, after)) in warm.sizes().into_iter().zip(last.sizes()) {

@@ -5,10 +5,12 @@
 //! 1. **Per span**: the same batches (512 spans like a tracing-opentelemetry request's,
 //!    7–13 attributes) encoded and appended to a file by each, in alternating rounds.
 //! 2. **On a service**: two threads run 28 µs requests of three spans each through the
-//!    SDK's batch processor, whose exporter is, in alternating paired rounds, one that
-//!    drops the spans, the serde one, or the local span exporter; requests per second of
-//!    each with the ratio to dropping and its 95 % interval over the pairs. On 2 cores the
-//!    exporter's thread takes its CPU from the requests.
+//!    SDK's batch processor, whose exporter is, each once a round in rotating order, one
+//!    that drops the spans, the serde one, the local span exporter, or OTLP/HTTP protobuf
+//!    (plain and gzip, as the one-call setup builds it) to a local receiver that reads and
+//!    discards; requests per second of each with the ratio to dropping and its 95 %
+//!    interval over the rounds. On 2 cores the exporter's thread (and the receiver) take
+//!    their CPU from the requests.
 //!
 //! Run: `cargo bench -p otel-profiling --bench span_file` (`SPAN_FILE_ROUNDS`, default 8;
 //! `SPAN_FILE_ROUND_MS`, default 1000).
@@ -280,47 +282,130 @@ fn spin(d: Duration) {
     }
 }
 
-fn on_a_service(dir: &Path, rounds: u64, round: Duration) {
-    let mut ratios_old = Vec::new();
-    let mut ratios_new = Vec::new();
-    let (mut drop_rps, mut old_rps, mut new_rps) = (0.0, 0.0, 0.0);
-    for r in 0..rounds {
-        let old_path = dir.join(format!("serde-{r}_spans.jsonl"));
-        let new_dir = dir.join(format!("local-{r}"));
-        // Alternating order, so that neither always runs after the other.
-        let (d, o, n) = if r.is_multiple_of(2) {
-            let d = throughput(Drop, round);
-            let o = throughput(SerdeLines::new(&old_path), round);
-            let n = throughput(LocalSpanExporter::new(&new_dir).expect("exporter"), round);
-            (d, o, n)
-        } else {
-            let n = throughput(LocalSpanExporter::new(&new_dir).expect("exporter"), round);
-            let o = throughput(SerdeLines::new(&old_path), round);
-            let d = throughput(Drop, round);
-            (d, o, n)
-        };
-        let _ = std::fs::remove_file(&old_path);
-        let _ = std::fs::remove_dir_all(&new_dir);
-        ratios_old.push(o / d);
-        ratios_new.push(n / d);
-        drop_rps += d;
-        old_rps += o;
-        new_rps += n;
-        println!(
-            "  round {r}: dropped {d:.0}/s, serde path {o:.0}/s, local span exporter {n:.0}/s"
-        );
+/// A local OTLP/HTTP receiver that reads each request and answers 200 with an empty
+/// body, as a collector on the same host would (its CPU shares the two cores too);
+/// returns its `/v1/traces` URL.
+#[cfg(feature = "otlp-http")]
+fn discarding_receiver() -> String {
+    use std::io::{BufRead, BufReader, Read};
+    let listener = std::net::TcpListener::bind("127.0.0.1:0").expect("bind");
+    let port = listener.local_addr().expect("addr").port();
+    std::thread::spawn(move || {
+        for stream in listener.incoming().flatten() {
+            std::thread::spawn(move || {
+                let mut reader = BufReader::new(stream.try_clone().expect("clone"));
+                let mut writer = stream;
+                loop {
+                    let mut length = 0usize;
+                    loop {
+                        let mut line = String::new();
+                        match reader.read_line(&mut line) {
+                            Ok(0) | Err(_) => return,
+                            Ok(_) => {}
+                        }
+                        let line = line.trim_end();
+                        if line.is_empty() {
+                            break;
+                        }
+                        if let Some((k, v)) = line.split_once(':') {
+                            if k.eq_ignore_ascii_case("content-length") {
+                                length = v.trim().parse().unwrap_or(0);
+                            }
+                        }
+                    }
+                    let mut body = vec![0u8; length];
+                    if reader.read_exact(&mut body).is_err() {
+                        return;
+                    }
+                    let answer = b"HTTP/1.1 200 OK\r\ncontent-type: application/x-protobuf\r\n\
+                                   content-length: 0\r\n\r\n";
+                    if writer.write_all(answer).is_err() {
+                        return;
+                    }
+                }
+            });
+        }
+    });
+    format!("http://127.0.0.1:{port}/v1/traces")
+}
+
+/// The OTLP/HTTP protobuf exporter as the one-call setup builds it, to `url`.
+#[cfg(feature = "otlp-http")]
+fn otlp_http(url: &str, gzip: bool) -> opentelemetry_otlp::SpanExporter {
+    use opentelemetry_otlp::WithExportConfig;
+    let mut builder = opentelemetry_otlp::SpanExporter::builder()
+        .with_http()
+        .with_protocol(opentelemetry_otlp::Protocol::HttpBinary)
+        .with_endpoint(url);
+    if gzip {
+        use opentelemetry_otlp::WithHttpConfig;
+        builder = builder.with_compression(opentelemetry_otlp::Compression::Gzip);
     }
-    let k = rounds as f64;
-    let (old_mean, old_half) = mean_ci(&ratios_old);
-    let (new_mean, new_half) = mean_ci(&ratios_new);
+    builder.build().expect("OTLP exporter")
+}
+
+fn on_a_service(dir: &Path, rounds: u64, round: Duration) {
+    type Variant<'a> = (&'static str, Box<dyn Fn(u64) -> f64 + 'a>);
+    #[cfg_attr(not(feature = "otlp-http"), allow(unused_mut))]
+    let mut variants: Vec<Variant<'_>> = vec![
+        ("spans dropped", Box::new(|_| throughput(Drop, round))),
+        (
+            "serde path (before)",
+            Box::new(|r| {
+                let path = dir.join(format!("serde-{r}_spans.jsonl"));
+                let n = throughput(SerdeLines::new(&path), round);
+                let _ = std::fs::remove_file(&path);
+                n
+            }),
+        ),
+        (
+            "local span exporter",
+            Box::new(|r| {
+                let new_dir = dir.join(format!("local-{r}"));
+                let n = throughput(LocalSpanExporter::new(&new_dir).expect("exporter"), round);
+                let _ = std::fs::remove_dir_all(&new_dir);
+                n
+            }),
+        ),
+    ];
+    #[cfg(feature = "otlp-http")]
+    {
+        let url = discarding_receiver();
+        let gz_url = url.clone();
+        variants.push((
+            "OTLP/HTTP protobuf",
+            Box::new(move |_| throughput(otlp_http(&url, false), round)),
+        ));
+        variants.push((
+            "OTLP/HTTP protobuf, gzip",
+            Box::new(move |_| throughput(otlp_http(&gz_url, true), round)),
+        ));
+    }
+    let k = variants.len();
+    let mut rps = vec![Vec::new(); k];
+    for r in 0..rounds {
+        // Each round starts at another variant, so none always runs after the same one.
+        let mut line = format!("  round {r}:");
+        for i in 0..k {
+            let v = (i + r as usize) % k;
+            rps[v].push((variants[v].1)(r));
+        }
+        for (v, (name, _)) in variants.iter().enumerate() {
+            line += &format!(" {name} {:.0}/s;", rps[v][r as usize]);
+        }
+        println!("{line}");
+    }
     println!(
-        "on a service (2 threads, 28 us requests of 3 spans, {rounds} paired rounds): spans dropped \
-         {:.0}/s; serde path {:.0}/s = {old_mean:.3} ± {old_half:.3} of dropped; local span \
-         exporter {:.0}/s = {new_mean:.3} ± {new_half:.3} of dropped",
-        drop_rps / k,
-        old_rps / k,
-        new_rps / k
+        "on a service (2 threads, 28 us requests of 3 spans, {rounds} rounds, each variant once \
+         a round): requests per second, and as a share of dropping the spans (mean ± 95 % over \
+         the rounds' pairs)"
     );
+    for (v, (name, _)) in variants.iter().enumerate() {
+        let ratios: Vec<f64> = rps[v].iter().zip(&rps[0]).map(|(x, d)| x / d).collect();
+        let (mean, half) = mean_ci(&ratios);
+        let per_s = rps[v].iter().sum::<f64>() / rps[v].len() as f64;
+        println!("  {name:<26} {per_s:>9.0}/s  {mean:.3} ± {half:.3}");
+    }
 }
 
 /// Mean and 95 % half-width (t quantile) of `v`.

@@ -47,6 +47,7 @@ extern "C" fn in_parent() {
 /// parent's threads, then the locks are released.
 extern "C" fn in_child() {
     crate::sampler::after_fork_in_child();
+    crate::allocations::after_fork_in_child();
     crate::thread_ctx::after_fork_in_child();
     crate::span_context::own_clocks::after_fork_in_child();
     crate::thread_ctx::release_after_fork();

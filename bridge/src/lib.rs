@@ -49,6 +49,7 @@ pub struct SetupDoctests;
 //   hooks (span start/enter/exit/end) ─► record (per-thread span record) ◄─ sampler
 //   (signal handler) ─► collector (symbolize, aggregate) ─► pprof ─► export (Pyroscope,
 //   OTLP, local files); setup wires them together.
+pub mod allocations;
 pub mod collector;
 pub mod export;
 mod fork;
@@ -61,6 +62,7 @@ mod setup;
 mod sync;
 
 // Public paths from before the folders, and short crate-internal ones.
+pub use allocations::ProfilingAllocator;
 pub(crate) use collector::symbolize;
 pub use export::local_sink;
 #[cfg(feature = "axum")]
@@ -73,8 +75,8 @@ pub(crate) use setup::profiler;
 
 pub use evidence::{
     CpuEvidenceProcessor, CGROUP_CPU_LIMIT_ATTRIBUTE, CGROUP_THROTTLED_ATTRIBUTE,
-    CPU_SAMPLES_ATTRIBUTE, CPU_TIME_ATTRIBUTE, ORPHAN_AGE, WALL_ACTIVE_ATTRIBUTE,
-    WALL_QUEUED_ATTRIBUTE, WALL_RUNQUEUE_ATTRIBUTE,
+    CPU_SAMPLES_ATTRIBUTE, CPU_TIME_ATTRIBUTE, EVIDENCE_MISSING_ATTRIBUTE, ORPHAN_AGE,
+    WALL_ACTIVE_ATTRIBUTE, WALL_QUEUED_ATTRIBUTE, WALL_RUNQUEUE_ATTRIBUTE,
 };
 pub use layer::ProfilingLayer;
 pub use local_root::UnsampledTraces;
@@ -105,7 +107,7 @@ pub mod test_support {
     /// One reading of the calling thread's CPU clock and run delay, as a long stretch's
     /// end makes it (`record/span_context/own_clocks.rs`): true if both were read.
     pub fn read_own_clocks() -> bool {
-        crate::span_context::own_clocks::read().is_some()
+        crate::span_context::own_clocks::read().is_some_and(|r| r.delay_ns.is_some())
     }
 
     /// Pyroscope's `push.v1` messages, the exporter's own (`export/pyroscope/proto.rs`).

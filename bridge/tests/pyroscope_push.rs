@@ -17,6 +17,7 @@ use std::time::{Duration, Instant, SystemTime};
 use otel_profiling::collector::{EncodedProfile, ProfileKind, ProfileSink};
 use otel_profiling::export::pyroscope::{
     PyroscopeBackoff, PyroscopeConfig, PyroscopeExporter, PyroscopeSnapshot, PyroscopeStats,
+    ALLOC_OBJECTS_PROFILE_TYPE_ID, ALLOC_PROFILE_NAME, ALLOC_SPACE_PROFILE_TYPE_ID,
     BLOCK_CONTENTIONS_PROFILE_TYPE_ID, BLOCK_DELAY_PROFILE_TYPE_ID, BLOCK_PROFILE_NAME,
 };
 use otel_profiling::pprof::{self, FrameLine, ProfileBuilder, SampleLabels, SymbolizedFrame};
@@ -310,6 +311,84 @@ fn blocked_profiles_are_pushed_as_the_block_type_beside_cpu() {
         BLOCK_CONTENTIONS_PROFILE_TYPE_ID
     );
     assert_eq!(decoded.sample[0].value, [1, 250_000_000]);
+    assert!(sample_labels(&raw).contains(&("span_id".into(), format!("{SPAN_ID:016x}"))));
+}
+
+/// Issue 43: allocation profiles are pushed as Pyroscope's `memory` type, marked as
+/// per-interval values (`__delta__="false"`: Pyroscope would otherwise take its alloc
+/// series as Go's cumulative heap profile and subtract one push from the next), with
+/// their span labels, so span selection works for them as for CPU.
+#[test]
+fn allocation_profiles_are_pushed_as_the_memory_type_not_cumulative() {
+    let receiver = Receiver::ok(fresh_listener());
+    let mut exporter = PyroscopeExporter::new(config(&receiver.url())).expect("exporter");
+    let start = SystemTime::now();
+    let mut builder = ProfileBuilder::allocations(524_288, start, Duration::from_secs(10));
+    let frame = SymbolizedFrame {
+        address: 0x1000,
+        lines: vec![FrameLine {
+            function: "app::parse_order".into(),
+            file: None,
+            line: None,
+        }],
+    };
+    let labels = SampleLabels {
+        span_id: Some(SPAN_ID),
+        trace_id: Some(TRACE_ID),
+        span_name: Some("POST /orders".into()),
+    };
+    builder.add_allocations(&[frame], &labels, 120, 9_437_184);
+    let alloc = EncodedProfile {
+        kind: ProfileKind::Alloc,
+        start,
+        duration: Duration::from_secs(10),
+        samples: 18,
+        gzip_pprof: pprof::encode_gzip(&builder.build()).expect("encode"),
+    };
+    exporter.export(&profile(SPAN_ID)).expect("cpu");
+    exporter.export(&alloc).expect("alloc");
+    let requests = receiver.wait_for(2, Duration::from_secs(5));
+    let labels: Vec<Vec<(String, String)>> =
+        requests.iter().map(|r| r.push().remove(0).labels).collect();
+    let label = |labels: &[(String, String)], name: &str| {
+        labels
+            .iter()
+            .find(|(n, _)| n == name)
+            .map(|(_, v)| v.clone())
+    };
+    assert_eq!(label(&labels[0], "__delta__"), None, "CPU as before");
+    assert_eq!(
+        label(&labels[1], "__name__").as_deref(),
+        Some(ALLOC_PROFILE_NAME)
+    );
+    assert_eq!(label(&labels[1], "__delta__").as_deref(), Some("false"));
+    assert_eq!(
+        label(&labels[1], "service_name").as_deref(),
+        Some("checkout")
+    );
+    let names: Vec<&str> = labels[1].iter().map(|(n, _)| n.as_str()).collect();
+    assert!(names.windows(2).all(|w| w[0] <= w[1]), "sorted: {names:?}");
+    let (raw, _) = only_sample(&requests[1]);
+    let decoded = otel_profiling_pprof::decode(&raw).expect("pprof");
+    let s = |i: i64| decoded.string_table[i as usize].clone();
+    let period = decoded.period_type.as_ref().expect("period type");
+    let period = format!("{}:{}", s(period.r#type), s(period.unit));
+    let ids: Vec<String> = decoded
+        .sample_type
+        .iter()
+        .map(|t| {
+            format!(
+                "{ALLOC_PROFILE_NAME}:{}:{}:{period}",
+                s(t.r#type),
+                s(t.unit)
+            )
+        })
+        .collect();
+    assert_eq!(
+        ids,
+        [ALLOC_OBJECTS_PROFILE_TYPE_ID, ALLOC_SPACE_PROFILE_TYPE_ID]
+    );
+    assert_eq!(decoded.sample[0].value, [120, 9_437_184]);
     assert!(sample_labels(&raw).contains(&("span_id".into(), format!("{SPAN_ID:016x}"))));
 }
 

@@ -265,10 +265,10 @@ fn samples_carry_the_span_that_was_running() {
         assert_eq!(samples, count, "{} {id}", span.name);
         // The time is the thread's CPU clock (read at each sample and by the watchdog),
         // so it matches the periods the kernel counted up to the signals' lag at the
-        // span's ends.
+        // span's ends (a CI runner under load lagged 2.4 periods past a 10 % margin).
         let counted = periods * period_ns;
         assert!(
-            (time_ns - counted).abs() <= 2 * period_ns + counted / 10,
+            (time_ns - counted).abs() <= 4 * period_ns + counted / 10,
             "{} {id}: {time_ns} ns measured, {counted} ns counted",
             span.name
         );

@@ -262,4 +262,20 @@ fn the_rss_slope_and_its_intervals() {
         fit.hac_half > 2.0 * fit.ols_half,
         "correlated points widen the interval: {fit:?}"
     );
+
+    // Net of a cache filling ever more slowly (√t entries of 0.25 each) beside a real
+    // growth of 0.1 an hour: the fit finds both, where the plain slope blames time for all.
+    let filling: Vec<(f64, f64, f64)> = (0..500)
+        .map(|i| {
+            let t = 1.0 + i as f64 / 100.0;
+            let entries = 1_000.0 * t.sqrt();
+            (t, 20.0 + 0.1 * t + 0.25 * entries, entries)
+        })
+        .collect();
+    let plain =
+        soak_mix::slope_ci(&filling.iter().map(|p| (p.0, p.1)).collect::<Vec<_>>()).expect("a fit");
+    let (net, per_entry) = soak_mix::slope_net_of(&filling).expect("a fit");
+    assert!(plain.slope > 10.0, "{plain:?}");
+    assert!((net.slope - 0.1).abs() < 1e-6, "{net:?}");
+    assert!((per_entry - 0.25).abs() < 1e-6, "{per_entry}");
 }

@@ -611,6 +611,19 @@ fn tls_offset(pid: i32) -> i64 {
     }
 }
 
+/// Waits for a stop of tracee `tid` (`None`: none yet, with `WNOHANG`).
+fn wait(tid: i32, flags: i32) -> Option<i32> {
+    let mut status = 0;
+    // SAFETY: waiting for our tracee.
+    let got = unsafe { libc::waitpid(tid, &mut status, libc::__WALL | flags) };
+    if got == 0 {
+        return None;
+    }
+    assert_eq!(got, tid, "waitpid: {}", std::io::Error::last_os_error());
+    assert!(libc::WIFSTOPPED(status), "status {status:#x}");
+    Some(status)
+}
+
 /// The reader's ptrace handle on some of the target's threads.
 struct Tracer;
 
@@ -634,25 +647,51 @@ impl Tracer {
         out
     }
 
+    /// Stops thread `tid` in an interrupt stop (`PTRACE_EVENT_STOP`).
+    ///
+    /// The thread's profiling timer sends it `SIGPROF`, and each signal is a
+    /// signal-delivery-stop the tracer must resume with the signal. An interrupt races
+    /// those stops both ways: sent while the thread runs, it is cleared by a signal
+    /// stop the thread takes first (any ptrace-stop clears a pending interrupt), so no
+    /// interrupt stop follows the resume; sent while the thread is already in a signal
+    /// stop not yet waited for, it stays pending and stops the thread right after the
+    /// resume. So after a signal stop the reader waits a little for an interrupt stop,
+    /// and interrupts again when none comes: never waiting forever, never leaving one
+    /// pending.
     fn stop(&self, tid: i32) {
-        // SAFETY: as in `seize`.
-        assert_eq!(
-            unsafe { libc::ptrace(libc::PTRACE_INTERRUPT, tid, 0, 0) },
-            0
-        );
         loop {
-            let mut status = 0;
-            // SAFETY: waiting for our tracee.
-            let got = unsafe { libc::waitpid(tid, &mut status, libc::__WALL) };
-            assert_eq!(got, tid, "waitpid: {}", std::io::Error::last_os_error());
-            assert!(libc::WIFSTOPPED(status), "status {status:#x}");
-            if status >> 16 == libc::PTRACE_EVENT_STOP {
-                return;
+            // SAFETY: as in `seize`.
+            assert_eq!(
+                unsafe { libc::ptrace(libc::PTRACE_INTERRUPT, tid, 0, 0) },
+                0
+            );
+            let mut status = wait(tid, 0).expect("a blocking wait returns a stop");
+            loop {
+                if status >> 16 == libc::PTRACE_EVENT_STOP {
+                    return;
+                }
+                // A signal for the target: deliver it, then look for our stop.
+                let signal = libc::WSTOPSIG(status);
+                // SAFETY: `tid` is in a signal-delivery-stop.
+                assert_eq!(
+                    unsafe { libc::ptrace(libc::PTRACE_CONT, tid, 0, signal) },
+                    0
+                );
+                let until = Instant::now() + Duration::from_millis(5);
+                status = loop {
+                    if let Some(status) = wait(tid, libc::WNOHANG) {
+                        break status;
+                    }
+                    if Instant::now() >= until {
+                        break 0;
+                    }
+                    std::thread::yield_now();
+                };
+                if status == 0 {
+                    // The interrupt was cleared by the signal stop: ask again.
+                    break;
+                }
             }
-            // A signal for the target: deliver it and wait for our stop.
-            let signal = libc::WSTOPSIG(status);
-            // SAFETY: as above.
-            unsafe { libc::ptrace(libc::PTRACE_CONT, tid, 0, signal) };
         }
     }
 
@@ -685,7 +724,7 @@ impl Tracer {
 
     fn detach(&self, tid: i32) {
         self.stop(tid);
-        // SAFETY: `tid` is in a ptrace-stop.
+        // SAFETY: `tid` is in a ptrace-stop we caused.
         assert_eq!(unsafe { libc::ptrace(libc::PTRACE_DETACH, tid, 0, 0) }, 0);
     }
 }

@@ -14,9 +14,9 @@ use std::sync::Arc;
 use std::time::{Duration, Instant, SystemTime};
 
 use super::{
-    sample_labels, BlockedTotals, CollectorConfig, CollectorStats, EncodedProfile, FlushBoard,
-    LabelKey, ProfileKind, ProfileSink, Totals, AGGREGATION_FULL_FRAME, AGGREGATION_FULL_STACK,
-    NO_SPANS_WARNING,
+    sample_labels, AllocTotals, BlockedTotals, CollectorConfig, CollectorStats, EncodedProfile,
+    FlushBoard, LabelKey, ProfileKind, ProfileSink, Totals, AGGREGATION_FULL_FRAME,
+    AGGREGATION_FULL_STACK, NO_SPANS_WARNING,
 };
 use crate::pprof::{self, FrameLine, ProfileBuilder, SymbolizedFrame};
 use crate::sampler::MAX_FRAMES;
@@ -32,6 +32,8 @@ pub(super) struct Interval {
     pub(super) counts: Totals<u64>,
     /// Blocked-in-poll looks by (stack, labels).
     pub(super) blocked: Totals<BlockedTotals>,
+    /// Allocation samples by (stack, labels).
+    pub(super) allocs: Totals<AllocTotals>,
     /// The last flush ticket this interval answers (0: none), written once its
     /// profiles reached the sinks.
     pub(super) flush: u64,
@@ -63,6 +65,7 @@ pub(super) const BATCH_ADDRESSES: usize = MAX_NAMED_ADDRESSES / 2 - MAX_FRAMES;
 enum Totalled {
     Cpu(u64),
     Blocked(BlockedTotals),
+    Alloc(AllocTotals),
 }
 
 /// Names the stacks of `totals` and gives each to `each`, in batches of at most
@@ -107,6 +110,46 @@ fn name_in_batches<V>(
             each(&stack, &key, value);
         }
         addresses.clear();
+    }
+}
+
+/// An allocation sample's stack from the allocator's frame out: the hook's own frames
+/// (the sampling, the walk, inlined or not, which differ between builds) are left out,
+/// so the innermost frame is `ProfilingAllocator`'s `alloc`, `alloc_zeroed` or
+/// `realloc`; without inlined names (no debug info), the `__rust_alloc` family that
+/// calls it, or else the frame the hook's `cold` returns to (the allocator and its
+/// callers inlined into it). A stack where none of these is named is kept whole.
+fn from_the_allocator(stack: &[SymbolizedFrame]) -> Vec<SymbolizedFrame> {
+    let is_wrapper = |f: &str| {
+        f.starts_with("<otel_profiling::allocations::allocator::ProfilingAllocator")
+            && f.contains("GlobalAlloc>::")
+    };
+    let is_shim = |f: &str| {
+        ["__rust_alloc", "__rust_alloc_zeroed", "__rust_realloc"]
+            .iter()
+            .any(|shim| f.ends_with(shim))
+    };
+    // The hook's entry, a function of its own in every build (`#[inline(never)]`).
+    let hook = "otel_profiling::allocations::hook::cold";
+    for is_cut in [&is_wrapper as &dyn Fn(&str) -> bool, &is_shim] {
+        for (i, frame) in stack.iter().enumerate() {
+            if let Some(j) = frame.lines.iter().position(|l| is_cut(&l.function)) {
+                let mut out = Vec::with_capacity(stack.len() - i);
+                out.push(SymbolizedFrame {
+                    address: frame.address,
+                    lines: frame.lines[j..].to_vec(),
+                });
+                out.extend_from_slice(&stack[i + 1..]);
+                return out;
+            }
+        }
+    }
+    match stack
+        .iter()
+        .position(|frame| frame.lines.iter().any(|l| &*l.function == hook))
+    {
+        Some(i) if i + 1 < stack.len() => stack[i + 1..].to_vec(),
+        _ => stack.to_vec(),
     }
 }
 
@@ -167,6 +210,7 @@ impl Encoder {
             duration,
             counts,
             blocked,
+            allocs,
             flush,
         } = interval;
         let naming = Instant::now();
@@ -176,7 +220,10 @@ impl Encoder {
         let mut names: HashMap<SpanName, Arc<str>> = HashMap::new();
         let mut cpu = ProfileBuilder::new(self.period_ns, start, duration);
         let mut block = ProfileBuilder::blocked(start, duration);
-        let (mut samples, mut looks) = (0u64, 0u64);
+        let mean = crate::allocations::last_mean();
+        let mut alloc =
+            ProfileBuilder::allocations(i64::try_from(mean).unwrap_or(i64::MAX), start, duration);
+        let (mut samples, mut looks, mut alloc_samples) = (0u64, 0u64, 0u64);
         let all = counts
             .into_iter()
             .map(|(key, count)| (key, Totalled::Cpu(count)))
@@ -184,6 +231,11 @@ impl Encoder {
                 blocked
                     .into_iter()
                     .map(|(key, totals)| (key, Totalled::Blocked(totals))),
+            )
+            .chain(
+                allocs
+                    .into_iter()
+                    .map(|(key, totals)| (key, Totalled::Alloc(totals))),
             );
         let config = &self.config;
         name_in_batches(symbolizer, all, |stack, key, value| {
@@ -196,6 +248,15 @@ impl Encoder {
                 Totalled::Blocked((contentions, delay_ns)) => {
                     block.add_blocked(stack, &labels, contentions, delay_ns);
                     looks += 1;
+                }
+                Totalled::Alloc(totals) => {
+                    // Rounded once per stack and labels: the estimates stay unbiased
+                    // within half an allocation and half a byte a sample key.
+                    let objects = totals.objects.round() as u64;
+                    let bytes = totals.bytes.round() as u64;
+                    let stack = from_the_allocator(stack);
+                    alloc.add_allocations(&stack, &labels, objects, bytes);
+                    alloc_samples += totals.samples;
                 }
             }
         });
@@ -231,6 +292,12 @@ impl Encoder {
             self.stats
                 .blocked_in_profiles
                 .fetch_add(looks, Ordering::Relaxed);
+        }
+        if alloc_samples > 0 {
+            self.export(ProfileKind::Alloc, alloc, start, duration, alloc_samples);
+            self.stats
+                .alloc_samples_in_profiles
+                .fetch_add(alloc_samples, Ordering::Relaxed);
         }
         flush
     }
@@ -352,6 +419,7 @@ mod tests {
             duration: Duration::from_secs(1),
             counts,
             blocked: Totals::default(),
+            allocs: Totals::default(),
             flush: 0,
         });
         assert_eq!(flush, 0);

@@ -28,7 +28,9 @@
 //! effective_ring_capacity`), while the first naming pass over a large binary can take
 //! seconds. Neither thread holds a lock the sampler or the application needs.
 
+mod coverage;
 mod encoder;
+pub(crate) use coverage::{is_own_thread, own_thread};
 pub(crate) mod symbolize;
 
 use std::collections::HashMap;
@@ -54,6 +56,10 @@ pub enum ProfileKind {
     /// Blocked-in-poll stacks (`contentions`/`count`, `delay`/`nanoseconds`), in the shape
     /// of Go's block profile; Pyroscope's `block` (see `docs/blocked-in-poll.md`).
     Blocked,
+    /// Allocation samples (`alloc_objects`/`count`, `alloc_space`/`bytes`), estimated
+    /// from the [`ProfilingAllocator`](crate::ProfilingAllocator)'s samples; Pyroscope's
+    /// `memory` (see `docs/allocations.md`).
+    Alloc,
 }
 
 impl ProfileKind {
@@ -62,6 +68,7 @@ impl ProfileKind {
         match self {
             ProfileKind::Cpu => "cpu",
             ProfileKind::Blocked => "blocked",
+            ProfileKind::Alloc => "alloc",
         }
     }
 
@@ -71,6 +78,7 @@ impl ProfileKind {
         match self {
             ProfileKind::Cpu => crate::local_sink::CPU_PROFILE_SUFFIX,
             ProfileKind::Blocked => crate::local_sink::BLOCKED_PROFILE_SUFFIX,
+            ProfileKind::Alloc => crate::local_sink::ALLOC_PROFILE_SUFFIX,
         }
     }
 }
@@ -151,6 +159,12 @@ pub(crate) struct CollectorConfig {
     /// Distinct keys one interval's aggregation holds before samples lose their labels
     /// (default [`DEFAULT_MAX_AGGREGATION_KEYS`]).
     pub(crate) max_keys: usize,
+    /// The window over which the samples' CPU is compared with the process's
+    /// (`coverage`; default 10 s).
+    pub(crate) coverage_window: Duration,
+    /// Whether threads that never register are found and sampled
+    /// (`sampler::adopt`; default true).
+    pub(crate) adopt_threads: bool,
 }
 
 impl Default for CollectorConfig {
@@ -161,6 +175,8 @@ impl Default for CollectorConfig {
             span_name_label: true,
             trace_id_label: true,
             max_keys: DEFAULT_MAX_AGGREGATION_KEYS,
+            coverage_window: coverage::WINDOW,
+            adopt_threads: true,
         }
     }
 }
@@ -191,6 +207,8 @@ pub(crate) struct CollectorStats {
     pub(crate) symbolize_nanos_max: AtomicU64,
     /// Blocked-in-poll looks put into blocked profiles.
     pub(crate) blocked_in_profiles: AtomicU64,
+    /// Allocation samples put into allocation profiles.
+    pub(crate) alloc_samples_in_profiles: AtomicU64,
     /// CPU periods drained but not kept: the encoder was still busy with earlier profiles
     /// [`MAX_HELD_PAST_DUE`] intervals after the one in progress was due, or gone.
     pub(crate) dropped_encoder_busy: AtomicU64,
@@ -200,6 +218,8 @@ pub(crate) struct CollectorStats {
     pub(crate) aggregation_folded: AtomicU64,
     /// Blocked-in-poll blocks likewise.
     pub(crate) blocked_aggregation_folded: AtomicU64,
+    /// Allocation samples likewise.
+    pub(crate) alloc_aggregation_folded: AtomicU64,
     /// Keys of the CPU aggregation last handed to the encoder.
     pub(crate) aggregation_keys: AtomicU64,
     /// Keys of the blocked-in-poll aggregation last handed to the encoder.
@@ -208,6 +228,17 @@ pub(crate) struct CollectorStats {
     pub(crate) symbol_cache_entries: AtomicU64,
     /// Times a file's kept names were full and forgotten, so far.
     pub(crate) symbol_cache_clears: AtomicU64,
+    /// CPU of the process over the coverage windows ended so far (`coverage`), ns.
+    pub(crate) cpu_process_ns: AtomicU64,
+    /// Of it, the crate's own threads', ns.
+    pub(crate) cpu_own_threads_ns: AtomicU64,
+    /// CPU the samples stand for over the same windows, ns.
+    pub(crate) cpu_sampled_ns: AtomicU64,
+    /// The last judged window's samples' share of the process's CPU (own threads left
+    /// out), per mille.
+    pub(crate) cpu_coverage_permille: AtomicU64,
+    /// Windows whose samples held under 80 % of it.
+    pub(crate) cpu_low_coverage_windows: AtomicU64,
 }
 
 /// A snapshot of the collector's counters ([`Collector::stats`]); users read them in
@@ -226,6 +257,8 @@ pub(crate) struct CollectorSnapshot {
     pub(crate) symbolize_nanos_max: u64,
     /// Blocked-in-poll looks put into blocked profiles.
     pub(crate) blocked_in_profiles: u64,
+    /// Allocation samples put into allocation profiles.
+    pub(crate) alloc_samples_in_profiles: u64,
     /// CPU periods dropped while the encoder was busy (or gone).
     pub(crate) dropped_encoder_busy: u64,
     /// Blocked-in-poll blocks dropped likewise.
@@ -234,6 +267,8 @@ pub(crate) struct CollectorSnapshot {
     pub(crate) aggregation_folded: u64,
     /// Blocked-in-poll blocks likewise.
     pub(crate) blocked_aggregation_folded: u64,
+    /// Allocation samples likewise.
+    pub(crate) alloc_aggregation_folded: u64,
     /// Keys of the last CPU aggregation handed over.
     pub(crate) aggregation_keys: u64,
     /// Keys of the last blocked-in-poll aggregation handed over.
@@ -242,6 +277,16 @@ pub(crate) struct CollectorSnapshot {
     pub(crate) symbol_cache_entries: u64,
     /// Times a file's kept names were forgotten.
     pub(crate) symbol_cache_clears: u64,
+    /// See [`CollectorStats::cpu_process_ns`].
+    pub(crate) cpu_process_ns: u64,
+    /// See [`CollectorStats::cpu_own_threads_ns`].
+    pub(crate) cpu_own_threads_ns: u64,
+    /// See [`CollectorStats::cpu_sampled_ns`].
+    pub(crate) cpu_sampled_ns: u64,
+    /// See [`CollectorStats::cpu_coverage_permille`].
+    pub(crate) cpu_coverage_permille: u64,
+    /// See [`CollectorStats::cpu_low_coverage_windows`].
+    pub(crate) cpu_low_coverage_windows: u64,
 }
 
 impl CollectorStats {
@@ -254,14 +299,21 @@ impl CollectorStats {
             symbolize_nanos: load(&self.symbolize_nanos),
             symbolize_nanos_max: load(&self.symbolize_nanos_max),
             blocked_in_profiles: load(&self.blocked_in_profiles),
+            alloc_samples_in_profiles: load(&self.alloc_samples_in_profiles),
             dropped_encoder_busy: load(&self.dropped_encoder_busy),
             blocked_dropped_encoder_busy: load(&self.blocked_dropped_encoder_busy),
             aggregation_folded: load(&self.aggregation_folded),
             blocked_aggregation_folded: load(&self.blocked_aggregation_folded),
+            alloc_aggregation_folded: load(&self.alloc_aggregation_folded),
             aggregation_keys: load(&self.aggregation_keys),
             blocked_aggregation_keys: load(&self.blocked_aggregation_keys),
             symbol_cache_entries: load(&self.symbol_cache_entries),
             symbol_cache_clears: load(&self.symbol_cache_clears),
+            cpu_process_ns: load(&self.cpu_process_ns),
+            cpu_own_threads_ns: load(&self.cpu_own_threads_ns),
+            cpu_sampled_ns: load(&self.cpu_sampled_ns),
+            cpu_coverage_permille: load(&self.cpu_coverage_permille),
+            cpu_low_coverage_windows: load(&self.cpu_low_coverage_windows),
         }
     }
 }
@@ -379,9 +431,13 @@ impl Collector {
             flushes.clone(),
         );
         let encoder = spawn_suppressed("otel-profiling-encoder", move || encoder.run(intervals))?;
+        let config_window = config.coverage_window;
+        let adopting = config.adopt_threads;
+        let adopter = adopting.then(sampler::adopt::Adopter::new);
         let state = State {
             counts: Aggregation::new(config.max_keys),
             blocked: Aggregation::new(config.max_keys),
+            allocs: Aggregation::new(config.max_keys),
             config,
             stats: stats.clone(),
             interval_start: SystemTime::now(),
@@ -391,6 +447,12 @@ impl Collector {
             held: None,
             encoder: to_encoder,
             health: HealthLog::default(),
+            coverage: coverage::Coverage::new(
+                config_window,
+                u64::try_from(period_ns).unwrap_or(1),
+                adopting,
+            ),
+            adopter,
         };
         let thread = spawn_suppressed("otel-profiling-collector", move || {
             state.run(receiver, encoder)
@@ -462,6 +524,7 @@ fn spawn_suppressed(
         .name(name.into())
         .spawn(move || {
             let _suppressed = opentelemetry::Context::enter_telemetry_suppressed_scope();
+            let _own = coverage::own_thread();
             body()
         })
 }
@@ -535,6 +598,15 @@ impl LabelKey {
 
 /// One stack's blocked-in-poll totals in an interval: (blocks, blocked nanoseconds).
 type BlockedTotals = (u64, u64);
+
+/// One stack's allocation totals in an interval: samples, and the (objects, bytes) they
+/// stand for (estimates: fractional until the profile is written).
+#[derive(Clone, Copy, Debug, Default, PartialEq)]
+struct AllocTotals {
+    samples: u64,
+    objects: f64,
+    bytes: f64,
+}
 
 /// Totals by (stack, labels).
 type Totals<V> = HashMap<(Box<[u64]>, LabelKey), V>;
@@ -645,6 +717,8 @@ struct State {
     counts: Aggregation<u64>,
     /// Blocked-in-poll looks: (blocks, blocked nanoseconds) by (stack, labels).
     blocked: Aggregation<BlockedTotals>,
+    /// Allocation samples by (stack, labels).
+    allocs: Aggregation<AllocTotals>,
     interval_start: SystemTime,
     /// Where flushes wait; the encoder tells them.
     flushes: Arc<FlushBoard>,
@@ -658,6 +732,10 @@ struct State {
     held: Option<Held>,
     encoder: SyncSender<encoder::Interval>,
     health: HealthLog,
+    /// The samples' CPU against the process's (`coverage`).
+    coverage: coverage::Coverage,
+    /// Finds the threads that never register (`None`: switched off).
+    adopter: Option<sampler::adopt::Adopter>,
 }
 
 /// An interval held past its due hand-over.
@@ -794,8 +872,12 @@ impl State {
                     return;
                 }
                 Err(RecvTimeoutError::Timeout) => {
+                    if let Some(adopter) = &mut self.adopter {
+                        adopter.scan_if_due();
+                    }
                     self.drain();
                     self.health.check(&self.stats);
+                    self.coverage.check(&self.stats);
                     if self.held.is_some() || Instant::now() >= next_profile {
                         if Instant::now() >= next_profile {
                             next_profile += self.config.interval;
@@ -824,27 +906,46 @@ impl State {
             // the source, unseen) and what they held is counted.
             held.full_at.get_or_insert_with(SystemTime::now);
             let (mut periods, mut blocks) = (0u64, 0u64);
-            sampler::SamplerState::global().drain_into(|record: &SampleRecord| {
-                periods += u64::from(record.weight.max(1));
-            });
+            sampler::SamplerState::global().drain_both(
+                |record: &SampleRecord| periods += u64::from(record.weight.max(1)),
+                crate::allocations::count_dropped,
+            );
             sampler::check_handler();
+            // Sampled, then dropped (counted apart): not a thread left unsampled.
+            self.coverage.add_sampled(periods);
             sampler::watchdog::drain_blocked(|record| blocks += u64::from(record.first_look));
             self.count_dropped(periods, blocks);
             return;
         }
-        let (counts, mut folded) = (&mut self.counts, 0u64);
-        sampler::SamplerState::global().drain_into(|record: &SampleRecord| {
-            // Weighted: a signal standing for several periods (rates above the kernel
-            // tick) counts for all of them.
-            let periods = u64::from(record.weight.max(1));
-            let added = counts.add(record.frames(), label_key(record.root), |total| {
-                *total += periods;
-            });
-            if added == Added::Folded {
-                folded += periods;
-            }
-        });
+        let (counts, mut folded, mut drained) = (&mut self.counts, 0u64, 0u64);
+        let (allocs, mut alloc_folded) = (&mut self.allocs, 0u64);
+        sampler::SamplerState::global().drain_both(
+            |record: &SampleRecord| {
+                // Weighted: a signal standing for several periods (rates above the kernel
+                // tick) counts for all of them.
+                let periods = u64::from(record.weight.max(1));
+                drained += periods;
+                let added = counts.add(record.frames(), label_key(record.root), |total| {
+                    *total += periods;
+                });
+                if added == Added::Folded {
+                    folded += periods;
+                }
+            },
+            |record: &crate::allocations::AllocRecord| {
+                let stack = &record.stack;
+                let added = allocs.add(stack.frames(), label_key(stack.root), |total| {
+                    total.samples += 1;
+                    total.objects += record.objects;
+                    total.bytes += record.bytes;
+                });
+                if added == Added::Folded {
+                    alloc_folded += 1;
+                }
+            },
+        );
         sampler::check_handler();
+        self.coverage.add_sampled(drained);
         let (blocked, mut blocked_folded) = (&mut self.blocked, 0u64);
         sampler::watchdog::drain_blocked(|record| {
             let blocks = u64::from(record.first_look);
@@ -863,6 +964,9 @@ impl State {
         stats
             .blocked_aggregation_folded
             .fetch_add(blocked_folded, Ordering::Relaxed);
+        stats
+            .alloc_aggregation_folded
+            .fetch_add(alloc_folded, Ordering::Relaxed);
     }
 
     /// Sets the gauges of the keys (CPU, blocked) of the interval just handed over.
@@ -887,7 +991,12 @@ impl State {
 
     /// An interval the encoder can no longer take (its thread is gone: a sink panicked).
     fn count_lost(&self, lost: &encoder::Interval) {
-        let kinds = u64::from(!lost.counts.is_empty()) + u64::from(!lost.blocked.is_empty());
+        let kinds = u64::from(!lost.counts.is_empty())
+            + u64::from(!lost.blocked.is_empty())
+            + u64::from(!lost.allocs.is_empty());
+        for totals in lost.allocs.values() {
+            crate::allocations::count_dropped_totals(totals.samples, totals.bytes);
+        }
         self.stats
             .profiles_failed
             .fetch_add(kinds, Ordering::Relaxed);
@@ -909,6 +1018,7 @@ impl State {
             duration: end.duration_since(start).unwrap_or_default(),
             counts: self.counts.take(),
             blocked: self.blocked.take(),
+            allocs: self.allocs.take(),
             flush: std::mem::take(&mut self.flush_pending),
         }
     }
@@ -930,6 +1040,7 @@ impl State {
                 self.interval_start = back.start;
                 self.counts.put_back(back.counts);
                 self.blocked.put_back(back.blocked);
+                self.allocs.put_back(back.allocs);
                 self.flush_pending = back.flush;
                 self.held.get_or_insert(Held {
                     since: Instant::now(),

@@ -169,15 +169,22 @@ impl LocalProfileSink {
 pub const CPU_PROFILE_SUFFIX: &str = "_cpu.pb.gz";
 /// How blocked-in-poll profile files end: `<start>_blocked.pb.gz`.
 pub const BLOCKED_PROFILE_SUFFIX: &str = "_blocked.pb.gz";
+/// How allocation profile files end: `<start>_alloc.pb.gz`.
+pub const ALLOC_PROFILE_SUFFIX: &str = "_alloc.pb.gz";
 /// How span files end: `<start>_spans.jsonl`.
 pub const SPANS_SUFFIX: &str = "_spans.jsonl";
 
 /// Whether `file_name` is one of the files this sink writes (what a tool clearing or
 /// reading a sink's directory should touch).
 pub fn is_sink_file(file_name: &str) -> bool {
-    [CPU_PROFILE_SUFFIX, BLOCKED_PROFILE_SUFFIX, SPANS_SUFFIX]
-        .iter()
-        .any(|suffix| file_name.ends_with(suffix))
+    [
+        CPU_PROFILE_SUFFIX,
+        BLOCKED_PROFILE_SUFFIX,
+        ALLOC_PROFILE_SUFFIX,
+        SPANS_SUFFIX,
+    ]
+    .iter()
+    .any(|suffix| file_name.ends_with(suffix))
 }
 
 impl ProfileSink for LocalProfileSink {
@@ -368,6 +375,7 @@ mod tests {
         use crate::collector::ProfileKind;
         assert_eq!(ProfileKind::Cpu.file_suffix(), "_cpu.pb.gz");
         assert_eq!(ProfileKind::Blocked.file_suffix(), "_blocked.pb.gz");
+        assert_eq!(ProfileKind::Alloc.file_suffix(), "_alloc.pb.gz");
         for name in [
             "2026-11-30T00-53-20.000Z_cpu.pb.gz",
             "2026-11-30T00-53-20.000Z_blocked.pb.gz",

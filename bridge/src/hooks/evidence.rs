@@ -53,9 +53,11 @@ pub const WALL_QUEUED_ATTRIBUTE: &str = "profiling.wall.queued_ns";
 /// Run delay: wall time the root's threads were runnable inside it but not running (the
 /// CPUs ran other work, or the container's quota was used up), summed over threads, in
 /// nanoseconds. Part of [`WALL_ACTIVE_ATTRIBUTE`] and disjoint from the CPU time: it is
-/// not blocked time. Read from the scheduler (`/proc/self/task/<tid>/schedstat`) by the
-/// blocked-in-poll watchdog every 50 ms; present while a watchdog runs (see
-/// `docs/elapsed-time.md` for its precision and cost).
+/// not blocked time. Read from the scheduler (the thread's own
+/// `/proc/thread-self/schedstat`) where a stretch of 250 µs or more on one thread ends;
+/// 0 for a root with no such stretch (a shorter one cannot hold a preemption); absent
+/// when a reading failed — unknown, not 0 (see `docs/elapsed-time.md` for its precision
+/// and cost).
 pub const WALL_RUNQUEUE_ATTRIBUTE: &str = "profiling.wall.runqueue_ns";
 /// Time the process's cgroup was throttled for its CPU quota while the local root ran, in
 /// nanoseconds (cgroup v2 `throttled_usec`, v1 `throttled_time`; kept by the blocked-in-poll
@@ -63,6 +65,15 @@ pub const WALL_RUNQUEUE_ATTRIBUTE: &str = "profiling.wall.runqueue_ns";
 /// be read and a watchdog runs. The process's threads were runnable but not run for that
 /// long: time that reads as off CPU without being any wait of the span's own.
 pub const CGROUP_THROTTLED_ATTRIBUTE: &str = "profiling.cgroup.throttled_ns";
+/// Why a local root carries none of the evidence attributes above, when the processor
+/// knows: `"not_followed"` (a sampler ran and counters were kept, but no
+/// [`ProfilingLayer`](crate::ProfilingLayer) or wrapper of this crate ever entered the
+/// root: its work ran outside them, e.g. under the plain `FutureExt::with_context`),
+/// `"no_sampler"` (no sampler ran when it started), `"root_cap"` (the live-root cap,
+/// `max_live_roots`, was reached when it started). Absent on roots with evidence, and on
+/// spans the processor never saw start.
+pub const EVIDENCE_MISSING_ATTRIBUTE: &str = "profiling.evidence.missing";
+
 /// The cgroup's CPU limit, in CPUs (`cpu.max`, or `cpu.cfs_quota_us` / `cpu.cfs_period_us`),
 /// on roots with a non-zero [`CGROUP_THROTTLED_ATTRIBUTE`].
 pub const CGROUP_CPU_LIMIT_ATTRIBUTE: &str = "profiling.cgroup.cpu_limit";
@@ -405,9 +416,9 @@ thread_local! {
 
 /// Claims counters for the local root `span_id` that a [`CpuEvidenceProcessor`] is
 /// starting, if a sampler runs (only spans that start while one runs get evidence).
-fn claim(span_id: SpanId) -> Option<Arc<RootCounters>> {
+fn claim(span_id: SpanId) -> Result<Arc<RootCounters>, &'static str> {
     if !crate::sampler::is_running() {
-        return None;
+        return Err("no_sampler");
     }
     let key = u64::from_be_bytes(span_id.to_bytes());
     // Entries taken out are dropped after the shard's lock: the last holder of an entry's
@@ -423,7 +434,9 @@ fn claim(span_id: SpanId) -> Option<Arc<RootCounters>> {
         take_spare(&mut shard.slots);
     }
     // A full table (millions of live roots) only loses the evidence, never the span.
-    let handle = shard.slots.claim().ok()?;
+    let Ok(handle) = shard.slots.claim() else {
+        return Err("root_cap");
+    };
     let cpu = counters_for(handle);
     let replaced = shard.entries.insert(
         key,
@@ -443,7 +456,7 @@ fn claim(span_id: SpanId) -> Option<Arc<RootCounters>> {
     }
     drop(guard);
     drop((replaced, gone));
-    Some(cpu)
+    Ok(cpu)
 }
 
 /// The counters of the local root `span_id`, if the processor of the span's provider
@@ -473,23 +486,36 @@ pub(crate) fn counters_of(span_id: SpanId) -> Option<Arc<RootCounters>> {
     Some(cpu)
 }
 
-/// Ends counting for the root `span_id` and returns its totals and its cgroup throttled
-/// time at the start, if anything followed it.
-fn take(span_id: SpanId) -> Option<(RootTotals, Option<u64>)> {
+/// Ends counting for the root `span_id`: its totals and its cgroup throttled time at the
+/// start if anything followed it, else whether it had counters nothing followed.
+fn take(span_id: SpanId) -> Taken {
     let key = u64::from_be_bytes(span_id.to_bytes());
     // The entry outlives the shard's guard (see `claim`).
     let (entry, totals) = {
         let mut shard = shard(key);
-        let entry = shard.entries.remove(key)?;
+        let Some(entry) = shard.entries.remove(key) else {
+            return Taken::Nothing;
+        };
         let totals = shard.slots.release(entry.cpu.handle());
         give_spares(&mut shard.slots);
         (entry, totals)
     };
-    entry
-        .cpu
-        .followed
-        .load(Ordering::Relaxed)
-        .then_some((totals, entry.throttled_at_start))
+    if entry.cpu.followed.load(Ordering::Relaxed) {
+        Taken::Evidence(totals, entry.throttled_at_start)
+    } else {
+        Taken::NotFollowed
+    }
+}
+
+/// What [`take`] finds for a span that ends.
+enum Taken {
+    /// The root's totals, and the cgroup's throttled time at its start.
+    Evidence(RootTotals, Option<u64>),
+    /// Counters were kept, and nothing of this crate ever entered the root.
+    NotFollowed,
+    /// No counters: not a local root, or none could be claimed (the reason is on the span
+    /// since its start), or swept as an orphan.
+    Nothing,
 }
 
 /// Wraps the exporting span processor and adds [`CPU_SAMPLES_ATTRIBUTE`],
@@ -579,20 +605,37 @@ impl<P: SpanProcessor> SpanProcessor for CpuEvidenceProcessor<P> {
         }
         mark_profile_id_known(self.profile_id, span, local_root);
         if counted {
-            if let Some(cpu) = claim(span_id) {
-                let key = u64::from_be_bytes(span_id.to_bytes());
-                let _ = CLAIMED.try_with(|claimed| {
-                    if let Ok(mut claimed) = claimed.try_borrow_mut() {
-                        *claimed = Some((key, cpu));
-                    }
-                });
+            match claim(span_id) {
+                Ok(cpu) => {
+                    let key = u64::from_be_bytes(span_id.to_bytes());
+                    let _ = CLAIMED.try_with(|claimed| {
+                        if let Ok(mut claimed) = claimed.try_borrow_mut() {
+                            *claimed = Some((key, cpu));
+                        }
+                    });
+                }
+                Err(why) => {
+                    opentelemetry::trace::Span::set_attribute(
+                        span,
+                        KeyValue::new(EVIDENCE_MISSING_ATTRIBUTE, why),
+                    );
+                }
             }
         }
         self.inner.on_start(span, cx);
     }
 
     fn on_end(&self, mut span: SpanData) {
-        if let Some((totals, throttled_at_start)) = take(span.span_context.span_id()) {
+        let (totals, throttled_at_start) = match take(span.span_context.span_id()) {
+            Taken::Evidence(totals, throttled) => (totals, throttled),
+            Taken::NotFollowed => {
+                span.attributes
+                    .push(KeyValue::new(EVIDENCE_MISSING_ATTRIBUTE, "not_followed"));
+                return self.inner.on_end(span);
+            }
+            Taken::Nothing => return self.inner.on_end(span),
+        };
+        {
             let int = |v: u64| i64::try_from(v).unwrap_or(i64::MAX);
             let attributes = &mut span.attributes;
             attributes.push(KeyValue::new(CPU_SAMPLES_ATTRIBUTE, int(totals.samples)));
@@ -943,5 +986,39 @@ mod tests {
             "the followed root has its evidence"
         );
         assert!(!evidence("never followed"), "the other has none");
+        // ...and says why, where the followed one says nothing of the kind.
+        let missing = |name: &str| {
+            let span = spans.iter().find(|s| s.name == name).expect("exported");
+            span.attributes
+                .iter()
+                .find(|kv| kv.key.as_str() == EVIDENCE_MISSING_ATTRIBUTE)
+                .map(|kv| kv.value.to_string())
+        };
+        assert_eq!(missing("never followed").as_deref(), Some("not_followed"));
+        assert_eq!(missing("GET /evidence"), None);
+    }
+
+    /// A root that starts while no sampler runs says so; its children say nothing.
+    #[test]
+    fn a_root_started_without_a_sampler_says_so() {
+        let _turn = crate::sampler::test_turn();
+        assert!(!crate::sampler::is_running(), "no sampler in this turn");
+        let exported = InMemorySpanExporter::default();
+        let provider = with_processor(&exported);
+        tracing::subscriber::with_default(subscriber(&provider), || {
+            let root = tracing::info_span!("unsampled root");
+            let _entered = root.enter();
+            let _child = tracing::info_span!("child").entered();
+        });
+        let spans = exported.get_finished_spans().expect("spans");
+        let missing = |name: &str| {
+            let span = spans.iter().find(|s| s.name == name).expect("exported");
+            span.attributes
+                .iter()
+                .find(|kv| kv.key.as_str() == EVIDENCE_MISSING_ATTRIBUTE)
+                .map(|kv| kv.value.to_string())
+        };
+        assert_eq!(missing("unsampled root").as_deref(), Some("no_sampler"));
+        assert_eq!(missing("child"), None, "only local roots carry it");
     }
 }

@@ -87,8 +87,8 @@ pub const SPAN_NAME_KEY: &str = "span_name";
 /// stacks × labels, not with the number of samples.
 #[derive(Debug)]
 pub struct ProfileBuilder {
-    /// Whether this is a blocked-in-poll profile (two values per sample).
-    blocked: bool,
+    /// Which profile: its sample types and how its values are written.
+    shape: Shape,
     period_ns: i64,
     time_nanos: i64,
     duration_nanos: i64,
@@ -106,6 +106,18 @@ pub struct ProfileBuilder {
     comments: Vec<String>,
 }
 
+/// The kinds of profile a [`ProfileBuilder`] writes.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+enum Shape {
+    /// `cpu`/`nanoseconds`: counts of periods, multiplied by the period.
+    Cpu,
+    /// `contentions`/`count`, `delay`/`nanoseconds` (Go's block profile).
+    Blocked,
+    /// `alloc_objects`/`count`, `alloc_space`/`bytes`, period type `space`/`bytes` (the
+    /// allocation half of Go's heap profile).
+    Alloc,
+}
+
 /// A deduplicated sample: values are multiplied by the period only in `build`.
 #[derive(Debug)]
 struct PendingSample {
@@ -113,7 +125,7 @@ struct PendingSample {
     location_ids: Vec<u64>,
     labels: SampleLabels,
     count: u64,
-    /// Blocked nanoseconds (blocked profiles only).
+    /// Blocked nanoseconds (blocked profiles), bytes (allocation profiles).
     delay_ns: u64,
 }
 
@@ -132,7 +144,7 @@ impl ProfileBuilder {
     /// interval the samples were taken in.
     pub fn new(period_ns: i64, start: SystemTime, duration: Duration) -> ProfileBuilder {
         ProfileBuilder {
-            blocked: false,
+            shape: Shape::Cpu,
             period_ns,
             time_nanos: unix_nanos(start),
             duration_nanos: saturating_nanos(duration),
@@ -152,9 +164,33 @@ impl ProfileBuilder {
     /// Starts an empty blocked-in-poll profile (values: blocks seen, blocked nanoseconds).
     pub fn blocked(start: SystemTime, duration: Duration) -> ProfileBuilder {
         ProfileBuilder {
-            blocked: true,
+            shape: Shape::Blocked,
             ..ProfileBuilder::new(1, start, duration)
         }
+    }
+
+    /// Starts an empty allocation profile (values: allocations, bytes, both estimates),
+    /// sampled every `mean_bytes` on average (the profile's period).
+    pub fn allocations(mean_bytes: i64, start: SystemTime, duration: Duration) -> ProfileBuilder {
+        ProfileBuilder {
+            shape: Shape::Alloc,
+            ..ProfileBuilder::new(mean_bytes, start, duration)
+        }
+    }
+
+    /// Adds `objects` allocations of `bytes` in all under `stack` to an allocation
+    /// profile. Nothing is added when both are zero.
+    pub fn add_allocations(
+        &mut self,
+        stack: &[SymbolizedFrame],
+        labels: &SampleLabels,
+        objects: u64,
+        bytes: u64,
+    ) {
+        if objects == 0 && bytes == 0 {
+            return;
+        }
+        self.add(stack, labels, objects, bytes);
     }
 
     /// Adds a free-form comment (the profile's `comment` field; `go tool pprof -comments`
@@ -229,14 +265,24 @@ impl ProfileBuilder {
             r#type: strings.intern(kind),
             unit: strings.intern(unit),
         };
-        let (sample_type, period_type) = if self.blocked {
-            // Go's block profile: Pyroscope and Grafana know its two series.
-            let contentions = value_type("contentions", "count");
-            let delay = value_type("delay", "nanoseconds");
-            (vec![contentions.clone(), delay], contentions)
-        } else {
-            let cpu = value_type("cpu", "nanoseconds");
-            (vec![cpu.clone()], cpu)
+        let (sample_type, period_type) = match self.shape {
+            Shape::Blocked => {
+                // Go's block profile: Pyroscope and Grafana know its two series.
+                let contentions = value_type("contentions", "count");
+                let delay = value_type("delay", "nanoseconds");
+                (vec![contentions.clone(), delay], contentions)
+            }
+            Shape::Alloc => {
+                // The allocation half of Go's heap profile, as Pyroscope names its series
+                // (`memory:alloc_space:bytes:space:bytes`).
+                let objects = value_type("alloc_objects", "count");
+                let space = value_type("alloc_space", "bytes");
+                (vec![objects, space], value_type("space", "bytes"))
+            }
+            Shape::Cpu => {
+                let cpu = value_type("cpu", "nanoseconds");
+                (vec![cpu.clone()], cpu)
+            }
         };
         let mut samples = std::mem::take(&mut self.samples);
         let pending = std::mem::take(&mut self.locations);
@@ -301,13 +347,12 @@ impl ProfileBuilder {
         let sample = samples
             .into_iter()
             .map(|s| proto::Sample {
-                value: if self.blocked {
-                    vec![
+                value: match self.shape {
+                    Shape::Blocked | Shape::Alloc => vec![
                         i64::try_from(s.count).unwrap_or(i64::MAX),
                         i64::try_from(s.delay_ns).unwrap_or(i64::MAX),
-                    ]
-                } else {
-                    vec![sample_value(s.count, self.period_ns)]
+                    ],
+                    Shape::Cpu => vec![sample_value(s.count, self.period_ns)],
                 },
                 label: labels(&mut strings, &s.labels),
                 location_id: s.location_ids,

@@ -656,17 +656,18 @@ impl ActiveCounter {
 impl ActiveCounter {
     /// Adds a long stretch: `ticks` of wall time inside the root, and what reading the
     /// thread's clocks at its ends found (`exact`: nanoseconds of it off CPU, and of run
-    /// delay), or `None` when they could not be read (the root's CPU time and run delay
-    /// are then unknown). The same protocol as [`ActiveCounter::add`], one count for
+    /// delay, `None` when the schedstat file could not be read: the root's run delay is
+    /// then unknown, its CPU time still exact), or `None` when the CPU clock could not be
+    /// read (both unknown). The same protocol as [`ActiveCounter::add`], one count for
     /// all the words.
     #[inline]
-    pub(crate) fn add_long(self, ticks: u64, exact: Option<(u64, u64)>) -> bool {
+    pub(crate) fn add_long(self, ticks: u64, exact: Option<(u64, Option<u64>)>) -> bool {
         self.add_long_in(&ROOTS, ticks, exact)
     }
 
     /// [`ActiveCounter::add_long`], counting a refused add in `roots`.
     #[inline]
-    fn add_long_in(self, roots: &RootTable, ticks: u64, exact: Option<(u64, u64)>) -> bool {
+    fn add_long_in(self, roots: &RootTable, ticks: u64, exact: Option<(u64, Option<u64>)>) -> bool {
         let slot = self.slot;
         #[cfg(all(test, loom))]
         if loom_model::uncounted() {
@@ -674,7 +675,7 @@ impl ActiveCounter {
             let current = generation_of(slot.state.load(Ordering::SeqCst)) == self.generation;
             if current {
                 slot.active.fetch_add(ticks, Ordering::Relaxed);
-                if let Some((off_cpu, delay)) = exact {
+                if let Some((off_cpu, Some(delay))) = exact {
                     slot.off_cpu.fetch_add(off_cpu, Ordering::Relaxed);
                     add_to(
                         &slot.runqueue,
@@ -692,7 +693,7 @@ impl ActiveCounter {
             slot.active.fetch_add(ticks, Ordering::Relaxed);
             let tag = tag(self.generation);
             match exact {
-                Some((off_cpu, delay)) => {
+                Some((off_cpu, Some(delay))) => {
                     slot.off_cpu.fetch_add(off_cpu, Ordering::Relaxed);
                     add_to(
                         &slot.runqueue,
@@ -701,6 +702,11 @@ impl ActiveCounter {
                         RUNQUEUE_NS_MASK,
                         QUEUED_MEASURED,
                     );
+                }
+                // The CPU clock read, the schedstat file not: CPU stays exact.
+                Some((off_cpu, None)) => {
+                    slot.off_cpu.fetch_add(off_cpu, Ordering::Relaxed);
+                    add_to(&slot.runqueue, tag, 0, RUNQUEUE_NS_MASK, RUNQUEUE_UNKNOWN);
                 }
                 None => {
                     slot.off_cpu.fetch_or(OFF_CPU_UNKNOWN, Ordering::Relaxed);

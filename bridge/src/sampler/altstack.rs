@@ -31,10 +31,18 @@ pub(crate) const ALT_STACK_BYTES: usize = if cfg!(debug_assertions) {
     64 * 1024
 };
 
-/// One slot's stack: its usable range (0..0 until allocated).
+/// Bytes of an adopted thread's stack its handler copies (from the interrupted `sp`) to
+/// walk: its stack bounds are not known, so its stack is copied, never dereferenced
+/// (`handler::walk_adopted`). Deeper frames than fit are left out (the sample is
+/// truncated at the outer end, the innermost frames kept).
+pub(crate) const ADOPTED_COPY_BYTES: usize = 64 * 1024;
+
+/// One slot's stack: its usable range (0..0 until allocated), and for slots that were
+/// adopted, the buffer their handler copies the thread's stack into (0: none yet).
 struct AltStack {
     lo: AtomicU64,
     hi: AtomicU64,
+    copy: AtomicU64,
 }
 
 const CHUNK: usize = 256;
@@ -48,27 +56,15 @@ fn stack_of(index: u32) -> Option<&'static AltStack> {
         STACKS.fresh(|_| AltStack {
             lo: AtomicU64::new(0),
             hi: AtomicU64::new(0),
+            copy: AtomicU64::new(0),
         })?;
     }
     let stack = STACKS.get(index)?;
     if stack.hi.load(Ordering::Acquire) == 0 {
-        // Only the slot's owner thread reaches here for this index: no race to allocate.
+        // Only the slot's holder reaches here for this index (its registering thread, or
+        // the scan while it holds an adoption): no race to allocate.
         let page = page_size();
-        let len = ALT_STACK_BYTES + page;
-        // SAFETY: a fresh private anonymous mapping; nothing else refers to it.
-        let base = unsafe {
-            libc::mmap(
-                std::ptr::null_mut(),
-                len,
-                libc::PROT_READ | libc::PROT_WRITE,
-                libc::MAP_PRIVATE | libc::MAP_ANONYMOUS | libc::MAP_NORESERVE,
-                -1,
-                0,
-            )
-        };
-        if base == libc::MAP_FAILED {
-            return None;
-        }
+        let base = map_anonymous(ALT_STACK_BYTES + page)?;
         // The guard page: an overflow of the handler faults instead of writing below.
         // SAFETY: the first page of the mapping just made.
         unsafe { libc::mprotect(base, page, libc::PROT_NONE) };
@@ -79,6 +75,127 @@ fn stack_of(index: u32) -> Option<&'static AltStack> {
             .store(lo + ALT_STACK_BYTES as u64, Ordering::Release);
     }
     Some(stack)
+}
+
+/// For the scan that adopts a thread into slot `index`: makes the slot's stack and its
+/// copy buffer (never freed, reused by the slot's later adoptions). Not in a handler; only
+/// the slot's holder calls it, as for `stack_of`. False if either could not be mapped.
+pub(crate) fn prepare_adopted(index: u32) -> bool {
+    let Some(stack) = stack_of(index) else {
+        return false;
+    };
+    if stack.copy.load(Ordering::Acquire) != 0 {
+        return true;
+    }
+    let Some(base) = map_anonymous(ADOPTED_COPY_BYTES) else {
+        return false;
+    };
+    stack.copy.store(base as u64, Ordering::Release);
+    true
+}
+
+/// A fresh private, readable and writable mapping of `len` bytes, reserved lazily (only
+/// touched pages are resident). Never unmapped by this module.
+fn map_anonymous(len: usize) -> Option<*mut libc::c_void> {
+    // SAFETY: a fresh private anonymous mapping; nothing else refers to it.
+    let base = unsafe {
+        libc::mmap(
+            std::ptr::null_mut(),
+            len,
+            libc::PROT_READ | libc::PROT_WRITE,
+            libc::MAP_PRIVATE | libc::MAP_ANONYMOUS | libc::MAP_NORESERVE,
+            -1,
+            0,
+        )
+    };
+    (base != libc::MAP_FAILED).then_some(base)
+}
+
+/// The copy buffer of slot `index` (`ADOPTED_COPY_BYTES` long), if made. Async-signal-safe.
+#[inline]
+pub(crate) fn copy_buffer(index: u32) -> Option<u64> {
+    let copy = STACKS.get(index)?.copy.load(Ordering::Acquire);
+    (copy != 0).then_some(copy)
+}
+
+/// The top of slot `index`'s stack (16-byte aligned), if made: where a handler that does
+/// not run on it may move its walk (`handler::walk_adopted`). Async-signal-safe.
+#[inline]
+pub(crate) fn top(index: u32) -> Option<u64> {
+    let hi = STACKS.get(index)?.hi.load(Ordering::Acquire);
+    (hi != 0).then_some(hi & !15)
+}
+
+/// In the handler of an adopted thread (once per adoption): a thread with no alternate
+/// stack at all (a C library's thread) gets the slot's, so that later signals put the
+/// kernel's frame there rather than on a stack whose end is unknown. One with a stack of
+/// its own (std's, for its stack-overflow message) keeps it: the handler runs there and
+/// moves its walk onto the slot's stack.
+///
+/// The kernel puts back, when a handler returns, the alternate stack saved in the
+/// handler's context at delivery (`rt_sigreturn`), so a `sigaltstack` call here would be
+/// undone: the slot's stack is written into the context (`uc_stack`) instead, and the
+/// return installs it. One system call (the query), async-signal-safe.
+///
+/// # Safety
+/// `ucontext` must be the handler's context argument (or null).
+pub(crate) unsafe fn adopt_in_handler(slot: &Slot, ucontext: *mut libc::c_void) {
+    if slot.alt_checked.load(Ordering::Relaxed) || ucontext.is_null() {
+        return;
+    }
+    let Some(now) = current() else { return };
+    if now.ss_flags & libc::SS_DISABLE == 0 {
+        // One is installed (ours, from an earlier signal, or the thread's own): nothing
+        // more to look at. Until then every signal looks again, since a first signal that
+        // interrupted a handler of the thread's own has its `uc_stack` put back by that
+        // handler's return.
+        slot.alt_checked.store(true, Ordering::Relaxed);
+        return;
+    }
+    let Some(stack) = STACKS.get(slot.index()) else {
+        return;
+    };
+    let lo = stack.lo.load(Ordering::Relaxed);
+    if stack.hi.load(Ordering::Acquire) == 0 {
+        return;
+    }
+    // SAFETY: the caller passes the kernel's context for this handler, which the kernel
+    // reads back at the handler's return. The stack is a mapped, writable range of
+    // ALT_STACK_BYTES owned by the slot, which this thread holds until it registers itself
+    // (`disable_adopted`) or exits.
+    unsafe {
+        (*ucontext.cast::<libc::ucontext_t>()).uc_stack = libc::stack_t {
+            ss_sp: lo as *mut libc::c_void,
+            ss_flags: 0,
+            ss_size: ALT_STACK_BYTES,
+        };
+    }
+}
+
+/// On a thread taking its adopted slot back to register itself: disables the slot's
+/// stack if the handler installed it, before the slot (and the stack) can go to another
+/// thread. `Some(true)`: it was installed and is disabled; `Some(false)`: it was not
+/// installed; `None`: it is installed and cannot be disabled now (the thread runs on it,
+/// in a handler): the slot must not go to another thread.
+pub(crate) fn disable_adopted(index: u32) -> Option<bool> {
+    let now = current()?;
+    let Some(stack) = STACKS.get(index) else {
+        return Some(false);
+    };
+    if now.ss_flags & libc::SS_DISABLE != 0 || now.ss_sp as u64 != stack.lo.load(Ordering::Relaxed)
+    {
+        return Some(false);
+    }
+    if now.ss_flags & libc::SS_ONSTACK != 0 {
+        return None;
+    }
+    let off = libc::stack_t {
+        ss_sp: std::ptr::null_mut(),
+        ss_flags: libc::SS_DISABLE,
+        ss_size: 0,
+    };
+    // SAFETY: disabling the calling thread's alternate stack.
+    (unsafe { libc::sigaltstack(&off, std::ptr::null_mut()) } == 0).then_some(true)
 }
 
 fn page_size() -> usize {

@@ -46,8 +46,9 @@ use std::sync::atomic::Ordering;
 
 use super::altstack;
 use super::cpu_ledger;
+use super::ring::SampleRecord;
 use super::slots::{Slot, TimerValue};
-use super::stack::Registers;
+use super::stack::{copy_own_memory, Registers};
 use super::unwind::{self, WalkEnd};
 use super::{SamplerError, SamplerState};
 use crate::root_cpu;
@@ -87,7 +88,11 @@ pub(super) fn install(state: &'static SamplerState) -> Result<(), SamplerError> 
         action.sa_sigaction = ours();
         // SA_ONSTACK: on the registered thread's own alternate stack (`altstack`).
         action.sa_flags = libc::SA_SIGINFO | libc::SA_RESTART | libc::SA_ONSTACK;
-        libc::sigemptyset(&mut action.sa_mask);
+        // Every signal blocked while it runs: no handler nests on top of it, so the walk
+        // an adopted thread's handler moves to the slot's stack (`walk_adopted`) is never
+        // under a nested handler the kernel starts at the top of the alternate stack the
+        // handler came from. Other signals wait the few microseconds of a sample.
+        libc::sigfillset(&mut action.sa_mask);
         let mut old: libc::sigaction = std::mem::zeroed();
         // One swap: whoever installs concurrently, exactly one sees SIG_DFL/SIG_IGN.
         if libc::sigaction(libc::SIGPROF, &action, &mut old) != 0 {
@@ -254,6 +259,12 @@ fn sample(state: &SamplerState, slot: &Slot, overrun: libc::c_int, ucontext: *mu
         counters.dropped.fetch_add(1, Ordering::Relaxed);
         return;
     };
+    // A thread the collector's scan adopted: no stack bounds, maybe no alternate stack.
+    let adopted = slot.is_adopted();
+    if adopted {
+        // SAFETY: the kernel's context argument of this handler.
+        unsafe { altstack::adopt_in_handler(slot, ucontext) };
+    }
     // SAFETY: `ucontext` is the kernel's handler argument.
     let regs = unsafe { Registers::from_ucontext(ucontext) };
     let stack = slot.stack();
@@ -271,6 +282,9 @@ fn sample(state: &SamplerState, slot: &Slot, overrun: libc::c_int, ucontext: *mu
             // alternate stack, or, where it has none of ours, the interrupted stack, where
             // the kernel's signal frame and this handler's frame already lie below the
             // interrupted `sp`).
+            Some(regs) if adopted => {
+                (end, low_stack) = walk_adopted(slot, &regs, record);
+            }
             Some(regs) => match altstack::headroom(slot.index(), current_sp())
                 .or_else(|| stack.headroom(current_sp()))
                 .or_else(|| altstack::foreign_headroom(current_sp()))
@@ -306,5 +320,105 @@ fn sample(state: &SamplerState, slot: &Slot, overrun: libc::c_int, ucontext: *mu
         if end == WalkEnd::UnknownPc {
             counters.unknown_pc.fetch_add(1, Ordering::Relaxed);
         }
+    }
+}
+
+/// The walk of an adopted thread (one the collector's scan gave a timer, see `adopt`): its
+/// stack's bounds are unknown, so the stack is copied from the interrupted `sp`
+/// (`process_vm_readv`, which fails instead of faulting at the end of the mapping) into
+/// the slot's buffer, and the copy is walked. The walk runs on the slot's stack: where the
+/// handler already runs there (the kernel put it there: the thread had no alternate stack
+/// and the first signal installed it), in place; elsewhere (std's small alternate stack,
+/// or the thread's own) it is moved there on x86_64, and elsewhere it runs in place only
+/// with [`WALK_STACK_BUDGET`] left. Returns how the walk ended and whether it was left out
+/// for lack of stack.
+fn walk_adopted(slot: &Slot, regs: &Registers, record: &mut SampleRecord) -> (WalkEnd, bool) {
+    let pc_only = |record: &mut SampleRecord| {
+        record.frames[0] = regs.pc;
+        record.depth = 1;
+        record.truncated = true;
+    };
+    let Some(buffer) = altstack::copy_buffer(slot.index()) else {
+        pc_only(record);
+        return (WalkEnd::Truncated, false);
+    };
+    // SAFETY: the slot's buffer, mapped for good; only the slot owner's handler uses it,
+    // one signal at a time (SIGPROF is blocked while the handler runs).
+    let copy = unsafe {
+        std::slice::from_raw_parts_mut(buffer as usize as *mut u8, altstack::ADOPTED_COPY_BYTES)
+    };
+    let Some(copied) = copy_own_memory(regs.sp, copy) else {
+        pc_only(record);
+        return (WalkEnd::Truncated, false);
+    };
+    let copy = copy.get(..copied).unwrap_or_default();
+    let here = current_sp();
+    if altstack::headroom(slot.index(), here).is_some_and(|left| left >= WALK_STACK_BUDGET) {
+        return (unwind::walk_copy(regs, copy, record), false);
+    }
+    #[cfg(target_arch = "x86_64")]
+    if altstack::headroom(slot.index(), here).is_none() {
+        if let Some(top) = altstack::top(slot.index()) {
+            let mut walk = SwitchedWalk {
+                regs,
+                copy,
+                record,
+                end: WalkEnd::Truncated,
+            };
+            // SAFETY: `top` is the top of the slot's stack, which nothing runs on now (the
+            // handler is elsewhere, and no other thread holds the slot); the walk returns.
+            unsafe { on_stack(top, &mut walk) };
+            return (walk.end, false);
+        }
+    }
+    match altstack::foreign_headroom(here) {
+        Some(left) if left >= WALK_STACK_BUDGET => (unwind::walk_copy(regs, copy, record), false),
+        left => {
+            pc_only(record);
+            (WalkEnd::Truncated, left.is_some())
+        }
+    }
+}
+
+/// What the walk moved onto another stack takes and gives back.
+#[cfg(target_arch = "x86_64")]
+struct SwitchedWalk<'a> {
+    regs: &'a Registers,
+    copy: &'a [u8],
+    record: &'a mut SampleRecord,
+    end: WalkEnd,
+}
+
+/// Runs the walk described by `walk` with the stack pointer at `top`, and comes back.
+///
+/// # Safety
+/// `top` must be the 16-byte aligned top of mapped, writable memory that nothing else uses
+/// while this runs, with room for the walk (`altstack::ALT_STACK_BYTES`).
+#[cfg(target_arch = "x86_64")]
+#[inline(never)]
+unsafe fn on_stack(top: u64, walk: &mut SwitchedWalk<'_>) {
+    extern "C" fn run(walk: *mut SwitchedWalk<'_>) {
+        // SAFETY: the pointer `on_stack` passed, valid for the call.
+        if let Some(walk) = unsafe { walk.as_mut() } {
+            walk.end = unwind::walk_copy(walk.regs, walk.copy, walk.record);
+        }
+    }
+    let entry: extern "C" fn(*mut SwitchedWalk<'_>) = run;
+    // SAFETY: the caller's contract. `r12` (callee-saved, so kept by `run`) holds the
+    // old stack pointer across the call; `top` is 16-byte aligned, so `run` starts with
+    // the ABI's alignment after the call pushes its return address. Every register the C
+    // ABI lets `run` change is declared clobbered.
+    unsafe {
+        std::arch::asm!(
+            "mov r12, rsp",
+            "mov rsp, {top}",
+            "call {entry}",
+            "mov rsp, r12",
+            top = in(reg) top,
+            entry = in(reg) entry,
+            in("rdi") walk as *mut SwitchedWalk<'_>,
+            out("r12") _,
+            clobber_abi("C"),
+        );
     }
 }

@@ -35,10 +35,11 @@
 //! new rules are published to running handlers. On architectures other than x86_64 and aarch64 no
 //! stack is recorded.
 
+pub(crate) mod adopt;
 mod altstack;
 pub(crate) mod cgroup;
 pub(crate) mod cpu_ledger;
-mod handler;
+pub(crate) mod handler;
 // The loaded-object walker; the symbolizer uses it on every architecture, the unwinder's
 // table copies only where there is an unwinder.
 #[cfg_attr(
@@ -46,19 +47,19 @@ mod handler;
     allow(dead_code)
 )]
 pub(crate) mod modules;
-mod ring;
+pub(crate) mod ring;
 mod slots;
 // Without an unwinder nothing reads the stack or the registers past the pc.
 #[cfg_attr(
     not(any(target_arch = "x86_64", target_arch = "aarch64")),
     allow(dead_code)
 )]
-mod stack;
+pub(crate) mod stack;
 #[cfg(any(target_arch = "x86_64", target_arch = "aarch64"))]
-mod unwind;
+pub(crate) mod unwind;
 #[cfg(not(any(target_arch = "x86_64", target_arch = "aarch64")))]
 #[path = "unwind/unsupported.rs"]
-mod unwind;
+pub(crate) mod unwind;
 pub mod watchdog;
 
 use std::cell::{Cell, RefCell};
@@ -284,6 +285,20 @@ pub struct SamplerStats {
     /// [`set_max_live_roots`](crate::set_max_live_roots) allows): samples under them
     /// carry no labels.
     pub unlabelled_roots: u64,
+    /// Threads sampled now that never registered: the profiler's scan of
+    /// `/proc/self/task` adopted them (their samples carry no span). Not in `threads`.
+    pub adopted_threads: usize,
+    /// Threads adopted so far (see `adopted_threads`).
+    pub adoptions: u64,
+    /// Threads the scan left unsampled because they block `SIGPROF` (each counted once).
+    pub adoptions_blocked: u64,
+    /// Adoptions that failed (every slot taken, no memory for the slot's stacks, a timer
+    /// refused): those threads are not sampled.
+    pub adoptions_failed: u64,
+    /// Threads that declined sampling (OpenTelemetry's suppressed scope, the crate's HTTP
+    /// clients) while 64 such threads were alive already: recognised by name only
+    /// (`OpenTelemetry*`, `otel-profiling*`), else adopted and sampled, unlabelled.
+    pub declined_unrecorded: u64,
 }
 
 /// The unwinder's view of the loaded objects.
@@ -466,6 +481,7 @@ impl SamplerState {
 
     /// Sample counters, since the process started (across sampler restarts).
     pub(crate) fn stats(&self) -> SamplerStats {
+        let adoptions = adopt::stats();
         let mut stats = SamplerStats {
             drained: self.drained.load(Ordering::Relaxed),
             foreign_signals: self.foreign.load(Ordering::Relaxed),
@@ -477,6 +493,10 @@ impl SamplerState {
             thread_slots: self.slots.len(),
             ring_bytes: self.slots.ring_bytes(),
             threads_refused: self.slots.refused(),
+            adoptions: adoptions.adopted,
+            adoptions_blocked: adoptions.blocking,
+            adoptions_failed: adoptions.failed,
+            declined_unrecorded: adoptions.declined_unrecorded,
             ..SamplerStats::default()
         };
         for slot in self.slots.iter() {
@@ -488,7 +508,11 @@ impl SamplerState {
             stats.unknown_pc += c.unknown_pc.load(Ordering::Relaxed);
             stats.low_stack += c.low_stack.load(Ordering::Relaxed);
             if slot.is_sampling() {
-                stats.threads += 1;
+                if slot.is_adopted() {
+                    stats.adopted_threads += 1;
+                } else {
+                    stats.threads += 1;
+                }
             }
         }
         stats
@@ -513,8 +537,20 @@ impl SamplerState {
     /// collector's entry point. Records outlive a stopped sampler until drained. One drain
     /// runs at a time (the slot table's drain lock makes it every ring's one consumer);
     /// registration never waits for it.
-    pub(crate) fn drain_into(&self, mut f: impl FnMut(&SampleRecord)) -> usize {
-        let total = self.slots.drain(&mut f);
+    pub(crate) fn drain_into(&self, f: impl FnMut(&SampleRecord)) -> usize {
+        // Allocation samples drained by a caller that does not take them are counted as
+        // dropped (the collector takes both: `drain_both`).
+        self.drain_both(f, crate::allocations::count_dropped)
+    }
+
+    /// [`drain_into`](Self::drain_into), with every thread's allocation samples given to
+    /// `allocations` in the same pass.
+    pub(crate) fn drain_both(
+        &self,
+        mut f: impl FnMut(&SampleRecord),
+        mut allocations: impl FnMut(&crate::allocations::AllocRecord),
+    ) -> usize {
+        let total = self.slots.drain(&mut f, &mut allocations);
         self.drained.fetch_add(total as u64, Ordering::Relaxed);
         total
     }
@@ -614,8 +650,13 @@ impl SamplerState {
         // processor) are never sampled: their work is the telemetry's, not the
         // application's. Checked only while unregistered, so a registered thread's enter
         // costs nothing more.
-        if !settled && !opentelemetry::Context::is_current_telemetry_suppressed() {
-            let _ = self.register(run, false);
+        if !settled {
+            if opentelemetry::Context::is_current_telemetry_suppressed() {
+                // Nor adopted by the collector's scan.
+                adopt::decline_current_thread();
+            } else {
+                let _ = self.register(run, false);
+            }
         }
     }
 
@@ -632,6 +673,8 @@ impl SamplerState {
         })?;
         // SAFETY: gettid has no preconditions.
         let tid = unsafe { libc::gettid() };
+        // An adoption of this thread by the collector's scan gives way (see `adopt`).
+        adopt::take_over_current_thread(self);
         let slot = self
             .slots
             .claim(Owner {
@@ -639,53 +682,22 @@ impl SamplerState {
                 cell: thread_cell(),
                 stack,
                 ring_capacity: self.ring_capacity.load(Ordering::Relaxed).max(1),
+                alloc_capacity: crate::allocations::ring_capacity(),
                 cpu_ns: cpu_ledger::thread_cpu_ns().unwrap_or(0),
+                adopted: false,
             })
             .ok_or(SamplerError::TooManyThreads)?;
         // From here on the registration owns the slot: an error path drops it (releasing).
         // Before the timer: its first signal already runs on the slot's own stack.
         let alt = altstack::install(slot);
-        let registration = Registration {
+        let mut registration = Registration {
             state: self,
             slot: Some(slot),
             alt,
             run,
             epoch,
         };
-        // SAFETY: plain FFI; `sev` is fully initialised and `timer` is an out-parameter.
-        let timer = unsafe {
-            let mut sev: libc::sigevent = std::mem::zeroed();
-            sev.sigev_notify = libc::SIGEV_THREAD_ID;
-            sev.sigev_signo = libc::SIGPROF;
-            sev.sigev_value = libc::sigval {
-                sival_ptr: slot.timer_value().to_sival(),
-            };
-            sev.sigev_notify_thread_id = tid;
-            let mut timer: libc::timer_t = std::mem::zeroed();
-            if libc::timer_create(libc::CLOCK_THREAD_CPUTIME_ID, &mut sev, &mut timer) != 0 {
-                return Err(SamplerError::last_os("timer_create"));
-            }
-            timer
-        };
-        let period_ns = 1_000_000_000 / hz;
-        // tv_nsec must stay below one second (1 Hz is a whole second).
-        let period = libc::timespec {
-            tv_sec: (period_ns / 1_000_000_000) as libc::time_t,
-            tv_nsec: (period_ns % 1_000_000_000) as libc::c_long,
-        };
-        let spec = libc::itimerspec {
-            it_interval: period,
-            it_value: period,
-        };
-        // Armed before it is published: nothing but this thread can reach the id yet, and
-        // an early signal is checked against the slot, not the timer.
-        // SAFETY: `timer` is a live timer id owned by this registration.
-        if unsafe { libc::timer_settime(timer, 0, &spec, std::ptr::null_mut()) } != 0 {
-            let err = SamplerError::last_os("timer_settime");
-            // SAFETY: created above, not published, deleted once.
-            unsafe { libc::timer_delete(timer) };
-            return Err(err);
-        }
+        let timer = arm_timer(slot, libc::CLOCK_THREAD_CPUTIME_ID, tid, hz)?;
         #[cfg(test)]
         if let Some(pause) = self
             .registration_pause
@@ -702,6 +714,12 @@ impl SamplerState {
             slot.delete_timer();
             return Err(SamplerError::NotRunning);
         }
+        // An adoption the scan published meanwhile gives way too; if its first signal had
+        // installed its alternate stack (so ours was not), ours goes in now.
+        if adopt::take_over_current_thread(self) && registration.alt.is_none() {
+            registration.alt = altstack::install(slot);
+        }
+        OWN_SLOT.set((slot as *const Slot, epoch));
         Ok(registration)
     }
 
@@ -723,6 +741,51 @@ impl SamplerState {
     }
 }
 
+/// Creates and arms a timer on the CPU clock `clock` that sends `SIGPROF` to thread
+/// `tid` every period of `hz`, carrying `slot`'s value; not yet published to the slot.
+fn arm_timer(
+    slot: &Slot,
+    clock: libc::clockid_t,
+    tid: libc::pid_t,
+    hz: u64,
+) -> Result<libc::timer_t, SamplerError> {
+    // SAFETY: plain FFI; `sev` is fully initialised and `timer` is an out-parameter.
+    let timer = unsafe {
+        let mut sev: libc::sigevent = std::mem::zeroed();
+        sev.sigev_notify = libc::SIGEV_THREAD_ID;
+        sev.sigev_signo = libc::SIGPROF;
+        sev.sigev_value = libc::sigval {
+            sival_ptr: slot.timer_value().to_sival(),
+        };
+        sev.sigev_notify_thread_id = tid;
+        let mut timer: libc::timer_t = std::mem::zeroed();
+        if libc::timer_create(clock, &mut sev, &mut timer) != 0 {
+            return Err(SamplerError::last_os("timer_create"));
+        }
+        timer
+    };
+    let period_ns = 1_000_000_000 / hz.max(1);
+    // tv_nsec must stay below one second (1 Hz is a whole second).
+    let period = libc::timespec {
+        tv_sec: (period_ns / 1_000_000_000) as libc::time_t,
+        tv_nsec: (period_ns % 1_000_000_000) as libc::c_long,
+    };
+    let spec = libc::itimerspec {
+        it_interval: period,
+        it_value: period,
+    };
+    // Armed before it is published: nothing but the caller can reach the id yet, and an
+    // early signal is checked against the slot, not the timer.
+    // SAFETY: `timer` is a live timer id owned by the caller.
+    if unsafe { libc::timer_settime(timer, 0, &spec, std::ptr::null_mut()) } != 0 {
+        let err = SamplerError::last_os("timer_settime");
+        // SAFETY: created above, not published, deleted once.
+        unsafe { libc::timer_delete(timer) };
+        return Err(err);
+    }
+    Ok(timer)
+}
+
 thread_local! {
     static REGISTRATION: RefCell<Option<Registration>> = const { RefCell::new(None) };
     /// The (run, epoch) the thread's registration is settled for (registered, or known to
@@ -731,6 +794,23 @@ thread_local! {
     /// global sampler state registers threads, so the pair names the registration; it is
     /// forgotten wherever the registration is given up before the thread ends.
     static SETTLED: Cell<[u64; 2]> = const { Cell::new(NOT_SETTLED) };
+    /// The thread's registered slot and the epoch it was claimed in (null: none), for the
+    /// allocator's hook: a `const` thread-local with no destructor, readable while the
+    /// thread's other thread-locals are torn down.
+    static OWN_SLOT: Cell<(*const Slot, u64)> = const { Cell::new((std::ptr::null(), 0)) };
+}
+
+/// The calling thread's own registered slot (not an adoption), if it has one in this
+/// process (a forked child's copy of the parent's is not). Loads only; no allocation.
+#[inline]
+pub(crate) fn own_slot() -> Option<&'static Slot> {
+    let (slot, epoch) = OWN_SLOT.try_with(Cell::get).ok()?;
+    if epoch != SamplerState::global().epoch.load(Ordering::Acquire) {
+        return None;
+    }
+    // SAFETY: slots are never freed (`NeverFreed`); the pointer was set by this thread's
+    // registration and is cleared before its slot is released.
+    unsafe { slot.as_ref() }
 }
 
 /// [`SETTLED`] for no registration (runs and epochs count from 0 and never reach it).
@@ -760,6 +840,12 @@ impl Drop for Registration {
             return;
         }
         if let Some(slot) = self.slot {
+            // The allocator's hook stops using the slot before it goes.
+            let _ = OWN_SLOT.try_with(|own| {
+                if std::ptr::eq(own.get().0, slot) {
+                    own.set((std::ptr::null(), 0));
+                }
+            });
             // On the owner thread (the registration is its thread-local), before the slot
             // (and with it the stack) can go to another thread.
             if let Some(alt) = self.alt.take() {
@@ -922,6 +1008,29 @@ pub fn tokio_on_thread_stop() -> impl Fn() + Send + Sync + 'static {
     unregister_current_thread
 }
 
+/// For `tokio::runtime::Builder::on_thread_park`: marks the worker parked (two clock reads
+/// a park and unpark, no system call). With [`tokio_on_thread_unpark`], a root's time off
+/// CPU leaves out the worker's parks between polls, which are otherwise charged to its
+/// next long stretch as blocked (`docs/elapsed-time.md`).
+///
+/// ```no_run
+/// let runtime = tokio::runtime::Builder::new_multi_thread()
+///     .on_thread_start(otel_profiling::sampler::tokio_on_thread_start())
+///     .on_thread_stop(otel_profiling::sampler::tokio_on_thread_stop())
+///     .on_thread_park(otel_profiling::sampler::tokio_on_thread_park())
+///     .on_thread_unpark(otel_profiling::sampler::tokio_on_thread_unpark())
+///     .build()?;
+/// # Ok::<(), std::io::Error>(())
+/// ```
+pub fn tokio_on_thread_park() -> impl Fn() + Send + Sync + 'static {
+    crate::span_context::active::parked
+}
+
+/// For `tokio::runtime::Builder::on_thread_unpark`: see [`tokio_on_thread_park`].
+pub fn tokio_on_thread_unpark() -> impl Fn() + Send + Sync + 'static {
+    crate::span_context::active::unparked
+}
+
 /// Registers the calling thread on its first span enter while a sampler runs, unless it
 /// is in OpenTelemetry's suppressed scope: one atomic load and one thread-local read when
 /// already registered (or known blocked).
@@ -955,6 +1064,7 @@ pub(crate) fn after_fork_in_child() {
     crate::root_cpu::after_fork_in_child();
     unwind::after_fork_in_child();
     watchdog::after_fork_in_child();
+    adopt::after_fork_in_child();
 }
 
 /// The sampler is process-wide: unit tests that start it (its timers, its `SIGPROF`

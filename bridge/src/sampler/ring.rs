@@ -1,6 +1,8 @@
 //! A single-producer single-consumer ring of sample records, allocated once per thread.
 //!
-//! The producer is the thread's own signal handler; the consumer is the collector thread.
+//! The producer is the thread's own signal handler (CPU samples) or the thread itself in
+//! the allocator's hook (allocation samples, a ring of their own); the consumer is the
+//! collector thread.
 //! Each role is a type ([`Producer`], [`Consumer`]) that only one holder can have at a
 //! time, so neither side calls an `unsafe fn`. Pushing is a bounds check, a copy into a
 //! preallocated slot and one release store: no allocation, no lock. A full ring refuses
@@ -40,6 +42,16 @@ pub struct SampleRecord {
     pub frames: [u64; MAX_FRAMES],
 }
 
+/// What a [`Ring`] holds: plain data with an empty value its slots start as.
+pub(crate) trait RingRecord: Copy {
+    /// The value of a slot nothing was written to.
+    const EMPTY: Self;
+}
+
+impl RingRecord for SampleRecord {
+    const EMPTY: SampleRecord = SampleRecord::EMPTY;
+}
+
 impl SampleRecord {
     pub(crate) const EMPTY: SampleRecord = SampleRecord {
         root: None,
@@ -60,8 +72,8 @@ impl SampleRecord {
 /// [`Ring::consumer`]), which fails while another handle of that role lives, so at most one
 /// producer and one consumer use the ring at any time whatever the callers do: the ring's
 /// `unsafe` relies on its own flags, not on its callers' discipline.
-pub(crate) struct Ring {
-    slots: Box<[UnsafeCell<SampleRecord>]>,
+pub(crate) struct Ring<T: RingRecord = SampleRecord> {
+    slots: Box<[UnsafeCell<T>]>,
     /// Next slot the producer writes (only the producer stores it).
     head: AtomicUsize,
     /// Next slot the consumer reads (only the consumer stores it).
@@ -76,15 +88,13 @@ pub(crate) struct Ring {
 // is outside [tail, head), and read only through the one `Consumer` (the `consuming` flag)
 // while it is inside; the head/tail release-acquire pairs order the two, and the flags'
 // acquire/release order one holder of a role before the next.
-unsafe impl Sync for Ring {}
+unsafe impl<T: RingRecord + Send> Sync for Ring<T> {}
 
-impl Ring {
-    pub(crate) fn new(capacity: usize) -> Ring {
+impl<T: RingRecord> Ring<T> {
+    pub(crate) fn new(capacity: usize) -> Ring<T> {
         let capacity = capacity.max(1);
         Ring {
-            slots: (0..capacity)
-                .map(|_| UnsafeCell::new(SampleRecord::EMPTY))
-                .collect(),
+            slots: (0..capacity).map(|_| UnsafeCell::new(T::EMPTY)).collect(),
             head: AtomicUsize::new(0),
             tail: AtomicUsize::new(0),
             producing: AtomicBool::new(false),
@@ -109,7 +119,7 @@ impl Ring {
     /// does not nest, produces into its slot's ring) means it never fails there; the
     /// flag makes that discipline checked rather than assumed.
     #[inline]
-    pub(crate) fn producer(&self) -> Option<Producer<'_>> {
+    pub(crate) fn producer(&self) -> Option<Producer<'_, T>> {
         // Acquire: a previous producer's writes (released by its drop) happen before ours.
         // (A handle is built only on success: dropping one clears the flag.)
         if self.producing.swap(true, Ordering::Acquire) {
@@ -119,7 +129,7 @@ impl Ring {
     }
 
     /// Takes the consumer role, or `None` while a [`Consumer`] of this ring exists.
-    pub(crate) fn consumer(&self) -> Option<Consumer<'_>> {
+    pub(crate) fn consumer(&self) -> Option<Consumer<'_, T>> {
         if self.consuming.swap(true, Ordering::Acquire) {
             return None;
         }
@@ -146,16 +156,16 @@ impl Ring {
 
 /// The producer role of a [`Ring`]: only one exists per ring at a time. The sampler's
 /// signal handler holds it while it takes a sample on the ring's owner thread.
-pub(crate) struct Producer<'a> {
-    ring: &'a Ring,
+pub(crate) struct Producer<'a, T: RingRecord = SampleRecord> {
+    ring: &'a Ring<T>,
 }
 
-impl Producer<'_> {
+impl<T: RingRecord> Producer<'_, T> {
     /// Fills the next free slot with `fill`, or returns `false` when full.
     /// Async-signal-safe: a bounds check, `fill`, one release store; no allocation, no lock.
     /// Panic-free (the signal handler's path): the slot is found with checked operations.
     #[inline]
-    pub(crate) fn push_with(&mut self, fill: impl FnOnce(&mut SampleRecord)) -> bool {
+    pub(crate) fn push_with(&mut self, fill: impl FnOnce(&mut T)) -> bool {
         let ring = self.ring;
         let head = ring.head.load(Ordering::Relaxed);
         let tail = ring.tail.load(Ordering::Acquire);
@@ -178,7 +188,7 @@ impl Producer<'_> {
     }
 }
 
-impl Drop for Producer<'_> {
+impl<T: RingRecord> Drop for Producer<'_, T> {
     #[inline]
     fn drop(&mut self) {
         // Release: this producer's writes happen before the next producer's.
@@ -188,13 +198,13 @@ impl Drop for Producer<'_> {
 
 /// The consumer role of a [`Ring`]: only one exists per ring at a time (the collector's
 /// drain, under the slot table's drain lock).
-pub(crate) struct Consumer<'a> {
-    ring: &'a Ring,
+pub(crate) struct Consumer<'a, T: RingRecord = SampleRecord> {
+    ring: &'a Ring<T>,
 }
 
-impl Consumer<'_> {
+impl<T: RingRecord> Consumer<'_, T> {
     /// Passes every ready record to `f`, oldest first, and frees its slot.
-    pub(crate) fn drain(&mut self, mut f: impl FnMut(&SampleRecord)) -> usize {
+    pub(crate) fn drain(&mut self, mut f: impl FnMut(&T)) -> usize {
         let ring = self.ring;
         let head = ring.head.load(Ordering::Acquire);
         let mut tail = ring.tail.load(Ordering::Relaxed);
@@ -213,7 +223,7 @@ impl Consumer<'_> {
     }
 }
 
-impl Drop for Consumer<'_> {
+impl<T: RingRecord> Drop for Consumer<'_, T> {
     fn drop(&mut self) {
         self.ring.consuming.store(false, Ordering::Release);
     }
@@ -227,7 +237,7 @@ mod tests {
 
     #[test]
     fn full_ring_refuses_and_drain_frees() {
-        let ring = Ring::new(3);
+        let ring: Ring = Ring::new(3);
         let mut producer = ring.producer().expect("producer");
         let mut consumer = ring.consumer().expect("consumer");
         for i in 0..3u16 {
@@ -245,7 +255,7 @@ mod tests {
 
     #[test]
     fn each_role_has_one_holder_at_a_time() {
-        let ring = Ring::new(2);
+        let ring: Ring = Ring::new(2);
         let producer = ring.producer().expect("producer");
         assert!(ring.producer().is_none(), "a second producer");
         let consumer = ring.consumer().expect("consumer");
@@ -265,7 +275,7 @@ mod tests {
 
     #[test]
     fn concurrent_producer_and_consumer_lose_nothing() {
-        let ring = std::sync::Arc::new(Ring::new(8));
+        let ring: std::sync::Arc<Ring> = std::sync::Arc::new(Ring::new(8));
         let producer = {
             let ring = ring.clone();
             std::thread::spawn(move || {

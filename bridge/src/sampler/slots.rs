@@ -51,8 +51,9 @@ use crate::sync::{
 };
 
 use super::cpu_ledger::CpuLedger;
-use super::ring::Ring;
+use super::ring::{Ring, RingRecord};
 use super::stack::StackBounds;
+use crate::allocations::AllocRecord;
 use crate::never_freed::NeverFreed;
 use crate::span_context::SpanContextCell;
 
@@ -101,6 +102,10 @@ pub(crate) struct Slot {
     stack_hi: AtomicU64,
     /// Replaced only while FREE (capacity change), never freed while LIVE or RETIRING.
     ring: AtomicPtr<Ring>,
+    /// The owner's allocation samples (`allocations`: its producer is the owner thread in
+    /// the allocator's hook, never the signal handler); null while allocations are not
+    /// profiled. Managed as `ring` is.
+    alloc_ring: AtomicPtr<Ring<AllocRecord>>,
     /// The owner's timer id + 1 (0: none).
     timer: AtomicU64,
     /// Set while the owner's handler runs (for the panic guard).
@@ -115,7 +120,24 @@ pub(crate) struct Slot {
     pub(crate) cpu: CpuLedger,
     /// Free list link: index + 1 of the next free slot (0: none).
     next_free: AtomicU32,
+    /// [`NOT_ADOPTED`], [`ADOPTING`], [`ADOPTED`] or [`ADOPTION_TAKEN`] (see `adopt`).
+    adopted: AtomicU8,
+    /// The owner's handler found an alternate stack installed (adopted slots: see
+    /// `altstack::adopt_in_handler`).
+    pub(crate) alt_checked: AtomicBool,
 }
+
+/// The slot's thread registered itself (or the slot is free).
+const NOT_ADOPTED: u8 = 0;
+/// Held by the collector's scan while it claims the slot for a thread or changes its
+/// timer: a thread registering itself does not take it back meanwhile (it would free a
+/// slot whose timer the scan is about to arm), and looks again after the scan lets go.
+const ADOPTING: u8 = 1;
+/// The scan's adoption of a thread that never registered (`adopt`), not held.
+const ADOPTED: u8 = 2;
+/// An adopted slot being let go: by its thread registering itself, or by the scan once
+/// the thread is gone. Exactly one of them wins [`Slot::take_adopted`].
+const ADOPTION_TAKEN: u8 = 3;
 
 impl Slot {
     fn new(index: u32) -> Slot {
@@ -128,13 +150,78 @@ impl Slot {
             stack_lo: AtomicU64::new(0),
             stack_hi: AtomicU64::new(0),
             ring: AtomicPtr::new(std::ptr::null_mut()),
+            alloc_ring: AtomicPtr::new(std::ptr::null_mut()),
             timer: AtomicU64::new(0),
             in_handler: AtomicBool::new(false),
             watching: AtomicU32::new(0),
             counters: Counters::default(),
             cpu: CpuLedger::default(),
             next_free: AtomicU32::new(0),
+            adopted: AtomicU8::new(NOT_ADOPTED),
+            alt_checked: AtomicBool::new(false),
         }
+    }
+
+    /// Whether the slot was claimed for a thread by the collector's scan (`adopt`), not
+    /// by the thread itself. Async-signal-safe.
+    #[inline]
+    pub(crate) fn is_adopted(&self) -> bool {
+        self.adopted.load(Ordering::Acquire) != NOT_ADOPTED
+    }
+
+    /// Whether a thread owns the slot now (the generation is odd and the phase LIVE).
+    pub(crate) fn is_live(&self) -> bool {
+        self.phase.load(Ordering::SeqCst) == LIVE && self.generation.load(Ordering::SeqCst) & 1 == 1
+    }
+
+    /// Takes an adopted slot to let it go: true for exactly one caller (the thread
+    /// registering itself, or the scan that found the thread gone), which then deletes
+    /// its timer and releases it (see `adopt` for why either may). A slot the scan holds
+    /// ([`Slot::hold_adoption`]) is not taken.
+    pub(crate) fn take_adopted(&self) -> bool {
+        self.adopted
+            .compare_exchange(ADOPTED, ADOPTION_TAKEN, Ordering::SeqCst, Ordering::SeqCst)
+            .is_ok()
+    }
+
+    /// Puts back an adoption taken with [`Slot::take_adopted`] that could not be let go
+    /// (its alternate stack is in use): the scan releases it once its thread is gone.
+    pub(crate) fn untake_adopted(&self) {
+        let _ = self.adopted.compare_exchange(
+            ADOPTION_TAKEN,
+            ADOPTED,
+            Ordering::SeqCst,
+            Ordering::SeqCst,
+        );
+    }
+
+    /// The scan holds an adoption while it changes its timer: true if the slot was an
+    /// adoption not taken (and is held now). See [`ADOPTING`].
+    pub(crate) fn hold_adoption(&self) -> bool {
+        self.adopted
+            .compare_exchange(ADOPTED, ADOPTING, Ordering::SeqCst, Ordering::SeqCst)
+            .is_ok()
+    }
+
+    /// The scan lets go of an adoption it holds (claimed, or held with
+    /// [`Slot::hold_adoption`]); the caller then fences and looks for the thread's own
+    /// slot (`adopt::publish_adoption`).
+    pub(crate) fn let_go_of_adoption(&self) {
+        let _ =
+            self.adopted
+                .compare_exchange(ADOPTING, ADOPTED, Ordering::SeqCst, Ordering::SeqCst);
+    }
+
+    /// Whether the slot is a live adoption of the thread `tid` (not yet taken).
+    pub(crate) fn is_adoption_of(&self, tid: libc::pid_t) -> bool {
+        self.adopted.load(Ordering::SeqCst) == ADOPTED
+            && self.is_live()
+            && self.tid.load(Ordering::SeqCst) == tid
+    }
+
+    /// The slot's timer is armed now.
+    pub(crate) fn has_timer(&self) -> bool {
+        self.timer.load(Ordering::SeqCst) != 0
     }
 
     /// The value this slot's current owner gives its timer.
@@ -225,6 +312,19 @@ impl Slot {
         // (which skips FREE and RETIRED slots and alone frees RETIRING ones) and a forked
         // child's one thread.
         unsafe { self.ring.load(Ordering::Acquire).as_ref() }
+    }
+
+    /// The allocation ring, for the owner's allocator hook (its producer), the drainer
+    /// (its consumer) or the owner letting go of the slot; as [`Slot::ring`].
+    #[inline]
+    pub(crate) fn alloc_ring(&self) -> Option<&Ring<AllocRecord>> {
+        // SAFETY: as in `ring`: replaced and freed only while the slot is FREE or retired.
+        unsafe { self.alloc_ring.load(Ordering::Acquire).as_ref() }
+    }
+
+    /// Whether neither ring holds a record (exact when no producer runs).
+    fn rings_empty(&self) -> bool {
+        self.ring().is_none_or(Ring::is_empty) && self.alloc_ring().is_none_or(Ring::is_empty)
     }
 
     /// Whether a thread owns the slot and has a timer armed now.
@@ -378,6 +478,8 @@ pub(crate) struct SlotTable {
     retired: AtomicU64,
     /// Records of every ring allocated and not freed (leaked ones included).
     ring_records: std::sync::atomic::AtomicU64,
+    /// The same, for allocation rings.
+    alloc_records: std::sync::atomic::AtomicU64,
     /// Claims refused: every slot taken.
     refused: std::sync::atomic::AtomicU64,
 }
@@ -391,6 +493,7 @@ impl SlotTable {
                 draining: ForkSafeLock::new(),
                 retired: AtomicU64::new(0),
                 ring_records: std::sync::atomic::AtomicU64::new(0),
+                alloc_records: std::sync::atomic::AtomicU64::new(0),
                 refused: std::sync::atomic::AtomicU64::new(0),
             }
         }
@@ -409,19 +512,16 @@ impl SlotTable {
             * std::mem::size_of::<super::ring::SampleRecord>() as u64
     }
 
+    /// Bytes of every allocation ring allocated and not freed.
+    pub(crate) fn alloc_ring_bytes(&self) -> u64 {
+        self.alloc_records
+            .load(std::sync::atomic::Ordering::Relaxed)
+            * std::mem::size_of::<AllocRecord>() as u64
+    }
+
     /// Claims refused because every slot was taken.
     pub(crate) fn refused(&self) -> u64 {
         self.refused.load(std::sync::atomic::Ordering::Relaxed)
-    }
-
-    /// Counts a ring of `capacity` records made (`made`) or freed.
-    fn count_ring(&self, capacity: usize, made: bool) {
-        use std::sync::atomic::Ordering::Relaxed;
-        if made {
-            self.ring_records.fetch_add(capacity as u64, Relaxed);
-        } else {
-            self.ring_records.fetch_sub(capacity as u64, Relaxed);
-        }
     }
 
     /// The slot at `index`, if allocated. Async-signal-safe.
@@ -494,30 +594,23 @@ impl SlotTable {
             return None;
         };
         slot.tid.store(owner.tid, Ordering::Relaxed);
+        slot.adopted.store(
+            // Held by the scan until its timer is armed (see `ADOPTING`).
+            if owner.adopted { ADOPTING } else { NOT_ADOPTED },
+            Ordering::Relaxed,
+        );
+        slot.alt_checked.store(false, Ordering::Relaxed);
         slot.cell.store(owner.cell as *mut _, Ordering::Relaxed);
         slot.stack_lo.store(owner.stack.lo, Ordering::Relaxed);
         slot.stack_hi.store(owner.stack.hi, Ordering::Relaxed);
         slot.cpu.reset(owner.cpu_ns);
-        let ring = slot.ring.load(Ordering::Relaxed);
-        // SAFETY: the slot is FREE and ours: no handler accepts it (even generation) and no
-        // drainer reads it (drains skip FREE slots), so its ring is not replaced or freed
-        // by anyone else.
-        let old = unsafe { ring.as_ref() };
-        // The last drain emptied it; the reset clears a forked child's copy. A ring whose
-        // role a parent thread held at a fork stays held in the child: replaced below.
-        let reusable = old.is_some_and(|r| r.capacity() == owner.ring_capacity && r.reset());
-        if !reusable {
-            let new = Box::into_raw(Box::new(Ring::new(owner.ring_capacity)));
-            self.count_ring(owner.ring_capacity, true);
-            slot.ring.store(new, Ordering::Release);
-            // Free the old ring unless a role on it is still held (in a forked child, by
-            // a thread that does not exist there, or by a handler that never returned:
-            // then it is leaked, once per such ring).
-            if old.is_some_and(Ring::reset) {
-                self.count_ring(old.map_or(0, Ring::capacity), false);
-                // SAFETY: came from Box::into_raw; nothing else can reach it (see above),
-                // and no role on it is held.
-                drop(unsafe { Box::from_raw(ring) });
+        // SAFETY (both): the slot is FREE and ours: no handler accepts it (even
+        // generation) and no drainer reads it (drains skip FREE slots), so its rings are
+        // not replaced or freed by anyone else.
+        unsafe {
+            self.refresh_ring(&slot.ring, owner.ring_capacity, &self.ring_records);
+            if owner.alloc_capacity > 0 {
+                self.refresh_ring(&slot.alloc_ring, owner.alloc_capacity, &self.alloc_records);
             }
         }
         // Even → odd, publishing the fields above to any handler that sees the generation.
@@ -526,8 +619,43 @@ impl SlotTable {
         Some(slot)
     }
 
+    /// Gives a claimed slot's ring `ring` room for `capacity` records: the one it has,
+    /// emptied, or a new one.
+    ///
+    /// # Safety
+    /// The slot is FREE and the caller's (see `claim`).
+    unsafe fn refresh_ring<T: RingRecord + Send>(
+        &self,
+        ring: &AtomicPtr<Ring<T>>,
+        capacity: usize,
+        records: &std::sync::atomic::AtomicU64,
+    ) {
+        let raw = ring.load(Ordering::Relaxed);
+        // SAFETY: the caller's: nobody else replaces or frees it now.
+        let old = unsafe { raw.as_ref() };
+        // The last drain emptied it; the reset clears a forked child's copy. A ring whose
+        // role a parent thread held at a fork stays held in the child: replaced below.
+        if old.is_some_and(|r| r.capacity() == capacity && r.reset()) {
+            return;
+        }
+        let new = Box::into_raw(Box::new(Ring::<T>::new(capacity)));
+        count_records(records, capacity, true);
+        ring.store(new, Ordering::Release);
+        // Free the old ring unless a role on it is still held (in a forked child, by a
+        // thread that does not exist there, or by a producer that never returned: then it
+        // is leaked, once per such ring).
+        if old.is_some_and(Ring::reset) {
+            count_records(records, old.map_or(0, Ring::capacity), false);
+            // SAFETY: came from Box::into_raw; nothing else can reach it (see above), and
+            // no role on it is held.
+            drop(unsafe { Box::from_raw(raw) });
+        }
+    }
+
     /// Ends the owner's use of `slot`. Only the owner thread may call this, with a slot
-    /// it claimed from this table.
+    /// it claimed from this table; for an adopted slot, whoever took it
+    /// ([`Slot::take_adopted`]): the thread itself, or the scan once the thread is gone
+    /// (no handler can run on a thread that has exited).
     ///
     /// A slot with nothing left to drain goes straight back to the free list when no drain
     /// is running (so threads that come and go faster than the drain period reuse slots
@@ -552,7 +680,7 @@ impl SlotTable {
         }
         if let Some(_drain) = self.draining.try_lock() {
             // No drainer can be reading this ring now, and no handler will write it.
-            if slot.ring().is_none_or(Ring::is_empty) {
+            if slot.rings_empty() {
                 self.put_back(slot);
                 return;
             }
@@ -571,17 +699,10 @@ impl SlotTable {
             return;
         }
         slot.phase.store(RETIRED, Ordering::Release);
-        // Nothing reaches the ring of a retired slot again: free it, unless a role on it
-        // is still held (see `claim`); then it is leaked.
-        let ring = slot.ring.swap(std::ptr::null_mut(), Ordering::AcqRel);
-        // SAFETY: see above; the ring came from Box::into_raw.
-        // SAFETY: as above.
-        let old = unsafe { ring.as_ref() };
-        if old.is_some_and(Ring::reset) {
-            self.count_ring(old.map_or(0, Ring::capacity), false);
-            // SAFETY: no role on it is held, and nothing else can reach it.
-            drop(unsafe { Box::from_raw(ring) });
-        }
+        // Nothing reaches the rings of a retired slot again: free them, unless a role on
+        // one is still held (see `claim`); then it is leaked.
+        free_ring(&slot.ring, &self.ring_records);
+        free_ring(&slot.alloc_ring, &self.alloc_records);
         self.retired.fetch_add(1, Ordering::Relaxed);
     }
 
@@ -594,7 +715,11 @@ impl SlotTable {
     /// Drains every LIVE and RETIRING slot into `f` and frees the RETIRING ones: the one
     /// consumer of every ring (the drain lock), and the only mover of RETIRING to FREE.
     /// Waits for a drain in progress.
-    pub(crate) fn drain(&self, f: &mut dyn FnMut(&super::SampleRecord)) -> usize {
+    pub(crate) fn drain(
+        &self,
+        f: &mut dyn FnMut(&super::SampleRecord),
+        allocations: &mut dyn FnMut(&AllocRecord),
+    ) -> usize {
         let _drain = self.draining.lock();
         let mut total = 0;
         for slot in self.iter() {
@@ -609,6 +734,9 @@ impl SlotTable {
             // the child's records, see `claim`).
             if let Some(mut consumer) = slot.ring().and_then(Ring::consumer) {
                 total += consumer.drain(&mut *f);
+            }
+            if let Some(mut consumer) = slot.alloc_ring().and_then(Ring::consumer) {
+                consumer.drain(&mut *allocations);
             }
             // A compare-exchange, not a store: if `f` forked and this is the child
             // carrying on, `reset_in_child` already freed (and listed) every slot, and a
@@ -648,9 +776,14 @@ impl SlotTable {
             }
             slot.in_handler.store(false, Ordering::Relaxed);
             slot.watching.store(0, Ordering::Relaxed);
+            slot.adopted.store(NOT_ADOPTED, Ordering::Relaxed);
+            slot.alt_checked.store(false, Ordering::Relaxed);
             if let Some(ring) = slot.ring() {
                 // Fails only for a ring a parent thread was using at the fork; the next
                 // claim of the slot replaces it.
+                let _ = ring.reset();
+            }
+            if let Some(ring) = slot.alloc_ring() {
                 let _ = ring.reset();
             }
             let c = &slot.counters;
@@ -676,14 +809,42 @@ impl SlotTable {
     }
 }
 
+/// Adds (`made`) or takes away a ring's `capacity` from a count of records allocated.
+fn count_records(records: &std::sync::atomic::AtomicU64, capacity: usize, made: bool) {
+    use std::sync::atomic::Ordering::Relaxed;
+    if made {
+        records.fetch_add(capacity as u64, Relaxed);
+    } else {
+        records.fetch_sub(capacity as u64, Relaxed);
+    }
+}
+
+/// Frees a retired slot's ring, unless a role on it is held (then it is leaked).
+fn free_ring<T: RingRecord>(ring: &AtomicPtr<Ring<T>>, records: &std::sync::atomic::AtomicU64) {
+    let raw = ring.swap(std::ptr::null_mut(), Ordering::AcqRel);
+    // SAFETY: the slot is retired: nothing else reaches the ring; it came from
+    // Box::into_raw.
+    let old = unsafe { raw.as_ref() };
+    if old.is_some_and(Ring::reset) {
+        count_records(records, old.map_or(0, Ring::capacity), false);
+        // SAFETY: no role on it is held, and nothing else can reach it.
+        drop(unsafe { Box::from_raw(raw) });
+    }
+}
+
 /// What a new owner installs in its slot.
 pub(crate) struct Owner {
     pub(crate) tid: libc::pid_t,
     pub(crate) cell: *const SpanContextCell,
     pub(crate) stack: StackBounds,
     pub(crate) ring_capacity: usize,
+    /// Records of the allocation ring (0: none is made; one the slot has is kept).
+    pub(crate) alloc_capacity: usize,
     /// The owner's CPU clock at the claim (`cpu_ledger::thread_cpu_ns`).
     pub(crate) cpu_ns: u64,
+    /// Claimed by the collector's scan for a thread that never registered (`adopt`):
+    /// no span context record, stack bounds unknown.
+    pub(crate) adopted: bool,
 }
 
 #[cfg(all(test, loom))]
@@ -722,7 +883,9 @@ mod tests {
             cell: std::ptr::null(),
             stack: StackBounds { lo: 0, hi: 0 },
             ring_capacity: 2,
+            alloc_capacity: 0,
             cpu_ns: 0,
+            adopted: false,
         }
     }
 
@@ -782,11 +945,11 @@ mod tests {
         table.release(draining);
         assert_eq!(table.retired(), 1, "records left: retiring");
         let mut depths = Vec::new();
-        table.drain(&mut |r| depths.push(r.depth));
+        table.drain(&mut |r| depths.push(r.depth), &mut |_| {});
         assert_eq!(depths, [5], "its last records are still drained");
         assert_eq!(table.retired(), 2);
         assert_eq!(draining.phase.load(Ordering::Relaxed), RETIRED);
-        assert_eq!(table.drain(&mut |_| {}), 0);
+        assert_eq!(table.drain(&mut |_| {}, &mut |_| {}), 0);
 
         // Owned at a fork: the child's reset retires it, and leaves retired slots out.
         let forked = table.claim(own_thread()).expect("slot");
@@ -826,6 +989,7 @@ mod tests {
         let c = table
             .claim(Owner {
                 ring_capacity: 9,
+                alloc_capacity: 0,
                 ..own_thread()
             })
             .expect("slot");
@@ -912,7 +1076,9 @@ mod tests {
                         cell: crate::span_context::thread_cell(),
                         stack: StackBounds::current().expect("stack"),
                         ring_capacity: 4,
+                        alloc_capacity: 0,
                         cpu_ns: 0,
+                        adopted: false,
                     })
                     .expect("slot");
                 owned.send((slot.index, slot.generation())).expect("send");
@@ -956,7 +1122,9 @@ mod tests {
             cell: std::ptr::null(),
             stack: StackBounds { lo: 0, hi: 0 },
             ring_capacity: 2,
+            alloc_capacity: 0,
             cpu_ns: 0,
+            adopted: false,
         };
         let slot = table.claim(owner()).expect("slot");
         assert!(slot
@@ -967,7 +1135,7 @@ mod tests {
         table.release(slot);
         assert!(table.pop_free().is_none(), "records left: retiring");
         let mut depths = Vec::new();
-        assert_eq!(table.drain(&mut |r| depths.push(r.depth)), 1);
+        assert_eq!(table.drain(&mut |r| depths.push(r.depth), &mut |_| {}), 1);
         assert_eq!(depths, [3]);
         let again = table.claim(owner()).expect("slot");
         assert_eq!(again.index, slot.index, "freed by the drain, reused");
@@ -979,7 +1147,7 @@ mod tests {
             table.pop_free().is_none(),
             "released during a drain: retiring"
         );
-        assert_eq!(table.drain(&mut |_| {}), 0);
+        assert_eq!(table.drain(&mut |_| {}, &mut |_| {}), 0);
         let third = table.claim(owner()).expect("slot");
         assert_eq!(third.index, slot.index);
         table.release(third);

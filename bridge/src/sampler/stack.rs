@@ -123,6 +123,24 @@ impl StackReader {
     }
 }
 
+/// Copies `[addr, addr + buf.len())` of this process into `buf` without dereferencing it:
+/// the number of bytes copied (fewer where the range runs into unmapped memory), `None`
+/// if nothing could be. Async-signal-safe (two system calls).
+pub(crate) fn copy_own_memory(addr: u64, buf: &mut [u8]) -> Option<usize> {
+    let local = libc::iovec {
+        iov_base: buf.as_mut_ptr().cast(),
+        iov_len: buf.len(),
+    };
+    let remote = libc::iovec {
+        iov_base: addr as usize as *mut libc::c_void,
+        iov_len: buf.len(),
+    };
+    // SAFETY: `local` describes `buf`, which we own; the kernel checks `remote` and fails
+    // (EFAULT) instead of faulting when it is not mapped.
+    let n = unsafe { libc::process_vm_readv(libc::getpid(), &local, 1, &remote, 1, 0) };
+    usize::try_from(n).ok().filter(|&n| n > 0)
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;

@@ -101,7 +101,9 @@ fn stats_add_up_the_counters_of_their_own_state() {
         cell: std::ptr::null(),
         stack: StackBounds { lo: 0, hi: 0 },
         ring_capacity: 4,
+        alloc_capacity: 0,
         cpu_ns: 0,
+        adopted: false,
     };
     let slots = [
         state.slots.claim(owner()).expect("slot"),
@@ -878,4 +880,306 @@ fn the_settled_cache_never_keeps_a_thread_out() {
     })
     .join()
     .expect("thread");
+}
+
+/// Burns `d` of CPU in a function of its own, whose frames the adoption tests look for.
+#[inline(never)]
+fn burn_unregistered(d: Duration) -> u64 {
+    std::hint::black_box(burn(d))
+}
+
+/// Whether `record` holds a frame in [`burn_unregistered`] (its code is well under 4 KiB).
+fn in_burn_unregistered(record: &SampleRecord) -> bool {
+    let start = burn_unregistered as fn(Duration) -> u64 as usize as u64;
+    record.frames()[1..]
+        .iter()
+        .any(|&ret| ret > start && ret <= start + 4096)
+}
+
+/// The adoptions live now of thread `tid`, and whether any has a timer.
+fn adoptions_of(tid: libc::pid_t) -> (usize, bool) {
+    let slots = SamplerState::global().slots();
+    let live: Vec<_> = slots.iter().filter(|s| s.is_adoption_of(tid)).collect();
+    (live.len(), live.iter().any(|s| s.has_timer()))
+}
+
+/// Issue 40: a thread that never registers (here: with std's small alternate stack, and
+/// with none at all, as a C library's thread) is found by the scan and sampled with whole
+/// stacks, walked from a copy on the slot's stack; the thread without an alternate stack
+/// gets the slot's; when the thread registers itself it takes the adoption back (never
+/// two timers), and once a thread is gone the scan releases its slot.
+#[test]
+fn threads_that_never_register_are_adopted_sampled_and_let_go() {
+    let _turn = test_turn();
+    let sampler = start(250);
+    SamplerState::global().drain_into(|_| {});
+    for without_alt_stack in [false, true] {
+        let (to_thread, go) = std::sync::mpsc::channel::<()>();
+        let (to_test, reply) = std::sync::mpsc::channel::<(libc::pid_t, u64, u64)>();
+        let thread = std::thread::spawn(move || {
+            if without_alt_stack {
+                let off = libc::stack_t {
+                    ss_sp: std::ptr::null_mut(),
+                    ss_flags: libc::SS_DISABLE,
+                    ss_size: 0,
+                };
+                // SAFETY: disabling the calling thread's alternate stack.
+                unsafe { libc::sigaltstack(&off, std::ptr::null_mut()) };
+            }
+            // SAFETY: gettid has no preconditions.
+            let tid = unsafe { libc::gettid() };
+            to_test.send((tid, 0, 0)).expect("test");
+            go.recv().expect("adopted");
+            let before = thread_cpu();
+            burn_unregistered(Duration::from_millis(600));
+            let burnt = (thread_cpu() - before).as_nanos() as u64;
+            to_test
+                .send((tid, burnt, current_alt_stack().0))
+                .expect("test");
+            go.recv().expect("registers");
+            register_current_thread().expect("register");
+            to_test.send((tid, 0, 0)).expect("test");
+            go.recv().expect("ends");
+        });
+        let (tid, _, _) = reply.recv().expect("thread");
+        let scan = adopt::Adopter::new().scan();
+        assert!(scan.adopted >= 1, "{scan:?}");
+        assert_eq!(adoptions_of(tid), (1, true), "adopted, with a timer");
+        assert!(stats().adopted_threads >= 1, "{:?}", stats());
+        to_thread.send(()).expect("thread");
+        let (mut periods, mut whole, mut records) = (0u64, 0u64, 0u64);
+        let mut drain = || {
+            SamplerState::global().drain_into(|record| {
+                if in_burn_unregistered(record) {
+                    records += 1;
+                    periods += u64::from(record.weight.max(1));
+                    // The walk went on past the test's frames, to the thread's start.
+                    if !record.truncated {
+                        whole += 1;
+                    }
+                }
+            })
+        };
+        // Drained as the collector would, so that the thread's ring never fills.
+        let (_, burnt, alt) = loop {
+            match reply.recv_timeout(Duration::from_millis(50)) {
+                Ok(burnt) => break burnt,
+                Err(_) => {
+                    drain();
+                }
+            }
+        };
+        drain();
+        let period = 1_000_000_000 / 250;
+        eprintln!(
+            "adopted (alt stack {}): {records} samples, {periods} periods of {burnt} ns burnt, \
+             {whole} whole stacks",
+            if without_alt_stack { "none" } else { "std's" }
+        );
+        assert!(
+            periods * period >= burnt * 8 / 10,
+            "the adopted thread's CPU is in its samples: {periods} periods of {burnt} ns"
+        );
+        assert!(
+            whole * 10 >= records * 9,
+            "{whole} of {records} stacks whole"
+        );
+        if without_alt_stack {
+            let slot_stack = SamplerState::global()
+                .slots()
+                .iter()
+                .find(|s| s.is_adoption_of(tid))
+                .and_then(|s| altstack::range_of(s.index()))
+                .expect("the adoption's stack");
+            assert_eq!(alt, slot_stack.start, "the slot's stack was installed");
+        }
+        // The thread registers itself: its adoption gives way.
+        to_thread.send(()).expect("thread");
+        reply.recv().expect("registered");
+        assert_eq!(adoptions_of(tid), (0, false), "taken back");
+        let scan = adopt::Adopter::new().scan();
+        assert_eq!(adoptions_of(tid), (0, false), "not adopted again: {scan:?}");
+        to_thread.send(()).expect("thread");
+        thread.join().expect("thread");
+    }
+    // A thread adopted and gone: the next scan releases its slot.
+    let (to_test, reply) = std::sync::mpsc::channel();
+    let (to_thread, go) = std::sync::mpsc::channel::<()>();
+    let thread = std::thread::spawn(move || {
+        // SAFETY: gettid has no preconditions.
+        to_test.send(unsafe { libc::gettid() }).expect("test");
+        go.recv().expect("end");
+    });
+    let tid = reply.recv().expect("tid");
+    let mut adopter = adopt::Adopter::new();
+    adopter.scan();
+    assert_eq!(adoptions_of(tid), (1, true));
+    // A listing that misses the live thread (as one can while others exit) releases
+    // nothing: absence from a listing is no proof that a thread is gone.
+    let scan = adopter.scan_listed(|| {
+        let mut listed = adopt::threads()?;
+        assert!(listed.remove(&tid), "listed");
+        Some(listed)
+    });
+    assert_eq!(scan.released, 0, "{scan:?}");
+    assert_eq!(adoptions_of(tid), (1, true), "kept, timer and all");
+    to_thread.send(()).expect("thread");
+    thread.join().expect("thread");
+    let scan = adopter.scan();
+    assert!(scan.released >= 1, "{scan:?}");
+    assert_eq!(adoptions_of(tid), (0, false));
+    drop(sampler);
+    // Every adoption the test process still has loses its timer with the sampler.
+    assert_eq!(stats().adopted_threads, 0, "{:?}", stats());
+}
+
+/// A thread that blocks `SIGPROF` is not adopted, and is counted once.
+#[test]
+fn a_thread_blocking_sigprof_is_not_adopted() {
+    let _turn = test_turn();
+    let sampler = start(100);
+    let (to_test, reply) = std::sync::mpsc::channel();
+    let (to_thread, go) = std::sync::mpsc::channel::<()>();
+    let thread = std::thread::spawn(move || {
+        // SAFETY: blocking SIGPROF on this thread only.
+        unsafe {
+            let mut set: libc::sigset_t = std::mem::zeroed();
+            libc::sigemptyset(&mut set);
+            libc::sigaddset(&mut set, libc::SIGPROF);
+            libc::pthread_sigmask(libc::SIG_BLOCK, &set, std::ptr::null_mut());
+        }
+        // SAFETY: gettid has no preconditions.
+        to_test.send(unsafe { libc::gettid() }).expect("test");
+        go.recv().expect("end");
+    });
+    let tid = reply.recv().expect("tid");
+    let before = stats().adoptions_blocked;
+    let mut adopter = adopt::Adopter::new();
+    adopter.scan();
+    assert_eq!(adopter.blocking_sightings(tid), 1);
+    adopter.scan();
+    adopter.scan();
+    assert_eq!(adoptions_of(tid), (0, false));
+    // Counted at its second sighting only; the process-wide counter may also count other
+    // tests' threads seen while they start (every signal blocked until they run).
+    assert_eq!(adopter.blocking_sightings(tid), 3);
+    assert!(stats().adoptions_blocked > before, "counted: {:?}", stats());
+    to_thread.send(()).expect("thread");
+    thread.join().expect("thread");
+    drop(sampler);
+}
+
+/// An adopted thread's handler runs on std's small alternate stack (8 KiB): only the
+/// kernel's frame and the handler's own frames land there, the walk is moved onto the
+/// slot's stack, and the sample has its whole stack.
+#[test]
+fn an_adopted_threads_walk_leaves_stds_small_alternate_stack_alone() {
+    let _turn = test_turn();
+    let sampler = start(1);
+    SamplerState::global().drain_into(|_| {});
+    let (to_test, reply) = std::sync::mpsc::channel();
+    let (to_thread, go) = std::sync::mpsc::channel::<()>();
+    let thread = std::thread::spawn(move || {
+        // SAFETY: gettid has no preconditions.
+        to_test.send(unsafe { libc::gettid() }).expect("test");
+        go.recv().expect("adopted");
+        // SAFETY: an out-parameter only.
+        let mut alt: libc::stack_t = unsafe { std::mem::zeroed() };
+        // SAFETY: querying this thread's alternate stack (std's).
+        unsafe { libc::sigaltstack(std::ptr::null(), &mut alt) };
+        assert_eq!(
+            alt.ss_flags & libc::SS_DISABLE,
+            0,
+            "std gave the thread one"
+        );
+        // SAFETY: gettid has no preconditions.
+        let tid = unsafe { libc::gettid() };
+        let slot = SamplerState::global()
+            .slots()
+            .iter()
+            .find(|s| s.is_adoption_of(tid))
+            .expect("the adoption");
+        let (lo, hi) = (alt.ss_sp as usize, alt.ss_sp as usize + alt.ss_size);
+        let ours = altstack::range_of(slot.index()).expect("the adoption's stack");
+        let (ours_lo, ours_hi) = (ours.start as usize, ours.end as usize);
+        for addr in (lo..hi).step_by(8).chain((ours_lo..ours_hi).step_by(8)) {
+            // SAFETY: this thread's alternate stack and the slot's, which no signal runs
+            // on now.
+            unsafe { std::ptr::write_volatile(addr as *mut u64, PAINT) };
+        }
+        forge_timer_signal(slot.timer_value().to_sival(), 0);
+        // SAFETY: as above; reading what the handler left.
+        let written =
+            |addr: &usize| unsafe { std::ptr::read_volatile(*addr as *const u64) } != PAINT;
+        let deepest = (lo..hi).step_by(8).find(written).unwrap_or(hi);
+        let walked = (ours_lo..ours_hi)
+            .step_by(8)
+            .find(written)
+            .unwrap_or(ours_hi);
+        (hi - deepest, alt.ss_size, ours_hi - walked)
+    });
+    let tid = reply.recv().expect("tid");
+    adopt::Adopter::new().scan();
+    assert_eq!(adoptions_of(tid).0, 1);
+    to_thread.send(()).expect("thread");
+    let (used, size, walked) = thread.join().expect("thread");
+    let mut depths = Vec::new();
+    SamplerState::global().drain_into(|record| depths.push((record.depth, record.truncated)));
+    eprintln!(
+        "adopted, on std's alternate stack of {size} bytes: {used} bytes used there, {walked} \
+         on the slot's stack; {depths:?}"
+    );
+    assert!(
+        walked > 64,
+        "the walk ran on the slot's stack: {walked} bytes"
+    );
+    // The kernel's frame (1.5–3.4 KB, more with AVX-512) and the handler's frames before
+    // the switch (about 1 KB optimised, 3 KB not).
+    let budget = if cfg!(debug_assertions) {
+        6 * 1024
+    } else {
+        4 * 1024
+    };
+    assert!(
+        used < budget,
+        "more than the kernel's frame and the handler's own frames: {used} bytes"
+    );
+    assert!(
+        depths
+            .iter()
+            .any(|&(depth, truncated)| depth > 3 && !truncated),
+        "the walk ran, on the slot's stack: {depths:?}"
+    );
+    drop(sampler);
+}
+
+/// Past the 64 declined threads the table holds, a thread that declines is counted (it
+/// will be adopted unless its name says otherwise); the scan forgets declined threads
+/// that are gone, so the table does not stay full.
+#[test]
+fn declines_past_the_table_are_counted_and_gone_ones_forgotten() {
+    let _turn = test_turn();
+    let sampler = start(100);
+    // Above any pid_max (2^22): no thread has these tids, so tgkill says ESRCH.
+    let fake = |i: i32| (1 << 22) + 1 + i;
+    let before = stats().declined_unrecorded;
+    for i in 0..70 {
+        adopt::decline(fake(i));
+    }
+    let unrecorded = stats().declined_unrecorded - before;
+    // Other tests' declined threads may hold entries too: at least 6 went unrecorded.
+    assert!((6..=70).contains(&unrecorded), "{unrecorded}");
+    assert!(adopt::declined(fake(0)));
+    assert!(!adopt::declined(fake(69)));
+    adopt::Adopter::new().scan();
+    assert!(
+        (0..70).all(|i| !adopt::declined(fake(i))),
+        "gone ones forgotten"
+    );
+    let before = stats().declined_unrecorded;
+    adopt::decline(fake(100));
+    assert!(adopt::declined(fake(100)), "room again");
+    assert_eq!(stats().declined_unrecorded, before);
+    adopt::Adopter::new().scan();
+    drop(sampler);
 }

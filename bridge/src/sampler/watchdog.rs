@@ -379,6 +379,7 @@ impl Watchdog {
             .spawn(move || {
                 // For the thread's life (see `collector.rs`): no spans, never sampled.
                 let _suppressed = opentelemetry::Context::enter_telemetry_suppressed_scope();
+                let _own = crate::collector::own_thread();
                 let mut scanner = Scanner::new(config.clone());
                 let tick = config.tick();
                 let mut next = Instant::now() + tick;
@@ -546,7 +547,7 @@ fn read_syscall(tid: libc::pid_t) -> Option<SyscallState> {
 }
 
 /// The CPU time of thread `tid` of this process (its per-thread CPU clock).
-fn thread_cpu_ns(tid: libc::pid_t) -> Option<u64> {
+pub(crate) fn thread_cpu_ns(tid: libc::pid_t) -> Option<u64> {
     // The kernel's clock id for a thread's scheduler CPU clock: !tid << 3 | PERTHREAD (4) |
     // SCHED (2), what `pthread_getcpuclockid` computes from a pthread_t.
     let clock = ((!tid) << 3) | 6;
@@ -569,22 +570,7 @@ fn own_cpu_ns() -> u64 {
 // The crate's clock (clock_gettime, async-signal-safe), one spelling for every caller.
 use crate::clock::monotonic_ns;
 
-/// Copies `[addr, addr + buf.len())` of this process into `buf` without dereferencing it:
-/// the number of bytes copied, `None` if nothing could be.
-fn copy_own_memory(addr: u64, buf: &mut [u8]) -> Option<usize> {
-    let local = libc::iovec {
-        iov_base: buf.as_mut_ptr().cast(),
-        iov_len: buf.len(),
-    };
-    let remote = libc::iovec {
-        iov_base: addr as usize as *mut libc::c_void,
-        iov_len: buf.len(),
-    };
-    // SAFETY: `local` describes `buf`, which we own; the kernel checks `remote` and fails
-    // (EFAULT) instead of faulting when it is not mapped.
-    let n = unsafe { libc::process_vm_readv(libc::getpid(), &local, 1, &remote, 1, 0) };
-    usize::try_from(n).ok().filter(|&n| n > 0)
-}
+use super::stack::copy_own_memory;
 
 /// Frame-pointer candidates to try for a thread stopped at `sp` (x86_64), lowest first,
 /// at most `MAX_FP_CANDIDATES`: first the places where the copied stack holds frame

@@ -366,8 +366,9 @@ fn tls_http_client(target: &OtlpTarget) -> Result<reqwest::blocking::Client, Set
         .name("otel-profiling-setup".into())
         .spawn(move || -> Result<reqwest::blocking::Client, String> {
             let builder = reqwest::blocking::Client::builder().timeout(timeout);
-            tls.apply_reqwest(builder)?
-                .build()
+            let builder = tls.apply_reqwest(builder)?;
+            // The span exporter's request thread is the telemetry's: never sampled.
+            crate::sampler::adopt::declining_client_threads(|| builder.build())
                 .map_err(|e| format!("cannot build the HTTP client: {e}"))
         })
         .map_err(|e| error(format!("cannot start a thread: {e}")))?

@@ -26,6 +26,7 @@
 //! | `OTEL_PROFILING_OUTPUT_DIR` | local files directory (no backend configured); default `$CARGO_TARGET_DIR/otel-profiling` when `CARGO_TARGET_DIR` is set, else `target/otel-profiling` (see [`crate::local_sink`]) | a path |
 //! | `OTEL_PROFILING_MAX_LIVE_ROOTS` | the most local roots labelled at once; past it a root's samples carry no span labels, counted (default 262144; see [`crate::set_max_live_roots`]) | 1 to 8388608 |
 //! | `OTEL_PROFILING_OUTPUT_MAX_BYTES` | bound on our files in the local directory, oldest removed first (default 256 MiB; the standalone `ProfilerBuilder` reads it too) | bytes, or `64KiB`, `256MiB`, `1GiB`; `0` for no bound at all (the explicit opt-out: the directory then grows without end) |
+//! | `OTEL_PROFILING_ALLOC_SAMPLE_BYTES` | mean bytes between two allocation samples, per thread, with a `ProfilingAllocator` as the global allocator (default 512 KiB; `ProfilerBuilder::allocation_sample_bytes` wins) | bytes, or `64KiB`, `1MiB`; `0` switches allocation sampling off; at most 1 TiB |
 //! | `OTEL_PROFILING_BLOCKED_THRESHOLD` | how long a thread must be held inside one poll of a span, off-CPU in a system call, before its stack goes into the blocked-in-poll profile (default 10ms; see `docs/blocked-in-poll.md`) | `10ms`, `50ms`, `1s` (1 ms to 60 s), or `off` (no watchdog) |
 //! | `OTEL_PROFILING_PROFILES_EXPORTER` | where profiles go: Pyroscope's push API, OTLP profiles, or both. Unset: `otlp` when `OTEL_EXPORTER_OTLP_PROFILES_ENDPOINT` is set (`both` if `PYROSCOPE_SERVER_ADDRESS` is set too), else Pyroscope when configured | `pyroscope`, `otlp` or `both` |
 //! | `OTEL_EXPORTER_OTLP_PROFILES_ENDPOINT` | OTLP profiles receiver, used as given; else `OTEL_EXPORTER_OTLP_ENDPOINT` + `/v1development/profiles` (HTTP) | `http://localhost:4040/v1development/profiles` (Pyroscope), `http://localhost:4318/v1development/profiles` (Collector) |
@@ -958,6 +959,29 @@ pub(crate) fn output_max_bytes_variable(
                 "not a size",
                 &v,
                 "bytes, or with a KiB, MiB or GiB suffix (`512MiB`); 0 for no bound",
+            )
+        })
+}
+
+/// `OTEL_PROFILING_ALLOC_SAMPLE_BYTES`: the mean bytes between two allocation samples
+/// (`None` when unset or blank).
+pub(crate) fn alloc_sample_bytes_variable(
+    get: impl Fn(&str) -> Option<String>,
+) -> Result<Option<u64>, ConfigError> {
+    const NAME: &str = "OTEL_PROFILING_ALLOC_SAMPLE_BYTES";
+    let Some(v) = get(NAME).filter(|v| !v.trim().is_empty()) else {
+        return Ok(None);
+    };
+    crate::export::local_budget::parse_bytes(&v)
+        .filter(|&bytes| bytes <= crate::allocations::MAX_SAMPLE_BYTES)
+        .map(Some)
+        .ok_or_else(|| {
+            ConfigError::new(
+                NAME,
+                "not a size up to 1TiB",
+                &v,
+                "bytes, or with a KiB, MiB or GiB suffix (`512KiB`, the default); 0 \
+                 switches allocation sampling off",
             )
         })
 }

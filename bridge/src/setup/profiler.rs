@@ -30,6 +30,10 @@ pub enum ProfilerError {
     /// [`MAX_PROFILE_INTERVAL`](crate::collector::MAX_PROFILE_INTERVAL) (60 s).
     #[error("profiler.interval must be from 100 ms to 60 s, got {0:?}")]
     InvalidInterval(Duration),
+    /// `allocation_sample_bytes` must be at most
+    /// [`MAX_SAMPLE_BYTES`](crate::allocations::MAX_SAMPLE_BYTES) (1 TiB).
+    #[error("profiler.allocation_sample_bytes must be at most 1 TiB (0 switches allocation sampling off), got {0}")]
+    InvalidAllocationSampleBytes(u64),
     /// `aggregation_max_keys` must be from 1 to
     /// [`MAX_AGGREGATION_KEYS`](crate::collector::MAX_AGGREGATION_KEYS).
     #[error("profiler.aggregation_max_keys must be from 1 to 1048576, got {0}")]
@@ -53,6 +57,11 @@ pub enum ProfilerError {
 pub struct ProfilerStats {
     /// The sampler's counters.
     pub sampler: SamplerStats,
+    /// The allocation sampler's counters (process-wide; see
+    /// [`ProfilingAllocator`](crate::ProfilingAllocator)).
+    pub allocations: crate::allocations::AllocationStats,
+    /// Allocation samples that went into allocation profiles.
+    pub alloc_samples_in_profiles: u64,
     /// Profiles handed to sinks.
     pub profiles_exported: u64,
     /// Profiles a sink refused.
@@ -103,6 +112,22 @@ pub struct ProfilerStats {
     pub local_files_removed: u64,
     /// Their bytes.
     pub local_bytes_removed: u64,
+    /// The process's CPU time over the 10 s windows in which the samples' CPU is checked
+    /// against it, all windows so far (`getrusage`), in nanoseconds.
+    pub cpu_process_ns: u64,
+    /// Of it, the profiler's own threads' (collector, encoder, watchdog, uploaders): never
+    /// sampled, by design.
+    pub cpu_own_threads_ns: u64,
+    /// The CPU time the samples stand for over the same windows.
+    pub cpu_sampled_ns: u64,
+    /// The last window's samples' share of the process's CPU, its own threads left out,
+    /// per mille (0 before a window had enough CPU to judge). Under 1000 by more than the
+    /// sampling's error: threads that never entered a span (nor registered) burned CPU
+    /// no profile holds.
+    pub cpu_coverage_permille: u64,
+    /// Windows whose samples held under 80 % of that CPU (each said on stderr, the first
+    /// at once, then at most once an hour).
+    pub cpu_low_coverage_windows: u64,
 }
 
 /// Builds a [`Profiler`].
@@ -123,6 +148,8 @@ pub struct ProfilerBuilder {
     budget: Option<Arc<LocalBudget>>,
     /// `None`: the default watchdog; `Some(None)`: switched off.
     blocked: Option<Option<WatchdogConfig>>,
+    /// Mean bytes between allocation samples (`None`: the variable, else the default).
+    alloc_sample_bytes: Option<u64>,
 }
 
 impl std::fmt::Debug for ProfilerBuilder {
@@ -152,6 +179,16 @@ impl ProfilerBuilder {
         self
     }
 
+    /// The mean bytes allocated between two allocation samples, per thread (default
+    /// [`DEFAULT_SAMPLE_BYTES`](crate::allocations::DEFAULT_SAMPLE_BYTES), 512 KiB, or
+    /// `OTEL_PROFILING_ALLOC_SAMPLE_BYTES`; 0 switches allocation sampling off; at most
+    /// 1 TiB). Takes effect only with a [`ProfilingAllocator`](crate::ProfilingAllocator)
+    /// as the `#[global_allocator]`: allocation profiles then sit beside the CPU ones.
+    pub fn allocation_sample_bytes(mut self, bytes: u64) -> Self {
+        self.alloc_sample_bytes = Some(bytes);
+        self
+    }
+
     /// Whether samples carry the `span_name` label (default true).
     pub fn span_name_label(mut self, on: bool) -> Self {
         self.collector.span_name_label = on;
@@ -175,6 +212,29 @@ impl ProfilerBuilder {
     /// counted in [`ProfilerStats::aggregation_folded`].
     pub fn aggregation_max_keys(mut self, keys: usize) -> Self {
         self.collector.max_keys = keys;
+        self
+    }
+
+    /// The window over which the CPU the samples stand for is checked against the
+    /// process's (default 10 s; at least 100 ms): a window whose samples hold under 80 %
+    /// of it, the profiler's own threads left out, is counted in
+    /// [`ProfilerStats::cpu_low_coverage_windows`] and said on stderr.
+    pub fn cpu_coverage_window(mut self, window: Duration) -> Self {
+        self.collector.coverage_window = window.max(Duration::from_millis(100));
+        self
+    }
+
+    /// Whether threads that never enter a span (nor call
+    /// [`register_current_thread`](crate::sampler::register_current_thread) or run the
+    /// runtime hooks) are sampled too (default true; docs/signal-path.md, "Threads that
+    /// never register"): every second the profiler lists the
+    /// process's threads and gives each new one a CPU timer, so the profiles hold the
+    /// CPU of `spawn_blocking` closures run without a span, of thread pools and of C
+    /// libraries' threads, with no span label. The profiler's own threads, the
+    /// OpenTelemetry SDK's and threads that block `SIGPROF` are left out; see
+    /// [`SamplerStats::adopted_threads`](crate::sampler::SamplerStats::adopted_threads).
+    pub fn sample_unregistered_threads(mut self, on: bool) -> Self {
+        self.collector.adopt_threads = on;
         self
     }
 
@@ -281,6 +341,14 @@ impl ProfilerBuilder {
         if let Some(Some(config)) = &self.blocked {
             config.validate()?;
         }
+        let alloc_mean = match self.alloc_sample_bytes {
+            Some(bytes) if bytes > crate::allocations::MAX_SAMPLE_BYTES => {
+                return Err(ProfilerError::InvalidAllocationSampleBytes(bytes));
+            }
+            Some(bytes) => bytes,
+            None => crate::config::alloc_sample_bytes_variable(|name| std::env::var(name).ok())?
+                .unwrap_or(crate::allocations::DEFAULT_SAMPLE_BYTES),
+        };
         let period_ns = 1_000_000_000 / i64::from(self.sampler.frequency_hz.max(1));
         let sampler = Sampler::start(self.sampler)?;
         let collector =
@@ -290,6 +358,8 @@ impl ProfilerBuilder {
                     source,
                 }
             })?;
+        // Before any registration of this run: each gets its allocation ring.
+        crate::allocations::start(alloc_mean);
         let _ = sampler.register_current_thread();
         let watchdog = match self
             .blocked
@@ -355,10 +425,26 @@ impl Profiler {
         self.collector.as_ref().is_some_and(|c| c.flush(timeout))
     }
 
+    /// Changes the mean bytes between allocation samples while the profiler runs (0
+    /// pauses allocation sampling; at most
+    /// [`MAX_SAMPLE_BYTES`](crate::allocations::MAX_SAMPLE_BYTES)). A profiler started
+    /// with allocation sampling off gives threads no allocation buffer: those that
+    /// registered before it is switched on here are counted as dropped, not profiled.
+    pub fn set_allocation_sample_bytes(&self, bytes: u64) -> Result<(), ProfilerError> {
+        if bytes > crate::allocations::MAX_SAMPLE_BYTES {
+            return Err(ProfilerError::InvalidAllocationSampleBytes(bytes));
+        }
+        if self.sampler.is_some() {
+            crate::allocations::set_mean(bytes);
+        }
+        Ok(())
+    }
+
     /// Counters.
     pub fn stats(&self) -> ProfilerStats {
         let mut stats = ProfilerStats {
             sampler: sampler::stats(),
+            allocations: crate::allocations::stats(),
             blocked: watchdog::stats(),
             ..ProfilerStats::default()
         };
@@ -370,6 +456,7 @@ impl Profiler {
             stats.symbolize_nanos = s.symbolize_nanos;
             stats.symbolize_nanos_max = s.symbolize_nanos_max;
             stats.blocked_in_profiles = s.blocked_in_profiles;
+            stats.alloc_samples_in_profiles = s.alloc_samples_in_profiles;
             stats.dropped_encoder_busy = s.dropped_encoder_busy;
             stats.blocked_dropped_encoder_busy = s.blocked_dropped_encoder_busy;
             stats.aggregation_folded = s.aggregation_folded;
@@ -378,6 +465,11 @@ impl Profiler {
             stats.blocked_aggregation_keys = s.blocked_aggregation_keys;
             stats.symbol_cache_entries = s.symbol_cache_entries;
             stats.symbol_cache_clears = s.symbol_cache_clears;
+            stats.cpu_process_ns = s.cpu_process_ns;
+            stats.cpu_own_threads_ns = s.cpu_own_threads_ns;
+            stats.cpu_sampled_ns = s.cpu_sampled_ns;
+            stats.cpu_coverage_permille = s.cpu_coverage_permille;
+            stats.cpu_low_coverage_windows = s.cpu_low_coverage_windows;
         }
         if let Some(budget) = &self.local_budget {
             (stats.local_files_removed, stats.local_bytes_removed) = budget.removed();
@@ -392,6 +484,10 @@ impl Profiler {
     }
 
     fn stop(&mut self, timeout: Duration) -> bool {
+        // The allocator's hook passes through from here (its rings are drained last).
+        if self.sampler.is_some() {
+            crate::allocations::stop();
+        }
         // The watchdog first: its last looks are drained into the last profile.
         drop(self.watchdog.take());
         drop(self.sampler.take());
@@ -426,6 +522,13 @@ mod tests {
                 "{e}"
             );
         }
+        let e = start_err(
+            Profiler::builder().allocation_sample_bytes(crate::allocations::MAX_SAMPLE_BYTES + 1),
+        );
+        assert!(
+            e.starts_with("profiler.allocation_sample_bytes must be at most 1 TiB"),
+            "{e}"
+        );
         for bad in [0, MAX_AGGREGATION_KEYS + 1] {
             let e = start_err(Profiler::builder().aggregation_max_keys(bad));
             assert!(

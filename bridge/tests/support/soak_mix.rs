@@ -391,3 +391,35 @@ pub fn slope_ci(points: &[(f64, f64)]) -> Option<Slope> {
         lag,
     })
 }
+
+/// The slope of `y` over time net of a covariate (points `(hours, y, covariate)`): the
+/// time coefficient of `y = a + b·t + c·covariate`, found by partialling the covariate
+/// out of both `t` and `y` (Frisch–Waugh–Lovell) and fitting the residuals with
+/// [`slope_ci`], so its intervals are those of the two-regressor fit. Also returns `c`.
+///
+/// For a bounded cache still filling after the warm-up (the symbolizer's names, capped
+/// per file): the memory the process gains that the cache's own count does not explain.
+pub fn slope_net_of(points: &[(f64, f64, f64)]) -> Option<(Slope, f64)> {
+    let residuals = |pick: fn(&(f64, f64, f64)) -> f64| -> Option<(Vec<f64>, f64)> {
+        let fit: Vec<(f64, f64)> = points.iter().map(|p| (p.2, pick(p))).collect();
+        let n = fit.len() as f64;
+        let mc = fit.iter().map(|p| p.0).sum::<f64>() / n;
+        let mv = fit.iter().map(|p| p.1).sum::<f64>() / n;
+        let scc: f64 = fit.iter().map(|p| (p.0 - mc).powi(2)).sum();
+        if scc == 0.0 {
+            return None;
+        }
+        let c = fit.iter().map(|p| (p.0 - mc) * (p.1 - mv)).sum::<f64>() / scc;
+        Some((fit.iter().map(|p| p.1 - mv - c * (p.0 - mc)).collect(), c))
+    };
+    let (t_res, _) = residuals(|p| p.0)?;
+    let (y_res, _) = residuals(|p| p.1)?;
+    let fit = slope_ci(&t_res.into_iter().zip(y_res).collect::<Vec<_>>())?;
+    // c given b: the covariate's coefficient in the joint fit.
+    let resid_y: Vec<(f64, f64)> = points
+        .iter()
+        .map(|p| (p.2, p.1 - fit.slope * p.0))
+        .collect();
+    let c = slope_ci(&resid_y).map_or(0.0, |f| f.slope);
+    Some((fit, c))
+}

@@ -9,6 +9,8 @@ fn main() -> Result<(), Box<dyn std::error::Error>> {
     let runtime = tokio::runtime::Builder::new_multi_thread()
         .on_thread_start(otel_profiling::sampler::tokio_on_thread_start())
         .on_thread_stop(otel_profiling::sampler::tokio_on_thread_stop())
+        .on_thread_park(otel_profiling::sampler::tokio_on_thread_park())
+        .on_thread_unpark(otel_profiling::sampler::tokio_on_thread_unpark())
         .enable_all()
         .build()?;
     runtime.block_on(async {

@@ -659,6 +659,29 @@ mod tests {
     }
 
     #[test]
+    fn allocation_profile_becomes_one_profile_per_sample_type() {
+        let start = UNIX_EPOCH + Duration::from_secs(1_700_000_000);
+        let mut b = ProfileBuilder::allocations(524_288, start, Duration::from_secs(10));
+        let stack = [frame(0x10, "app::parse")];
+        b.add_allocations(
+            &stack,
+            &labels(0xaa, 0x1111, "POST /json"),
+            9_000,
+            4_718_592,
+        );
+        b.add_allocations(&stack, &labels(0xbb, 0x2222, "POST /json"), 1, 8_388_608);
+        let request = convert_profile(&b.build_proto(), &resource()).expect("converts");
+        let profiles = &request.resource_profiles[0].scope_profiles[0].profiles;
+        assert_eq!(profiles.len(), 2);
+        let (kind, objects) = sums(&request, 0);
+        assert_eq!(kind, "alloc_objects/count");
+        assert_eq!(objects.values().sum::<i64>(), 9_001);
+        let (kind, space) = sums(&request, 1);
+        assert_eq!(kind, "alloc_space/bytes");
+        assert_eq!(space.values().sum::<i64>(), 13_107_200);
+    }
+
+    #[test]
     fn bad_indices_are_errors_not_panics() {
         let mut pprof = ProfileBuilder::new(1, UNIX_EPOCH, Duration::from_secs(1)).build_proto();
         pprof.sample.push(pprof::Sample {

@@ -9,7 +9,7 @@ use super::pipeline::{Pipeline, StartError};
 use super::uploader::{ClientError, Protocol, StatusClass};
 use super::{
     proto, HttpClientError, PyroscopeConfig, PyroscopeError, PyroscopeLimits, PyroscopeStats,
-    BLOCK_PROFILE_NAME,
+    ALLOC_PROFILE_NAME, BLOCK_PROFILE_NAME,
 };
 
 /// Name of the uploader thread.
@@ -31,6 +31,9 @@ pub struct PyroscopeExporter {
     labels: Vec<proto::LabelPair>,
     /// `labels` with `__name__` = [`BLOCK_PROFILE_NAME`], for blocked-in-poll profiles.
     block_labels: Vec<proto::LabelPair>,
+    /// `labels` with `__name__` = [`ALLOC_PROFILE_NAME`] and `__delta__` = `false`, for
+    /// allocation profiles.
+    alloc_labels: Vec<proto::LabelPair>,
     limits: PyroscopeLimits,
     endpoint: String,
 }
@@ -57,17 +60,29 @@ impl PyroscopeExporter {
                 value: value.clone(),
             })
             .collect();
-        let block_labels = labels
-            .iter()
-            .map(|label: &proto::LabelPair| proto::LabelPair {
-                name: label.name.clone(),
-                value: if label.name == "__name__" {
-                    BLOCK_PROFILE_NAME.to_string()
-                } else {
-                    label.value.clone()
-                },
-            })
-            .collect();
+        let named = |profile_name: &str| -> Vec<proto::LabelPair> {
+            labels
+                .iter()
+                .map(|label: &proto::LabelPair| proto::LabelPair {
+                    name: label.name.clone(),
+                    value: if label.name == "__name__" {
+                        profile_name.to_string()
+                    } else {
+                        label.value.clone()
+                    },
+                })
+                .collect()
+        };
+        let block_labels = named(BLOCK_PROFILE_NAME);
+        let mut alloc_labels = named(ALLOC_PROFILE_NAME);
+        // Each interval's allocations, not a running total: without it Pyroscope's
+        // ingester takes `memory` alloc series as cumulative (Go's heap profile) and
+        // subtracts one profile from the next (see `ALLOC_PROFILE_NAME`).
+        alloc_labels.push(proto::LabelPair {
+            name: "__delta__".to_string(),
+            value: "false".to_string(),
+        });
+        alloc_labels.sort_by(|a, b| a.name.cmp(&b.name));
         let endpoint = valid.endpoint.to_string();
         let limits = valid.limits;
         let pipeline = Pipeline::start(
@@ -92,6 +107,7 @@ impl PyroscopeExporter {
             pipeline,
             labels,
             block_labels,
+            alloc_labels,
             limits,
             endpoint,
         })
@@ -161,6 +177,7 @@ impl ProfileSink for PyroscopeExporter {
             // Same service labels; the profile type's name tells CPU from blocked.
             let labels = match profile.kind {
                 ProfileKind::Blocked => &self.block_labels,
+                ProfileKind::Alloc => &self.alloc_labels,
                 _ => &self.labels,
             };
             let body = proto::encode_push_many(labels, &profiles);

@@ -122,6 +122,22 @@ pub const PROFILE_TYPE_ID: &str = "process_cpu:cpu:nanoseconds:cpu:nanoseconds";
 /// "block" with its known units. See `docs/blocked-in-poll.md`.
 pub const BLOCK_PROFILE_NAME: &str = "block";
 
+/// Value of the `__name__` series label of allocation profiles
+/// ([`ProfileKind::Alloc`](crate::collector::ProfileKind::Alloc)): the name of Go's heap
+/// profile, whose allocation sample types they carry (`alloc_objects`/`count`,
+/// `alloc_space`/`bytes`, period type `space`/`bytes`). Pushed with `__delta__="false"`:
+/// Pyroscope's ingester otherwise takes `memory` allocation series as cumulative and
+/// subtracts each profile from the next (`pkg/pprof` in its source: the delta only a
+/// series without that label gets). Span selection (`span_id`) works for every type
+/// alike. See `docs/allocations.md`.
+pub const ALLOC_PROFILE_NAME: &str = "memory";
+
+/// The profile type id of the bytes allocated.
+pub const ALLOC_SPACE_PROFILE_TYPE_ID: &str = "memory:alloc_space:bytes:space:bytes";
+
+/// The profile type id of the allocations made.
+pub const ALLOC_OBJECTS_PROFILE_TYPE_ID: &str = "memory:alloc_objects:count:space:bytes";
+
 /// The profile type id of the blocked time (wall nanoseconds blocked inside a poll).
 pub const BLOCK_DELAY_PROFILE_TYPE_ID: &str = "block:delay:nanoseconds:contentions:count";
 

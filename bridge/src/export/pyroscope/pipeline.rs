@@ -58,7 +58,10 @@ impl Pipeline {
         let thread_shared = shared.clone();
         let thread = std::thread::Builder::new()
             .name(thread_name.into())
-            .spawn(move || uploader::run(settings, protocol, thread_shared, ready_tx, done_tx))
+            .spawn(move || {
+                let _own = crate::collector::own_thread();
+                uploader::run(settings, protocol, thread_shared, ready_tx, done_tx)
+            })
             .map_err(StartError::Thread)?;
         match ready_rx.recv() {
             Ok(Ok(())) => {}

@@ -186,7 +186,10 @@ fn build_client(config: &UploadSettings) -> Result<Client, ClientError> {
             } else {
                 builder
             };
-            builder.build().map(Client::Http).map_err(ClientError::Http)
+            // Its request thread is the telemetry's: never sampled.
+            crate::sampler::adopt::declining_client_threads(|| builder.build())
+                .map(Client::Http)
+                .map_err(ClientError::Http)
         }
         #[cfg(feature = "otlp-grpc")]
         Transport::Grpc => crate::export::otlp_profiles::grpc::GrpcClient::new(

@@ -89,7 +89,7 @@ fn long_stretch_and_span_processor() {
         // run delay.
         thread::spawn(move || {
             ActiveCounter::of_in(&roots, a.to_raw())
-                .is_some_and(|counter| counter.add_long_in(&roots, 5, Some((2, 3))))
+                .is_some_and(|counter| counter.add_long_in(&roots, 5, Some((2, Some(3)))))
         })
     };
     let totals_a = lists.release_in(&roots, a);

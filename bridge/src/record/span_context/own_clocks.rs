@@ -27,7 +27,8 @@ static KEPT: AtomicUsize = AtomicUsize::new(0);
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub(crate) struct Reading {
     pub(crate) cpu_ns: u64,
-    pub(crate) delay_ns: u64,
+    /// `None`: the schedstat file could not be read (no `/proc`), the CPU clock could.
+    pub(crate) delay_ns: Option<u64>,
     /// The process it was read in: a reading from before a `fork` is the parent's.
     pub(crate) pid: libc::pid_t,
 }
@@ -74,14 +75,14 @@ pub(crate) fn kept() -> u64 {
     KEPT.load(Ordering::Relaxed) as u64
 }
 
-/// Reads the calling thread's CPU time and run delay, or `None` if either cannot be read
-/// (no `/proc`, a seccomp profile refusing the clock).
+/// Reads the calling thread's CPU time and run delay (`None` without `/proc`), or `None`
+/// if the CPU clock cannot be read (a seccomp profile refusing it).
 pub(crate) fn read() -> Option<Reading> {
     let cpu_ns = cpu()?;
     let pid = current_pid();
     Some(Reading {
         cpu_ns,
-        delay_ns: delay(pid)?,
+        delay_ns: delay(pid),
         pid,
     })
 }
@@ -95,6 +96,10 @@ pub(crate) fn cpu() -> Option<u64> {
 /// The calling thread's run delay, in process `pid` (the process id: a file kept from
 /// before a `fork` is let go of). One `pread`, ~2 µs on the project's VM.
 pub(crate) fn delay(pid: libc::pid_t) -> Option<u64> {
+    #[cfg(test)]
+    if tests::NO_SCHEDSTAT.with(std::cell::Cell::get) {
+        return None;
+    }
     match FILE.try_with(|kept| read_kept(kept, pid)) {
         Ok(delay) => delay,
         // The thread is exiting (its file is closed): once, without keeping it.
@@ -193,10 +198,15 @@ fn second_field(text: &[u8]) -> Option<u64> {
 }
 
 #[cfg(test)]
-mod tests {
+pub(crate) mod tests {
     use std::time::Instant;
 
     use super::*;
+
+    thread_local! {
+        /// Set by a test: this thread's schedstat file reads as missing (no `/proc`).
+        pub(crate) static NO_SCHEDSTAT: std::cell::Cell<bool> = const { std::cell::Cell::new(false) };
+    }
 
     #[test]
     fn the_second_field_is_the_run_delay() {
@@ -226,12 +236,61 @@ mod tests {
                 burned >= 20_000_000 && burned <= wall.as_nanos() as u64,
                 "{burned} ns of CPU read for 20 ms burned in {wall:?}"
             );
-            assert!(after.delay_ns >= before.delay_ns);
+            assert!(after.delay_ns >= before.delay_ns && after.delay_ns.is_some());
             assert_eq!(after.pid, current_pid());
             assert!(FILE.with(|k| k.fd.get()) >= 0, "kept");
         })
         .join()
         .expect("reader");
+    }
+
+    /// A forked child's thread lets go of the parent's kept file (a copy of the parent
+    /// thread's descriptor: not its own clocks) and keeps one of its own, and the count of
+    /// kept files is the child's alone.
+    #[test]
+    fn a_forked_child_reads_its_own_file_not_the_parents() {
+        std::thread::spawn(|| {
+            crate::fork::install_handlers();
+            let parent = read().expect("a reading");
+            assert!(parent.delay_ns.is_some());
+            let parent_fd = FILE.with(|k| k.fd.get());
+            assert!(parent_fd >= 0, "kept in the parent");
+            // SAFETY: the child only reads files, checks and `_exit`s (no allocation on
+            // its checks' success path, no locks other threads may hold).
+            let child = unsafe { libc::fork() };
+            assert!(child >= 0, "fork");
+            if child == 0 {
+                let pid = current_pid();
+                let reading = read();
+                let (fd, kept_pid) = FILE.with(|k| (k.fd.get(), k.pid.get()));
+                let code = match reading {
+                    Some(r) if r.pid != pid => 2,
+                    Some(r) if r.delay_ns.is_none() => 3,
+                    Some(_) if kept_pid != pid => 4,
+                    Some(_) if fd < 0 => 5,
+                    Some(_) if KEPT.load(Ordering::Relaxed) != 1 => 6,
+                    Some(_) => 0,
+                    None => 1,
+                };
+                // SAFETY: ends the child without running the parent's exit handlers.
+                unsafe { libc::_exit(code) };
+            }
+            let mut status = 0;
+            // SAFETY: waits for the child just forked.
+            assert_eq!(unsafe { libc::waitpid(child, &mut status, 0) }, child);
+            assert!(libc::WIFEXITED(status), "child status {status}");
+            assert_eq!(
+                libc::WEXITSTATUS(status),
+                0,
+                "1 no reading, 2 the parent's pid, 3 no delay, 4 the parent's file kept, \
+                 5 none kept, 6 the parent's count"
+            );
+            // The parent's own file is untouched.
+            assert_eq!(FILE.with(|k| k.fd.get()), parent_fd);
+            assert!(read().is_some_and(|r| r.pid == current_pid()));
+        })
+        .join()
+        .expect("forking thread");
     }
 
     /// A thread's kept file is its own (the path names its tid) and is closed when it

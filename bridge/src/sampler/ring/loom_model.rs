@@ -45,7 +45,7 @@ fn drain(ring: &Ring, seen: &mut Vec<u64>) {
 /// A handler pushing 3 records into a 2-record ring while the drain runs twice; what is
 /// left is drained after both end.
 fn handler_and_drain() {
-    let ring = Arc::new(Ring::new(2));
+    let ring = Arc::new(Ring::<crate::sampler::SampleRecord>::new(2));
     let handler = {
         let ring = ring.clone();
         thread::spawn(move || produce(&ring, 3))
@@ -71,7 +71,7 @@ fn loom_ring_loses_and_duplicates_nothing() {
 #[should_panic(expected = "Causality violation")]
 fn loom_ring_with_a_relaxed_head_reads_unwritten_records() {
     crate::sync::check("ring, broken", 3, || {
-        let ring = Arc::new(Ring::new(2));
+        let ring = Arc::new(Ring::<crate::sampler::SampleRecord>::new(2));
         ring.head.relax_for_model();
         let handler = {
             let ring = ring.clone();

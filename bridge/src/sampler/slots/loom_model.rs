@@ -54,7 +54,9 @@ fn owner(cell: *const SpanContextCell) -> Owner {
         cell,
         stack: StackBounds { lo: 0, hi: 0 },
         ring_capacity: 1,
+        alloc_capacity: 0,
         cpu_ns: 0,
+        adopted: false,
     }
 }
 
@@ -128,7 +130,7 @@ fn two_threads_and_a_drain_in(table: Arc<SlotTable>) {
         })
         .collect();
     let mut drained = Vec::new();
-    table.drain(&mut |r| drained.push(r.frames[0]));
+    table.drain(&mut |r| drained.push(r.frames[0]), &mut |_| {});
     let results: Vec<(u32, bool)> = threads
         .into_iter()
         .map(|t| t.join().expect("registered thread"))
@@ -136,7 +138,7 @@ fn two_threads_and_a_drain_in(table: Arc<SlotTable>) {
     if results[0].0 == results[1].0 {
         REUSED.with(|n| n.set(n.get() + 1));
     }
-    table.drain(&mut |r| drained.push(r.frames[0]));
+    table.drain(&mut |r| drained.push(r.frames[0]), &mut |_| {});
     drained.sort_unstable();
     let pushed: Vec<u64> = (1..=2u64).filter(|&s| results[s as usize - 1].1).collect();
     assert_eq!(drained, pushed, "a sample lost or drained twice");
@@ -238,5 +240,80 @@ fn loom_watchdog_never_reads_a_record_after_its_owner_let_go() {
 fn loom_watchdog_without_the_fences_reads_a_freed_record() {
     crate::sync::without_fences(|| {
         crate::sync::check("watchdog handshake, broken", 2, watchdog_and_exiting_owner)
+    });
+}
+
+/// **Adoption.** The collector's scan adopts thread T (claims a slot for it, held, arms a
+/// timer, lets go and looks for T's own slot: `adopt::publish_adoption`) while T registers
+/// itself (takes back any adoption, claims a slot of its own, arms its timer, takes back
+/// again: `adopt::take_back`). Property: T ends with exactly one live slot with a timer,
+/// its own, and the adoption's slot, if it still holds the adoption, has none.
+fn adoption_racing_registration() {
+    let table = Arc::new(SlotTable::new());
+    for _ in 0..3 {
+        let slot = table.fresh().expect("a slot");
+        table.push_free(slot);
+    }
+    const T: libc::pid_t = 4_242;
+    let owner = |adopted| Owner {
+        tid: T,
+        cell: std::ptr::null(),
+        stack: StackBounds { lo: 0, hi: 0 },
+        ring_capacity: 1,
+        alloc_capacity: 0,
+        cpu_ns: 0,
+        adopted,
+    };
+    // Timer ids no timer of this process has (`timer_delete` fails on them, harmlessly).
+    let fake = |n: usize| (0x7fff_0000 + n) as libc::timer_t;
+    let scanner = {
+        let table = table.clone();
+        spawn(move || {
+            let slot = table.claim(owner(true)).expect("a slot");
+            let generation = slot.generation();
+            slot.set_timer(fake(1));
+            crate::sampler::adopt::publish_adoption(&table, slot, T);
+            (slot.index, generation)
+        })
+    };
+    crate::sampler::adopt::take_back(&table, T, |_| true);
+    let own = table.claim(owner(false)).expect("a slot");
+    own.set_timer(fake(2));
+    crate::sampler::adopt::take_back(&table, T, |_| true);
+    let (index, generation) = scanner.join().expect("scanner");
+    let adoption = table.slot(index).expect("slot");
+    assert!(own.has_timer(), "the thread's own timer was deleted");
+    if adoption.generation() == generation {
+        assert!(
+            !adoption.has_timer(),
+            "thread T has two timers: its own and an adoption's"
+        );
+    }
+    let timed = table
+        .iter()
+        .filter(|s| s.is_live() && s.owner_tid() == T && s.has_timer())
+        .count();
+    assert_eq!(
+        timed, 1,
+        "thread T has two timers: {timed} live slots with one"
+    );
+}
+
+#[test]
+fn loom_an_adoption_racing_a_registration_leaves_one_timer() {
+    crate::sync::check("adoption handshake", 3, adoption_racing_registration);
+}
+
+/// The broken variant: without the fences between publishing and looking, the scan and
+/// the registering thread can both miss the other, and the thread keeps two timers.
+#[test]
+#[should_panic(expected = "two timers")]
+fn loom_an_adoption_without_the_fences_leaves_two_timers() {
+    crate::sync::without_fences(|| {
+        crate::sync::check(
+            "adoption handshake, broken",
+            2,
+            adoption_racing_registration,
+        )
     });
 }

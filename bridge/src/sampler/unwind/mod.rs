@@ -674,6 +674,8 @@ mod tests {
         use std::sync::atomic::AtomicBool;
         use std::sync::Arc;
 
+        /// Snapshots published while the readers read.
+        const REPLACEMENTS: usize = 12;
         refresh(Wait::Upto(Duration::from_secs(5)));
         let stop = Arc::new(AtomicBool::new(false));
         let readers: Vec<_> = (0..2)
@@ -693,13 +695,16 @@ mod tests {
                         }
                         IN_FLIGHT.fetch_sub(1, Ordering::SeqCst);
                         reads += 1;
+                        // Two spinning readers on a 2-core machine would starve the
+                        // builder (each build compiles the test binary's unwind rules).
+                        std::thread::yield_now();
                     }
                     reads
                 })
             })
             .collect();
         let mut retired_seen = 0;
-        for _ in 0..50 {
+        for _ in 0..REPLACEMENTS {
             let next = build::<Native>();
             let mut publisher = PUBLISHER.lock().unwrap_or_else(PoisonError::into_inner);
             publish(&mut publisher, next);
@@ -720,7 +725,9 @@ mod tests {
             drop(publisher);
             std::thread::sleep(Duration::from_millis(1));
         }
-        eprintln!("{reads} reads across 50 replacements; at most {retired_seen} retired at once");
+        eprintln!(
+            "{reads} reads across {REPLACEMENTS} replacements; at most {retired_seen} retired at once"
+        );
         assert!(reads > 0);
     }
 

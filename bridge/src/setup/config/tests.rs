@@ -748,3 +748,24 @@ fn compression_and_the_profiles_timeout() {
         "OTEL_EXPORTER_OTLP_TRACES_COMPRESSION"
     );
 }
+
+#[test]
+fn alloc_sample_bytes_is_a_size_naming_its_variable_when_bad() {
+    use super::alloc_sample_bytes_variable as read;
+    let var = |v: &'static str| {
+        move |name: &str| (name == "OTEL_PROFILING_ALLOC_SAMPLE_BYTES").then(|| v.to_string())
+    };
+    assert_eq!(read(|_| None).expect("unset"), None);
+    assert_eq!(read(var(" ")).expect("blank"), None);
+    assert_eq!(read(var("64KiB")).expect("size"), Some(64 * 1024));
+    assert_eq!(read(var("0")).expect("off"), Some(0));
+    assert_eq!(read(var("1TiB")).ok().flatten(), None, "no TiB suffix");
+    for bad in ["lots", "-5", "1099511627777"] {
+        let e = read(var(bad)).expect_err(bad);
+        assert_eq!(e.field, "OTEL_PROFILING_ALLOC_SAMPLE_BYTES", "{bad}");
+        assert!(
+            e.to_string().contains("switches allocation sampling off"),
+            "{e}"
+        );
+    }
+}

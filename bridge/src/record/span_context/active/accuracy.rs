@@ -4,7 +4,11 @@
 //! and roots whose polls alternate on one thread; each quiet and beside busy loops on
 //! every core. Per group of roots: CPU time within 10 % of the reference's, run delay
 //! within 20 %, and for pure-CPU roots beside busy loops what is left as "blocked in
-//! poll" (active − CPU − run delay) at most 10 % of the active time.
+//! poll" (active − CPU − run delay) at most 10 % of the active time more than the
+//! kernel's own readings leave. The kernel's residual is not zero on a virtual machine:
+//! time the hypervisor steals from a running thread is in neither its CPU clock nor its
+//! run delay (the scheduler's task clock leaves steal out), and a CI runner beside noisy
+//! neighbours lost 10 % of a pure-CPU root that way; the tests print the machine's steal.
 
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, Mutex};
@@ -78,7 +82,7 @@ impl Drop for BusyLoops {
 
 /// A group's totals: real CPU, real run delay, active, and the reference's CPU and
 /// run delay (nanoseconds).
-#[derive(Debug, Default)]
+#[derive(Debug)]
 struct Group {
     cpu: u64,
     delay: u64,
@@ -86,9 +90,23 @@ struct Group {
     ref_cpu: u64,
     ref_delay: u64,
     roots: u64,
+    /// The machine's steal and interrupt time when the group began.
+    machine: Option<(u64, u64)>,
 }
 
 impl Group {
+    fn new() -> Group {
+        Group {
+            cpu: 0,
+            delay: 0,
+            active: 0,
+            ref_cpu: 0,
+            ref_delay: 0,
+            roots: 0,
+            machine: steal::read(),
+        }
+    }
+
     fn add(&mut self, totals: RootTotals) {
         self.cpu += totals.cpu_ns();
         self.delay += match totals.runqueue {
@@ -109,19 +127,41 @@ impl Group {
             .saturating_sub(self.delay)
     }
 
+    /// What the kernel's readings at every transition leave as neither CPU nor run delay:
+    /// real blocking, and time the hypervisor stole.
+    fn ref_blocked(&self) -> u64 {
+        self.active
+            .saturating_sub(self.ref_cpu)
+            .saturating_sub(self.ref_delay)
+    }
+
+    /// The timing's "blocked in poll" is at most `share` of the active time (and 1 ms)
+    /// more than the kernel's residual.
+    fn check_blocked(&self, what: &str, share: f64) {
+        assert!(
+            self.blocked() as f64 <= self.ref_blocked() as f64 + self.active as f64 * share + 1e6,
+            "{what}: {} ns of {} ns read as blocked in poll, the kernel's residual {} ns",
+            self.blocked(),
+            self.active,
+            self.ref_blocked()
+        );
+    }
+
     /// The issue's targets, with an absolute slack for groups whose totals are small.
     fn check(&self, what: &str) {
         let ms = |n: f64| n / 1e6;
         eprintln!(
             "{what}: {} roots, active {:.1} ms; CPU {:.1} ms (reference {:.1}); run delay \
-             {:.1} ms (reference {:.1}); blocked {:.1} ms",
+             {:.1} ms (reference {:.1}); blocked {:.1} ms (reference {:.1}); {}",
             self.roots,
             ms(self.active as f64),
             ms(self.cpu as f64),
             ms(self.ref_cpu as f64),
             ms(self.delay as f64),
             ms(self.ref_delay as f64),
-            ms(self.blocked() as f64)
+            ms(self.blocked() as f64),
+            ms(self.ref_blocked() as f64),
+            steal::since(self.machine)
         );
         let within = |real: u64, reference: u64, share: f64, slack_ms: f64| {
             (real as f64 - reference as f64).abs() <= reference as f64 * share + slack_ms * 1e6
@@ -149,7 +189,7 @@ fn roots_on_this_thread(
     mut work: impl FnMut(usize, &dyn Fn(&mut dyn FnMut())),
 ) -> Group {
     let mut lists = SlotLists::default();
-    let mut group = Group::default();
+    let mut group = Group::new();
     let name = SpanName::intern(name);
     for round in 0..rounds {
         let handle = lists.claim().expect("counters");
@@ -191,12 +231,7 @@ fn short_roots_of_many_polls_quiet_and_beside_busy_loops() {
         let what = if busy { "short, busy" } else { "short, quiet" };
         group.check(what);
         if busy {
-            assert!(
-                group.blocked() <= group.active / 10,
-                "{what}: {} ns of {} ns read as blocked in poll",
-                group.blocked(),
-                group.active
-            );
+            group.check_blocked(what, 0.10);
         }
     }
     reference::set(false);
@@ -239,7 +274,7 @@ fn roots_alternating_on_one_thread_quiet_and_beside_busy_loops() {
         let _busy = BusyLoops::start(busy);
         let mut lcg = Lcg(13);
         let mut lists = SlotLists::default();
-        let (mut a_group, mut b_group) = (Group::default(), Group::default());
+        let (mut a_group, mut b_group) = (Group::new(), Group::new());
         for _ in 0..8 {
             let (a, b) = (
                 lists.claim().expect("counters"),
@@ -274,13 +309,85 @@ fn roots_alternating_on_one_thread_quiet_and_beside_busy_loops() {
         a_group.check(&format!("alternating a (CPU), {what}"));
         b_group.check(&format!("alternating b (CPU and sleep), {what}"));
         if busy {
-            assert!(
-                a_group.blocked() <= a_group.active / 10,
-                "the pure-CPU root: {} ns of {} ns read as blocked in poll",
-                a_group.blocked(),
-                a_group.active
-            );
+            a_group.check_blocked("the pure-CPU root", 0.10);
         }
     }
     reference::set(false);
+}
+
+/// Pure-CPU roots whose polls (0.3–2 ms each) are separated by the runtime's short parks
+/// (a sleep of 30–200 µs in no root, under the threshold): with the park hooks, the parks'
+/// time is no root's, and the roots read as computing (the fan-out of the
+/// production-shaped service read 10–17 % blocked beside busy loops without them).
+/// Without the hooks the same pattern charges the parks to the next long stretch.
+#[test]
+fn parks_between_polls_are_no_roots_time_with_the_hooks() {
+    let _serial = SERIAL.lock().unwrap_or_else(|e| e.into_inner());
+    reference::set(true);
+    let pattern = |hooks: bool| {
+        let mut lcg = Lcg(17);
+        roots_on_this_thread("accuracy-parks", 24, |_, poll| {
+            for _ in 0..6 {
+                poll(&mut || spin(lcg.micros(300, 2_000)));
+                if hooks {
+                    super::parked();
+                }
+                std::thread::sleep(lcg.micros(30, 200));
+                if hooks {
+                    super::unparked();
+                }
+            }
+        })
+    };
+    let with = pattern(true);
+    with.check("parks, hooks");
+    with.check_blocked("parks with the hooks", 0.05);
+    let without = pattern(false);
+    eprintln!(
+        "parks, no hooks: blocked {:.1} ms of {:.1} ms active (the kernel's residual {:.1} ms)",
+        without.blocked() as f64 / 1e6,
+        without.active as f64 / 1e6,
+        without.ref_blocked() as f64 / 1e6
+    );
+    // Over the kernel's residual each time: steal differs between the two runs.
+    let excess = |g: &Group| g.blocked().saturating_sub(g.ref_blocked());
+    assert!(
+        excess(&without) > excess(&with),
+        "the hooks make no difference: {} against {} ns blocked over the kernel's residual",
+        excess(&without),
+        excess(&with)
+    );
+    reference::set(false);
+}
+
+/// The machine's stolen and interrupt time (`/proc/stat`, all CPUs, milliseconds), for
+/// the log: a residual the kernel's own clocks leave is explained by it, not by the timing.
+mod steal {
+    /// (steal, irq + softirq) in milliseconds since boot.
+    pub(super) fn read() -> Option<(u64, u64)> {
+        let stat = std::fs::read_to_string("/proc/stat").ok()?;
+        let line = stat.lines().find(|l| l.starts_with("cpu "))?;
+        let f: Vec<u64> = line
+            .split_whitespace()
+            .skip(1)
+            .filter_map(|v| v.parse().ok())
+            .collect();
+        // user nice system idle iowait irq softirq steal, in ticks of 10 ms.
+        Some((
+            f.get(7).copied()? * 10,
+            (f.get(5).copied()? + f.get(6).copied()?) * 10,
+        ))
+    }
+
+    /// "machine steal X ms, interrupts Y ms" since `start`.
+    pub(super) fn since(start: Option<(u64, u64)>) -> String {
+        match (start, read()) {
+            (Some(a), Some(b)) => format!(
+                "machine steal {} ms, interrupts {} ms (all CPUs)",
+                b.0.saturating_sub(a.0),
+                b.1.saturating_sub(a.1)
+            ),
+            _ => "machine steal unknown".into(),
+        }
+    }
 }

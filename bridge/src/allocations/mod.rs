@@ -1,0 +1,203 @@
+//! Allocation profiles by span: a `#[global_allocator]` wrapper that samples allocations
+//! by bytes and labels each sample with the local root running on its thread, read at
+//! the moment of the allocation.
+//!
+//! ```text
+//!  alloc(size), any thread                       collector (every drain period)
+//!  countdown -= size  (one const thread-local)   drains each thread's allocation ring
+//!  countdown > 0: done                           aggregates (stack, span labels) →
+//!  else (cold): sampler on and armed?              (objects, bytes), weighted
+//!    weights: size / p, 1 / p                    encodes alloc_objects / alloc_space
+//!    root: the thread's span context record        (Pyroscope `memory`, local
+//!    stack: the sampler's unwinder, from here      `<start>_alloc.pb.gz`, OTLP)
+//!    push into the thread's allocation ring
+//!    next countdown ~ Exp(mean)
+//! ```
+//!
+//! **Where samples go.** Each registered thread's slot has an allocation ring next to its
+//! CPU ring (`sampler/slots.rs`); the thread itself is its one producer, in the hook. Not
+//! the CPU ring: the signal handler takes that one's producer role, and an allocation
+//! push it interrupted would make its claim fail. A full ring drops the sample, counted
+//! with its estimated bytes in [`AllocationStats`]. Threads that never registered (no
+//! span entered, no hook run) have no ring the hook can find without a lookup: their
+//! samples are counted in [`AllocationStats::unregistered`], not profiled.
+//!
+//! **What the hook may do.** It runs inside the program's allocator: it never allocates,
+//! locks, panics or recurses. Its state is two `const` thread-locals without destructors
+//! (readable while a thread's other thread-locals are torn down), a busy flag keeps a
+//! nested call out, and stack bounds come from the thread's registration
+//! (`pthread_getattr_np` allocates). A `#[global_allocator]` sees Rust's allocations only:
+//! C libraries calling `malloc` themselves (SQLite, OpenSSL) are not seen.
+
+mod allocator;
+mod hook;
+
+pub(crate) use hook::exclude_current_thread;
+pub(crate) mod sampling;
+
+use std::sync::atomic::{AtomicBool, AtomicU64, AtomicUsize, Ordering};
+
+pub use allocator::ProfilingAllocator;
+
+use crate::sampler::SampleRecord;
+
+/// The mean bytes between two allocation samples by default (512 KiB, Go's and
+/// tcmalloc's rate): an allocation-heavy service samples a few hundred times a second.
+pub const DEFAULT_SAMPLE_BYTES: u64 = 512 * 1024;
+
+/// The largest mean the setting takes (1 TiB): a countdown, at most about 37 means,
+/// stays far inside an `i64`.
+pub const MAX_SAMPLE_BYTES: u64 = 1 << 40;
+
+/// Allocation samples each registered thread buffers between two drains (about 1 KiB
+/// each): a thread allocating 300 MB/s at the default mean fills a tenth of it a drain.
+pub const ALLOC_RING_CAPACITY: usize = 64;
+
+/// The mean in effect (0: allocations are not profiled; the hook passes through).
+static MEAN: AtomicU64 = AtomicU64::new(0);
+/// The mean last started with (kept after a stop: the last profile's period).
+static LAST_MEAN: AtomicU64 = AtomicU64::new(0);
+/// Set by the hook's first cold call: a [`ProfilingAllocator`] is the global allocator.
+static INSTALLED: AtomicBool = AtomicBool::new(false);
+/// Ring capacity new registrations get (0 while allocations are not profiled).
+static RING_CAPACITY: AtomicUsize = AtomicUsize::new(0);
+
+static SAMPLES: AtomicU64 = AtomicU64::new(0);
+static DROPPED: AtomicU64 = AtomicU64::new(0);
+static DROPPED_BYTES: AtomicU64 = AtomicU64::new(0);
+static UNREGISTERED: AtomicU64 = AtomicU64::new(0);
+static UNREGISTERED_BYTES: AtomicU64 = AtomicU64::new(0);
+static LOW_STACK: AtomicU64 = AtomicU64::new(0);
+static TRUNCATED: AtomicU64 = AtomicU64::new(0);
+
+/// One allocation sample: the stack and root (in a [`SampleRecord`], whose `weight` is
+/// unused) and what the sample stands for.
+#[derive(Clone, Copy)]
+pub(crate) struct AllocRecord {
+    pub(crate) stack: SampleRecord,
+    /// Estimated bytes allocated (`size / p`).
+    pub(crate) bytes: f64,
+    /// Estimated allocations (`1 / p`).
+    pub(crate) objects: f64,
+}
+
+impl crate::sampler::ring::RingRecord for AllocRecord {
+    const EMPTY: AllocRecord = AllocRecord {
+        stack: SampleRecord::EMPTY,
+        bytes: 0.0,
+        objects: 0.0,
+    };
+}
+
+/// Allocation sampling counters, since the process started.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+#[non_exhaustive]
+pub struct AllocationStats {
+    /// Whether a [`ProfilingAllocator`] is the global allocator (seen by its first
+    /// allocation).
+    pub installed: bool,
+    /// The mean bytes between samples in effect (0: not profiling allocations).
+    pub sample_bytes: u64,
+    /// Allocations sampled (every thread).
+    pub samples: u64,
+    /// Samples dropped because their thread's ring was full (or a drain discarded them).
+    pub dropped: u64,
+    /// The bytes the dropped samples stood for (estimated).
+    pub dropped_bytes: u64,
+    /// Samples on threads that never registered with the sampler: counted, not profiled.
+    pub unregistered: u64,
+    /// The bytes they stood for (estimated).
+    pub unregistered_bytes: u64,
+    /// Samples whose stack was left out: too little of the thread's stack was left for
+    /// the walk (the sample keeps its pc).
+    pub low_stack: u64,
+    /// Samples whose stack walk stopped before the outermost frame.
+    pub truncated: u64,
+    /// Bytes of the allocation rings allocated now.
+    pub ring_bytes: u64,
+}
+
+/// The process's allocation sampling counters.
+///
+/// ```
+/// let stats = otel_profiling::allocations::stats();
+/// assert_eq!(stats.samples, 0, "no ProfilingAllocator in this doctest");
+/// ```
+pub fn stats() -> AllocationStats {
+    AllocationStats {
+        installed: INSTALLED.load(Ordering::Relaxed),
+        sample_bytes: MEAN.load(Ordering::Relaxed),
+        samples: SAMPLES.load(Ordering::Relaxed),
+        dropped: DROPPED.load(Ordering::Relaxed),
+        dropped_bytes: DROPPED_BYTES.load(Ordering::Relaxed),
+        unregistered: UNREGISTERED.load(Ordering::Relaxed),
+        unregistered_bytes: UNREGISTERED_BYTES.load(Ordering::Relaxed),
+        low_stack: LOW_STACK.load(Ordering::Relaxed),
+        truncated: TRUNCATED.load(Ordering::Relaxed),
+        ring_bytes: crate::sampler::SamplerState::global()
+            .slots()
+            .alloc_ring_bytes(),
+    }
+}
+
+/// Starts sampling allocations every `mean` bytes on average (0: off), for threads that
+/// register from now on (each gets an allocation ring). Called by the profiler's setup.
+pub(crate) fn start(mean: u64) {
+    RING_CAPACITY.store(
+        if mean > 0 { ALLOC_RING_CAPACITY } else { 0 },
+        Ordering::Relaxed,
+    );
+    MEAN.store(mean, Ordering::Relaxed);
+    if mean > 0 {
+        LAST_MEAN.store(mean, Ordering::Relaxed);
+    }
+}
+
+/// The mean the last samples were drawn with (the allocation profiles' period).
+pub(crate) fn last_mean() -> u64 {
+    LAST_MEAN.load(Ordering::Relaxed)
+}
+
+/// Changes the mean while a profiler runs (0 pauses sampling; rings stay as they are).
+pub(crate) fn set_mean(mean: u64) {
+    if mean > 0 {
+        RING_CAPACITY.store(ALLOC_RING_CAPACITY, Ordering::Relaxed);
+        LAST_MEAN.store(mean, Ordering::Relaxed);
+    }
+    MEAN.store(mean, Ordering::Relaxed);
+}
+
+/// Stops sampling: the hook passes through again.
+pub(crate) fn stop() {
+    MEAN.store(0, Ordering::Relaxed);
+    RING_CAPACITY.store(0, Ordering::Relaxed);
+}
+
+/// In a forked child: pass-through until a profiler is set up there. Only atomics.
+pub(crate) fn after_fork_in_child() {
+    stop();
+}
+
+/// Records of the allocation ring a thread registering now gets (0: none).
+pub(crate) fn ring_capacity() -> usize {
+    // No ring memory for a process whose allocator is not ours (its first allocation,
+    // long before any registration, would have said so).
+    if INSTALLED.load(Ordering::Relaxed) {
+        RING_CAPACITY.load(Ordering::Relaxed)
+    } else {
+        0
+    }
+}
+
+/// Counts `samples` drained and aggregated, standing for `bytes`, that were not kept (the
+/// encoder gone).
+pub(crate) fn count_dropped_totals(samples: u64, bytes: f64) {
+    DROPPED.fetch_add(samples, Ordering::Relaxed);
+    DROPPED_BYTES.fetch_add(bytes as u64, Ordering::Relaxed);
+}
+
+/// Counts a sample that was drained and not kept.
+pub(crate) fn count_dropped(record: &AllocRecord) {
+    DROPPED.fetch_add(1, Ordering::Relaxed);
+    DROPPED_BYTES.fetch_add(record.bytes as u64, Ordering::Relaxed);
+}
