@@ -9,6 +9,7 @@ use super::{
     DROPPED, DROPPED_BYTES, INSTALLED, LOW_STACK, MEAN, SAMPLES, TRUNCATED, UNREGISTERED,
     UNREGISTERED_BYTES,
 };
+use crate::root_cpu::{ActiveCounter, OBJECTS_ONE};
 use crate::sampler::handler::WALK_STACK_BUDGET;
 use crate::sampler::stack::{Registers, StackBounds};
 use crate::sampler::unwind::{self, WalkEnd};
@@ -121,6 +122,15 @@ fn cold(size: u64, left: &Cell<i64>) {
 fn record(size: u64, mean: u64) {
     let (bytes, objects) = weights(size, mean);
     SAMPLES.fetch_add(1, Ordering::Relaxed);
+    // The root's totals first: whatever happens to the sample (no ring, a full one),
+    // its weight reaches them, so the per-root estimates stay unbiased.
+    let root = crate::span_context::current_local_root();
+    if let Some(counter) = root.and_then(|root| ActiveCounter::of(root.cpu_raw())) {
+        counter.add_alloc(
+            bytes.round() as u64,
+            (objects * OBJECTS_ONE as f64).round() as u64,
+        );
+    }
     let Some(slot) = crate::sampler::own_slot() else {
         UNREGISTERED.fetch_add(1, Ordering::Relaxed);
         UNREGISTERED_BYTES.fetch_add(bytes as u64, Ordering::Relaxed);
@@ -136,7 +146,6 @@ fn record(size: u64, mean: u64) {
         dropped();
         return;
     };
-    let root = crate::span_context::current_local_root();
     let stack = slot.stack();
     let mut end = WalkEnd::Complete;
     let mut low_stack = false;

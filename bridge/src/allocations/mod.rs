@@ -153,6 +153,12 @@ pub(crate) fn start(mean: u64) {
     }
 }
 
+/// Whether allocations are being sampled now: a [`ProfilingAllocator`] is the global
+/// allocator and a profiler set a mean (roots then get `profiling.alloc.*`).
+pub(crate) fn sampling() -> bool {
+    INSTALLED.load(Ordering::Relaxed) && MEAN.load(Ordering::Relaxed) > 0
+}
+
 /// The mean the last samples were drawn with (the allocation profiles' period).
 pub(crate) fn last_mean() -> u64 {
     LAST_MEAN.load(Ordering::Relaxed)

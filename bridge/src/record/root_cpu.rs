@@ -62,7 +62,8 @@ use crate::never_freed::NeverFreed;
 
 /// Slots per chunk (a model's table needs a few: loom's cost grows with its atomics).
 const CHUNK: usize = if cfg!(loom) { 4 } else { 256 };
-/// Chunks at most: 4,194,304 local roots alive at once (a chunk is 12 KiB).
+/// Chunks at most: 4,194,304 local roots alive at once (a chunk is 18 KiB: 256 slots of
+/// 72 bytes).
 const MAX_CHUNKS: usize = if cfg!(loom) { 4 } else { 16_384 };
 
 /// Bits of [`Slot::state`] counting adds in progress. Linux runs at most 2²² threads
@@ -122,6 +123,13 @@ struct Slot {
     /// the scheduler counts it, read at the ends of the root's long stretches; same layout
     /// as `queued`, with [`RUNQUEUE_UNKNOWN`] set once a long stretch could not be read.
     runqueue: AtomicU64,
+    /// Estimated bytes and allocations the root's threads allocated (the allocation
+    /// sampler's weights, see `allocations`), added by the allocating thread itself under
+    /// the same count as `active`. Allocations in [`OBJECTS_ONE`]ths: a sample stands for
+    /// `1/p` of them, rarely a whole number (rounding each to one undercounts large
+    /// allocations, sampled with `p` near 1).
+    alloc_bytes: AtomicU64,
+    alloc_objects: AtomicU64,
 }
 
 impl Slot {
@@ -138,6 +146,8 @@ impl Slot {
             ref_delay: AtomicU64::new(0),
             queued: AtomicU64::new(0),
             runqueue: AtomicU64::new(0),
+            alloc_bytes: AtomicU64::new(0),
+            alloc_objects: AtomicU64::new(0),
         }
     }
 
@@ -164,6 +174,9 @@ impl Slot {
         }
     }
 }
+
+/// One allocation in [`Slot::alloc_objects`] (2⁴⁸ allocations a root at most).
+pub(crate) const OBJECTS_ONE: u64 = 1 << 16;
 
 /// Spins `release` waits at most for a handler in flight (a model explores both outcomes,
 /// the wait ending and running out, in fewer).
@@ -399,6 +412,8 @@ impl SlotLists {
         let next = generation_of(slot.state.load(Ordering::Relaxed)) + 1;
         slot.active.store(0, Ordering::Relaxed);
         slot.off_cpu.store(0, Ordering::Relaxed);
+        slot.alloc_bytes.store(0, Ordering::Relaxed);
+        slot.alloc_objects.store(0, Ordering::Relaxed);
         #[cfg(test)]
         {
             slot.ref_cpu.store(0, Ordering::Relaxed);
@@ -447,7 +462,7 @@ impl SlotLists {
         // counted in flight for every later load, `recycle`'s included.
         fence(Ordering::SeqCst);
         let adders_quiet = state & ADDERS_MASK == 0;
-        let (active, off_cpu, queued, runqueue) = if adders_quiet {
+        let (active, off_cpu, queued, runqueue, allocated) = if adders_quiet {
             // No add in progress as the generation moved on: an adder that counts itself
             // in later reads the new generation and leaves the words alone, and this
             // read-modify-write synchronises with every earlier adder's release of the
@@ -458,6 +473,10 @@ impl SlotLists {
                 slot.off_cpu.load(Ordering::Relaxed),
                 slot.queued.load(Ordering::Relaxed),
                 slot.runqueue.load(Ordering::Relaxed),
+                (
+                    slot.alloc_bytes.load(Ordering::Relaxed),
+                    slot.alloc_objects.load(Ordering::Relaxed),
+                ),
             )
         } else {
             // An add that passed the generation check may still land: close the tagged
@@ -472,6 +491,10 @@ impl SlotLists {
                 slot.off_cpu.load(Ordering::SeqCst),
                 slot.queued.swap(closed, Ordering::SeqCst),
                 slot.runqueue.swap(closed, Ordering::SeqCst),
+                (
+                    slot.alloc_bytes.load(Ordering::SeqCst),
+                    slot.alloc_objects.load(Ordering::SeqCst),
+                ),
             )
         };
         // A handler that passed the generation check just before the release may still be
@@ -497,6 +520,8 @@ impl SlotLists {
             } else {
                 RunDelay::NoLongStretch
             },
+            alloc_bytes: allocated.0,
+            alloc_objects: (allocated.1 + OBJECTS_ONE / 2) / OBJECTS_ONE,
             #[cfg(test)]
             reference: (
                 slot.ref_cpu.load(Ordering::Relaxed),
@@ -552,6 +577,9 @@ pub(crate) struct RootTotals {
     pub(crate) queued_ns: Option<u64>,
     /// Run delay of its threads inside it.
     pub(crate) runqueue: RunDelay,
+    /// Estimated bytes and allocations made under it (0 unless allocations are sampled).
+    pub(crate) alloc_bytes: u64,
+    pub(crate) alloc_objects: u64,
     /// The test-only exact timing's CPU and run delay (see `span_context::active`).
     #[cfg(test)]
     pub(crate) reference: (u64, u64),
@@ -654,6 +682,26 @@ impl ActiveCounter {
 }
 
 impl ActiveCounter {
+    /// Adds an allocation sample's estimated `bytes` and `objects` to the root's totals,
+    /// from the allocating thread: true if they are in them. The protocol of
+    /// [`ActiveCounter::add`] (a release between the count in and out may miss them; the
+    /// slot is not reused before the count out).
+    #[inline]
+    pub(crate) fn add_alloc(self, bytes: u64, objects: u64) -> bool {
+        let slot = self.slot;
+        let current = generation_of(slot.state.fetch_add(1, Ordering::SeqCst)) == self.generation;
+        if current {
+            slot.alloc_bytes.fetch_add(bytes, Ordering::Relaxed);
+            slot.alloc_objects.fetch_add(objects, Ordering::Relaxed);
+        }
+        let after = slot.state.fetch_sub(1, Ordering::Release);
+        let added = current && generation_of(after) == self.generation;
+        if !added {
+            ROOTS.stale_active.fetch_add(1, Ordering::Relaxed);
+        }
+        added
+    }
+
     /// Adds a long stretch: `ticks` of wall time inside the root, and what reading the
     /// thread's clocks at its ends found (`exact`: nanoseconds of it off CPU, and of run
     /// delay, `None` when the schedstat file could not be read: the root's run delay is
@@ -915,6 +963,10 @@ mod tests {
         record(a.to_raw(), 10);
         record(a.to_raw(), 10);
         assert!(add_active(a.to_raw(), 100));
+        let counter = ActiveCounter::of(a.to_raw()).expect("slot");
+        // An allocation sample standing for 1.5 allocations: kept in fractions, rounded
+        // once, at the end.
+        assert!(counter.add_alloc(1_000, 3 * OBJECTS_ONE / 2));
         assert_eq!(
             lists.release(a),
             RootTotals {
@@ -924,10 +976,16 @@ mod tests {
                 off_cpu_ns: Some(0),
                 queued_ns: None,
                 runqueue: RunDelay::NoLongStretch,
+                alloc_bytes: 1_000,
+                alloc_objects: 2,
                 reference: (0, 0),
             }
         );
         assert!(!add_active(a.to_raw(), 5), "ended root refuses active time");
+        assert!(
+            !counter.add_alloc(1, OBJECTS_ONE),
+            "ended root refuses allocations"
+        );
         let stale_before = stale_handles();
         record(a.to_raw(), 10);
         assert_eq!(stale_handles(), stale_before + 1, "stale handle refused");
@@ -952,6 +1010,8 @@ mod tests {
                 off_cpu_ns: Some(0),
                 queued_ns: None,
                 runqueue: RunDelay::NoLongStretch,
+                alloc_bytes: 0,
+                alloc_objects: 0,
                 reference: (0, 0),
             }
         );
@@ -1118,6 +1178,8 @@ mod tests {
                 off_cpu_ns: Some(0),
                 queued_ns: None,
                 runqueue: RunDelay::NoLongStretch,
+                alloc_bytes: 0,
+                alloc_objects: 0,
                 reference: (0, 0),
             }
         );
@@ -1286,6 +1348,8 @@ mod tests {
                 off_cpu_ns: Some(0),
                 queued_ns: None,
                 runqueue: RunDelay::NoLongStretch,
+                alloc_bytes: 0,
+                alloc_objects: 0,
                 reference: (0, 0),
             },
             "its last root still counts"
