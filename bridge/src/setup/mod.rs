@@ -163,6 +163,7 @@ pub struct Telemetry {
     span_name_label: Option<bool>,
     trace_id_label: Option<bool>,
     blocked_threshold: Option<Option<Duration>>,
+    alloc_sample_bytes: Option<u64>,
     thread_context: Option<bool>,
     scope: ProfileIdScope,
     unsampled: UnsampledTraces,
@@ -378,6 +379,15 @@ impl Telemetry {
         self
     }
 
+    /// The mean bytes allocated between two allocation samples, per thread, when a
+    /// [`ProfilingAllocator`](crate::ProfilingAllocator) is the global allocator (default
+    /// 512 KiB; 0 switches allocation sampling off; wins over
+    /// `OTEL_PROFILING_ALLOC_SAMPLE_BYTES`). See `docs/allocations.md`.
+    pub fn allocation_sample_bytes(mut self, bytes: u64) -> Self {
+        self.alloc_sample_bytes = Some(bytes);
+        self
+    }
+
     /// Whether to publish each thread's running local root span for profilers outside
     /// the process (the OpenTelemetry eBPF profiler, Datadog's agent): the OTEP 4947
     /// thread context and the OTEP 4719 process context with this resource (default
@@ -565,6 +575,9 @@ impl Telemetry {
         }
         if let Some(threshold) = self.blocked_threshold.or(self.env.blocked_threshold) {
             profiler = profiler.blocked_threshold(threshold);
+        }
+        if let Some(bytes) = self.alloc_sample_bytes {
+            profiler = profiler.allocation_sample_bytes(bytes);
         }
         let mut pyroscope_stats = None;
         if let Some((target, _)) = pyroscope {
