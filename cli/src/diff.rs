@@ -4,7 +4,7 @@
 //! built by [`SpanGroup::of_spans`]), which part grew, and the functions whose CPU per
 //! request grew most.
 
-use std::collections::BTreeSet;
+use std::collections::{BTreeSet, HashMap};
 use std::fmt;
 use std::path::{Path, PathBuf};
 
@@ -13,7 +13,7 @@ use crate::error::ReportError;
 use crate::format::{ms, ms_delta, ms_f, Table};
 use crate::functions::{is_address, FunctionCpu, FunctionTotals};
 use crate::input::{version_label, Input, Span};
-use crate::report::{worth_instrumenting, SpanGroup};
+use crate::report::{worth_instrumenting, GroupAllocations, SpanGroup};
 use crate::split::{Part, Percent, TimeSplit, PART_ORDER};
 use crate::stats::percentile;
 use crate::verdict::Verdict;
@@ -53,6 +53,9 @@ pub struct VersionDiff {
     /// [`NEW_FUNCTION_SHARE`] of the new side's CPU, by total CPU per request, most first
     /// (up to [`TOP_GROWN`]): new code paths, often the regression itself.
     pub new_functions: Vec<FunctionDelta>,
+    /// The user's function whose allocated bytes per request grew most, when the
+    /// allocations per request grew by at least [`NOTICEABLE_ALLOC_SHARE`].
+    pub allocation_growth: Option<AllocationDelta>,
     /// The parts of the wall time per request on both sides, on the finest basis both
     /// sides' splits support (see [`VersionDiff::split_basis`]), the one that grew most
     /// first.
@@ -77,6 +80,22 @@ impl PartDelta {
     }
 }
 
+/// A function's allocated bytes per request on both sides (allocation profiles'
+/// estimates).
+#[derive(Clone, Debug, PartialEq)]
+pub struct AllocationDelta {
+    /// Function name (innermost frame of the user's code).
+    pub function: String,
+    /// Bytes per request before.
+    pub before_bytes: f64,
+    /// Bytes per request after.
+    pub after_bytes: f64,
+}
+
+/// Growth of allocations per request, as a share of the old side's, below which the
+/// diff names no function: estimates of a few samples move that much by chance.
+pub const NOTICEABLE_ALLOC_SHARE: f64 = 0.1;
+
 /// One side of a diff.
 #[derive(Clone, Debug, PartialEq)]
 pub struct DiffSide {
@@ -100,6 +119,11 @@ pub struct DiffSide {
     pub dependencies: Dependencies,
     /// Where this side blocked inside a poll (its blocked-in-poll profile), most first.
     pub blocking: Vec<FunctionCpu>,
+    /// What this side allocated (the report's figures), when allocations were sampled.
+    pub allocations: Option<GroupAllocations>,
+    /// Estimated bytes allocated per function of the user's code (innermost frame of the
+    /// user's code in the allocation profile), summed over this side's requests.
+    pub allocated_by_function: HashMap<String, u64>,
 }
 
 impl DiffSide {
@@ -322,6 +346,7 @@ impl VersionDiff {
         });
         grown.truncate(TOP_GROWN);
         let parts = part_deltas(&before, &after);
+        let allocation_growth = allocation_growth(&before, &after);
         VersionDiff {
             span_name: span_name.to_owned(),
             before,
@@ -329,6 +354,7 @@ impl VersionDiff {
             grown,
             cause,
             new_functions,
+            allocation_growth,
             parts,
         }
     }
@@ -540,6 +566,41 @@ fn spans_named<'a>(input: &'a Input, name: &str) -> Result<Vec<&'a Span>, Report
     Ok(spans)
 }
 
+/// The function whose allocations per request grew most, when allocations grew
+/// noticeably.
+fn allocation_growth(before: &DiffSide, after: &DiffSide) -> Option<AllocationDelta> {
+    let (b, a) = (before.allocations.as_ref()?, after.allocations.as_ref()?);
+    let (b_total, a_total) = (
+        b.bytes_per_span(before.requests) as f64,
+        a.bytes_per_span(after.requests) as f64,
+    );
+    if a_total - b_total < NOTICEABLE_ALLOC_SHARE * b_total || a_total <= b_total {
+        return None;
+    }
+    let per_request = |bytes: u64, side: &DiffSide| bytes as f64 / side.requests.max(1) as f64;
+    after
+        .allocated_by_function
+        .iter()
+        .map(|(function, &bytes)| AllocationDelta {
+            function: function.clone(),
+            before_bytes: per_request(
+                before
+                    .allocated_by_function
+                    .get(function)
+                    .copied()
+                    .unwrap_or(0),
+                before,
+            ),
+            after_bytes: per_request(bytes, after),
+        })
+        .filter(|d| d.after_bytes > d.before_bytes)
+        .max_by(|x, y| {
+            (x.after_bytes - x.before_bytes)
+                .total_cmp(&(y.after_bytes - y.before_bytes))
+                .then(y.function.cmp(&x.function))
+        })
+}
+
 /// One side's figures and per-function CPU.
 fn side(
     label: String,
@@ -562,6 +623,25 @@ fn side(
     // report shows for each version, never a second computation of them.
     let version = spans.first().and_then(|s| s.service_version.as_deref());
     let group = SpanGroup::of_spans(input, span_name, version, spans);
+    let allocated = input.allocated_by_span_id();
+    let mut allocating = FunctionTotals::with_owners(input.ownership());
+    for sample in spans
+        .iter()
+        .filter_map(|s| allocated.get(&s.span_id))
+        .flatten()
+    {
+        allocating.add(sample);
+    }
+    // The user's code when it is known (as the report's allocation line), else the
+    // innermost frames.
+    let mut by_function = allocating.top_user_self(usize::MAX);
+    if by_function.is_empty() {
+        by_function = allocating.top_self(usize::MAX);
+    }
+    let allocated_by_function = by_function
+        .into_iter()
+        .map(|f| (f.function, f.cpu_ns))
+        .collect();
     let side = DiffSide {
         label,
         requests,
@@ -574,6 +654,8 @@ fn side(
         reason: group.reason,
         dependencies: group.dependencies,
         blocking: group.blocking,
+        allocations: group.allocations,
+        allocated_by_function,
     };
     (side, functions)
 }
@@ -619,6 +701,9 @@ impl fmt::Display for VersionDiff {
             ms_delta(a.cpu_per_request_ns - b.cpu_per_request_ns),
             ms_delta(a.wall_p50_ns as f64 - b.wall_p50_ns as f64),
         )?;
+        if let Some(line) = self.allocation_line() {
+            writeln!(f, "  {line}")?;
+        }
         self.write_split(f)?;
         if !self.new_functions.is_empty() {
             writeln!(
@@ -665,6 +750,45 @@ impl fmt::Display for VersionDiff {
 }
 
 impl VersionDiff {
+    /// Allocations per request on both sides and the function whose allocations grew
+    /// most; `None` when neither side has allocation figures.
+    pub fn allocation_line(&self) -> Option<String> {
+        let (b, a) = (&self.before, &self.after);
+        if b.allocations.is_none() && a.allocations.is_none() {
+            return None;
+        }
+        let per_request = |side: &DiffSide| {
+            side.allocations
+                .as_ref()
+                .map(|x| x.bytes_per_span(side.requests))
+        };
+        let shown = |bytes: Option<u64>| bytes.map_or_else(|| "-".to_owned(), crate::format::bytes);
+        let (before, after) = (per_request(b), per_request(a));
+        let mut line = format!(
+            "allocations per request {} → {}",
+            shown(before),
+            shown(after)
+        );
+        if let (Some(before), Some(after)) = (before, after) {
+            if before > 0 {
+                line.push_str(&format!(
+                    " ({:+.1}%)",
+                    (after as f64 / before as f64 - 1.0) * 100.0
+                ));
+            }
+        }
+        if let Some(d) = &self.allocation_growth {
+            line.push_str(&format!(
+                "; grew most in {} ({} → {} a request)",
+                d.function,
+                crate::format::bytes(d.before_bytes as u64),
+                crate::format::bytes(d.after_bytes as u64)
+            ));
+        }
+        line.push_str(" (estimated from allocation samples)");
+        Some(line)
+    }
+
     /// Each side's split per request with the CPU samples beside it, its verdict, and the
     /// line saying what changed.
     fn write_split(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
@@ -779,6 +903,76 @@ mod tests {
         let old: Vec<&Span> = old.iter().collect();
         let new: Vec<&Span> = new.iter().collect();
         VersionDiff::between_spans(input, "GET /x", ("1", &old), ("2", &new))
+    }
+
+    fn allocated(id: u64, function: &str, bytes: u64) -> Sample {
+        Sample {
+            frames: vec![Arc::from(function), Arc::from("handle")],
+            cpu_ns: bytes,
+            count: 1,
+            ..sample(id, 1)
+        }
+    }
+
+    #[test]
+    fn the_function_whose_allocations_grew_is_named() {
+        // 1 allocates 1 MB a request in render; 2 allocates the same there and 3 MB more
+        // in validate (the attributes say 1 MB → 4 MB).
+        let with_alloc = |id: u64, version: &str, bytes: u64| Span {
+            alloc_bytes: Some(bytes),
+            alloc_count: Some(bytes / 1_000),
+            ..span(id, version, 100, Some(50))
+        };
+        let input = Input {
+            spans: vec![
+                with_alloc(1, "1", 1_000_000),
+                with_alloc(2, "2", 4_000_000),
+                with_alloc(3, "2", 4_000_000),
+            ],
+            samples: vec![sample(1, 2), sample(2, 2), sample(3, 2)],
+            allocated: vec![
+                allocated(1, "render", 1_000_000),
+                allocated(2, "render", 1_000_000),
+                allocated(2, "validate", 3_000_000),
+                allocated(3, "render", 1_000_000),
+                allocated(3, "validate", 3_000_000),
+            ],
+            profile_files: 1,
+            span_files: 1,
+            period_ns: Some(10 * MS),
+            ..Input::default()
+        };
+        let d = diff(&input);
+        let growth = d.allocation_growth.as_ref().expect("allocations grew");
+        assert_eq!(growth.function, "validate");
+        assert_eq!(
+            (growth.before_bytes, growth.after_bytes),
+            (0.0, 3_000_000.0)
+        );
+        let line = d.allocation_line().expect("a line");
+        assert_eq!(
+            line,
+            "allocations per request 1.00 MB → 4.00 MB (+300.0%); grew most in validate \
+             (0 B → 3.00 MB a request) (estimated from allocation samples)"
+        );
+        assert!(d.to_string().contains(&line), "{d}");
+        // Without allocation figures on either side: no line.
+        let plain = Input {
+            allocated: vec![],
+            spans: input
+                .spans
+                .iter()
+                .map(|s| Span {
+                    alloc_bytes: None,
+                    alloc_count: None,
+                    ..s.clone()
+                })
+                .collect(),
+            ..input
+        };
+        let d = diff(&plain);
+        assert!(d.allocation_line().is_none() && d.allocation_growth.is_none());
+        assert!(!d.to_string().contains("allocations"), "{d}");
     }
 
     #[test]

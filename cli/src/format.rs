@@ -18,6 +18,23 @@ pub(crate) fn ms_delta(ns: f64) -> String {
 }
 
 /// `part / whole` as a percentage with one decimal (`-` when `whole` is 0).
+/// Bytes in decimal units, three significant figures: `512 B`, `1.05 MB`, `12.3 GB`.
+pub(crate) fn bytes(b: u64) -> String {
+    const UNITS: [&str; 5] = ["B", "kB", "MB", "GB", "TB"];
+    let mut value = b as f64;
+    let mut unit = 0;
+    while value >= 999.5 && unit + 1 < UNITS.len() {
+        value /= 1000.0;
+        unit += 1;
+    }
+    match unit {
+        0 => format!("{b} B"),
+        _ if value >= 99.95 => format!("{value:.0} {}", UNITS[unit]),
+        _ if value >= 9.995 => format!("{value:.1} {}", UNITS[unit]),
+        _ => format!("{value:.2} {}", UNITS[unit]),
+    }
+}
+
 pub(crate) fn percent(part: u64, whole: u64) -> String {
     if whole == 0 {
         "-".to_owned()

@@ -52,6 +52,10 @@ pub struct Input {
     /// Every sample of the blocked-in-poll profiles (`*_blocked.pb.gz`, written by the
     /// bridge's watchdog): `cpu_ns` holds the blocked wall time (the `delay` value), not CPU.
     pub blocked: Vec<Sample>,
+    /// Every sample of the allocation profiles (`*_alloc.pb.gz`, written with the bridge's
+    /// `ProfilingAllocator`): `cpu_ns` holds the estimated bytes allocated
+    /// (`alloc_space`), `count` the samples, not CPU.
+    pub allocated: Vec<Sample>,
     /// Number of profile files read.
     pub profile_files: usize,
     /// Number of span files read.
@@ -148,7 +152,7 @@ impl Input {
                 continue;
             }
             input.dirs.push(dir.clone());
-            let (profiles, blocked, span_files) = list_files(dir)?;
+            let (profiles, blocked, allocated, span_files) = list_files(dir)?;
             if profiles.is_empty() && span_files.is_empty() {
                 return Err(ReportError::DirectoryEmpty { path: dir.clone() });
             }
@@ -166,6 +170,11 @@ impl Input {
                 input
                     .blocked
                     .extend(pprof::read_profile_value(path, BLOCKED_VALUE)?.samples);
+            }
+            for path in &allocated {
+                input
+                    .allocated
+                    .extend(pprof::read_profile_value(path, ALLOC_VALUE)?.samples);
             }
             for path in &span_files {
                 for span in otlp::read_spans(path)? {
@@ -224,6 +233,11 @@ impl Input {
         by_span_id(&self.blocked)
     }
 
+    /// The allocation samples by `span_id` label (bytes in `cpu_ns`).
+    pub fn allocated_by_span_id(&self) -> HashMap<SpanId, Vec<&Sample>> {
+        by_span_id(&self.allocated)
+    }
+
     /// What the sampling could have seen, to explain spans without samples.
     pub fn sampling(&self) -> Sampling {
         Sampling {
@@ -275,8 +289,14 @@ pub use otel_profiling::local_sink::BLOCKED_PROFILE_SUFFIX as BLOCKED_SUFFIX;
 /// The sample type of a blocked-in-poll profile that holds the blocked nanoseconds.
 const BLOCKED_VALUE: &str = "delay";
 
-/// The CPU profiles, blocked-in-poll profiles and span files of `dir`, each sorted.
-type Listing = (Vec<PathBuf>, Vec<PathBuf>, Vec<PathBuf>);
+/// The allocation profiles' file name ending (the local sink's).
+pub use otel_profiling::local_sink::ALLOC_PROFILE_SUFFIX as ALLOC_SUFFIX;
+/// The sample type of an allocation profile that holds the estimated bytes.
+const ALLOC_VALUE: &str = "alloc_space";
+
+/// The CPU profiles, blocked-in-poll profiles, allocation profiles and span files of
+/// `dir`, each sorted.
+type Listing = (Vec<PathBuf>, Vec<PathBuf>, Vec<PathBuf>, Vec<PathBuf>);
 
 fn list_files(dir: &Path) -> Result<Listing, ReportError> {
     let io_error = |source| ReportError::Io {
@@ -285,6 +305,7 @@ fn list_files(dir: &Path) -> Result<Listing, ReportError> {
     };
     let mut profiles = Vec::new();
     let mut blocked = Vec::new();
+    let mut allocated = Vec::new();
     let mut spans = Vec::new();
     for entry in std::fs::read_dir(dir).map_err(io_error)? {
         let entry = entry.map_err(io_error)?;
@@ -298,14 +319,17 @@ fn list_files(dir: &Path) -> Result<Listing, ReportError> {
             profiles.push(entry.path());
         } else if name.ends_with(BLOCKED_SUFFIX) {
             blocked.push(entry.path());
+        } else if name.ends_with(ALLOC_SUFFIX) {
+            allocated.push(entry.path());
         } else if name.ends_with(SPANS_SUFFIX) {
             spans.push(entry.path());
         }
     }
     profiles.sort();
     blocked.sort();
+    allocated.sort();
     spans.sort();
-    Ok((profiles, blocked, spans))
+    Ok((profiles, blocked, allocated, spans))
 }
 
 #[cfg(test)]
@@ -335,6 +359,8 @@ mod tests {
             busy_ns: None,
             code_module: None,
             evidence_missing: None,
+            alloc_bytes: None,
+            alloc_count: None,
         }
     }
 

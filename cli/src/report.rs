@@ -86,6 +86,10 @@ pub struct SpanGroup {
     pub blocking: Vec<FunctionCpu>,
     /// Total blocked wall time in that profile for these spans, ns.
     pub blocked_profile_ns: u64,
+    /// What these spans allocated, when the bridge sampled allocations (its
+    /// `ProfilingAllocator` installed): `None` when neither the spans' attributes nor an
+    /// allocation profile say anything.
+    pub allocations: Option<GroupAllocations>,
     /// For a group that is not CPU-bound: what the service's threads did meanwhile (never
     /// the spans' own profile; `None` for CPU-bound groups or without timed profiles).
     pub concurrent: Option<Concurrent>,
@@ -114,6 +118,38 @@ pub struct SpanGroup {
     /// Spans that all carry tower-http's default name `request` and no route: every
     /// endpoint falls into this one group.
     pub unnamed_requests: bool,
+}
+
+/// What a group's spans allocated: estimates, from allocation samples weighted by the
+/// inverse of their probability (see the bridge's `docs/allocations.md`).
+#[derive(Clone, Debug, Default, PartialEq, Eq)]
+pub struct GroupAllocations {
+    /// Spans carrying `profiling.alloc.bytes`.
+    pub spans: usize,
+    /// Sum of their `profiling.alloc.bytes`.
+    pub attribute_bytes: u64,
+    /// Sum of their `profiling.alloc.count`.
+    pub attribute_count: u64,
+    /// Bytes of the allocation profiles' samples labelled with these span ids.
+    pub profile_bytes: u64,
+    /// Those samples.
+    pub profile_samples: u64,
+    /// The user's functions allocating most (innermost frame of the user's code; bytes in
+    /// `cpu_ns`), most first; the innermost frames when the user's code is not known.
+    pub top: Vec<FunctionCpu>,
+}
+
+impl GroupAllocations {
+    /// Estimated bytes a span: the attributes' when the spans carry them (every
+    /// sample's weight, even one a full buffer dropped from the profile), else the
+    /// profile's.
+    pub fn bytes_per_span(&self, count: usize) -> u64 {
+        if self.spans > 0 {
+            self.attribute_bytes / self.spans as u64
+        } else {
+            self.profile_bytes / count.max(1) as u64
+        }
+    }
 }
 
 /// A local root span that has no CPU sample.
@@ -157,6 +193,7 @@ impl SpanReport {
         let sampling = input.sampling();
         let by_id = input.samples_by_span_id();
         let blocked_by_id = input.blocked_by_span_id();
+        let allocated_by_id = input.allocated_by_span_id();
         let roots = input.local_roots();
         let children = ChildIndex::new(&input.spans);
         let owners = input.ownership();
@@ -195,6 +232,7 @@ impl SpanReport {
                 let sources = GroupSources {
                     by_id: &by_id,
                     blocked_by_id: &blocked_by_id,
+                    allocated_by_id: &allocated_by_id,
                     sampling,
                     children: &children,
                     samples: &input.samples,
@@ -239,10 +277,12 @@ impl SpanGroup {
     ) -> SpanGroup {
         let by_id = input.samples_by_span_id();
         let blocked_by_id = input.blocked_by_span_id();
+        let allocated_by_id = input.allocated_by_span_id();
         let children = ChildIndex::new(&input.spans);
         let sources = GroupSources {
             by_id: &by_id,
             blocked_by_id: &blocked_by_id,
+            allocated_by_id: &allocated_by_id,
             sampling: input.sampling(),
             children: &children,
             samples: &input.samples,
@@ -259,6 +299,8 @@ struct GroupSources<'a> {
     by_id: &'a HashMap<SpanId, Vec<&'a crate::input::Sample>>,
     /// Blocked-in-poll samples by span id.
     blocked_by_id: &'a HashMap<SpanId, Vec<&'a crate::input::Sample>>,
+    /// Allocation samples by span id.
+    allocated_by_id: &'a HashMap<SpanId, Vec<&'a crate::input::Sample>>,
     sampling: Sampling,
     children: &'a ChildIndex<'a>,
     /// Every CPU sample (for the concurrent activity).
@@ -368,6 +410,7 @@ fn build_group(
         ),
         _ => reason,
     };
+    let allocations = group_allocations(spans, sources);
     let dependencies = Dependencies::of_roots(spans, children);
     let concurrent = (verdict != Verdict::CpuBound)
         .then(|| Concurrent::during(spans, samples, &sources.owners))
@@ -403,6 +446,7 @@ fn build_group(
         dependencies,
         blocking,
         blocked_profile_ns,
+        allocations,
         concurrent,
         verdict,
         reason,
@@ -415,6 +459,73 @@ fn build_group(
         unmatched_route,
         unnamed_requests,
     }
+}
+
+/// What `spans` allocated, from their `profiling.alloc.*` attributes and the allocation
+/// profiles' samples labelled with their ids.
+fn group_allocations(spans: &[&Span], sources: &GroupSources<'_>) -> Option<GroupAllocations> {
+    let mut out = GroupAllocations::default();
+    for span in spans {
+        if let Some(bytes) = span.alloc_bytes {
+            out.spans += 1;
+            out.attribute_bytes += bytes;
+            out.attribute_count += span.alloc_count.unwrap_or(0);
+        }
+    }
+    let mut functions = FunctionTotals::with_owners(sources.owners.clone());
+    for sample in spans
+        .iter()
+        .filter_map(|s| sources.allocated_by_id.get(&s.span_id))
+        .flatten()
+    {
+        out.profile_bytes += sample.cpu_ns;
+        out.profile_samples += sample.count;
+        functions.add(sample);
+    }
+    out.top = functions.top_user_self(TOP_FUNCTIONS);
+    if out.top.is_empty() {
+        out.top = functions.top_self(TOP_FUNCTIONS);
+    }
+    (out.spans > 0 || out.profile_samples > 0).then_some(out)
+}
+
+/// One line: what a group allocated a span, and where.
+fn describe_allocations(a: &GroupAllocations, count: usize) -> String {
+    let per_span = a.bytes_per_span(count);
+    let mut line = if a.spans > 0 {
+        format!(
+            "allocations: {} a span, {} allocation(s) (profiling.alloc.*, estimated over {} span(s))",
+            crate::format::bytes(per_span),
+            a.attribute_count / a.spans as u64,
+            a.spans
+        )
+    } else {
+        format!(
+            "allocations: {} a span (the allocation profile's {} sample(s), estimated)",
+            crate::format::bytes(per_span),
+            a.profile_samples
+        )
+    };
+    if !a.top.is_empty() && a.profile_bytes > 0 {
+        let functions: Vec<String> = a
+            .top
+            .iter()
+            .map(|t| {
+                format!(
+                    "{} {} ({})",
+                    t.function,
+                    crate::format::bytes(t.cpu_ns),
+                    percent(t.cpu_ns, a.profile_bytes)
+                )
+            })
+            .collect();
+        line.push_str(&format!(
+            "; where (allocation profile, {} in all): {}",
+            crate::format::bytes(a.profile_bytes),
+            functions.join(", ")
+        ));
+    }
+    line
 }
 
 /// HTTP server spans that name a method and no route: requests no route matched.
@@ -708,6 +819,9 @@ pub(crate) fn write_group(
             ms(g.blocked_profile_ns),
             functions.join(", ")
         )?;
+    }
+    if let Some(allocations) = &g.allocations {
+        writeln!(f, "  {}", describe_allocations(allocations, g.count))?;
     }
     if let Some(concurrent) = &g.concurrent {
         writeln!(f, "  {}", concurrent.describe())?;

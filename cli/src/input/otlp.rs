@@ -8,9 +8,10 @@ use std::borrow::Cow;
 use std::path::Path;
 
 use otel_profiling::{
-    CGROUP_CPU_LIMIT_ATTRIBUTE, CGROUP_THROTTLED_ATTRIBUTE, CPU_SAMPLES_ATTRIBUTE,
-    CPU_TIME_ATTRIBUTE, EVIDENCE_MISSING_ATTRIBUTE, PROFILE_ID_ATTRIBUTE, WALL_ACTIVE_ATTRIBUTE,
-    WALL_QUEUED_ATTRIBUTE, WALL_RUNQUEUE_ATTRIBUTE,
+    ALLOC_BYTES_ATTRIBUTE, ALLOC_COUNT_ATTRIBUTE, CGROUP_CPU_LIMIT_ATTRIBUTE,
+    CGROUP_THROTTLED_ATTRIBUTE, CPU_SAMPLES_ATTRIBUTE, CPU_TIME_ATTRIBUTE,
+    EVIDENCE_MISSING_ATTRIBUTE, PROFILE_ID_ATTRIBUTE, WALL_ACTIVE_ATTRIBUTE, WALL_QUEUED_ATTRIBUTE,
+    WALL_RUNQUEUE_ATTRIBUTE,
 };
 use serde::Deserialize;
 use serde_json::Value;
@@ -90,6 +91,11 @@ pub struct Span {
     /// Why the bridge kept no evidence for this root, when it says
     /// (`profiling.evidence.missing`: `not_followed`, `no_sampler`, `root_cap`).
     pub evidence_missing: Option<String>,
+    /// `profiling.alloc.bytes` (estimated bytes allocated under the root), when the bridge
+    /// sampled allocations.
+    pub alloc_bytes: Option<u64>,
+    /// `profiling.alloc.count` (estimated allocations), likewise.
+    pub alloc_count: Option<u64>,
 }
 
 impl Span {
@@ -148,6 +154,8 @@ impl Span {
             http_method: None,
             code_module: None,
             evidence_missing: None,
+            alloc_bytes: None,
+            alloc_count: None,
         }
     }
 }
@@ -340,6 +348,8 @@ fn convert(span: JsonSpan, service_version: Option<String>) -> Result<Span, Stri
         busy_ns: None,
         code_module: None,
         evidence_missing: None,
+        alloc_bytes: None,
+        alloc_count: None,
     };
     let id = out.span_id;
     let in_span = |e: String| format!("span {id}: {e}");
@@ -379,6 +389,8 @@ fn convert(span: JsonSpan, service_version: Option<String>) -> Result<Span, Stri
             // Written by another library: a malformed value is ignored, not fatal.
             BUSY_NS_ATTRIBUTE => out.busy_ns = attribute.unsigned().ok(),
             EVIDENCE_MISSING_ATTRIBUTE => out.evidence_missing = attribute.text(),
+            ALLOC_BYTES_ATTRIBUTE => out.alloc_bytes = Some(attribute.unsigned().map_err(in_span)?),
+            ALLOC_COUNT_ATTRIBUTE => out.alloc_count = Some(attribute.unsigned().map_err(in_span)?),
             key if key == CODE_MODULE_ATTRIBUTES[0] => out.code_module = attribute.text(),
             key if key == CODE_MODULE_ATTRIBUTES[1] && out.code_module.is_none() => {
                 out.code_module = attribute.text();
@@ -457,6 +469,8 @@ mod tests {
                 busy_ns: Some(1500),
                 code_module: Some("svc::catalog".into()),
                 evidence_missing: Some("not_followed".into()),
+                alloc_bytes: None,
+                alloc_count: None,
             }]
         );
         assert_eq!(spans[0].wall_ns(), 2500);

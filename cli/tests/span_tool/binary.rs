@@ -60,6 +60,11 @@ fn binary_report_matches_its_golden_files() {
         "report_blocked.txt",
         &stdout_in(blocked.path(), &["report", "."]),
     );
+    let allocating = fixture::routes_with_allocations();
+    results::check(
+        "report_alloc.txt",
+        &stdout_in(allocating.path(), &["report", "."]),
+    );
 }
 
 #[test]

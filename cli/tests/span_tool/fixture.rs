@@ -729,3 +729,75 @@ fn write_blocked_checkout(dir: &Path, spans: &[FixtureSpan]) {
     std::fs::write(dir.join("2026-01-01T00-00-00.000Z_blocked.pb.gz"), bytes)
         .expect("write blocked profile");
 }
+
+/// [`routes_with_active_time`], where the `GET /cpu` spans also allocate (the bridge's
+/// `ProfilingAllocator` installed): each carries `profiling.alloc.bytes` 2,500,000 and
+/// `profiling.alloc.count` 1,200, and the allocation profile holds, per span, 2 MB under
+/// `render_page` (through `Vec` growth and the allocator's frame) and 0.5 MB under
+/// `parse_query`.
+pub fn routes_with_allocations() -> tempfile::TempDir {
+    let dir = routes_with_active_time();
+    let start = SystemTime::UNIX_EPOCH + Duration::from_secs(1_700_000_000);
+    let mut profile = ProfileBuilder::allocations(512 * 1024, start, Duration::from_secs(10));
+    let mut addresses = HashMap::new();
+    let rendering: Stack = &[
+        "main",
+        "handler",
+        "render_page",
+        "alloc::raw_vec::RawVec<T,A>::grow_one",
+        "<otel_profiling::allocations::allocator::ProfilingAllocator as core::alloc::global::GlobalAlloc>::alloc",
+    ];
+    let parsing: Stack = &[
+        "main",
+        "handler",
+        "parse_query",
+        "alloc::string::String::push",
+    ];
+    // `routes_with_active_time` numbers GET /cpu's spans 0x6000..=0x6002.
+    for id in 0x6000u64..=0x6002 {
+        let labels = SampleLabels {
+            span_id: Some(id),
+            trace_id: Some(0xabc0_0000_0000_0000_0000_0000_0000_0000 | u128::from(id)),
+            span_name: Some(Arc::from("request")),
+        };
+        profile.add_allocations(&frames(rendering, &mut addresses), &labels, 800, 2_000_000);
+        profile.add_allocations(&frames(parsing, &mut addresses), &labels, 400, 500_000);
+    }
+    let bytes = encode_gzip(&profile.build()).expect("encode allocation profile");
+    std::fs::write(
+        dir.path().join("2026-01-01T00-00-00.000Z_alloc.pb.gz"),
+        bytes,
+    )
+    .expect("write allocation profile");
+    // The spans' attributes, added to the span file's lines.
+    let spans_path = dir.path().join("2026-01-01T00-00-00.000Z_spans.jsonl");
+    let text = std::fs::read_to_string(&spans_path).expect("span file");
+    let mut lines = String::new();
+    for line in text.lines() {
+        let mut request: Value = serde_json::from_str(line).expect("OTLP JSON");
+        for rs in request["resourceSpans"]
+            .as_array_mut()
+            .expect("resourceSpans")
+        {
+            for ss in rs["scopeSpans"].as_array_mut().expect("scopeSpans") {
+                for span in ss["spans"].as_array_mut().expect("spans") {
+                    let id = span["spanId"].as_str().expect("span id");
+                    if !["0000000000006000", "0000000000006001", "0000000000006002"].contains(&id) {
+                        continue;
+                    }
+                    let attributes = span["attributes"].as_array_mut().expect("attributes");
+                    attributes.push(
+                        json!({"key": "profiling.alloc.bytes", "value": {"intValue": "2500000"}}),
+                    );
+                    attributes.push(
+                        json!({"key": "profiling.alloc.count", "value": {"intValue": "1200"}}),
+                    );
+                }
+            }
+        }
+        lines.push_str(&request.to_string());
+        lines.push('\n');
+    }
+    std::fs::write(&spans_path, lines).expect("write spans");
+    dir
+}
