@@ -4,7 +4,7 @@
 //! built by [`SpanGroup::of_spans`]), which part grew, and the functions whose CPU per
 //! request grew most.
 
-use std::collections::{BTreeSet, HashMap};
+use std::collections::BTreeSet;
 use std::fmt;
 use std::path::{Path, PathBuf};
 
@@ -53,8 +53,11 @@ pub struct VersionDiff {
     /// [`NEW_FUNCTION_SHARE`] of the new side's CPU, by total CPU per request, most first
     /// (up to [`TOP_GROWN`]): new code paths, often the regression itself.
     pub new_functions: Vec<FunctionDelta>,
-    /// The user's function whose allocated bytes per request grew most, when the
-    /// allocations per request grew by at least [`NOTICEABLE_ALLOC_SHARE`].
+    /// The cause of the allocations' growth in the user's code, chosen as
+    /// [`VersionDiff::cause`] is for CPU (the deepest user function whose allocated bytes
+    /// per request, anywhere on the stack, grew by at least half the whole growth; new
+    /// code first), when the allocation profiles' bytes per request grew by at least
+    /// [`NOTICEABLE_ALLOC_SHARE`].
     pub allocation_growth: Option<AllocationDelta>,
     /// The parts of the wall time per request on both sides, on the finest basis both
     /// sides' splits support (see [`VersionDiff::split_basis`]), the one that grew most
@@ -80,11 +83,11 @@ impl PartDelta {
     }
 }
 
-/// A function's allocated bytes per request on both sides (allocation profiles'
-/// estimates).
+/// A function's allocated bytes per request on both sides, anywhere on the stack
+/// (allocation profiles' estimates).
 #[derive(Clone, Debug, PartialEq)]
 pub struct AllocationDelta {
-    /// Function name (innermost frame of the user's code).
+    /// Function name.
     pub function: String,
     /// Bytes per request before.
     pub before_bytes: f64,
@@ -121,9 +124,6 @@ pub struct DiffSide {
     pub blocking: Vec<FunctionCpu>,
     /// What this side allocated (the report's figures), when allocations were sampled.
     pub allocations: Option<GroupAllocations>,
-    /// Estimated bytes allocated per function of the user's code (innermost frame of the
-    /// user's code in the allocation profile), summed over this side's requests.
-    pub allocated_by_function: HashMap<String, u64>,
 }
 
 impl DiffSide {
@@ -257,7 +257,7 @@ impl VersionDiff {
         after: &Input,
         span_name: &str,
     ) -> Result<VersionDiff, ReportError> {
-        let side_of = |input: &Input| -> Result<(DiffSide, FunctionTotals), ReportError> {
+        let side_of = |input: &Input| -> Result<SideTotals, ReportError> {
             let spans = spans_named(input, span_name)?;
             let label = input
                 .dirs
@@ -272,11 +272,9 @@ impl VersionDiff {
         ))
     }
 
-    fn new(
-        span_name: &str,
-        (before, old): (DiffSide, FunctionTotals),
-        (after, new): (DiffSide, FunctionTotals),
-    ) -> VersionDiff {
+    fn new(span_name: &str, before: SideTotals, after: SideTotals) -> VersionDiff {
+        let (before, old, old_allocations) = before;
+        let (after, new, new_allocations) = after;
         let functions: BTreeSet<&str> = old
             .functions()
             .chain(new.functions())
@@ -309,35 +307,7 @@ impl VersionDiff {
         });
         new_functions.truncate(TOP_GROWN);
         let growth = after.cpu_per_request_ns - before.cpu_per_request_ns;
-        let holders: Vec<&FunctionDelta> = grown
-            .iter()
-            .filter(|d| {
-                growth > 0.0
-                    && d.total_delta_ns() >= growth / 2.0
-                    && new.is_user(&d.function)
-                    && !is_address(&d.function)
-            })
-            .collect();
-        // A function the old side never ran is the change itself: the code below it (a
-        // serializer it calls more) grew because of it.
-        let new_holders: Vec<&FunctionDelta> = holders
-            .iter()
-            .copied()
-            .filter(|d| d.total_before_ns == 0.0)
-            .collect();
-        let cause = if new_holders.is_empty() {
-            holders
-        } else {
-            new_holders
-        }
-        .into_iter()
-        .max_by(|a, b| {
-            new.depth(&a.function)
-                .cmp(&new.depth(&b.function))
-                .then(a.total_delta_ns().total_cmp(&b.total_delta_ns()))
-                .then(b.function.cmp(&a.function))
-        })
-        .cloned();
+        let cause = deepest_holder((&old, before.requests), (&new, after.requests), growth);
         grown.sort_by(|a, b| {
             b.delta_ns()
                 .total_cmp(&a.delta_ns())
@@ -346,7 +316,8 @@ impl VersionDiff {
         });
         grown.truncate(TOP_GROWN);
         let parts = part_deltas(&before, &after);
-        let allocation_growth = allocation_growth(&before, &after);
+        let allocation_growth =
+            allocation_growth((&before, &old_allocations), (&after, &new_allocations));
         VersionDiff {
             span_name: span_name.to_owned(),
             before,
@@ -566,48 +537,82 @@ fn spans_named<'a>(input: &'a Input, name: &str) -> Result<Vec<&'a Span>, Report
     Ok(spans)
 }
 
-/// The function whose allocations per request grew most, when allocations grew
-/// noticeably.
-fn allocation_growth(before: &DiffSide, after: &DiffSide) -> Option<AllocationDelta> {
-    let (b, a) = (before.allocations.as_ref()?, after.allocations.as_ref()?);
-    let (b_total, a_total) = (
-        b.bytes_per_span(before.requests) as f64,
-        a.bytes_per_span(after.requests) as f64,
-    );
-    if a_total - b_total < NOTICEABLE_ALLOC_SHARE * b_total || a_total <= b_total {
+/// A side, its per-function CPU and its per-function allocated bytes.
+type SideTotals = (DiffSide, FunctionTotals, FunctionTotals);
+
+/// The deepest function of the user's code (never a bare address) whose total per
+/// request grew by at least half of `growth` (the whole growth per request), among those
+/// the old side never ran when there are any: the change itself, not what it calls more.
+fn deepest_holder(
+    (old, old_requests): (&FunctionTotals, usize),
+    (new, new_requests): (&FunctionTotals, usize),
+    growth: f64,
+) -> Option<FunctionDelta> {
+    if growth <= 0.0 {
         return None;
     }
-    let per_request = |bytes: u64, side: &DiffSide| bytes as f64 / side.requests.max(1) as f64;
-    after
-        .allocated_by_function
+    let per_request = |v: u64, requests: usize| v as f64 / requests.max(1) as f64;
+    let holders: Vec<FunctionDelta> = old
+        .functions()
+        .chain(new.functions())
+        .map(|f| &**f)
+        .collect::<BTreeSet<&str>>()
+        .into_iter()
+        .filter(|f| new.is_user(f) && !is_address(f))
+        .map(|f| FunctionDelta {
+            function: f.to_owned(),
+            before_ns: per_request(old.self_ns(f), old_requests),
+            after_ns: per_request(new.self_ns(f), new_requests),
+            total_before_ns: per_request(old.total_ns(f), old_requests),
+            total_after_ns: per_request(new.total_ns(f), new_requests),
+        })
+        .filter(|d| d.total_delta_ns() >= growth / 2.0)
+        .collect();
+    let new_holders: Vec<&FunctionDelta> = holders
         .iter()
-        .map(|(function, &bytes)| AllocationDelta {
-            function: function.clone(),
-            before_bytes: per_request(
-                before
-                    .allocated_by_function
-                    .get(function)
-                    .copied()
-                    .unwrap_or(0),
-                before,
-            ),
-            after_bytes: per_request(bytes, after),
+        .filter(|d| d.total_before_ns == 0.0)
+        .collect();
+    let candidates = if new_holders.is_empty() {
+        holders.iter().collect()
+    } else {
+        new_holders
+    };
+    candidates
+        .into_iter()
+        .max_by(|a, b| {
+            new.depth(&a.function)
+                .cmp(&new.depth(&b.function))
+                .then(a.total_delta_ns().total_cmp(&b.total_delta_ns()))
+                .then(b.function.cmp(&a.function))
         })
-        .filter(|d| d.after_bytes > d.before_bytes)
-        .max_by(|x, y| {
-            (x.after_bytes - x.before_bytes)
-                .total_cmp(&(y.after_bytes - y.before_bytes))
-                .then(y.function.cmp(&x.function))
-        })
+        .cloned()
+}
+
+/// The cause of the allocations' growth per request (see
+/// [`VersionDiff::allocation_growth`]), from the allocation profiles' bytes.
+fn allocation_growth(
+    (before, old): (&DiffSide, &FunctionTotals),
+    (after, new): (&DiffSide, &FunctionTotals),
+) -> Option<AllocationDelta> {
+    let (b, a) = (before.allocations.as_ref()?, after.allocations.as_ref()?);
+    let per_request = |bytes: u64, side: &DiffSide| bytes as f64 / side.requests.max(1) as f64;
+    let (b_total, a_total) = (
+        per_request(b.profile_bytes, before),
+        per_request(a.profile_bytes, after),
+    );
+    let growth = a_total - b_total;
+    if growth <= 0.0 || growth < NOTICEABLE_ALLOC_SHARE * b_total {
+        return None;
+    }
+    deepest_holder((old, before.requests), (new, after.requests), growth).map(|d| AllocationDelta {
+        function: d.function,
+        before_bytes: d.total_before_ns,
+        after_bytes: d.total_after_ns,
+    })
 }
 
 /// One side's figures and per-function CPU.
-fn side(
-    label: String,
-    input: &Input,
-    span_name: &str,
-    spans: &[&Span],
-) -> (DiffSide, FunctionTotals) {
+fn side(label: String, input: &Input, span_name: &str, spans: &[&Span]) -> SideTotals {
     let by_id = input.samples_by_span_id();
     let mut functions = FunctionTotals::with_owners(input.ownership());
     let mut cpu_ns = 0u64;
@@ -632,16 +637,7 @@ fn side(
     {
         allocating.add(sample);
     }
-    // The user's code when it is known (as the report's allocation line), else the
-    // innermost frames.
-    let mut by_function = allocating.top_user_self(usize::MAX);
-    if by_function.is_empty() {
-        by_function = allocating.top_self(usize::MAX);
-    }
-    let allocated_by_function = by_function
-        .into_iter()
-        .map(|f| (f.function, f.cpu_ns))
-        .collect();
+
     let side = DiffSide {
         label,
         requests,
@@ -655,9 +651,8 @@ fn side(
         dependencies: group.dependencies,
         blocking: group.blocking,
         allocations: group.allocations,
-        allocated_by_function,
     };
-    (side, functions)
+    (side, functions, allocating)
 }
 
 impl fmt::Display for VersionDiff {

@@ -196,6 +196,9 @@ const LIBRARY_FAMILIES: &[&str] = &[
     "backtrace",
     "panic_unwind",
     "libc",
+    // The allocator shims rustc emits (`__rustc::__rust_alloc`, `__rust_realloc`), the
+    // innermost frames of allocation samples.
+    "__rustc",
 ];
 
 /// Families matched by their exact name only: a service crate named after this one
@@ -370,6 +373,7 @@ mod tests {
     fn frames_are_classified_by_the_path_owning_their_code() {
         for (frame, group) in [
             ("shop::catalog::serialize_catalog", None),
+            ("__rustc::__rust_realloc", Some("__rustc")),
             ("shop::handlers::get_catalog::{{closure}}", None),
             ("shop::handlers::get_catalog::{closure#0}", None),
             ("<shop::Catalog as serde::ser::Serialize>::serialize", None),

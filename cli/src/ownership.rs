@@ -103,8 +103,10 @@ impl Ownership {
         if krate.is_some_and(|krate| self.named.contains(krate)) {
             return None;
         }
-        if krate == Some(PROFILER_CRATE) {
-            return Some(Arc::from(PROFILER_CRATE));
+        // Never the user's, whatever file the line table gives them (rustc emits the
+        // allocator shims into the user's own compile unit).
+        if let Some(own @ (PROFILER_CRATE | ALLOCATOR_SHIMS)) = krate {
+            return Some(Arc::from(own));
         }
         if let Some(file) = self.sources.get(frame) {
             return dependency_crate(file).map(|krate| family_or(&krate));
@@ -151,6 +153,10 @@ pub const C_GROUP: &str = "C code";
 /// The profiler's own crate: its frames are its own, never the user's (module docs).
 const PROFILER_CRATE: &str = "otel_profiling";
 
+/// The path rustc gives the allocator shims (`__rustc::__rust_alloc`, `__rust_realloc`):
+/// the innermost frames of allocation samples, the allocator's, not the caller's.
+const ALLOCATOR_SHIMS: &str = "__rustc";
+
 /// The family a crate belongs to (`tokio_util` → `tokio`), else the crate itself.
 fn family_or(krate: &str) -> Arc<str> {
     let probe = format!("{krate}::x");
@@ -174,6 +180,8 @@ mod tests {
                 "itoa::Buffer::format",
                 "/u/.cargo/registry/src/index.crates.io-1/itoa-1.0.11/src/lib.rs",
             ),
+            // rustc emits the allocator shims into the user's compile unit.
+            ("__rustc::__rust_realloc", "/work/svc/src/main.rs"),
         ]
         .into_iter()
         .map(|(f, p)| (Arc::from(f), Arc::from(p)))
@@ -185,6 +193,11 @@ mod tests {
         assert_eq!(
             owners.group("sha2::sha256::compress256").as_deref(),
             Some("sha2")
+        );
+        // The allocator's shim is never the user's, whatever its file.
+        assert_eq!(
+            owners.group("__rustc::__rust_realloc").as_deref(),
+            Some("__rustc")
         );
         // Without a file, by the crate of its name: the user's crates, the dependencies
         // seen, --crate, then the built-in families.

@@ -5,7 +5,8 @@
 //!    serializer) then `1.5.0` (the paged serializer regression), each under load for
 //!    20 s, with the profiler writing pprof files and OTLP span lines to one directory;
 //! 3. prints the span report (wall vs CPU per endpoint and release, verdicts, top
-//!    functions) and the diff of `GET /report` between the two releases.
+//!    functions, allocations a request and where) and the diff of `GET /report` between
+//!    the two releases.
 //!
 //! Run: `cargo run -p otel-profiling-examples --bin demo`. With `OTEL_EXPORTER_OTLP_ENDPOINT`
 //! and `PYROSCOPE_SERVER_ADDRESS` set (the compose stack), the services send there instead.
@@ -17,6 +18,11 @@ use std::sync::atomic::Ordering::Relaxed;
 use std::time::{Duration, Instant};
 
 use otel_profiling_examples::{app, inventory, load, service};
+
+/// The bridge's allocator: the services also profile allocations by span, so the report
+/// and the diff say what each endpoint and release allocates, and where.
+#[global_allocator]
+static ALLOC: otel_profiling::ProfilingAllocator = otel_profiling::ProfilingAllocator::system();
 
 /// Set in the child processes the demo starts; outside `OTEL_PROFILING_*`, whose
 /// variables the bridge does not read it warns about.

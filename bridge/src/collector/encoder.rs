@@ -120,9 +120,14 @@ fn name_in_batches<V>(
 /// calls it, or else the frame the hook's `cold` returns to (the allocator and its
 /// callers inlined into it). A stack where none of these is named is kept whole.
 fn from_the_allocator(stack: &[SymbolizedFrame]) -> Vec<SymbolizedFrame> {
+    // Its name with full debug info, and as `line-tables-only` names it inlined (the
+    // module path and the bare method name, see `symbolize/qualify.rs`).
     let is_wrapper = |f: &str| {
-        f.starts_with("<otel_profiling::allocations::allocator::ProfilingAllocator")
-            && f.contains("GlobalAlloc>::")
+        (f.starts_with("<otel_profiling::allocations::allocator::ProfilingAllocator")
+            && f.contains("GlobalAlloc>::"))
+            || ["alloc", "alloc_zeroed", "realloc"]
+                .iter()
+                .any(|m| f.strip_prefix("otel_profiling::allocations::allocator::") == Some(m))
     };
     let is_shim = |f: &str| {
         ["__rust_alloc", "__rust_alloc_zeroed", "__rust_realloc"]
@@ -367,6 +372,72 @@ mod tests {
                 .push(profile.clone());
             Ok(())
         }
+    }
+
+    /// The hook's frames leave allocation stacks whatever the build named them: the
+    /// wrapper's frame is the innermost when a name says it is the wrapper (full debug
+    /// info, or `line-tables-only`'s module path and bare method), else the allocator
+    /// shim's; the inlined hook lines inside that frame go too.
+    #[test]
+    fn allocation_stacks_start_at_the_allocator() {
+        let frame = |address: u64, names: &[&str]| SymbolizedFrame {
+            address,
+            lines: names
+                .iter()
+                .map(|n| crate::pprof::FrameLine {
+                    function: Arc::from(*n),
+                    file: None,
+                    line: None,
+                })
+                .collect(),
+        };
+        let names = |stack: &[SymbolizedFrame]| -> Vec<Vec<String>> {
+            stack
+                .iter()
+                .map(|f| f.lines.iter().map(|l| l.function.to_string()).collect())
+                .collect()
+        };
+        let hook = frame(
+            1,
+            &[
+                "otel_profiling::allocations::hook::record",
+                "otel_profiling::allocations::hook::cold",
+            ],
+        );
+        let caller = frame(3, &["shop::render"]);
+        for wrapper in [
+            "<otel_profiling::allocations::allocator::ProfilingAllocator<A> as core::alloc::global::GlobalAlloc>::realloc",
+            "otel_profiling::allocations::allocator::realloc",
+        ] {
+            let shim = frame(
+                2,
+                &["otel_profiling::allocations::hook::on_alloc", wrapper, "__rustc::__rust_realloc"],
+            );
+            let kept = from_the_allocator(&[hook.clone(), shim, caller.clone()]);
+            assert_eq!(
+                names(&kept),
+                [vec![wrapper.to_owned(), "__rustc::__rust_realloc".to_owned()], vec!["shop::render".to_owned()]]
+            );
+        }
+        // No wrapper name at all (no debug info): from the shim.
+        let shim = frame(2, &["__rustc::__rust_alloc"]);
+        let kept = from_the_allocator(&[hook.clone(), shim, caller.clone()]);
+        assert_eq!(
+            names(&kept),
+            [
+                vec!["__rustc::__rust_alloc".to_owned()],
+                vec!["shop::render".to_owned()]
+            ]
+        );
+        // Neither: what follows the hook's entry.
+        let kept = from_the_allocator(&[hook, frame(2, &["alloc::alloc::alloc"]), caller]);
+        assert_eq!(
+            names(&kept),
+            [
+                vec!["alloc::alloc::alloc".to_owned()],
+                vec!["shop::render".to_owned()]
+            ]
+        );
     }
 
     /// Audit U10: one naming pass took every new address of the interval, so a huge
