@@ -283,11 +283,16 @@ fn main() {
     // Sampled allocations, one by one, 48 frames below here: 32 at a time (half a
     // thread's buffer), then a pause for the collector to drain it.
     profiler.set_allocation_sample_bytes(1).expect("mean");
+    // A new mean takes effect when the thread's current countdown (drawn at 512 KiB)
+    // runs out: one large allocation, untimed, ends it.
+    drop(black_box(Vec::<u8>::with_capacity(64 << 20)));
+    let samples_before = otel_profiling::allocations::stats().samples;
     let mut sampled = Vec::new();
     for _ in 0..40 {
         sampled_at_depth(48, 32, &mut sampled);
         std::thread::sleep(Duration::from_millis(150));
     }
+    let samples_taken = otel_profiling::allocations::stats().samples - samples_before;
     profiler
         .set_allocation_sample_bytes(DEFAULT_SAMPLE_BYTES)
         .expect("mean");
@@ -315,7 +320,7 @@ fn main() {
     let p99 = quantile(&sampled, 0.99);
     println!(
         "  sampled allocation, 48 frames below the bench: p50 {p50:.0} ns, p99 {p99:.0} ns \
-         ({} samples; dropped {}, truncated {})",
+         ({} timed, {samples_taken} sampled, with the pauses' own; dropped {}, truncated {})",
         sampled.len(),
         stats.allocations.dropped,
         stats.allocations.truncated

@@ -27,7 +27,7 @@ use std::fmt;
 use std::sync::Arc;
 use std::time::{Duration, SystemTime, UNIX_EPOCH};
 
-use otel_profiling::export::pyroscope::BLOCK_DELAY_PROFILE_TYPE_ID;
+use otel_profiling::export::pyroscope::{ALLOC_SPACE_PROFILE_TYPE_ID, BLOCK_DELAY_PROFILE_TYPE_ID};
 use otel_profiling::PROFILE_ID_ATTRIBUTE;
 use otel_profiling_query::{
     grafana_label_selector, Auth, FlameGraph, PyroscopeClient, QueryError, SearchQuery,
@@ -333,6 +333,21 @@ impl Investigation {
                 .blocked
                 .extend(samples_of(&blocked, Some(span_id), None, 1));
         }
+        // What the span allocated and where, when the service samples allocations (its
+        // `ProfilingAllocator`): the same span selector on the allocated bytes.
+        if profile_types
+            .iter()
+            .any(|t| t == ALLOC_SPACE_PROFILE_TYPE_ID)
+        {
+            let allocated = backends.pyroscope.select_merge_span_profile(
+                &span_query
+                    .clone()
+                    .with_profile_type(ALLOC_SPACE_PROFILE_TYPE_ID),
+            )?;
+            input
+                .allocated
+                .extend(samples_of(&allocated, Some(span_id), None, u64::MAX));
+        }
         let mut evidence = if cpu.is_empty() {
             Evidence::None
         } else {
@@ -370,9 +385,7 @@ impl Investigation {
                 baseline,
                 &target,
                 &input,
-                profile_types
-                    .iter()
-                    .any(|t| t == BLOCK_DELAY_PROFILE_TYPE_ID),
+                &profile_types,
                 &mut notes,
             )?),
         };
@@ -449,6 +462,7 @@ impl Investigation {
                 "before": c.diff.as_ref().map(|d| side_json(&d.before)),
                 "after": c.diff.as_ref().map(|d| side_json(&d.after)),
                 "what_changed": c.diff.as_ref().map(VersionDiff::what_changed),
+                "allocations": c.diff.as_ref().and_then(VersionDiff::allocation_line),
                 "candidate": c.diff.as_ref().and_then(|d| d.cause.as_ref()).map(|f| json!({
                     "function": f.function,
                     "total_delta_ns_per_request": f.total_delta_ns(),
@@ -731,9 +745,14 @@ fn control(
     baseline: &Baseline,
     target: &TraceSpan,
     input: &Input,
-    has_blocked: bool,
+    profile_types: &[String],
     notes: &mut Vec<String>,
 ) -> Result<Control, InvestigateError> {
+    let has = |type_id: &str| profile_types.iter().any(|t| t == type_id);
+    let (has_blocked, has_allocated) = (
+        has(BLOCK_DELAY_PROFILE_TYPE_ID),
+        has(ALLOC_SPACE_PROFILE_TYPE_ID),
+    );
     let version = target.resource.get("service.version").cloned();
     let service = target
         .resource
@@ -871,10 +890,17 @@ fn control(
         both.samples
             .extend(samples_of(&cpu, Some(id), None, DEFAULT_PERIOD_NS));
         if has_blocked {
-            let blocked = backends
-                .pyroscope
-                .select_merge_span_profile(&q.with_profile_type(BLOCK_DELAY_PROFILE_TYPE_ID))?;
+            let blocked = backends.pyroscope.select_merge_span_profile(
+                &q.clone().with_profile_type(BLOCK_DELAY_PROFILE_TYPE_ID),
+            )?;
             both.blocked.extend(samples_of(&blocked, Some(id), None, 1));
+        }
+        if has_allocated {
+            let allocated = backends
+                .pyroscope
+                .select_merge_span_profile(&q.with_profile_type(ALLOC_SPACE_PROFILE_TYPE_ID))?;
+            both.allocated
+                .extend(samples_of(&allocated, Some(id), None, u64::MAX));
         }
     }
     let ids: Vec<SpanId> = baseline_ids

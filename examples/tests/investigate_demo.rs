@@ -125,8 +125,30 @@ fn report_of_1_5_0_is_cpu_bound_and_its_control_names_paginate_report() {
             .any(|f| f.contains("serialize") || f.contains("paginate_report")),
         "the serializer leads the 1.5.0 profile: {top:?}"
     );
+    // The demo's services sample allocations: the span's own (Tempo's attribute) and
+    // where (Pyroscope's allocation profile of the span), the serializer leading.
+    let allocations = group.allocations.as_ref().expect("the span's allocations");
+    assert!(
+        allocations.spans == 1 && allocations.attribute_bytes > 0,
+        "{allocations:?}"
+    );
+    assert!(
+        allocations.profile_bytes > 0
+            && allocations
+                .top
+                .iter()
+                .take(2)
+                .any(|f| f.function.contains("serialize") || f.function.contains("paginate_report")),
+        "{allocations:?}"
+    );
+    assert!(inv.to_string().contains("allocations: "), "{inv}");
     let control = inv.control.as_ref().expect("a control");
     let diff = control.diff.as_ref().expect("1.4.0 requests were compared");
+    let grown = diff
+        .allocation_growth
+        .as_ref()
+        .expect("1.5.0 allocates more per request");
+    assert!(grown.function.ends_with("paginate_report"), "{grown:?}");
     assert!(control.compared > 0);
     let cause = diff.cause.as_ref().expect("a candidate");
     assert!(
