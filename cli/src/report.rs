@@ -490,7 +490,7 @@ fn group_allocations(spans: &[&Span], sources: &GroupSources<'_>) -> Option<Grou
 }
 
 /// One line: what a group allocated a span, and where.
-fn describe_allocations(a: &GroupAllocations, count: usize) -> String {
+pub(crate) fn describe_allocations(a: &GroupAllocations, count: usize) -> String {
     let per_span = a.bytes_per_span(count);
     let mut line = if a.spans > 0 {
         format!(

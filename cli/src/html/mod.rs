@@ -535,6 +535,13 @@ fn write_group(out: &mut String, index: usize, g: &SpanGroup, view: &GroupView) 
             Esc(&groups.join(", "))
         )?;
     }
+    if let Some(allocations) = &g.allocations {
+        writeln!(
+            out,
+            "<p class=\"allocations\">{}</p>",
+            Esc(&crate::report::describe_allocations(allocations, g.count))
+        )?;
+    }
     if view.flame.cpu_ns() > 0 {
         let label = format!("CPU flame graph of {}, {}", g.name, version);
         writeln!(

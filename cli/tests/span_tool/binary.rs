@@ -74,6 +74,22 @@ fn binary_html_report_matches_its_golden_file() {
     results::check("report_html_stdout.txt", &out);
     let html = std::fs::read_to_string(dir.path().join("report.html")).expect("page written");
     results::check("report.html", &html);
+    // Allocations, when the service sampled them: the report's line, on the page too.
+    let allocating = fixture::routes_with_allocations();
+    stdout_in(allocating.path(), &["report", ".", "--html", "report.html"]);
+    let html =
+        std::fs::read_to_string(allocating.path().join("report.html")).expect("page written");
+    assert!(
+        html.contains(
+            "<p class=\"allocations\">allocations: 2.50 MB a span, 1200 allocation(s) \
+             (profiling.alloc.*, estimated over 3 span(s)); where (allocation profile, 7.50 MB \
+             in all): render_page 6.00 MB (80.0%), parse_query 1.50 MB (20.0%)</p>"
+        ),
+        "the page lacks the allocation line"
+    );
+    assert!(!std::fs::read_to_string(dir.path().join("report.html"))
+        .expect("page")
+        .contains("class=\"allocations\""));
 }
 
 #[test]
