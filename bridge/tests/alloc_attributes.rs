@@ -98,6 +98,25 @@ fn roots_carry_unbiased_allocation_estimates_across_threads() {
         cx.span().end();
     }
     let after = otel_profiling::allocations::stats();
+    // A new mean takes effect within a MiB of allocations, however long a countdown the
+    // old one drew: 1 TiB, then 16 KiB for 8 MB in 4,000-byte allocations. The first
+    // MiB still counts down the old countdown's chunk; of the 1,738 allocations after it
+    // each is sampled with p = 1 - exp(-4000/16384) = 0.217: 376 ± 17 samples. Before
+    // countdowns were taken a MiB at a time, none: the 1 TiB countdown ran on.
+    profiler.set_allocation_sample_bytes(1 << 40).expect("mean");
+    for _ in 0..64 {
+        black_box(vec![0u8; 1 << 20]);
+    }
+    profiler.set_allocation_sample_bytes(MEAN).expect("mean");
+    let before_change = otel_profiling::allocations::stats().samples;
+    for _ in 0..2_000 {
+        black_box(vec![1u8; 4_000]);
+    }
+    let sampled = otel_profiling::allocations::stats().samples - before_change;
+    assert!(
+        (300..=460).contains(&sampled),
+        "{sampled} samples of 8 MB at a 16 KiB mean after a 1 TiB one"
+    );
     drop(runtime);
     drop(profiler);
     let _ = std::fs::remove_dir_all(&dir);

@@ -15,9 +15,10 @@ use crate::sampler::stack::{Registers, StackBounds};
 use crate::sampler::unwind::{self, WalkEnd};
 use crate::sampler::SampleRecord;
 
-/// Bytes between two looks at whether sampling was switched on, while it is off: the
-/// hook's cold path runs once a MiB allocated, and a thread starts sampling within a MiB
-/// of the profiler's start.
+/// Bytes between two looks at the setting: while sampling is off, the hook's cold path
+/// runs once a MiB allocated, so a thread starts sampling within a MiB of the profiler's
+/// start; a countdown longer than this is counted down a MiB at a time (the rest kept),
+/// so a new mean takes effect within a MiB however long the old mean's countdown was.
 const RECHECK_BYTES: i64 = 1 << 20;
 
 /// The thread's sampling state besides the countdown.
@@ -29,6 +30,9 @@ struct ThreadState {
     /// The mean the countdown running now was drawn with (0: none was: the next cold
     /// call only draws one, it records nothing).
     armed_with: u64,
+    /// Bytes of the countdown not yet in `COUNTDOWN` (which holds at most
+    /// [`RECHECK_BYTES`] of it).
+    rest: i64,
     /// Set while the hook records a sample: a nested call passes through.
     busy: bool,
     /// One of the crate's own threads: its allocations are the telemetry's, never
@@ -45,6 +49,7 @@ thread_local! {
             rng: Rng::new(0),
             seeded: false,
             armed_with: 0,
+            rest: 0,
             busy: false,
             own: false,
         })
@@ -93,6 +98,7 @@ fn cold(size: u64, left: &Cell<i64>) {
         let mean = MEAN.load(Ordering::Relaxed);
         if mean == 0 {
             state.armed_with = 0;
+            state.rest = 0;
             cell.set(state);
             left.set(RECHECK_BYTES);
             return;
@@ -105,9 +111,26 @@ fn cold(size: u64, left: &Cell<i64>) {
             state.seeded = true;
         }
         let armed_with = state.armed_with;
+        // The countdown left, less this allocation's overshoot (`left` ≤ 0): `COUNTDOWN`
+        // holds a chunk of it at most, `rest` the others.
+        let remaining = state.rest.saturating_add(left.get());
+        if armed_with == mean && remaining > 0 {
+            // Only a chunk ran out: count down the next one, nothing sampled.
+            let chunk = remaining.min(RECHECK_BYTES);
+            state.rest = remaining - chunk;
+            left.set(chunk);
+            cell.set(state);
+            return;
+        }
+        // Sampled when the countdown itself ran out; one drawn with another mean (the
+        // setting changed) that had not is dropped, and the new mean's starts here.
+        let crossed = armed_with != 0 && remaining <= 0;
         state.armed_with = mean;
-        left.set(next_countdown(&mut state.rng, mean));
-        if armed_with != 0 && size > 0 {
+        let countdown = next_countdown(&mut state.rng, mean);
+        let chunk = countdown.min(RECHECK_BYTES);
+        state.rest = countdown - chunk;
+        left.set(chunk);
+        if crossed && size > 0 {
             state.busy = true;
             cell.set(state);
             record(size, armed_with);
