@@ -4,6 +4,8 @@
 //! allocation buffer still gets every sample's weight; a root that allocates nothing
 //! reads (about) nothing. Own test binary: the crate's allocator is its global allocator.
 
+mod common;
+
 use std::hint::black_box;
 use std::time::Duration;
 
@@ -49,12 +51,7 @@ fn roots_carry_unbiased_allocation_estimates_across_threads() {
         .allocation_sample_bytes(MEAN)
         .start()
         .expect("profiler");
-    let exporter = opentelemetry_sdk::trace::InMemorySpanExporter::default();
-    let provider = opentelemetry_sdk::trace::SdkTracerProvider::builder()
-        .with_span_processor(otel_profiling::CpuEvidenceProcessor::new(
-            opentelemetry_sdk::trace::SimpleSpanProcessor::new(exporter.clone()),
-        ))
-        .build();
+    let (provider, exporter) = common::evidence_provider();
     let tracer = provider.tracer("alloc-attributes");
     let runtime = tokio::runtime::Builder::new_multi_thread()
         .worker_threads(2)

@@ -4,6 +4,8 @@
 //! allocated, with `_alloc.pb.gz` profiles labelled with its span id. Own test binary:
 //! the allocator is its global allocator, and `Telemetry` is per process.
 
+mod common;
+
 use std::hint::black_box;
 use std::time::Duration;
 
@@ -55,29 +57,21 @@ fn a_tracing_root_carries_its_allocations_in_the_span_and_the_profile() {
     assert_eq!(allocations.dropped, 0, "paced: {allocations:?}");
 
     let spans = std::fs::read_to_string(&spans_file).expect("spans file");
-    let mut found = Vec::new();
-    for line in spans.lines() {
-        let request: serde_json::Value = serde_json::from_str(line).expect("OTLP JSON");
-        for rs in request["resourceSpans"].as_array().expect("resourceSpans") {
-            for ss in rs["scopeSpans"].as_array().expect("scopeSpans") {
-                for span in ss["spans"].as_array().expect("spans") {
-                    if span["name"] != "GET /alloc" {
-                        continue;
-                    }
-                    let bytes = span["attributes"]
-                        .as_array()
-                        .expect("attributes")
-                        .iter()
-                        .find(|kv| kv["key"] == ALLOC_BYTES_ATTRIBUTE)
-                        .and_then(|kv| kv["value"]["intValue"].as_str())
-                        .and_then(|v| v.parse::<i64>().ok())
-                        .unwrap_or_else(|| panic!("no {ALLOC_BYTES_ATTRIBUTE}: {span}"));
-                    let id = span["spanId"].as_str().expect("span id").to_string();
-                    found.push((id, bytes));
-                }
-            }
-        }
-    }
+    let found: Vec<(String, i64)> = common::spans_of_file(&spans)
+        .iter()
+        .filter(|span| span["name"] == "GET /alloc")
+        .map(|span| {
+            let bytes = span["attributes"]
+                .as_array()
+                .expect("attributes")
+                .iter()
+                .find(|kv| kv["key"] == ALLOC_BYTES_ATTRIBUTE)
+                .and_then(|kv| kv["value"]["intValue"].as_str())
+                .and_then(|v| v.parse::<i64>().ok())
+                .unwrap_or_else(|| panic!("no {ALLOC_BYTES_ATTRIBUTE}: {span}"));
+            (span["spanId"].as_str().expect("span id").to_string(), bytes)
+        })
+        .collect();
     let [(span_id, bytes)] = found.as_slice() else {
         panic!("expected one GET /alloc span, got {found:?}");
     };

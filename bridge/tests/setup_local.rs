@@ -48,19 +48,11 @@ fn one_call_setup_writes_profiles_and_spans_locally() {
     drop(telemetry); // last profile written, spans flushed
 
     let spans = std::fs::read_to_string(&spans_file).expect("spans file");
-    let mut span_ids = Vec::new();
-    for line in spans.lines() {
-        let request: serde_json::Value = serde_json::from_str(line).expect("OTLP JSON");
-        for rs in request["resourceSpans"].as_array().expect("resourceSpans") {
-            for ss in rs["scopeSpans"].as_array().expect("scopeSpans") {
-                for span in ss["spans"].as_array().expect("spans") {
-                    if span["name"] == "GET /local" {
-                        span_ids.push(span["spanId"].as_str().expect("span id").to_string());
-                    }
-                }
-            }
-        }
-    }
+    let span_ids: Vec<String> = common::spans_of_file(&spans)
+        .iter()
+        .filter(|span| span["name"] == "GET /local")
+        .map(|span| span["spanId"].as_str().expect("span id").to_string())
+        .collect();
     let [span_id] = span_ids.as_slice() else {
         panic!("expected one GET /local span, got {span_ids:?}");
     };

@@ -207,11 +207,35 @@ pub fn profiled_provider(
         .output_dir(&dir)
         .start()
         .expect("profiler");
+    let (provider, exporter) = evidence_provider();
+    (profiler, dir, provider, exporter)
+}
+
+/// A tracer provider whose spans go through the crate's evidence processor into an
+/// in-memory exporter, read back with the `profiling.*` attributes.
+pub fn evidence_provider() -> (
+    opentelemetry_sdk::trace::SdkTracerProvider,
+    opentelemetry_sdk::trace::InMemorySpanExporter,
+) {
     let exporter = opentelemetry_sdk::trace::InMemorySpanExporter::default();
     let provider = opentelemetry_sdk::trace::SdkTracerProvider::builder()
         .with_span_processor(otel_profiling::CpuEvidenceProcessor::new(
             opentelemetry_sdk::trace::SimpleSpanProcessor::new(exporter.clone()),
         ))
         .build();
-    (profiler, dir, provider, exporter)
+    (provider, exporter)
+}
+
+/// Every span of a local span file's OTLP JSON lines (`ExportTraceServiceRequest`s).
+pub fn spans_of_file(text: &str) -> Vec<serde_json::Value> {
+    let mut spans = Vec::new();
+    for line in text.lines() {
+        let request: serde_json::Value = serde_json::from_str(line).expect("OTLP JSON");
+        for rs in request["resourceSpans"].as_array().expect("resourceSpans") {
+            for ss in rs["scopeSpans"].as_array().expect("scopeSpans") {
+                spans.extend(ss["spans"].as_array().expect("spans").iter().cloned());
+            }
+        }
+    }
+    spans
 }
