@@ -22,6 +22,9 @@ use crate::verdict::{has_evidence, EvidenceContext, NoSamples, Verdict};
 /// How many functions each top list holds.
 pub const TOP_FUNCTIONS: usize = 5;
 
+/// A line of the report's list of spans without samples: name, version, reason's kind.
+type GroupKey<'a> = (&'a str, Option<&'a str>, NoSamples);
+
 /// Spans without samples shown per group and reason in the text report.
 const EXAMPLES_SHOWN: usize = 3;
 
@@ -935,16 +938,28 @@ impl SpanReport {
             return Ok(());
         }
         writeln!(f, "\nSpans without CPU samples:")?;
-        let mut by_group: BTreeMap<(&str, Option<&str>, NoSamples), Vec<&SpanWithoutSamples>> =
+        // Grouped by the reason's kind: one whose figure differs per span (the CPU a
+        // span's attribute records) would otherwise make a line of every span.
+        let mut by_group: BTreeMap<GroupKey<'_>, (NoSamples, Vec<&SpanWithoutSamples>)> =
             BTreeMap::new();
         for span in &self.without_samples {
-            by_group
-                .entry((span.name.as_str(), span.version.as_deref(), span.reason))
-                .or_default()
-                .push(span);
+            let key = (
+                span.name.as_str(),
+                span.version.as_deref(),
+                span.reason.kind(),
+            );
+            match by_group.get_mut(&key) {
+                Some((reason, spans)) => {
+                    *reason = reason.merged(span.reason);
+                    spans.push(span);
+                }
+                None => {
+                    by_group.insert(key, (span.reason, vec![span]));
+                }
+            }
         }
-        let mut reasons = Vec::new();
-        for ((name, version, reason), spans) in &by_group {
+        let mut reasons: Vec<NoSamples> = Vec::new();
+        for ((name, version, _), (reason, spans)) in &by_group {
             let examples: Vec<String> = spans
                 .iter()
                 .take(EXAMPLES_SHOWN)
@@ -964,8 +979,9 @@ impl SpanReport {
                     String::new()
                 }
             )?;
-            if !reasons.contains(reason) {
-                reasons.push(*reason);
+            match reasons.iter_mut().find(|r| r.kind() == reason.kind()) {
+                Some(known) => *known = known.merged(*reason),
+                None => reasons.push(*reason),
             }
         }
         writeln!(f, "  why:")?;
@@ -1342,5 +1358,48 @@ mod tests {
             line.ends_with("(50% of the blocked time the watchdog saw)"),
             "{line}"
         );
+    }
+}
+
+#[cfg(test)]
+mod without_samples_tests {
+    use super::*;
+
+    /// Spans whose reason carries a figure of their own (the CPU their attribute records)
+    /// are listed as one group, with one "why" for them all: the demo's report had a
+    /// line for each of ~1,800 such spans.
+    #[test]
+    fn spans_under_sampling_are_one_line_per_group() {
+        const MS: u64 = 1_000_000;
+        let spans: Vec<Span> = (1..=5u64)
+            .map(|id| Span {
+                service_version: Some("1".into()),
+                cpu_time_ns: Some(id * MS),
+                cpu_samples: Some(0),
+                wall_active_ns: Some(20 * MS),
+                ..Span::test_root(id, id * 1_000 * MS, id * 1_000 * MS + 30 * MS)
+            })
+            .collect();
+        let input = Input {
+            spans,
+            profile_files: 1,
+            span_files: 1,
+            period_ns: Some(10 * MS),
+            ..Input::default()
+        };
+        let text = SpanReport::from_input(&input).to_string();
+        let listed: Vec<&str> = text
+            .lines()
+            .filter(|l| l.contains("CPU under sampling:"))
+            .collect();
+        assert_eq!(listed.len(), 1, "{text}");
+        assert!(
+            listed[0].contains("5 span(s)") && listed[0].ends_with("and 2 more"),
+            "{text}"
+        );
+        let why: Vec<&str> = text.lines().filter(|l| l.starts_with("  - ")).collect();
+        assert_eq!(why.len(), 1, "{text}");
+        // The group's CPU: 1 + 2 + 3 + 4 + 5 ms.
+        assert!(why[0].contains("records 15.0 ms of CPU"), "{text}");
     }
 }

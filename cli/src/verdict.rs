@@ -413,6 +413,28 @@ pub enum NoSamples {
 }
 
 impl NoSamples {
+    /// The reason without its figure: what groups spans in the report's list.
+    pub fn kind(self) -> NoSamples {
+        match self {
+            NoSamples::CpuUnderSampling { .. } => NoSamples::CpuUnderSampling { cpu_ns: 0 },
+            other => other,
+        }
+    }
+
+    /// One reason for spans of `self`'s and `other`'s kind together: the CPU their
+    /// attributes record is summed (other kinds carry nothing to add).
+    pub fn merged(self, other: NoSamples) -> NoSamples {
+        match (self, other) {
+            (
+                NoSamples::CpuUnderSampling { cpu_ns: a },
+                NoSamples::CpuUnderSampling { cpu_ns: b },
+            ) => NoSamples::CpuUnderSampling {
+                cpu_ns: a.saturating_add(b),
+            },
+            (kept, _) => kept,
+        }
+    }
+
     /// Why `spans` (of one group, or a single span) have no CPU samples.
     pub fn classify(spans: &[&Span], sampling: Sampling, context: &EvidenceContext) -> NoSamples {
         let cpu_ns: u64 = spans.iter().map(|s| s.cpu_time_ns.unwrap_or(0)).sum();
