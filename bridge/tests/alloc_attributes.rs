@@ -95,6 +95,32 @@ fn roots_carry_unbiased_allocation_estimates_across_threads() {
         cx.span().end();
     }
     let after = otel_profiling::allocations::stats();
+    // A registered thread whose thread-local destructor allocates at its exit, when the
+    // profiler's own thread-locals (its registration) may already be gone: sampled or
+    // counted, never a panic in the allocator (which would abort the process).
+    struct AllocatesAtExit;
+    impl Drop for AllocatesAtExit {
+        fn drop(&mut self) {
+            for _ in 0..256 {
+                black_box(vec![3u8; 4_096]);
+            }
+        }
+    }
+    thread_local! {
+        static AT_EXIT: std::cell::RefCell<Option<AllocatesAtExit>> =
+            const { std::cell::RefCell::new(None) };
+    }
+    let at_exit_before = otel_profiling::allocations::stats().samples;
+    std::thread::spawn(|| {
+        otel_profiling::sampler::register_current_thread().expect("register");
+        AT_EXIT.with(|slot| *slot.borrow_mut() = Some(AllocatesAtExit));
+    })
+    .join()
+    .expect("a thread that allocates in its thread-local destructor exits cleanly");
+    assert!(
+        otel_profiling::allocations::stats().samples > at_exit_before,
+        "the destructor's 1 MB was sampled"
+    );
     // A new mean takes effect within a MiB of allocations, however long a countdown the
     // old one drew: 1 TiB, then 16 KiB for 8 MB in 4,000-byte allocations. The first
     // MiB still counts down the old countdown's chunk; of the 1,738 allocations after it

@@ -40,6 +40,10 @@ struct ThreadState {
     own: bool,
 }
 
+// The hook runs until a thread's very last allocation, after its other thread-locals'
+// destructors: its own state must have none (this fails the build otherwise).
+const _: () = assert!(!std::mem::needs_drop::<ThreadState>());
+
 thread_local! {
     /// Bytes until the next sample. `const`, no destructor: one TLS offset, alive as long
     /// as the thread. Starts at 0, so each thread's first allocation takes the cold path.

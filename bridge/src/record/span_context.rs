@@ -151,6 +151,12 @@ pub(super) struct PerThread {
     pub(super) scopes: scopes::Stack,
 }
 
+// The signal handler and the allocator's hook read `THREAD` while a thread's other
+// thread-locals are torn down: a destructor would make `with` panic there. This fails the
+// build if the record ever gets one.
+#[cfg(not(loom))]
+const _: () = assert!(!std::mem::needs_drop::<PerThread>());
+
 thread_local! {
     // `const` initialisation and no `Drop`: access is a plain TLS offset, never a lazy-init
     // call, so the signal handler may touch the cell, and the memory lives as long as the
