@@ -11,7 +11,8 @@
 //!   target ≤ 2 % throughput lost against the system allocator;
 //! * `sampled`: one allocation that is sampled (the mean set to 1 byte), 8, 16 and 48
 //!   frames below the bench's `main`, timed one by one: p50, p90 and p99 (target p99 ≤
-//!   2 µs);
+//!   2 µs); and 16 frames down on a thread that never registered (its stack copied
+//!   before the walk);
 //! * instructions per `pair` (valgrind's callgrind, when installed): a figure that does
 //!   not move with the machine's load.
 //!
@@ -169,6 +170,25 @@ fn sampled_at_depth(depth: u32, n: usize, out: &mut Vec<f64>) {
     }
 }
 
+/// Sampled allocations timed one by one, `depth` frames below the caller: 40 times 32
+/// (half a thread's buffer), each followed by a pause for the collector to drain them.
+/// Returns the times, and the samples taken, dropped and truncated meanwhile.
+fn sampled_runs(depth: u32) -> (Vec<f64>, u64, u64, u64) {
+    let before = otel_profiling::allocations::stats();
+    let mut sampled = Vec::new();
+    for _ in 0..40 {
+        sampled_at_depth(depth, 32, &mut sampled);
+        std::thread::sleep(Duration::from_millis(150));
+    }
+    let after = otel_profiling::allocations::stats();
+    (
+        sampled,
+        after.samples - before.samples,
+        after.dropped - before.dropped,
+        after.truncated - before.truncated,
+    )
+}
+
 /// Instructions callgrind counted inside `pairs` for one set-up, per pair.
 fn instructions(setup: &str) -> Result<f64, String> {
     let exe = std::env::current_exe().map_err(|e| e.to_string())?;
@@ -288,23 +308,26 @@ fn main() {
     // runs out: one large allocation, untimed, ends it.
     drop(black_box(Vec::<u8>::with_capacity(64 << 20)));
     // At three depths below here (frames the walk has to go through to reach main).
-    let mut sampled_by_depth = Vec::new();
-    for depth in [8u32, 16, 48] {
-        let before = otel_profiling::allocations::stats();
-        let mut sampled = Vec::new();
-        for _ in 0..40 {
-            sampled_at_depth(depth, 32, &mut sampled);
-            std::thread::sleep(Duration::from_millis(150));
-        }
-        let after = otel_profiling::allocations::stats();
-        sampled_by_depth.push((
-            depth,
-            sampled,
-            after.samples - before.samples,
-            after.dropped - before.dropped,
-            after.truncated - before.truncated,
-        ));
-    }
+    let mut sampled_by_depth: Vec<_> = [8u32, 16, 48]
+        .into_iter()
+        .map(|depth| {
+            (
+                format!("{depth} frames below the bench"),
+                sampled_runs(depth),
+            )
+        })
+        .collect();
+    // On a thread that never registers: the shared buffer, the walk over a copy.
+    let unregistered = std::thread::spawn(|| {
+        drop(black_box(Vec::<u8>::with_capacity(64 << 20)));
+        sampled_runs(16)
+    })
+    .join()
+    .expect("unregistered thread");
+    sampled_by_depth.push((
+        "16 frames, a thread that never registered".into(),
+        unregistered,
+    ));
     profiler
         .set_allocation_sample_bytes(DEFAULT_SAMPLE_BYTES)
         .expect("mean");
@@ -327,7 +350,7 @@ fn main() {
     );
     let (q1, m, q3) = summary(json_ratio);
     println!("    sampling on (512 KiB mean) / System {m:.4} [{q1:.4}, {q3:.4}]");
-    for (depth, all, taken, dropped, truncated) in sampled_by_depth {
+    for (what, (all, taken, dropped, truncated)) in sampled_by_depth {
         // The first allocation after each pause runs on cold caches (the thread slept
         // 150 ms, other work ran): told apart, as a service's first allocation after idle.
         let (mut firsts, mut sampled): (Vec<f64>, Vec<f64>) = (Vec::new(), Vec::new());
@@ -346,7 +369,7 @@ fn main() {
             quantile(&sampled, 0.99),
         );
         println!(
-            "  sampled allocation, {depth} frames below the bench: p50 {p50:.0} ns, p90 {p90:.0} ns, \
+            "  sampled allocation, {what}: p50 {p50:.0} ns, p90 {p90:.0} ns, \
              p99 {p99:.0} ns ({} timed; the first after each pause: p50 {:.0} ns, max {:.0} ns; \
              {taken} sampled, the pauses' own included; dropped {dropped}, truncated {truncated})",
             sampled.len(),

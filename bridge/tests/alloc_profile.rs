@@ -2,7 +2,8 @@
 //! binary's global allocator: known allocations under known roots, on two threads, land
 //! in the `_alloc.pb.gz` profiles under those roots' `span_id`, within the sampling's
 //! error; a root that allocates nothing gets no sample; a thread that never registered
-//! is counted, not profiled.
+//! is profiled too (its samples through the buffer such threads share, its stack walked
+//! over a copy), unlabelled.
 
 use std::collections::HashMap;
 use std::hint::black_box;
@@ -13,6 +14,12 @@ use otel_profiling::{LocalRoot, ProfilingAllocator, SpanContextGuard, SpanName};
 
 #[global_allocator]
 static ALLOC: ProfilingAllocator = ProfilingAllocator::system();
+
+/// The key of the totals of the samples whose stack was not walked, in [`totals`].
+const NOT_WALKED: &str = "not walked";
+
+/// The key of the unregistered thread's totals in [`totals`].
+const UNREGISTERED: &str = "unregistered thread";
 
 /// The mean bytes between samples here: small enough for tight estimates in a short test.
 const MEAN: u64 = 16 * 1024;
@@ -37,7 +44,66 @@ fn allocate(count: usize, size: usize, pace_every: usize) {
     }
 }
 
-/// Per `span_id` label ("" for none): (alloc_objects, alloc_space) over every profile.
+/// What the thread that never registers allocates: 2,000 × 4,096 bytes (8.2 MB), 20 ms
+/// pauses keeping the shared buffer (128 samples, drained every 100 ms) from filling.
+/// Its own loop (not a call of `allocate`, which a release build may make a tail call,
+/// leaving this frame off the stack).
+#[inline(never)]
+fn allocate_unregistered() {
+    for i in 0..2_000 {
+        black_box(vec![1u8; 4_096]);
+        if i % 50 == 49 {
+            std::thread::sleep(Duration::from_millis(20));
+        }
+    }
+}
+
+/// What a thread named as the OpenTelemetry SDK's batch threads are allocates (4 MB):
+/// telemetry's allocations, never profiled.
+#[inline(never)]
+fn allocate_as_telemetry() {
+    for i in 0..1_000 {
+        black_box(vec![1u8; 4_096]);
+        if i % 50 == 49 {
+            std::thread::sleep(Duration::from_millis(20));
+        }
+    }
+}
+
+/// The lowest address of the calling thread's stack (`pthread_getattr_np`: test code,
+/// free to allocate).
+fn stack_low_end() -> u64 {
+    // SAFETY: plain FFI on the calling thread, with out-parameters.
+    unsafe {
+        let mut attr: libc::pthread_attr_t = std::mem::zeroed();
+        assert_eq!(libc::pthread_getattr_np(libc::pthread_self(), &mut attr), 0);
+        let (mut addr, mut size) = (std::ptr::null_mut(), 0);
+        assert_eq!(libc::pthread_attr_getstack(&attr, &mut addr, &mut size), 0);
+        libc::pthread_attr_destroy(&mut attr);
+        addr as u64
+    }
+}
+
+/// Recurses until less than 6 KiB of the thread's stack is left (under the walk's
+/// budget, 8 KiB in release builds and 16 KiB in debug ones), then allocates 256 KiB
+/// there: the hook must see too little room, keep the samples' pc and not fault.
+#[inline(never)]
+fn allocate_near_the_stack_end(low: u64) {
+    let frame = [0u8; 512];
+    let sp = black_box(&frame) as *const _ as u64;
+    if sp.saturating_sub(low) > 6 * 1024 {
+        allocate_near_the_stack_end(black_box(low));
+        black_box(&frame);
+        return;
+    }
+    for _ in 0..64 {
+        black_box(vec![1u8; 4_096]);
+    }
+}
+
+/// Per `span_id` label ("" for none): (alloc_objects, alloc_space) over every profile;
+/// under the key `UNREGISTERED`, the totals of the samples with `allocate_unregistered`
+/// on their stack.
 fn totals(dir: &std::path::Path) -> HashMap<String, (i64, i64)> {
     let mut by_span = HashMap::new();
     let mut files = 0;
@@ -95,6 +161,15 @@ fn totals(dir: &std::path::Path) -> HashMap<String, (i64, i64)> {
                 !stack.iter().any(|f| f.contains("allocations::hook::")),
                 "the hook's frames are left out: {stack:?}"
             );
+            if stack
+                .iter()
+                .any(|f| f == otel_profiling::collector::ALLOCATION_NOT_WALKED_FRAME)
+            {
+                assert_eq!(stack.len(), 1, "{stack:?}");
+                let total = by_span.entry(NOT_WALKED.into()).or_insert((0, 0));
+                total.0 += sample.value[0];
+                total.1 += sample.value[1];
+            }
             // With inlined names (debug info), the innermost is the allocator's frame.
             if stack.iter().any(|f| f.contains("ProfilingAllocator")) {
                 assert!(
@@ -117,6 +192,21 @@ fn totals(dir: &std::path::Path) -> HashMap<String, (i64, i64)> {
                 .map(|l| s(l.str))
                 .unwrap_or_default();
             assert!(!sample.location_id.is_empty(), "every sample has a stack");
+            assert!(
+                !stack
+                    .iter()
+                    .any(|f| f.ends_with("alloc_profile::allocate_as_telemetry")),
+                "the SDK's threads are left out: {stack:?}"
+            );
+            if stack
+                .iter()
+                .any(|f| f.ends_with("alloc_profile::allocate_unregistered"))
+            {
+                assert!(span.is_empty(), "no span on that thread: {span}");
+                let total = by_span.entry(UNREGISTERED.into()).or_insert((0, 0));
+                total.0 += sample.value[0];
+                total.1 += sample.value[1];
+            }
             let total = by_span.entry(span).or_insert((0, 0));
             total.0 += sample.value[0];
             total.1 += sample.value[1];
@@ -169,11 +259,36 @@ fn allocations_are_estimated_per_root_and_labelled_when_made() {
     }
     // Outside any root: 2,000 allocations of 2,000 bytes (4 MB), unlabelled.
     allocate(2_000, 2_000, 50);
-    // A thread that never registers: counted, not profiled.
+    // A thread that never registers: profiled all the same, unlabelled.
     let before = otel_profiling::allocations::stats().unregistered;
-    std::thread::spawn(|| allocate(2_000, 4_096, 0))
+    std::thread::spawn(allocate_unregistered)
         .join()
         .expect("thread");
+    // Near the end of a thread's stack: no room for the walk.
+    let low_before = otel_profiling::allocations::stats().low_stack;
+    std::thread::Builder::new()
+        .stack_size(256 * 1024)
+        .spawn(|| allocate_near_the_stack_end(stack_low_end()))
+        .expect("spawn")
+        .join()
+        .expect("a thread allocating near its stack's end");
+    let low_stack = otel_profiling::allocations::stats().low_stack - low_before;
+    assert!(
+        low_stack >= 4,
+        "~16 samples with too little room: {low_stack}"
+    );
+    let telemetry_before = otel_profiling::allocations::stats();
+    std::thread::Builder::new()
+        .name("OpenTelemetry.Traces.BatchProcessor".into())
+        .spawn(allocate_as_telemetry)
+        .expect("spawn")
+        .join()
+        .expect("thread");
+    let telemetry_after = otel_profiling::allocations::stats();
+    assert_eq!(
+        telemetry_after.unregistered, telemetry_before.unregistered,
+        "the SDK's thread's samples are not counted as the service's"
+    );
 
     assert!(profiler.flush(Duration::from_secs(10)), "flushed");
     let stats = profiler.stats();
@@ -184,10 +299,21 @@ fn allocations_are_estimated_per_root_and_labelled_when_made() {
     assert_eq!(alloc.sample_bytes, MEAN);
     assert_eq!(alloc.dropped, 0, "paced: no buffer filled: {alloc:?}");
     assert!(alloc.unregistered > before, "{alloc:?}");
-    assert_eq!(alloc.low_stack, 0, "{alloc:?}");
+    assert_eq!(
+        alloc.low_stack, low_stack,
+        "only near the stack's end: {alloc:?}"
+    );
 
     let by_span = totals(&dir);
     eprintln!("{by_span:?}");
+    // In the profile under the one frame saying so: 4 KiB allocations at a 16 KiB mean
+    // stand for 1 / (1 − e^(−1/4)) = 4.52 allocations a sample.
+    let (objects, _) = by_span[NOT_WALKED];
+    let want = low_stack as f64 / (1.0 - (-0.25f64).exp());
+    assert!(
+        (objects as f64 - want).abs() <= 1.0,
+        "{objects} allocations not walked for {low_stack} samples"
+    );
     let span = |id: u64| format!("{id:016x}");
     let (objects, bytes) = by_span[&span(0x0a)];
     // About 1,200 samples: one standard error is about 3 %; the bounds are 4 of them,
@@ -208,10 +334,20 @@ fn allocations_are_estimated_per_root_and_labelled_when_made() {
         !by_span.contains_key(&span(0x0c)),
         "idle root labelled: {by_span:?}"
     );
+    // About 500 samples: one standard error is about 4.5 %.
+    let (objects, bytes) = by_span[UNREGISTERED];
+    assert!(
+        err(bytes, 8.192e6) < 0.2,
+        "unregistered thread: {bytes} bytes for 8.2 MB"
+    );
+    assert!(
+        err(objects, 2_000.0) < 0.2,
+        "unregistered thread: {objects} objects for 2,000"
+    );
     let (_, bytes) = by_span[""];
     assert!(
-        err(bytes, 4e6) < 0.3,
-        "unlabelled: {bytes} bytes for 4 MB and more"
+        err(bytes, 12.2e6) < 0.3,
+        "unlabelled: {bytes} bytes for 12.2 MB and more"
     );
     let _ = std::fs::remove_dir_all(&dir);
 }

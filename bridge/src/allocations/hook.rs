@@ -6,14 +6,23 @@ use std::sync::atomic::Ordering;
 
 use super::sampling::{next_countdown, weights, Rng};
 use super::{
-    DROPPED, DROPPED_BYTES, INSTALLED, LOW_STACK, MEAN, SAMPLES, TRUNCATED, UNREGISTERED,
-    UNREGISTERED_BYTES,
+    AllocRecord, DROPPED, DROPPED_BYTES, INSTALLED, LOW_STACK, MEAN, SAMPLES, TRUNCATED,
+    UNREGISTERED, UNREGISTERED_BYTES,
 };
 use crate::root_cpu::{ActiveCounter, OBJECTS_ONE};
 use crate::sampler::handler::WALK_STACK_BUDGET;
 use crate::sampler::stack::{Registers, StackBounds};
 use crate::sampler::unwind::{self, WalkEnd};
 use crate::sampler::SampleRecord;
+use crate::span_context::RootLabel;
+
+/// Bytes of stack an unregistered thread's walk copies above its stack pointer at first
+/// (most stacks fit; copying costs ~0.1 ns a byte)...
+const UNREGISTERED_FIRST_COPY: usize = 16 * 1024;
+
+/// ...and when a walk ran off that copy: the adopted threads' copy, where deep async
+/// stacks fit. The copy buffer an unregistered thread's walk borrows is this long.
+pub(super) const UNREGISTERED_COPY_BYTES: usize = 64 * 1024;
 
 /// Bytes between two looks at the setting: while sampling is off, the hook's cold path
 /// runs once a MiB allocated, so a thread starts sampling within a MiB of the profiler's
@@ -159,8 +168,7 @@ fn record(size: u64, mean: u64) {
         );
     }
     let Some(slot) = crate::sampler::own_slot() else {
-        UNREGISTERED.fetch_add(1, Ordering::Relaxed);
-        UNREGISTERED_BYTES.fetch_add(bytes as u64, Ordering::Relaxed);
+        record_unregistered(bytes, objects, root);
         return;
     };
     let dropped = || {
@@ -196,6 +204,145 @@ fn record(size: u64, mean: u64) {
     if end != WalkEnd::Complete {
         TRUNCATED.fetch_add(1, Ordering::Relaxed);
     }
+}
+
+/// Takes the sample of a thread without a registration into the buffer such threads
+/// share, its stack walked over a copy (see `unregistered.rs`).
+#[inline(never)]
+fn record_unregistered(bytes: f64, objects: f64, root: Option<RootLabel>) {
+    // The scan's rule for CPU: the crate's threads and the SDK's are telemetry.
+    if crate::sampler::adopt::excluded_here() {
+        return;
+    }
+    UNREGISTERED.fetch_add(1, Ordering::Relaxed);
+    UNREGISTERED_BYTES.fetch_add(bytes as u64, Ordering::Relaxed);
+    let dropped = || {
+        DROPPED.fetch_add(1, Ordering::Relaxed);
+        DROPPED_BYTES.fetch_add(bytes as u64, Ordering::Relaxed);
+    };
+    let Some(shared) = super::shared() else {
+        dropped();
+        return;
+    };
+    let Some(mut copy) = shared.lend_copy() else {
+        dropped();
+        return;
+    };
+    let mut end = WalkEnd::Complete;
+    let mut low_stack = false;
+    let stored = copy.with_bytes(|copy| {
+        shared.samples.push_with(|record: &mut AllocRecord| {
+            record.bytes = bytes;
+            record.objects = objects;
+            record.stack.root = root;
+            record.stack.weight = 1;
+            (end, low_stack) = walk_copied(copy, &mut record.stack);
+        })
+    });
+    drop(copy);
+    if !stored {
+        dropped();
+        return;
+    }
+    if low_stack {
+        LOW_STACK.fetch_add(1, Ordering::Relaxed);
+    }
+    if end != WalkEnd::Complete {
+        TRUNCATED.fetch_add(1, Ordering::Relaxed);
+    }
+}
+
+/// Walks the calling thread's stack from this function's frame over a copy of it in
+/// `buffer`, without knowing its bounds: one `process_vm_readv` copies
+/// `[sp, sp + 16 KiB)` (64 KiB if the walk ran off that) and reads a word in every page
+/// of `[sp − budget, sp)`, which proves the walk's room below `sp` (a guard page, or the
+/// unmapped end of a main thread's stack, fails the read: the sample keeps its pc,
+/// `low_stack`).
+/// Returns how the walk ended and whether room was missing.
+#[inline(never)]
+fn walk_copied(buffer: &mut [u8], record: &mut SampleRecord) -> (WalkEnd, bool) {
+    let Some(regs) = registers_here() else {
+        record.depth = 0;
+        record.truncated = true;
+        return (WalkEnd::Truncated, false);
+    };
+    let mut end = WalkEnd::Truncated;
+    for len in [UNREGISTERED_FIRST_COPY, UNREGISTERED_COPY_BYTES] {
+        let Some(stack) = buffer.get_mut(..len) else {
+            break;
+        };
+        let Some(copied) = copy_stack_proving_room(regs.sp, stack) else {
+            record.frames[0] = regs.pc;
+            record.depth = 1;
+            record.truncated = true;
+            return (WalkEnd::Truncated, true);
+        };
+        end = unwind::walk_copy(&regs, stack.get(..copied).unwrap_or_default(), record);
+        // A walk that stopped inside the copy, or a stack that ended before it did, has
+        // nothing more to gain from a longer one.
+        if end != WalkEnd::Truncated || copied < len {
+            break;
+        }
+    }
+    (end, false)
+}
+
+/// Words read below the stack pointer to prove the walk's room: one every 4 KiB of
+/// [`WALK_STACK_BUDGET`] and one at its end, so every page of it (4 KiB or larger) is
+/// read; one word would not do: below a 4 KiB guard page may lie another mapping.
+const ROOM_PROBES: usize = WALK_STACK_BUDGET as usize / 4096 + 1;
+
+/// Copies `[sp, sp + stack.len())` of this thread into `stack` after reading a word in
+/// every page of `[sp − WALK_STACK_BUDGET, sp)`, in one system call: the bytes of stack
+/// copied, `None` if a page below `sp` is not readable (too little room for the walk:
+/// the guard page, or a main thread's stack not grown that far) or nothing was read.
+fn copy_stack_proving_room(sp: u64, stack: &mut [u8]) -> Option<usize> {
+    const WORD: usize = 8;
+    let mut probes = [0u8; WORD * ROOM_PROBES];
+    let probes_base = probes.as_mut_ptr();
+    let mut local = [libc::iovec {
+        iov_base: std::ptr::null_mut(),
+        iov_len: 0,
+    }; ROOM_PROBES + 1];
+    let mut remote = local;
+    for (i, (local, remote)) in local.iter_mut().zip(remote.iter_mut()).enumerate() {
+        let (to, from, len) = if i < ROOM_PROBES {
+            // sp − 8, sp − 8 − 4 KiB, ..., and the budget's last word.
+            let below = (WORD as u64 + 4096 * i as u64).min(WALK_STACK_BUDGET);
+            (
+                probes_base.wrapping_add(WORD * i),
+                sp.wrapping_sub(below),
+                WORD,
+            )
+        } else {
+            (stack.as_mut_ptr(), sp, stack.len())
+        };
+        *local = libc::iovec {
+            iov_base: to.cast(),
+            iov_len: len,
+        };
+        *remote = libc::iovec {
+            iov_base: from as usize as *mut libc::c_void,
+            iov_len: len,
+        };
+    }
+    // SAFETY: `local` describes our own buffers; the kernel checks `remote` and fails
+    // (EFAULT) instead of faulting, copying in order and stopping at the first unmapped
+    // byte: a result past the probes' bytes means every probe was read whole.
+    let n = unsafe {
+        libc::process_vm_readv(
+            libc::getpid(),
+            local.as_ptr(),
+            local.len() as libc::c_ulong,
+            remote.as_ptr(),
+            remote.len() as libc::c_ulong,
+            0,
+        )
+    };
+    usize::try_from(n)
+        .ok()
+        .and_then(|n| n.checked_sub(probes.len()))
+        .filter(|&n| n > 0)
 }
 
 /// Walks the calling thread's stack from this function's frame (the hook's frames are

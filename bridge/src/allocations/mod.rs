@@ -20,7 +20,8 @@
 //! push it interrupted would make its claim fail. A full ring drops the sample, counted
 //! with its estimated bytes in [`AllocationStats`]. Threads that never registered (no
 //! span entered, no hook run) have no ring the hook can find without a lookup: their
-//! samples are counted in [`AllocationStats::unregistered`], not profiled.
+//! samples go to one buffer they share, their stacks walked over a copy
+//! (`unregistered.rs`); the crate's own threads and the OpenTelemetry SDK's are left out.
 //!
 //! **What the hook may do.** It runs inside the program's allocator: it never allocates,
 //! locks, panics or recurses. Its state is two `const` thread-locals without destructors
@@ -31,11 +32,12 @@
 
 mod allocator;
 mod hook;
+mod unregistered;
 
 pub(crate) use hook::exclude_current_thread;
 pub(crate) mod sampling;
 
-use std::sync::atomic::{AtomicBool, AtomicU64, AtomicUsize, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicPtr, AtomicU64, AtomicUsize, Ordering};
 
 pub use allocator::ProfilingAllocator;
 
@@ -54,6 +56,19 @@ pub const MAX_SAMPLE_BYTES: u64 = 1 << 40;
 /// thread allocating up to ~330 MB/s fits, one allocating more drops samples from the
 /// profile (counted; its roots' totals still get them).
 pub const ALLOC_RING_CAPACITY: usize = 64;
+
+/// Allocation samples buffered between two drains for all the threads that never
+/// registered together (~140 KiB): at the default mean, ~640 MB/s of allocation spread
+/// over such threads.
+pub const UNREGISTERED_CAPACITY: usize = 128;
+
+/// Stack-copy buffers the walks of unregistered threads borrow (a walk finding all lent
+/// drops its sample, counted): 80 KiB each.
+const UNREGISTERED_COPIES: usize = 4;
+
+/// The records and copy buffers of the threads that never registered (null until a
+/// profiler starts allocation sampling with our allocator installed; then kept).
+static SHARED: AtomicPtr<unregistered::Shared<AllocRecord>> = AtomicPtr::new(std::ptr::null_mut());
 
 /// The mean in effect (0: allocations are not profiled; the hook passes through).
 static MEAN: AtomicU64 = AtomicU64::new(0);
@@ -106,7 +121,8 @@ pub struct AllocationStats {
     pub dropped: u64,
     /// The bytes the dropped samples stood for (estimated).
     pub dropped_bytes: u64,
-    /// Samples on threads that never registered with the sampler: counted, not profiled.
+    /// Samples on threads that never registered with the sampler (profiled through the
+    /// buffer they share; the ones it could not take are in `dropped` too).
     pub unregistered: u64,
     /// The bytes they stood for (estimated).
     pub unregistered_bytes: u64,
@@ -115,7 +131,8 @@ pub struct AllocationStats {
     pub low_stack: u64,
     /// Samples whose stack walk stopped before the outermost frame.
     pub truncated: u64,
-    /// Bytes of the allocation rings allocated now.
+    /// Bytes of the allocation rings allocated now, and of the buffer (and stack copies)
+    /// shared by the threads that never registered.
     pub ring_bytes: u64,
 }
 
@@ -138,13 +155,17 @@ pub fn stats() -> AllocationStats {
         truncated: TRUNCATED.load(Ordering::Relaxed),
         ring_bytes: crate::sampler::SamplerState::global()
             .slots()
-            .alloc_ring_bytes(),
+            .alloc_ring_bytes()
+            + shared().map_or(0, |shared| shared.bytes() as u64),
     }
 }
 
 /// Starts sampling allocations every `mean` bytes on average (0: off), for threads that
 /// register from now on (each gets an allocation ring). Called by the profiler's setup.
 pub(crate) fn start(mean: u64) {
+    if mean > 0 {
+        allocate_shared();
+    }
     RING_CAPACITY.store(
         if mean > 0 { ALLOC_RING_CAPACITY } else { 0 },
         Ordering::Relaxed,
@@ -169,6 +190,7 @@ pub(crate) fn last_mean() -> u64 {
 /// Changes the mean while a profiler runs (0 pauses sampling; rings stay as they are).
 pub(crate) fn set_mean(mean: u64) {
     if mean > 0 {
+        allocate_shared();
         RING_CAPACITY.store(ALLOC_RING_CAPACITY, Ordering::Relaxed);
         LAST_MEAN.store(mean, Ordering::Relaxed);
     }
@@ -184,6 +206,48 @@ pub(crate) fn stop() {
 /// In a forked child: pass-through until a profiler is set up there. Only atomics.
 pub(crate) fn after_fork_in_child() {
     stop();
+    if let Some(shared) = shared() {
+        shared.reset_in_child();
+    }
+}
+
+/// Allocates the unregistered threads' buffer, once, if our allocator is installed (a
+/// process whose allocator is not ours never pays for it). Never called by the hook.
+fn allocate_shared() {
+    if !INSTALLED.load(Ordering::Relaxed) || !SHARED.load(Ordering::Acquire).is_null() {
+        return;
+    }
+    let shared = Box::into_raw(Box::new(unregistered::Shared::new(
+        UNREGISTERED_CAPACITY,
+        <AllocRecord as crate::sampler::ring::RingRecord>::EMPTY,
+        UNREGISTERED_COPIES,
+        hook::UNREGISTERED_COPY_BYTES,
+    )));
+    if SHARED
+        .compare_exchange(
+            std::ptr::null_mut(),
+            shared,
+            Ordering::AcqRel,
+            Ordering::Acquire,
+        )
+        .is_err()
+    {
+        // Another setup's won.
+        // SAFETY: ours, never published.
+        drop(unsafe { Box::from_raw(shared) });
+    }
+}
+
+/// The unregistered threads' buffer, once allocated (kept for the process's life).
+fn shared() -> Option<&'static unregistered::Shared<AllocRecord>> {
+    // SAFETY: published once and never freed.
+    unsafe { SHARED.load(Ordering::Acquire).as_ref() }
+}
+
+/// Hands the unregistered threads' published samples to `f` (the drain's, beside the
+/// threads' rings).
+pub(crate) fn drain_unregistered(f: &mut dyn FnMut(&AllocRecord)) -> usize {
+    shared().map_or(0, |shared| shared.samples.drain(f))
 }
 
 /// Records of the allocation ring a thread registering now gets (0: none).

@@ -16,7 +16,7 @@ use std::time::{Duration, Instant, SystemTime};
 use super::{
     sample_labels, AllocTotals, BlockedTotals, CollectorConfig, CollectorStats, EncodedProfile,
     FlushBoard, LabelKey, ProfileKind, ProfileSink, Totals, AGGREGATION_FULL_FRAME,
-    AGGREGATION_FULL_STACK, NO_SPANS_WARNING,
+    AGGREGATION_FULL_STACK, ALLOCATION_NOT_WALKED_FRAME, NO_SPANS_WARNING,
 };
 use crate::pprof::{self, FrameLine, ProfileBuilder, SymbolizedFrame};
 use crate::sampler::MAX_FRAMES;
@@ -154,6 +154,25 @@ fn from_the_allocator(stack: &[SymbolizedFrame]) -> Vec<SymbolizedFrame> {
         .position(|frame| frame.lines.iter().any(|l| &*l.function == hook))
     {
         Some(i) if i + 1 < stack.len() => stack[i + 1..].to_vec(),
+        // Only the hook's own frames: the sample's pc, kept when too little stack was
+        // left for the walk (`AllocationStats::low_stack`).
+        _ if !stack.is_empty()
+            && stack.iter().all(|frame| {
+                frame.lines.iter().all(|l| {
+                    l.function
+                        .starts_with("otel_profiling::allocations::hook::")
+                })
+            }) =>
+        {
+            vec![SymbolizedFrame {
+                address: stack[0].address,
+                lines: vec![FrameLine {
+                    function: Arc::from(ALLOCATION_NOT_WALKED_FRAME),
+                    file: None,
+                    line: None,
+                }],
+            }]
+        }
         _ => stack.to_vec(),
     }
 }
@@ -429,6 +448,12 @@ mod tests {
                 vec!["shop::render".to_owned()]
             ]
         );
+        // Only the hook's frames (a sample keeping its pc): one frame saying so.
+        let kept = from_the_allocator(&[frame(
+            1,
+            &["otel_profiling::allocations::hook::walk_copied"],
+        )]);
+        assert_eq!(names(&kept), [vec![ALLOCATION_NOT_WALKED_FRAME.to_owned()]]);
         // Neither: what follows the hook's entry.
         let kept = from_the_allocator(&[hook, frame(2, &["alloc::alloc::alloc"]), caller]);
         assert_eq!(

@@ -125,6 +125,8 @@ pub(crate) fn stats() -> AdoptionStats {
 pub(crate) fn decline_current_thread() {
     // SAFETY: gettid has no preconditions.
     decline(unsafe { libc::gettid() });
+    // Its allocations are the telemetry's too.
+    crate::allocations::exclude_current_thread();
 }
 
 /// Runs `build`, which starts an HTTP client of the crate's (reqwest's blocking client
@@ -267,11 +269,28 @@ fn blocks_sigprof(tid: libc::pid_t) -> Option<bool> {
 fn excluded(tid: libc::pid_t) -> bool {
     crate::collector::is_own_thread(tid)
         || declined(tid)
-        || std::fs::read_to_string(format!("/proc/self/task/{tid}/comm")).is_ok_and(|name| {
-            // The SDK's batch threads, and the crate's own (the OTLP gRPC runtime's
-            // workers run in the suppressed scope without entering a span).
-            name.starts_with("OpenTelemetry") || name.starts_with("otel-profiling")
-        })
+        || std::fs::read_to_string(format!("/proc/self/task/{tid}/comm"))
+            .is_ok_and(|name| telemetry_name(name.as_bytes()))
+}
+
+/// Whether a thread of this name is telemetry's: the SDK's batch threads, and the
+/// crate's own (the OTLP gRPC runtime's workers run in the suppressed scope without
+/// entering a span).
+fn telemetry_name(name: &[u8]) -> bool {
+    name.starts_with(b"OpenTelemetry") || name.starts_with(b"otel-profiling")
+}
+
+/// [`excluded`] for the calling thread, without allocating (for the allocator's hook):
+/// two system calls (`gettid`, `prctl(PR_GET_NAME)`) and atomics.
+pub(crate) fn excluded_here() -> bool {
+    // SAFETY: gettid has no preconditions.
+    let tid = unsafe { libc::gettid() };
+    let mut name = [0u8; 16];
+    crate::collector::is_own_thread(tid)
+        || declined(tid)
+        // SAFETY: PR_GET_NAME writes at most 16 bytes (NUL included) into `name`.
+        || unsafe { libc::prctl(libc::PR_GET_NAME, name.as_mut_ptr() as libc::c_ulong) } == 0
+            && telemetry_name(&name)
 }
 
 /// The process's threads now.

@@ -551,6 +551,8 @@ impl SamplerState {
         mut allocations: impl FnMut(&crate::allocations::AllocRecord),
     ) -> usize {
         let total = self.slots.drain(&mut f, &mut allocations);
+        // The threads without a ring: their allocation samples share one buffer.
+        crate::allocations::drain_unregistered(&mut allocations);
         self.drained.fetch_add(total as u64, Ordering::Relaxed);
         total
     }
