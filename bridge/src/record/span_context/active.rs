@@ -225,15 +225,15 @@ fn transition_cpu(from: Option<Label>) {
         // The reference reads before the clock that ends the stretch, as the long path
         // below does.
         let reference = reference::read(if opened == 0 { None } else { counter });
-        let mut now = clock::ticks();
+        let now = clock::ticks();
         if opened == 0 {
             // The thread's first transition with counters: no stretch to close, a
-            // reading to start from.
+            // reading to start from; the stretch starts before it, as after a long one.
             stretch.last.set(reference.or_else(own_clocks::read));
-            stretch.entered_at.set(clock::ticks());
+            stretch.entered_at.set(now);
             return;
         }
-        let mut wall = now.saturating_sub(opened);
+        let wall = now.saturating_sub(opened);
         let long =
             !surely_short(wall) && clock::ticks_to_ns(wall) >= LONG_NS_NOW.load(Ordering::Relaxed);
         if !long {
@@ -252,9 +252,14 @@ fn transition_cpu(from: Option<Label>) {
         // The real timing reads for itself even beside the reference (a few microseconds
         // later, inside the same stretch), so that what is measured is what it does.
         let _ = reference;
-        // The stretch ends after the reading, not before: a preemption while the
-        // clocks are read (a system call returning is where it happens) is then
-        // in this stretch's wall time as well as in its run delay.
+        // The stretch ends before the clocks are read, and the next one starts there. A
+        // preemption let in by the reading's own system calls lands, on Linux 6.18, at
+        // their return, after the run delay was read: with the stretch ending after the
+        // reading, its wait was in the wall time and in no run delay (a 1 ms CPU poll
+        // beside busy loops read 0.4–10 ms blocked; the fan-out 34–39 % blocked). Now
+        // such a wait is in the next stretch's wall and in the next reading's run delay;
+        // one that lands before the delay is read is carried to the next reading
+        // ([`carry_delay`]).
         let cpu = own_clocks::cpu();
         let pid = own_clocks::pid();
         // Run delay only grows while the thread is off CPU: a stretch that was on
@@ -273,17 +278,17 @@ fn transition_cpu(from: Option<Label>) {
             (true, Some(last)) if last.delay_ns.is_some() => last.delay_ns,
             _ => own_clocks::delay(pid),
         };
-        now = clock::ticks();
-        wall = now.saturating_sub(opened);
+        let reading_ticks = clock::ticks().saturating_sub(now);
         let reading = cpu.map(|cpu_ns| Reading {
             cpu_ns,
             delay_ns: delay,
             pid,
         });
+        let exact = exact(last, reading, wall, short, parked);
         if let Some(counter) = counter {
-            let exact = exact(last, reading, wall, short, parked);
             counter.add_long(wall, exact);
         }
+        let reading = carry_delay(last, reading, exact, clock::ticks_to_ns(reading_ticks));
         stretch.last.set(reading);
         stretch.short_since.set(0);
         stretch.parked.set(0);
@@ -304,7 +309,7 @@ const ON_CPU_SLACK_NS: u64 = 5_000;
 /// Time off CPU since `last` goes first to the runtime's parks, which the park hooks
 /// measured: a worker parks between polls, often for less than the threshold (a short,
 /// unread stretch), and without the hooks that time is charged to the next long stretch
-/// (a pure-CPU fan-out beside busy loops read 10–17 % blocked). The rest goes to this
+/// (a pure-CPU root would read its worker's sleeps as blocked). The rest goes to this
 /// stretch.
 fn exact(
     last: Option<Reading>,
@@ -327,6 +332,27 @@ fn exact(
         .zip(last.delay_ns)
         .map(|(now, last)| now.saturating_sub(last).min(off_cpu));
     Some((off_cpu, delay))
+}
+
+/// The reading the next stretch starts from: `now`, less the run delay it holds that
+/// this stretch could not (more than its time off CPU) and that may have been waited
+/// while the clocks were being read (at most `reading_ns`, the reading's wall time, which
+/// belongs to the next stretch). That wait is the next stretch's: it is in its wall time,
+/// and now in its reading's run delay too.
+fn carry_delay(
+    last: Option<Reading>,
+    now: Option<Reading>,
+    exact: Option<(u64, Option<u64>)>,
+    reading_ns: u64,
+) -> Option<Reading> {
+    let (Some(last), Some(mut now), Some((_, Some(used)))) = (last, now, exact) else {
+        return now;
+    };
+    if let (Some(was), Some(is)) = (last.delay_ns, now.delay_ns) {
+        let unused = is.saturating_sub(was).saturating_sub(used);
+        now.delay_ns = Some(is - unused.min(reading_ns));
+    }
+    Some(now)
 }
 
 /// The test-only exact timing the real one is measured against: when on, every
@@ -401,6 +427,7 @@ mod accuracy;
 mod tests {
     use std::time::{Duration, Instant};
 
+    use super::{carry_delay, Reading};
     use crate::clock::ticks_to_ns;
     use crate::root_cpu::SlotLists;
     use crate::{LocalRoot, RootLabel, SpanContextGuard, SpanName};
@@ -415,6 +442,46 @@ mod tests {
     /// Each stretch counts into the root the thread left, with the thread alternating
     /// between two roots (the thread keeps the counters of one), and a root whose counters
     /// were released adds nothing, not even into the next root that reuses them.
+    #[test]
+    fn run_delay_a_stretch_could_not_hold_goes_to_the_next_up_to_the_reading_time() {
+        let reading = |delay: u64| Reading {
+            cpu_ns: 0,
+            delay_ns: Some(delay),
+            pid: 1,
+        };
+        let last = Some(reading(1_000));
+        // 5 µs of new run delay, 1 µs of it this stretch's (its time off CPU): of the
+        // other 4 µs, what fits in the reading's 3 µs goes to the next stretch.
+        let next = carry_delay(
+            last,
+            Some(reading(6_000)),
+            Some((1_000, Some(1_000))),
+            3_000,
+        );
+        assert_eq!(next.and_then(|r| r.delay_ns), Some(3_000));
+        // A reading longer than the surplus carries all of it.
+        let next = carry_delay(
+            last,
+            Some(reading(6_000)),
+            Some((1_000, Some(1_000))),
+            9_000,
+        );
+        assert_eq!(next.and_then(|r| r.delay_ns), Some(2_000));
+        // All of it used: nothing carried.
+        let next = carry_delay(
+            last,
+            Some(reading(6_000)),
+            Some((5_000, Some(5_000))),
+            9_000,
+        );
+        assert_eq!(next.and_then(|r| r.delay_ns), Some(6_000));
+        // Nothing known of this stretch's delay (another process, no schedstat): as read.
+        let next = carry_delay(last, Some(reading(6_000)), None, 9_000);
+        assert_eq!(next.and_then(|r| r.delay_ns), Some(6_000));
+        let next = carry_delay(last, Some(reading(6_000)), Some((5_000, None)), 9_000);
+        assert_eq!(next.and_then(|r| r.delay_ns), Some(6_000));
+    }
+
     #[test]
     fn each_stretch_counts_into_the_root_it_was_in() {
         let mut lists = SlotLists::default();

@@ -317,9 +317,8 @@ fn roots_alternating_on_one_thread_quiet_and_beside_busy_loops() {
 
 /// Pure-CPU roots whose polls (0.3–2 ms each) are separated by the runtime's short parks
 /// (a sleep of 30–200 µs in no root, under the threshold): with the park hooks, the parks'
-/// time is no root's, and the roots read as computing (the fan-out of the
-/// production-shaped service read 10–17 % blocked beside busy loops without them).
-/// Without the hooks the same pattern charges the parks to the next long stretch.
+/// time is no root's, and the roots read as computing. Without the hooks the same
+/// pattern charges the parks to the next long stretch.
 #[test]
 fn parks_between_polls_are_no_roots_time_with_the_hooks() {
     let _serial = SERIAL.lock().unwrap_or_else(|e| e.into_inner());
