@@ -8,7 +8,7 @@ use std::collections::BTreeMap;
 use std::fmt::{self, Write};
 
 use super::Esc;
-use crate::format::ms;
+use crate::format::{bytes, ms};
 use crate::functions::{library_group, NO_STACK};
 use crate::input::Sample;
 
@@ -22,18 +22,50 @@ const MIN_WIDTH: f64 = 0.5;
 /// script uses the same figure when it relabels after a zoom.
 pub(crate) const CHAR_WIDTH: f64 = 6.7;
 
-/// A call tree: CPU and samples per path from the outermost frame.
+/// What a tree's widths measure.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub(crate) enum Measure {
+    /// CPU time, nanoseconds (CPU profiles).
+    #[default]
+    Cpu,
+    /// Bytes allocated, estimated (allocation profiles: the samples' `cpu_ns` holds them).
+    Bytes,
+}
+
+impl Measure {
+    fn format(self, value: u64) -> String {
+        match self {
+            Measure::Cpu => ms(value),
+            Measure::Bytes => bytes(value),
+        }
+    }
+}
+
+/// A call tree: CPU (or bytes allocated) and samples per path from the outermost frame.
 #[derive(Debug, Default)]
 pub(crate) struct FlameTree {
     cpu_ns: u64,
     samples: u64,
+    measure: Measure,
     children: BTreeMap<String, FlameTree>,
 }
 
 impl FlameTree {
-    /// The tree of `samples`.
+    /// The tree of CPU `samples`.
     pub(crate) fn of_samples<'a>(samples: impl IntoIterator<Item = &'a Sample>) -> FlameTree {
-        let mut root = FlameTree::default();
+        FlameTree::of(samples, Measure::Cpu)
+    }
+
+    /// The tree of allocation `samples`, widths in bytes allocated.
+    pub(crate) fn of_allocations<'a>(samples: impl IntoIterator<Item = &'a Sample>) -> FlameTree {
+        FlameTree::of(samples, Measure::Bytes)
+    }
+
+    fn of<'a>(samples: impl IntoIterator<Item = &'a Sample>, measure: Measure) -> FlameTree {
+        let mut root = FlameTree {
+            measure,
+            ..FlameTree::default()
+        };
         for sample in samples {
             root.cpu_ns += sample.cpu_ns;
             root.samples += sample.count;
@@ -52,9 +84,14 @@ impl FlameTree {
         root
     }
 
-    /// CPU of every sample, nanoseconds.
+    /// CPU of every sample, nanoseconds (bytes, for an allocation tree).
     pub(crate) fn cpu_ns(&self) -> u64 {
         self.cpu_ns
+    }
+
+    /// The samples the tree holds.
+    pub(crate) fn samples(&self) -> u64 {
+        self.samples
     }
 
     fn depth(&self) -> usize {
@@ -78,6 +115,7 @@ impl FlameTree {
             out,
             total: self.cpu_ns.max(1),
             height,
+            measure: self.measure,
         };
         frame.node("all", self, 0.0, 0)?;
         writeln!(frame.out, "</svg>")
@@ -88,6 +126,7 @@ struct Frame<'a, W> {
     out: &'a mut W,
     total: u64,
     height: f64,
+    measure: Measure,
 }
 
 impl<W: Write> Frame<'_, W> {
@@ -108,7 +147,7 @@ impl<W: Write> Frame<'_, W> {
             self.out,
             r#"<g class="f {class}" data-x="{x:.6}" data-w="{w:.6}" data-d="{depth}" data-n="{name}"><title>{name} — {cpu}, {share:.1}% ({samples} samples)</title><rect x="{px:.2}" y="{y:.1}" width="{pw:.2}" height="{rh:.1}" fill="{fill}"/><text x="{tx:.2}" y="{ty:.1}">{label}</text></g>"#,
             name = Esc(name),
-            cpu = ms(node.cpu_ns),
+            cpu = self.measure.format(node.cpu_ns),
             share = w * 100.0,
             samples = node.samples,
             rh = ROW - 1.0,

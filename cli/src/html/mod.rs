@@ -52,6 +52,9 @@ type Version<'a> = (u64, &'a SpanGroup, Vec<&'a Span>);
 struct GroupView {
     split: TimeSplit,
     flame: FlameTree,
+    /// The group's allocation samples (bytes allocated, estimated), when the bridge
+    /// sampled allocations.
+    alloc_flame: FlameTree,
 }
 
 impl HtmlReport {
@@ -64,6 +67,7 @@ impl HtmlReport {
     pub fn from_input(input: &Input) -> HtmlReport {
         let report = SpanReport::from_input(input);
         let by_id = input.samples_by_span_id();
+        let allocated_by_id = input.allocated_by_span_id();
         let roots: HashMap<SpanId, &Span> = input
             .local_roots()
             .into_iter()
@@ -88,6 +92,13 @@ impl HtmlReport {
                         spans
                             .iter()
                             .filter_map(|s| by_id.get(&s.span_id))
+                            .flatten()
+                            .copied(),
+                    ),
+                    alloc_flame: FlameTree::of_allocations(
+                        spans
+                            .iter()
+                            .filter_map(|s| allocated_by_id.get(&s.span_id))
                             .flatten()
                             .copied(),
                     ),
@@ -563,6 +574,18 @@ fn write_group(out: &mut String, index: usize, g: &SpanGroup, view: &GroupView) 
             r#"<p class="no-flame">No flame graph: {}</p>"#,
             Esc(why)
         )?;
+    }
+    if view.alloc_flame.cpu_ns() > 0 {
+        let label = format!("Allocation flame graph of {}, {}", g.name, version);
+        writeln!(
+            out,
+            r#"<figure class="flame-figure"><figcaption>{label}: {allocated} allocated (estimated) in {samples} allocation sample(s). Wider is more bytes allocated; callers below callees; the innermost frame is the allocator's. Click a frame to zoom, the bottom bar to reset.</figcaption><div class="flame-scroll">"#,
+            label = Esc(&label),
+            allocated = crate::format::bytes(view.alloc_flame.cpu_ns()),
+            samples = view.alloc_flame.samples(),
+        )?;
+        view.alloc_flame.write_svg(out, &label)?;
+        writeln!(out, r#"</div><p class="flame-details">&#160;</p></figure>"#)?;
     }
     writeln!(out, "</article>")
 }

@@ -152,6 +152,37 @@ fn shows_split_verdicts_flame_graphs_and_the_version_diff() {
     }
 }
 
+#[test]
+fn allocations_get_a_flame_graph_of_bytes_beside_the_cpu_one() {
+    let mut input = input();
+    // GET /orders 1.0 allocated 3 MB in one function; the others allocated nothing.
+    input.allocated = vec![Sample {
+        cpu_ns: 3_000_000,
+        ..sample(3, &["main", "handle", "render_orders"], 3)
+    }];
+    let page = HtmlReport::from_input(&input).to_string();
+    // Three CPU graphs as before, and one of allocations.
+    assert_eq!(page.matches(r#"<svg class="flame""#).count(), 4);
+    assert_eq!(
+        page.matches("Allocation flame graph of").count(),
+        2,
+        "caption and label"
+    );
+    assert!(
+        page.contains("3.00 MB allocated (estimated) in 3 allocation sample(s)"),
+        "{page}"
+    );
+    assert!(page.contains(r#"data-n="render_orders""#));
+    // Its frames are measured in bytes, not milliseconds.
+    assert!(
+        page.contains("<title>render_orders — 3.00 MB, 100.0% (3 samples)</title>"),
+        "{page}"
+    );
+    // No allocation samples: no allocation graph.
+    let page = HtmlReport::from_input(&super::tests::input()).to_string();
+    assert!(!page.contains("Allocation flame graph"));
+}
+
 proptest! {
     /// Issue 41, item 1: the page's sentence names the shares its bar prints.
     #[test]
