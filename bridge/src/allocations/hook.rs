@@ -13,7 +13,7 @@ use crate::root_cpu::{ActiveCounter, OBJECTS_ONE};
 use crate::sampler::handler::WALK_STACK_BUDGET;
 use crate::sampler::stack::{Registers, StackBounds};
 use crate::sampler::unwind::{self, WalkEnd};
-use crate::sampler::SampleRecord;
+use crate::sampler::{SampleRecord, MAX_FRAMES};
 use crate::span_context::RootLabel;
 
 /// Bytes of stack an unregistered thread's walk copies above its stack pointer at first
@@ -156,6 +156,12 @@ fn cold(size: u64, left: &Cell<i64>) {
 /// Takes one allocation sample of `size` bytes, drawn at `mean`.
 #[inline(never)]
 fn record(size: u64, mean: u64) {
+    let slot = crate::sampler::own_slot();
+    // The scan's rule for CPU: an unregistered thread of the crate's or the SDK's is
+    // telemetry, its allocations no sample of the service's.
+    if slot.is_none() && crate::sampler::adopt::excluded_here() {
+        return;
+    }
     let (bytes, objects) = weights(size, mean);
     SAMPLES.fetch_add(1, Ordering::Relaxed);
     // The root's totals first: whatever happens to the sample (no ring, a full one),
@@ -167,7 +173,7 @@ fn record(size: u64, mean: u64) {
             (objects * OBJECTS_ONE as f64).round() as u64,
         );
     }
-    let Some(slot) = crate::sampler::own_slot() else {
+    let Some(slot) = slot else {
         record_unregistered(bytes, objects, root);
         return;
     };
@@ -210,10 +216,6 @@ fn record(size: u64, mean: u64) {
 /// share, its stack walked over a copy (see `unregistered.rs`).
 #[inline(never)]
 fn record_unregistered(bytes: f64, objects: f64, root: Option<RootLabel>) {
-    // The scan's rule for CPU: the crate's threads and the SDK's are telemetry.
-    if crate::sampler::adopt::excluded_here() {
-        return;
-    }
     UNREGISTERED.fetch_add(1, Ordering::Relaxed);
     UNREGISTERED_BYTES.fetch_add(bytes as u64, Ordering::Relaxed);
     let dropped = || {
@@ -230,13 +232,13 @@ fn record_unregistered(bytes: f64, objects: f64, root: Option<RootLabel>) {
     };
     let mut end = WalkEnd::Complete;
     let mut low_stack = false;
-    let stored = copy.with_bytes(|copy| {
+    let stored = copy.with_bytes(|copy, walk_top| {
         shared.samples.push_with(|record: &mut AllocRecord| {
             record.bytes = bytes;
             record.objects = objects;
             record.stack.root = root;
             record.stack.weight = 1;
-            (end, low_stack) = walk_copied(copy, &mut record.stack);
+            (end, low_stack) = walk_copied(copy, walk_top, &mut record.stack);
         })
     });
     drop(copy);
@@ -252,39 +254,79 @@ fn record_unregistered(bytes: f64, objects: f64, root: Option<RootLabel>) {
     }
 }
 
+/// The stack an unregistered thread's walk runs on, one per copy buffer (x86_64: the
+/// walk runs there, never on a thread whose stack bounds are unknown, which may have no
+/// guard page below it to fault on): four times the walk's budget. Elsewhere the walk
+/// runs on the thread's stack once the room it needs was proved.
+pub(super) const UNREGISTERED_WALK_STACK_BYTES: usize = if cfg!(target_arch = "x86_64") {
+    4 * WALK_STACK_BUDGET as usize
+} else {
+    0
+};
+
 /// Walks the calling thread's stack from this function's frame over a copy of it in
 /// `buffer`, without knowing its bounds: one `process_vm_readv` copies
-/// `[sp, sp + 16 KiB)` (64 KiB if the walk ran off that) and reads a word in every page
-/// of `[sp − budget, sp)`, which proves the walk's room below `sp` (a guard page, or the
-/// unmapped end of a main thread's stack, fails the read: the sample keeps its pc,
-/// `low_stack`).
-/// Returns how the walk ended and whether room was missing.
+/// `[sp, sp + 16 KiB)` (64 KiB if the walk ran off that). The walk runs on the stack at
+/// `walk_top` (x86_64); without one, the same system call reads a word in every page of
+/// `[sp − budget, sp)` to prove the walk's room on the thread's own stack (a guard page,
+/// or the unmapped end of a main thread's stack, fails the read: the sample keeps its
+/// pc, `low_stack`). Returns how the walk ended and whether room was missing.
 #[inline(never)]
-fn walk_copied(buffer: &mut [u8], record: &mut SampleRecord) -> (WalkEnd, bool) {
+fn walk_copied(buffer: &mut [u8], walk_top: u64, record: &mut SampleRecord) -> (WalkEnd, bool) {
     let Some(regs) = registers_here() else {
         record.depth = 0;
         record.truncated = true;
         return (WalkEnd::Truncated, false);
     };
+    let switched = cfg!(target_arch = "x86_64") && walk_top != 0;
+    let pc_only = |record: &mut SampleRecord, low_stack: bool| {
+        record.frames[0] = regs.pc;
+        record.depth = 1;
+        record.truncated = true;
+        (WalkEnd::Truncated, low_stack)
+    };
     let mut end = WalkEnd::Truncated;
     for len in [UNREGISTERED_FIRST_COPY, UNREGISTERED_COPY_BYTES] {
         let Some(stack) = buffer.get_mut(..len) else {
-            break;
+            return pc_only(record, false);
         };
-        let Some(copied) = copy_stack_proving_room(regs.sp, stack) else {
-            record.frames[0] = regs.pc;
-            record.depth = 1;
-            record.truncated = true;
-            return (WalkEnd::Truncated, true);
+        let copied = match copy_stack(regs.sp, stack, !switched) {
+            Ok(copied) => copied,
+            Err(Uncopied::NoRoom) => return pc_only(record, true),
+            Err(Uncopied::Failed) => return pc_only(record, false),
         };
-        end = unwind::walk_copy(&regs, stack.get(..copied).unwrap_or_default(), record);
-        // A walk that stopped inside the copy, or a stack that ended before it did, has
-        // nothing more to gain from a longer one.
-        if end != WalkEnd::Truncated || copied < len {
+        let copy = stack.get(..copied).unwrap_or_default();
+        end = walk_over(&regs, copy, record, if switched { walk_top } else { 0 });
+        // A walk that stopped inside the copy (or at its frame limit), or a stack that
+        // ended before the copy did, has nothing more to gain from a longer one.
+        if end != WalkEnd::Truncated || copied < len || usize::from(record.depth) >= MAX_FRAMES {
             break;
         }
     }
     (end, false)
+}
+
+/// Walks `copy` into `record`, on the stack at `top` if one is given (x86_64).
+fn walk_over(regs: &Registers, copy: &[u8], record: &mut SampleRecord, top: u64) -> WalkEnd {
+    #[cfg(target_arch = "x86_64")]
+    if top != 0 {
+        let mut walk = crate::sampler::handler::SwitchedWalk::new(regs, copy, record);
+        // SAFETY: `top` is the 16-byte aligned top of the lent copy buffer's walk stack,
+        // four times the walk's budget, which no other thread uses while it is lent; the
+        // walk returns.
+        unsafe { crate::sampler::handler::on_stack(top, &mut walk) };
+        return walk.end();
+    }
+    let _ = top;
+    unwind::walk_copy(regs, copy, record)
+}
+
+/// Why a thread's stack could not be copied.
+enum Uncopied {
+    /// A page of the walk's budget below the stack pointer could not be read.
+    NoRoom,
+    /// The system call failed otherwise (refused by a seccomp filter, say).
+    Failed,
 }
 
 /// Words read below the stack pointer to prove the walk's room: one every 4 KiB of
@@ -292,11 +334,10 @@ fn walk_copied(buffer: &mut [u8], record: &mut SampleRecord) -> (WalkEnd, bool) 
 /// read; one word would not do: below a 4 KiB guard page may lie another mapping.
 const ROOM_PROBES: usize = WALK_STACK_BUDGET as usize / 4096 + 1;
 
-/// Copies `[sp, sp + stack.len())` of this thread into `stack` after reading a word in
-/// every page of `[sp − WALK_STACK_BUDGET, sp)`, in one system call: the bytes of stack
-/// copied, `None` if a page below `sp` is not readable (too little room for the walk:
-/// the guard page, or a main thread's stack not grown that far) or nothing was read.
-fn copy_stack_proving_room(sp: u64, stack: &mut [u8]) -> Option<usize> {
+/// Copies `[sp, sp + stack.len())` of this thread into `stack`, having read a word in
+/// every page of `[sp − WALK_STACK_BUDGET, sp)` first if `prove_room`, in one system call:
+/// the bytes of stack copied.
+fn copy_stack(sp: u64, stack: &mut [u8], prove_room: bool) -> Result<usize, Uncopied> {
     const WORD: usize = 8;
     let mut probes = [0u8; WORD * ROOM_PROBES];
     let probes_base = probes.as_mut_ptr();
@@ -305,6 +346,7 @@ fn copy_stack_proving_room(sp: u64, stack: &mut [u8]) -> Option<usize> {
         iov_len: 0,
     }; ROOM_PROBES + 1];
     let mut remote = local;
+    let first = if prove_room { 0 } else { ROOM_PROBES };
     for (i, (local, remote)) in local.iter_mut().zip(remote.iter_mut()).enumerate() {
         let (to, from, len) = if i < ROOM_PROBES {
             // sp − 8, sp − 8 − 4 KiB, ..., and the budget's last word.
@@ -326,23 +368,32 @@ fn copy_stack_proving_room(sp: u64, stack: &mut [u8]) -> Option<usize> {
             iov_len: len,
         };
     }
+    let count = (local.len() - first) as libc::c_ulong;
     // SAFETY: `local` describes our own buffers; the kernel checks `remote` and fails
     // (EFAULT) instead of faulting, copying in order and stopping at the first unmapped
-    // byte: a result past the probes' bytes means every probe was read whole.
+    // byte: a result past the probes' bytes means every probe was read whole. The
+    // thread's id names the process (its pid does not once the main thread exited).
     let n = unsafe {
         libc::process_vm_readv(
-            libc::getpid(),
-            local.as_ptr(),
-            local.len() as libc::c_ulong,
-            remote.as_ptr(),
-            remote.len() as libc::c_ulong,
+            libc::gettid(),
+            local[first..].as_ptr(),
+            count,
+            remote[first..].as_ptr(),
+            count,
             0,
         )
     };
-    usize::try_from(n)
-        .ok()
-        .and_then(|n| n.checked_sub(probes.len()))
-        .filter(|&n| n > 0)
+    let probed = if prove_room { probes.len() } else { 0 };
+    match usize::try_from(n) {
+        Ok(n) if n > probed => Ok(n - probed),
+        Ok(n) if n < probed => Err(Uncopied::NoRoom),
+        Ok(_) => Err(Uncopied::Failed),
+        // SAFETY: reads this thread's errno.
+        Err(_) if prove_room && unsafe { *libc::__errno_location() } == libc::EFAULT => {
+            Err(Uncopied::NoRoom)
+        }
+        Err(_) => Err(Uncopied::Failed),
+    }
 }
 
 /// Walks the calling thread's stack from this function's frame (the hook's frames are

@@ -63,7 +63,7 @@ pub const ALLOC_RING_CAPACITY: usize = 64;
 pub const UNREGISTERED_CAPACITY: usize = 128;
 
 /// Stack-copy buffers the walks of unregistered threads borrow (a walk finding all lent
-/// drops its sample, counted): 80 KiB each.
+/// drops its sample, counted): 64 KiB of copy and the walk's own stack each.
 const UNREGISTERED_COPIES: usize = 4;
 
 /// The records and copy buffers of the threads that never registered (null until a
@@ -222,6 +222,7 @@ fn allocate_shared() {
         <AllocRecord as crate::sampler::ring::RingRecord>::EMPTY,
         UNREGISTERED_COPIES,
         hook::UNREGISTERED_COPY_BYTES,
+        hook::UNREGISTERED_WALK_STACK_BYTES,
     )));
     if SHARED
         .compare_exchange(

@@ -128,10 +128,14 @@ impl<T: Copy> Pool<T> {
     }
 }
 
-/// A buffer a walk copies a thread's stack into, lent to one thread at a time.
+/// A buffer a walk copies a thread's stack into, and a stack the walk runs on, lent to
+/// one thread at a time.
 pub(crate) struct CopyBuffer {
     busy: AtomicBool,
     bytes: UnsafeCell<Box<[u8]>>,
+    /// The walk's own stack (the thread's may have no guard page below it, so running
+    /// the walk there could overrun it unseen): only its address range is used.
+    walk_stack: Box<[u8]>,
     len: usize,
 }
 
@@ -140,11 +144,12 @@ pub(crate) struct CopyBuffer {
 unsafe impl Sync for CopyBuffer {}
 
 impl CopyBuffer {
-    pub(crate) fn new(len: usize) -> CopyBuffer {
+    pub(crate) fn new(len: usize, walk_stack: usize) -> CopyBuffer {
         CopyBuffer {
             busy: AtomicBool::new(false),
             bytes: UnsafeCell::new(vec![0; len].into_boxed_slice()),
-            len,
+            walk_stack: vec![0; walk_stack].into_boxed_slice(),
+            len: len + walk_stack,
         }
     }
 
@@ -173,12 +178,20 @@ pub(crate) struct Lent<'a> {
 }
 
 impl Lent<'_> {
-    /// The buffer's bytes.
-    pub(crate) fn with_bytes<R>(&mut self, f: impl FnOnce(&mut [u8]) -> R) -> R {
-        // SAFETY: `busy` is ours while `self` lives, and `&mut self` lends it once.
+    /// The buffer's bytes, and the 16-byte aligned top of its walk stack (0 if it has
+    /// none).
+    pub(crate) fn with_bytes<R>(&mut self, f: impl FnOnce(&mut [u8], u64) -> R) -> R {
+        let stack = &self.buffer.walk_stack;
+        let top = if stack.is_empty() {
+            0
+        } else {
+            (stack.as_ptr() as u64 + stack.len() as u64) & !15
+        };
+        // SAFETY: `busy` is ours while `self` lives, and `&mut self` lends it once; the
+        // walk stack is written only through `top`, by the holder.
         self.buffer
             .bytes
-            .with_mut(|bytes| f(unsafe { &mut *bytes }))
+            .with_mut(|bytes| f(unsafe { &mut *bytes }, top))
     }
 }
 
@@ -195,10 +208,18 @@ pub(crate) struct Shared<T> {
 }
 
 impl<T: Copy> Shared<T> {
-    pub(crate) fn new(records: usize, empty: T, copies: usize, copy_len: usize) -> Shared<T> {
+    pub(crate) fn new(
+        records: usize,
+        empty: T,
+        copies: usize,
+        copy_len: usize,
+        walk_stack: usize,
+    ) -> Shared<T> {
         Shared {
             samples: Pool::new(records, empty),
-            copies: (0..copies).map(|_| CopyBuffer::new(copy_len)).collect(),
+            copies: (0..copies)
+                .map(|_| CopyBuffer::new(copy_len, walk_stack))
+                .collect(),
         }
     }
 
@@ -274,19 +295,27 @@ mod tests {
 
     #[test]
     fn a_copy_buffer_is_lent_to_one_holder_at_a_time() {
-        let shared = Shared::new(1, 0u8, 2, 64);
+        let shared = Shared::new(1, 0u8, 2, 64, 256);
         let a = shared.lend_copy().expect("first");
         let mut b = shared.lend_copy().expect("second");
         assert!(shared.lend_copy().is_none(), "both lent");
-        assert_eq!(b.with_bytes(|bytes| bytes.len()), 64);
+        let (len, top) = b.with_bytes(|bytes, top| (bytes.len(), top));
+        assert_eq!(len, 64);
+        assert_eq!(top % 16, 0, "the walk stack's top is aligned");
+        let stack = &b.buffer.walk_stack;
+        let range = stack.as_ptr() as u64..stack.as_ptr() as u64 + 256;
+        assert!(
+            range.contains(&(top - 1)) && top - range.start >= 240,
+            "near its end"
+        );
         drop(a);
         assert!(shared.lend_copy().is_some(), "given back");
-        assert_eq!(shared.bytes(), shared.samples.bytes() + 128);
+        assert_eq!(shared.bytes(), shared.samples.bytes() + 2 * (64 + 256));
     }
 
     #[test]
     fn a_forked_child_frees_what_parent_threads_held() {
-        let shared = Shared::new(2, 0u8, 1, 8);
+        let shared = Shared::new(2, 0u8, 1, 8, 0);
         let held = shared.lend_copy().expect("lent");
         std::mem::forget(held);
         // A record stuck WRITING, as a parent thread's would be in the child.
@@ -333,6 +362,50 @@ mod loom_model {
             seen.sort_unstable();
             assert_eq!(seen, pushed, "each pushed record drained once");
             assert_eq!(pushed.len(), 2, "two records: neither push is refused");
+        });
+    }
+
+    /// One record, filled, drained and filled again while the drain may still be reading
+    /// it: the drain's release of the record must order its read before the rewrite.
+    fn reuse(pool: Arc<Pool<u64>>) {
+        let producer = {
+            let pool = pool.clone();
+            thread::spawn(move || {
+                [1u64, 2]
+                    .into_iter()
+                    .filter(|&value| pool.push_with(|r| *r = value))
+                    .collect::<Vec<_>>()
+            })
+        };
+        let mut seen = Vec::new();
+        pool.drain(|r| seen.push(*r));
+        pool.drain(|r| seen.push(*r));
+        let pushed = producer.join().expect("producer");
+        pool.drain(|r| seen.push(*r));
+        seen.sort_unstable();
+        assert_eq!(seen, pushed, "each pushed record drained once, as written");
+        assert_eq!(pushed.first(), Some(&1), "an empty pool refused a record");
+    }
+
+    #[test]
+    fn loom_pool_record_reused_after_a_drain() {
+        crate::sync::check("pool, reuse", 3, || {
+            let pool = Arc::new(Pool::new(1, 0u64));
+            pool.records[0].state.stores_as_swaps_for_model();
+            reuse(pool);
+        });
+    }
+
+    /// The broken variant: with the record's state relaxed, a producer rewrites the record
+    /// the drain is reading, or the drain reads one not yet written: loom reports it.
+    #[test]
+    #[should_panic(expected = "Causality violation")]
+    fn loom_pool_with_a_relaxed_state_races_on_the_record() {
+        crate::sync::check("pool, broken", 3, || {
+            let pool = Arc::new(Pool::new(1, 0u64));
+            pool.records[0].state.stores_as_swaps_for_model();
+            pool.records[0].state.relax_for_model();
+            reuse(pool);
         });
     }
 

@@ -154,8 +154,8 @@ fn from_the_allocator(stack: &[SymbolizedFrame]) -> Vec<SymbolizedFrame> {
         .position(|frame| frame.lines.iter().any(|l| &*l.function == hook))
     {
         Some(i) if i + 1 < stack.len() => stack[i + 1..].to_vec(),
-        // Only the hook's own frames: the sample's pc, kept when too little stack was
-        // left for the walk (`AllocationStats::low_stack`).
+        // Only the hook's own frames: the sample's pc, kept when the stack could not be
+        // walked (too little left, the copy refused, no unwinder yet).
         _ if !stack.is_empty()
             && stack.iter().all(|frame| {
                 frame.lines.iter().all(|l| {

@@ -139,10 +139,10 @@ pub const MAX_PROFILE_INTERVAL: Duration = Duration::from_secs(60);
 pub const AGGREGATION_FULL_FRAME: &str = "[otel-profiling: past the aggregation cap]";
 
 /// The one frame of an allocation sample whose stack could not be walked (too little
-/// stack left: [`AllocationStats::low_stack`](crate::allocations::AllocationStats)): its
-/// bytes stay in the profile's totals.
-pub const ALLOCATION_NOT_WALKED_FRAME: &str =
-    "[otel-profiling: allocation stack not walked, too little stack left]";
+/// stack left, counted in [`AllocationStats::low_stack`](crate::allocations::AllocationStats);
+/// a stack copy refused, or no unwinder yet, in `truncated`): its bytes stay in the
+/// profile's totals.
+pub const ALLOCATION_NOT_WALKED_FRAME: &str = "[otel-profiling: allocation stack not walked]";
 
 /// The stack key of [`AGGREGATION_FULL_FRAME`]: not an address a sample can hold.
 const AGGREGATION_FULL_STACK: [u64; 1] = [u64::MAX];

@@ -359,12 +359,7 @@ fn walk_adopted(slot: &Slot, regs: &Registers, record: &mut SampleRecord) -> (Wa
     #[cfg(target_arch = "x86_64")]
     if altstack::headroom(slot.index(), here).is_none() {
         if let Some(top) = altstack::top(slot.index()) {
-            let mut walk = SwitchedWalk {
-                regs,
-                copy,
-                record,
-                end: WalkEnd::Truncated,
-            };
+            let mut walk = SwitchedWalk::new(regs, copy, record);
             // SAFETY: `top` is the top of the slot's stack, which nothing runs on now (the
             // handler is elsewhere, and no other thread holds the slot); the walk returns.
             unsafe { on_stack(top, &mut walk) };
@@ -382,11 +377,33 @@ fn walk_adopted(slot: &Slot, regs: &Registers, record: &mut SampleRecord) -> (Wa
 
 /// What the walk moved onto another stack takes and gives back.
 #[cfg(target_arch = "x86_64")]
-struct SwitchedWalk<'a> {
+pub(crate) struct SwitchedWalk<'a> {
     regs: &'a Registers,
     copy: &'a [u8],
     record: &'a mut SampleRecord,
     end: WalkEnd,
+}
+
+#[cfg(target_arch = "x86_64")]
+impl<'a> SwitchedWalk<'a> {
+    /// A walk of `copy` (the bytes at `[regs.sp, regs.sp + copy.len())`) into `record`.
+    pub(crate) fn new(
+        regs: &'a Registers,
+        copy: &'a [u8],
+        record: &'a mut SampleRecord,
+    ) -> SwitchedWalk<'a> {
+        SwitchedWalk {
+            regs,
+            copy,
+            record,
+            end: WalkEnd::Truncated,
+        }
+    }
+
+    /// How the walk ended (after [`on_stack`]).
+    pub(crate) fn end(&self) -> WalkEnd {
+        self.end
+    }
 }
 
 /// Runs the walk described by `walk` with the stack pointer at `top`, and comes back.
@@ -396,7 +413,7 @@ struct SwitchedWalk<'a> {
 /// while this runs, with room for the walk (`altstack::ALT_STACK_BYTES`).
 #[cfg(target_arch = "x86_64")]
 #[inline(never)]
-unsafe fn on_stack(top: u64, walk: &mut SwitchedWalk<'_>) {
+pub(crate) unsafe fn on_stack(top: u64, walk: &mut SwitchedWalk<'_>) {
     extern "C" fn run(walk: *mut SwitchedWalk<'_>) {
         // SAFETY: the pointer `on_stack` passed, valid for the call.
         if let Some(walk) = unsafe { walk.as_mut() } {

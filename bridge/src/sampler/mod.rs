@@ -1051,16 +1051,19 @@ pub(crate) fn span_enter_is_settled() -> bool {
 /// Before `fork` (from `crate::fork`'s prepare handler).
 pub(crate) fn before_fork() {
     unwind::before_fork();
+    modules::before_fork();
 }
 
 /// After `fork`, in the parent.
 pub(crate) fn after_fork_in_parent() {
+    modules::after_fork();
     unwind::after_fork_in_parent();
 }
 
 /// After `fork`, in the child.
 pub(crate) fn after_fork_in_child() {
-    // Only atomics here.
+    // Only atomics here, and the forking thread's own guards let go of.
+    modules::after_fork();
     SamplerState::global().after_fork_in_child();
     altstack::after_fork_in_child();
     crate::root_cpu::after_fork_in_child();

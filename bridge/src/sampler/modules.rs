@@ -14,8 +14,55 @@
 //! Never called from the signal handler: `dl_iterate_phdr` takes the loader lock and
 //! this module allocates.
 
+use std::cell::RefCell;
 use std::ffi::CStr;
 use std::ops::Range;
+use std::sync::{Mutex, MutexGuard, PoisonError};
+
+/// Held around each of the crate's `dl_iterate_phdr` calls, and by the forking thread
+/// across `fork`. glibc resets the loader's other locks in a forked child but not the one
+/// `dl_iterate_phdr` holds (`dl_load_write_lock`): a child forked while one of our threads
+/// was listing objects (the symbolizer checks the load counts every interval) waited on
+/// it forever at its own first listing (a test's child, 1 fork in ~15: a futex word in
+/// `ld-linux`'s data). Other libraries' calls (C++ exceptions, backtraces) are theirs.
+static LOADER_CALLS: Mutex<()> = Mutex::new(());
+
+thread_local! {
+    /// [`LOADER_CALLS`], held by the forking thread from `pthread_atfork`'s prepare
+    /// handler until the parent and child handlers.
+    static HELD_ACROSS_FORK: RefCell<Option<MutexGuard<'static, ()>>> =
+        const { RefCell::new(None) };
+}
+
+/// Waits for the crate's own `dl_iterate_phdr` calls in progress and keeps others from
+/// starting until [`after_fork`] (the prepare handler; after the unwinder's publisher,
+/// the order a refresh takes them in).
+pub(crate) fn before_fork() {
+    let guard = LOADER_CALLS.lock().unwrap_or_else(PoisonError::into_inner);
+    let _ = HELD_ACROSS_FORK.try_with(|held| *held.borrow_mut() = Some(guard));
+}
+
+/// After `fork`, in the parent and in the child (its one thread is the one holding it).
+pub(crate) fn after_fork() {
+    let _ = HELD_ACROSS_FORK.try_with(|held| held.borrow_mut().take());
+}
+
+/// Runs `dl_iterate_phdr(callback, data)` holding [`LOADER_CALLS`].
+///
+/// # Safety
+/// As `dl_iterate_phdr`'s: `callback` must be sound for every entry with `data`.
+unsafe fn iterate_phdr(
+    callback: unsafe extern "C" fn(
+        *mut libc::dl_phdr_info,
+        libc::size_t,
+        *mut libc::c_void,
+    ) -> libc::c_int,
+    data: *mut libc::c_void,
+) {
+    let _calls = LOADER_CALLS.lock().unwrap_or_else(PoisonError::into_inner);
+    // SAFETY: the caller's contract.
+    unsafe { libc::dl_iterate_phdr(Some(callback), data) };
+}
 
 /// The loader's process-wide counts of objects loaded and unloaded so far
 /// (`dlpi_adds`, `dlpi_subs`): a change means the set of objects changed.
@@ -97,8 +144,8 @@ pub(crate) fn load_generation() -> Option<LoadGeneration> {
     let mut generation: Option<LoadGeneration> = None;
     // SAFETY: the callback only writes through `data`, which points at `generation`.
     unsafe {
-        libc::dl_iterate_phdr(
-            Some(first),
+        iterate_phdr(
+            first,
             &mut generation as *mut Option<LoadGeneration> as *mut libc::c_void,
         )
     };
@@ -153,7 +200,7 @@ pub(crate) fn scan(known: &dyn Fn(&str, u64, &Range<u64>) -> bool) -> Scan {
         },
     };
     // SAFETY: the callback uses `data` only as the `Ctx` it points at.
-    unsafe { libc::dl_iterate_phdr(Some(each), &mut ctx as *mut Ctx<'_> as *mut libc::c_void) };
+    unsafe { iterate_phdr(each, &mut ctx as *mut Ctx<'_> as *mut libc::c_void) };
     ctx.scan
 }
 

@@ -137,7 +137,9 @@ pub(crate) fn copy_own_memory(addr: u64, buf: &mut [u8]) -> Option<usize> {
     };
     // SAFETY: `local` describes `buf`, which we own; the kernel checks `remote` and fails
     // (EFAULT) instead of faulting when it is not mapped.
-    let n = unsafe { libc::process_vm_readv(libc::getpid(), &local, 1, &remote, 1, 0) };
+    // The calling thread's id names the process as well as its pid does, and stays valid
+    // where the main thread has exited (its pid then answers ESRCH).
+    let n = unsafe { libc::process_vm_readv(libc::gettid(), &local, 1, &remote, 1, 0) };
     usize::try_from(n).ok().filter(|&n| n > 0)
 }
 

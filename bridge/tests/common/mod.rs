@@ -107,9 +107,13 @@ pub fn run_child(child: impl FnOnce() -> i32) -> Option<i32> {
         // SAFETY: waiting for our own child.
         let done = unsafe { libc::waitpid(pid, &mut status, libc::WNOHANG) };
         if done == pid {
+            if libc::WIFSIGNALED(status) {
+                eprintln!("child {pid} died of signal {}", libc::WTERMSIG(status));
+            }
             return libc::WIFEXITED(status).then(|| libc::WEXITSTATUS(status));
         }
         if Instant::now() >= deadline {
+            eprintln!("child {pid} hung; its threads:\n{}", threads_of(pid));
             // SAFETY: our own child.
             unsafe {
                 libc::kill(pid, libc::SIGKILL);
@@ -119,6 +123,62 @@ pub fn run_child(child: impl FnOnce() -> i32) -> Option<i32> {
         }
         std::thread::sleep(Duration::from_millis(2));
     }
+}
+
+/// Each thread of process `pid`: its name, state, what it waits in (`wchan`) and its
+/// system call, for a hang's report.
+fn threads_of(pid: libc::pid_t) -> String {
+    let read = |path: String| std::fs::read_to_string(path).unwrap_or_default();
+    let Ok(tasks) = std::fs::read_dir(format!("/proc/{pid}/task")) else {
+        return String::from("(unreadable)");
+    };
+    let mut out = String::new();
+    let maps = read(format!("/proc/{pid}/maps"));
+    // The mapping an address of the report lies in (a futex's word, a pc).
+    let mapping_of = |addr: &str| -> String {
+        let Ok(addr) = u64::from_str_radix(addr.trim_start_matches("0x"), 16) else {
+            return String::new();
+        };
+        maps.lines()
+            .find(|line| {
+                let range = line.split_whitespace().next().unwrap_or("");
+                let (lo, hi) = range.split_once('-').unwrap_or(("", ""));
+                let (lo, hi) = (
+                    u64::from_str_radix(lo, 16).unwrap_or(1),
+                    u64::from_str_radix(hi, 16).unwrap_or(0),
+                );
+                (lo..hi).contains(&addr)
+            })
+            .map(|line| format!(" [{addr:#x} in {line}]"))
+            .unwrap_or_default()
+    };
+    for task in tasks.flatten() {
+        let dir = task.path().display().to_string();
+        let syscall = read(format!("{dir}/syscall"));
+        let fields: Vec<&str> = syscall.split_whitespace().collect();
+        let futex = match fields.first() {
+            Some(&"202") => fields.get(1).map(|a| mapping_of(a)).unwrap_or_default(),
+            _ => String::new(),
+        };
+        let pc = fields.last().map(|a| mapping_of(a)).unwrap_or_default();
+        out.push_str(&format!("  futex word{futex}; pc{pc}\n"));
+        let stat = read(format!("{dir}/stat"));
+        let state = stat
+            .rsplit(')')
+            .next()
+            .unwrap_or("")
+            .split_whitespace()
+            .next();
+        out.push_str(&format!(
+            "  {} {:?} state {} wchan {} syscall {}\n",
+            task.file_name().to_string_lossy(),
+            read(format!("{dir}/comm")).trim(),
+            state.unwrap_or("?"),
+            read(format!("{dir}/wchan")),
+            read(format!("{dir}/syscall")).trim(),
+        ));
+    }
+    out
 }
 
 /// Another library's timer: process-directed SIGPROF with a payload that is no slot.
