@@ -173,84 +173,98 @@ fn record(size: u64, mean: u64) {
             (objects * OBJECTS_ONE as f64).round() as u64,
         );
     }
-    let Some(slot) = slot else {
-        record_unregistered(bytes, objects, root);
-        return;
+    let sample = Sample {
+        bytes,
+        objects,
+        root,
     };
-    let dropped = || {
-        DROPPED.fetch_add(1, Ordering::Relaxed);
-        DROPPED_BYTES.fetch_add(bytes as u64, Ordering::Relaxed);
+    let Some(slot) = slot else {
+        record_unregistered(sample);
+        return;
     };
     // The producer role: this thread alone takes it (the hook is not re-entered), so it
     // fails only on a ring a forked child inherited held.
     let Some(mut producer) = slot.alloc_ring().and_then(|ring| ring.producer()) else {
-        dropped();
+        sample.dropped();
         return;
     };
     let stack = slot.stack();
-    let mut end = WalkEnd::Complete;
-    let mut low_stack = false;
+    let mut walked = (WalkEnd::Complete, false);
     let stored = producer.push_with(|record| {
-        record.bytes = bytes;
-        record.objects = objects;
-        record.stack.root = root;
-        record.stack.weight = 1;
         // The hook's own frames stay in the record: the encoder leaves them out by name
         // (`from_the_allocator`), which holds whatever the build inlined.
-        (end, low_stack) = walk_here(stack, &mut record.stack);
+        walked = sample.fill(record, |frames| walk_here(stack, frames));
     });
     drop(producer);
-    if !stored {
-        dropped();
-        return;
-    }
-    if low_stack {
-        LOW_STACK.fetch_add(1, Ordering::Relaxed);
-    }
-    if end != WalkEnd::Complete {
-        TRUNCATED.fetch_add(1, Ordering::Relaxed);
-    }
+    sample.counted(stored, walked);
 }
 
 /// Takes the sample of a thread without a registration into the buffer such threads
 /// share, its stack walked over a copy (see `unregistered.rs`).
 #[inline(never)]
-fn record_unregistered(bytes: f64, objects: f64, root: Option<RootLabel>) {
+fn record_unregistered(sample: Sample) {
     UNREGISTERED.fetch_add(1, Ordering::Relaxed);
-    UNREGISTERED_BYTES.fetch_add(bytes as u64, Ordering::Relaxed);
-    let dropped = || {
-        DROPPED.fetch_add(1, Ordering::Relaxed);
-        DROPPED_BYTES.fetch_add(bytes as u64, Ordering::Relaxed);
-    };
+    UNREGISTERED_BYTES.fetch_add(sample.bytes as u64, Ordering::Relaxed);
     let Some(shared) = super::shared() else {
-        dropped();
+        sample.dropped();
         return;
     };
     let Some(mut copy) = shared.lend_copy() else {
-        dropped();
+        sample.dropped();
         return;
     };
-    let mut end = WalkEnd::Complete;
-    let mut low_stack = false;
+    let mut walked = (WalkEnd::Complete, false);
     let stored = copy.with_bytes(|copy, walk_top| {
         shared.samples.push_with(|record: &mut AllocRecord| {
-            record.bytes = bytes;
-            record.objects = objects;
-            record.stack.root = root;
-            record.stack.weight = 1;
-            (end, low_stack) = walk_copied(copy, walk_top, &mut record.stack);
+            walked = sample.fill(record, |frames| walk_copied(copy, walk_top, frames));
         })
     });
     drop(copy);
-    if !stored {
-        dropped();
-        return;
+    sample.counted(stored, walked);
+}
+
+/// What one allocation sample stands for, and the root it was made in.
+#[derive(Clone, Copy)]
+struct Sample {
+    bytes: f64,
+    objects: f64,
+    root: Option<RootLabel>,
+}
+
+impl Sample {
+    /// Writes the sample into `record`, its stack by `walk`; returns how the walk ended
+    /// and whether the stack had too little room for it.
+    fn fill(
+        self,
+        record: &mut AllocRecord,
+        walk: impl FnOnce(&mut SampleRecord) -> (WalkEnd, bool),
+    ) -> (WalkEnd, bool) {
+        record.bytes = self.bytes;
+        record.objects = self.objects;
+        record.stack.root = self.root;
+        record.stack.weight = 1;
+        walk(&mut record.stack)
     }
-    if low_stack {
-        LOW_STACK.fetch_add(1, Ordering::Relaxed);
+
+    /// Counts the sample as dropped from the profile (its root's totals have it).
+    fn dropped(self) {
+        DROPPED.fetch_add(1, Ordering::Relaxed);
+        DROPPED_BYTES.fetch_add(self.bytes as u64, Ordering::Relaxed);
     }
-    if end != WalkEnd::Complete {
-        TRUNCATED.fetch_add(1, Ordering::Relaxed);
+
+    /// Counts what became of the sample: dropped if not `stored`, else how it was
+    /// `walked` (its end, and whether room was missing).
+    fn counted(self, stored: bool, (end, low_stack): (WalkEnd, bool)) {
+        if !stored {
+            self.dropped();
+            return;
+        }
+        if low_stack {
+            LOW_STACK.fetch_add(1, Ordering::Relaxed);
+        }
+        if end != WalkEnd::Complete {
+            TRUNCATED.fetch_add(1, Ordering::Relaxed);
+        }
     }
 }
 

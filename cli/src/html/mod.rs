@@ -555,15 +555,13 @@ fn write_group(out: &mut String, index: usize, g: &SpanGroup, view: &GroupView) 
     }
     if view.flame.cpu_ns() > 0 {
         let label = format!("CPU flame graph of {}, {}", g.name, version);
-        writeln!(
-            out,
-            r#"<figure class="flame-figure"><figcaption>{label}: {cpu} in {samples} sample(s). Wider is more CPU; callers below callees; warm colours are your code, grey-blue the runtime and libraries. Click a frame to zoom, the bottom bar to reset.</figcaption><div class="flame-scroll">"#,
-            label = Esc(&label),
-            cpu = ms(view.flame.cpu_ns()),
-            samples = s.cpu_samples,
-        )?;
-        view.flame.write_svg(out, &label)?;
-        writeln!(out, r#"</div><p class="flame-details">&#160;</p></figure>"#)?;
+        let caption = format!(
+            "{} in {} sample(s). Wider is more CPU; callers below callees; warm colours are \
+             your code, grey-blue the runtime and libraries.",
+            ms(view.flame.cpu_ns()),
+            s.cpu_samples
+        );
+        write_flame_figure(out, &view.flame, &label, &caption)?;
     } else {
         let why = g
             .no_samples
@@ -577,17 +575,33 @@ fn write_group(out: &mut String, index: usize, g: &SpanGroup, view: &GroupView) 
     }
     if view.alloc_flame.cpu_ns() > 0 {
         let label = format!("Allocation flame graph of {}, {}", g.name, version);
-        writeln!(
-            out,
-            r#"<figure class="flame-figure"><figcaption>{label}: {allocated} allocated (estimated) in {samples} allocation sample(s). Wider is more bytes allocated; callers below callees; the innermost frame is the allocator's. Click a frame to zoom, the bottom bar to reset.</figcaption><div class="flame-scroll">"#,
-            label = Esc(&label),
-            allocated = crate::format::bytes(view.alloc_flame.cpu_ns()),
-            samples = view.alloc_flame.samples(),
-        )?;
-        view.alloc_flame.write_svg(out, &label)?;
-        writeln!(out, r#"</div><p class="flame-details">&#160;</p></figure>"#)?;
+        let caption = format!(
+            "{} allocated (estimated) in {} allocation sample(s). Wider is more bytes \
+             allocated; callers below callees; the innermost frame is the allocator's.",
+            crate::format::bytes(view.alloc_flame.cpu_ns()),
+            view.alloc_flame.samples()
+        );
+        write_flame_figure(out, &view.alloc_flame, &label, &caption)?;
     }
     writeln!(out, "</article>")
+}
+
+/// One flame graph with its caption (`label: caption`) and the line the page's script
+/// fills with the frame under the pointer.
+fn write_flame_figure(
+    out: &mut String,
+    flame: &FlameTree,
+    label: &str,
+    caption: &str,
+) -> fmt::Result {
+    writeln!(
+        out,
+        r#"<figure class="flame-figure"><figcaption>{}: {} Click a frame to zoom, the bottom bar to reset.</figcaption><div class="flame-scroll">"#,
+        Esc(label),
+        Esc(caption),
+    )?;
+    flame.write_svg(out, label)?;
+    writeln!(out, r#"</div><p class="flame-details">&#160;</p></figure>"#)
 }
 
 fn write_diff(out: &mut String, diff: &VersionDiff) -> fmt::Result {

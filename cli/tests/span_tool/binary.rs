@@ -87,6 +87,11 @@ fn binary_html_report_matches_its_golden_file() {
         ),
         "the page lacks the allocation line"
     );
+    // And the allocations drawn: a flame graph in bytes, its frames the allocating ones.
+    assert!(
+        html.contains("allocated (estimated) in") && html.contains(r#"data-n="render_page""#),
+        "the page lacks the allocation flame graph"
+    );
     assert!(!std::fs::read_to_string(dir.path().join("report.html"))
         .expect("page")
         .contains("class=\"allocations\""));
