@@ -11,7 +11,7 @@ use super::{
 };
 use crate::root_cpu::{ActiveCounter, OBJECTS_ONE};
 use crate::sampler::handler::WALK_STACK_BUDGET;
-use crate::sampler::stack::{Registers, StackBounds};
+use crate::sampler::stack::{copy_stack, Registers, StackBounds, Uncopied};
 use crate::sampler::unwind::{self, WalkEnd};
 use crate::sampler::{SampleRecord, MAX_FRAMES};
 use crate::span_context::RootLabel;
@@ -333,81 +333,6 @@ fn walk_over(regs: &Registers, copy: &[u8], record: &mut SampleRecord, top: u64)
     }
     let _ = top;
     unwind::walk_copy(regs, copy, record)
-}
-
-/// Why a thread's stack could not be copied.
-enum Uncopied {
-    /// A page of the walk's budget below the stack pointer could not be read.
-    NoRoom,
-    /// The system call failed otherwise (refused by a seccomp filter, say).
-    Failed,
-}
-
-/// Words read below the stack pointer to prove the walk's room: one every 4 KiB of
-/// [`WALK_STACK_BUDGET`] and one at its end, so every page of it (4 KiB or larger) is
-/// read; one word would not do: below a 4 KiB guard page may lie another mapping.
-const ROOM_PROBES: usize = WALK_STACK_BUDGET as usize / 4096 + 1;
-
-/// Copies `[sp, sp + stack.len())` of this thread into `stack`, having read a word in
-/// every page of `[sp − WALK_STACK_BUDGET, sp)` first if `prove_room`, in one system call:
-/// the bytes of stack copied.
-fn copy_stack(sp: u64, stack: &mut [u8], prove_room: bool) -> Result<usize, Uncopied> {
-    const WORD: usize = 8;
-    let mut probes = [0u8; WORD * ROOM_PROBES];
-    let probes_base = probes.as_mut_ptr();
-    let mut local = [libc::iovec {
-        iov_base: std::ptr::null_mut(),
-        iov_len: 0,
-    }; ROOM_PROBES + 1];
-    let mut remote = local;
-    let first = if prove_room { 0 } else { ROOM_PROBES };
-    for (i, (local, remote)) in local.iter_mut().zip(remote.iter_mut()).enumerate() {
-        let (to, from, len) = if i < ROOM_PROBES {
-            // sp − 8, sp − 8 − 4 KiB, ..., and the budget's last word.
-            let below = (WORD as u64 + 4096 * i as u64).min(WALK_STACK_BUDGET);
-            (
-                probes_base.wrapping_add(WORD * i),
-                sp.wrapping_sub(below),
-                WORD,
-            )
-        } else {
-            (stack.as_mut_ptr(), sp, stack.len())
-        };
-        *local = libc::iovec {
-            iov_base: to.cast(),
-            iov_len: len,
-        };
-        *remote = libc::iovec {
-            iov_base: from as usize as *mut libc::c_void,
-            iov_len: len,
-        };
-    }
-    let count = (local.len() - first) as libc::c_ulong;
-    // SAFETY: `local` describes our own buffers; the kernel checks `remote` and fails
-    // (EFAULT) instead of faulting, copying in order and stopping at the first unmapped
-    // byte: a result past the probes' bytes means every probe was read whole. The
-    // thread's id names the process (its pid does not once the main thread exited).
-    let n = unsafe {
-        libc::process_vm_readv(
-            libc::gettid(),
-            local[first..].as_ptr(),
-            count,
-            remote[first..].as_ptr(),
-            count,
-            0,
-        )
-    };
-    let probed = if prove_room { probes.len() } else { 0 };
-    match usize::try_from(n) {
-        Ok(n) if n > probed => Ok(n - probed),
-        Ok(n) if n < probed => Err(Uncopied::NoRoom),
-        Ok(_) => Err(Uncopied::Failed),
-        // SAFETY: reads this thread's errno.
-        Err(_) if prove_room && unsafe { *libc::__errno_location() } == libc::EFAULT => {
-            Err(Uncopied::NoRoom)
-        }
-        Err(_) => Err(Uncopied::Failed),
-    }
 }
 
 /// Walks the calling thread's stack from this function's frame (the hook's frames are

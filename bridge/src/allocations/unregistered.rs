@@ -134,13 +134,15 @@ pub(crate) struct CopyBuffer {
     busy: AtomicBool,
     bytes: UnsafeCell<Box<[u8]>>,
     /// The walk's own stack (the thread's may have no guard page below it, so running
-    /// the walk there could overrun it unseen): only its address range is used.
-    walk_stack: Box<[u8]>,
+    /// the walk there could overrun it unseen): written only as a stack, by the holder.
+    walk_stack: UnsafeCell<Box<[u8]>>,
+    /// Its length (0: none).
+    walk_stack_len: usize,
     len: usize,
 }
 
-// SAFETY: `bytes` is touched only by the thread holding `busy` (a `Lent`), whose
-// acquire/release pairs order it after the previous holder's use.
+// SAFETY: `bytes` and `walk_stack` are touched only by the thread holding `busy` (a
+// `Lent`), whose acquire/release pairs order it after the previous holder's use.
 unsafe impl Sync for CopyBuffer {}
 
 impl CopyBuffer {
@@ -148,7 +150,8 @@ impl CopyBuffer {
         CopyBuffer {
             busy: AtomicBool::new(false),
             bytes: UnsafeCell::new(vec![0; len].into_boxed_slice()),
-            walk_stack: vec![0; walk_stack].into_boxed_slice(),
+            walk_stack: UnsafeCell::new(vec![0; walk_stack].into_boxed_slice()),
+            walk_stack_len: walk_stack,
             len: len + walk_stack,
         }
     }
@@ -181,15 +184,18 @@ impl Lent<'_> {
     /// The buffer's bytes, and the 16-byte aligned top of its walk stack (0 if it has
     /// none).
     pub(crate) fn with_bytes<R>(&mut self, f: impl FnOnce(&mut [u8], u64) -> R) -> R {
-        let stack = &self.buffer.walk_stack;
-        let top = if stack.is_empty() {
+        let buffer = self.buffer;
+        let top = if buffer.walk_stack_len == 0 {
             0
         } else {
-            (stack.as_ptr() as u64 + stack.len() as u64) & !15
+            // SAFETY: `busy` is ours while `self` lives: no one else touches the stack.
+            let base = buffer
+                .walk_stack
+                .with_mut(|stack| unsafe { (*stack).as_mut_ptr() }) as u64;
+            (base + buffer.walk_stack_len as u64) & !15
         };
-        // SAFETY: `busy` is ours while `self` lives, and `&mut self` lends it once; the
-        // walk stack is written only through `top`, by the holder.
-        self.buffer
+        // SAFETY: `busy` is ours while `self` lives, and `&mut self` lends it once.
+        buffer
             .bytes
             .with_mut(|bytes| f(unsafe { &mut *bytes }, top))
     }
@@ -302,8 +308,11 @@ mod tests {
         let (len, top) = b.with_bytes(|bytes, top| (bytes.len(), top));
         assert_eq!(len, 64);
         assert_eq!(top % 16, 0, "the walk stack's top is aligned");
-        let stack = &b.buffer.walk_stack;
-        let range = stack.as_ptr() as u64..stack.as_ptr() as u64 + 256;
+        let base = b
+            .buffer
+            .walk_stack
+            .with_mut(|stack| unsafe { (*stack).as_mut_ptr() }) as u64;
+        let range = base..base + 256;
         assert!(
             range.contains(&(top - 1)) && top - range.start >= 240,
             "near its end"

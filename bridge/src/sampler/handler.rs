@@ -410,7 +410,9 @@ impl<'a> SwitchedWalk<'a> {
 ///
 /// # Safety
 /// `top` must be the 16-byte aligned top of mapped, writable memory that nothing else uses
-/// while this runs, with room for the walk (`altstack::ALT_STACK_BYTES`).
+/// while this runs, with room for the walk and a signal frame on top of it: several times
+/// [`WALK_STACK_BUDGET`] (the slots' stacks give `altstack::ALT_STACK_BYTES`, the
+/// allocation hook's copy buffers four budgets).
 #[cfg(target_arch = "x86_64")]
 #[inline(never)]
 pub(crate) unsafe fn on_stack(top: u64, walk: &mut SwitchedWalk<'_>) {

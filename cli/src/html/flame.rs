@@ -44,10 +44,22 @@ impl Measure {
 /// A call tree: CPU (or bytes allocated) and samples per path from the outermost frame.
 #[derive(Debug, Default)]
 pub(crate) struct FlameTree {
+    root: Node,
+    measure: Measure,
+}
+
+/// One path's total and its callees.
+#[derive(Debug, Default)]
+struct Node {
     cpu_ns: u64,
     samples: u64,
-    measure: Measure,
-    children: BTreeMap<String, FlameTree>,
+    children: BTreeMap<String, Node>,
+}
+
+impl Node {
+    fn depth(&self) -> usize {
+        1 + self.children.values().map(Node::depth).max().unwrap_or(0)
+    }
 }
 
 impl FlameTree {
@@ -62,10 +74,7 @@ impl FlameTree {
     }
 
     fn of<'a>(samples: impl IntoIterator<Item = &'a Sample>, measure: Measure) -> FlameTree {
-        let mut root = FlameTree {
-            measure,
-            ..FlameTree::default()
-        };
+        let mut root = Node::default();
         for sample in samples {
             root.cpu_ns += sample.cpu_ns;
             root.samples += sample.count;
@@ -81,26 +90,21 @@ impl FlameTree {
                 node.samples += sample.count;
             }
         }
-        root
+        FlameTree { root, measure }
     }
 
     /// CPU of every sample, nanoseconds (bytes, for an allocation tree).
     pub(crate) fn cpu_ns(&self) -> u64 {
-        self.cpu_ns
+        self.root.cpu_ns
     }
 
     /// The samples the tree holds.
     pub(crate) fn samples(&self) -> u64 {
-        self.samples
+        self.root.samples
     }
 
     fn depth(&self) -> usize {
-        1 + self
-            .children
-            .values()
-            .map(FlameTree::depth)
-            .max()
-            .unwrap_or(0)
+        self.root.depth()
     }
 
     /// Writes the graph as an `<svg>` element; `label` names it for screen readers.
@@ -113,11 +117,11 @@ impl FlameTree {
         )?;
         let mut frame = Frame {
             out,
-            total: self.cpu_ns.max(1),
+            total: self.root.cpu_ns.max(1),
             height,
             measure: self.measure,
         };
-        frame.node("all", self, 0.0, 0)?;
+        frame.node("all", &self.root, 0.0, 0)?;
         writeln!(frame.out, "</svg>")
     }
 }
@@ -132,7 +136,7 @@ struct Frame<'a, W> {
 impl<W: Write> Frame<'_, W> {
     /// One frame at `x` (fraction of the width) and `depth` (0: the root, at the bottom),
     /// then its callees above it.
-    fn node(&mut self, name: &str, node: &FlameTree, x: f64, depth: usize) -> fmt::Result {
+    fn node(&mut self, name: &str, node: &Node, x: f64, depth: usize) -> fmt::Result {
         let w = node.cpu_ns as f64 / self.total as f64;
         let (px, pw) = (x * WIDTH, w * WIDTH);
         let y = self.height - (depth + 1) as f64 * ROW;

@@ -439,9 +439,6 @@ mod tests {
         }
     }
 
-    /// Each stretch counts into the root the thread left, with the thread alternating
-    /// between two roots (the thread keeps the counters of one), and a root whose counters
-    /// were released adds nothing, not even into the next root that reuses them.
     #[test]
     fn run_delay_a_stretch_could_not_hold_goes_to_the_next_up_to_the_reading_time() {
         let reading = |delay: u64| Reading {
@@ -450,38 +447,39 @@ mod tests {
             pid: 1,
         };
         let last = Some(reading(1_000));
-        // 5 µs of new run delay, 1 µs of it this stretch's (its time off CPU): of the
-        // other 4 µs, what fits in the reading's 3 µs goes to the next stretch.
-        let next = carry_delay(
-            last,
-            Some(reading(6_000)),
-            Some((1_000, Some(1_000))),
-            3_000,
-        );
-        assert_eq!(next.and_then(|r| r.delay_ns), Some(3_000));
-        // A reading longer than the surplus carries all of it.
-        let next = carry_delay(
-            last,
-            Some(reading(6_000)),
-            Some((1_000, Some(1_000))),
-            9_000,
-        );
-        assert_eq!(next.and_then(|r| r.delay_ns), Some(2_000));
-        // All of it used: nothing carried.
-        let next = carry_delay(
-            last,
-            Some(reading(6_000)),
-            Some((5_000, Some(5_000))),
-            9_000,
-        );
-        assert_eq!(next.and_then(|r| r.delay_ns), Some(6_000));
-        // Nothing known of this stretch's delay (another process, no schedstat): as read.
-        let next = carry_delay(last, Some(reading(6_000)), None, 9_000);
-        assert_eq!(next.and_then(|r| r.delay_ns), Some(6_000));
-        let next = carry_delay(last, Some(reading(6_000)), Some((5_000, None)), 9_000);
-        assert_eq!(next.and_then(|r| r.delay_ns), Some(6_000));
+        // The new reading holds 5 µs more run delay than the last. Per case: what the
+        // stretch used of it (its time off CPU), the reading's wall time, and the delay
+        // the next stretch starts from.
+        for (used, reading_ns, next, why) in [
+            (
+                Some((1_000, Some(1_000))),
+                3_000,
+                3_000,
+                "of 4 µs unused, the reading's 3 µs",
+            ),
+            (Some((1_000, Some(1_000))), 9_000, 2_000, "all 4 µs unused"),
+            (Some((5_000, Some(5_000))), 9_000, 6_000, "all of it used"),
+            (
+                None,
+                9_000,
+                6_000,
+                "nothing known of the stretch (another process)",
+            ),
+            (
+                Some((5_000, None)),
+                9_000,
+                6_000,
+                "no run delay read (no schedstat)",
+            ),
+        ] {
+            let carried = carry_delay(last, Some(reading(6_000)), used, reading_ns);
+            assert_eq!(carried.and_then(|r| r.delay_ns), Some(next), "{why}");
+        }
     }
 
+    /// Each stretch counts into the root the thread left, with the thread alternating
+    /// between two roots (the thread keeps the counters of one), and a root whose counters
+    /// were released adds nothing, not even into the next root that reuses them.
     #[test]
     fn each_stretch_counts_into_the_root_it_was_in() {
         let mut lists = SlotLists::default();
