@@ -4,6 +4,7 @@
 use std::cell::Cell;
 use std::sync::atomic::Ordering;
 
+use super::inuse::Tracked;
 use super::sampling::{next_countdown, weights, Rng};
 use super::{
     AllocRecord, DROPPED, DROPPED_BYTES, INSTALLED, LOW_STACK, MEAN, SAMPLES, TRUNCATED,
@@ -78,90 +79,130 @@ pub(crate) fn exclude_current_thread() {
     });
 }
 
-/// Counts `size` bytes allocated on this thread; samples the allocation when the
-/// countdown runs out.
+/// Counts `size` bytes allocated on this thread: `true` when the countdown ran out (the
+/// caller then asks [`cold`] whether to sample this allocation).
 #[inline(always)]
-pub(super) fn on_alloc(size: usize) {
-    let _ = COUNTDOWN.try_with(|left| {
-        // `size` is at most isize::MAX (Layout's bound).
-        let now = left.get().wrapping_sub(size as i64);
-        left.set(now);
-        if now <= 0 {
-            cold(size as u64, left);
-        }
-    });
+pub(super) fn counts_out(size: usize) -> bool {
+    COUNTDOWN
+        .try_with(|left| {
+            // `size` is at most isize::MAX (Layout's bound).
+            let now = left.get().wrapping_sub(size as i64);
+            left.set(now);
+            now <= 0
+        })
+        .unwrap_or(false)
 }
 
+/// The countdown ran out at an allocation of `size` bytes: draws the next countdown and,
+/// when this allocation is sampled, returns it as a [`Pending`] sample (the thread is
+/// marked busy until it is recorded or dropped: allocations in between pass through).
 #[cold]
 #[inline(never)]
-fn cold(size: u64, left: &Cell<i64>) {
-    let _ = STATE.try_with(|cell| {
-        let mut state = cell.get();
-        if state.busy || state.own {
-            // An allocation inside the hook (none is made; a foreign signal handler's,
-            // say): passed through, the countdown left as the outer call sets it.
-            if left.get() <= 0 {
-                left.set(RECHECK_BYTES);
-            }
-            return;
-        }
-        if !INSTALLED.load(Ordering::Relaxed) {
-            INSTALLED.store(true, Ordering::Relaxed);
-        }
-        let mean = MEAN.load(Ordering::Relaxed);
-        if mean == 0 {
-            state.armed_with = 0;
-            state.rest = 0;
-            cell.set(state);
-            left.set(RECHECK_BYTES);
-            return;
-        }
-        if !state.seeded {
-            // Any per-thread value: the cell's address, and a process-wide sequence.
-            static SEEDS: std::sync::atomic::AtomicU64 = std::sync::atomic::AtomicU64::new(1);
-            let seed = cell as *const _ as u64 ^ SEEDS.fetch_add(1, Ordering::Relaxed) << 48;
-            state.rng = Rng::new(seed);
-            state.seeded = true;
-        }
-        let armed_with = state.armed_with;
-        // The countdown left, less this allocation's overshoot (`left` ≤ 0): `COUNTDOWN`
-        // holds a chunk of it at most, `rest` the others.
-        let remaining = state.rest.saturating_add(left.get());
-        if armed_with == mean && remaining > 0 {
-            // Only a chunk ran out: count down the next one, nothing sampled.
-            let chunk = remaining.min(RECHECK_BYTES);
-            state.rest = remaining - chunk;
-            left.set(chunk);
-            cell.set(state);
-            return;
-        }
-        // Sampled when the countdown itself ran out; one drawn with another mean (the
-        // setting changed) that had not is dropped, and the new mean's starts here.
-        let crossed = armed_with != 0 && remaining <= 0;
-        state.armed_with = mean;
-        let countdown = next_countdown(&mut state.rng, mean);
-        let chunk = countdown.min(RECHECK_BYTES);
-        state.rest = countdown - chunk;
-        left.set(chunk);
-        if crossed && size > 0 {
-            state.busy = true;
-            cell.set(state);
-            record(size, armed_with);
-            state.busy = false;
-        }
-        cell.set(state);
-    });
+pub(super) fn cold(size: usize) -> Option<Pending> {
+    let size = size as u64;
+    COUNTDOWN
+        .try_with(|left| {
+            STATE
+                .try_with(|cell| decide(size, left, cell))
+                .ok()
+                .flatten()
+        })
+        .ok()
+        .flatten()
 }
 
-/// Takes one allocation sample of `size` bytes, drawn at `mean`.
-#[inline(never)]
-fn record(size: u64, mean: u64) {
-    let slot = crate::sampler::own_slot();
+fn decide(size: u64, left: &Cell<i64>, cell: &Cell<ThreadState>) -> Option<Pending> {
+    let mut state = cell.get();
+    if state.busy || state.own {
+        // An allocation inside the hook (none is made; a foreign signal handler's,
+        // say): passed through, the countdown left as the outer call sets it.
+        if left.get() <= 0 {
+            left.set(RECHECK_BYTES);
+        }
+        return None;
+    }
+    if !INSTALLED.load(Ordering::Relaxed) {
+        INSTALLED.store(true, Ordering::Relaxed);
+    }
+    let mean = MEAN.load(Ordering::Relaxed);
+    if mean == 0 {
+        state.armed_with = 0;
+        state.rest = 0;
+        cell.set(state);
+        left.set(RECHECK_BYTES);
+        return None;
+    }
+    if !state.seeded {
+        // Any per-thread value: the cell's address, and a process-wide sequence.
+        static SEEDS: std::sync::atomic::AtomicU64 = std::sync::atomic::AtomicU64::new(1);
+        let seed = cell as *const _ as u64 ^ SEEDS.fetch_add(1, Ordering::Relaxed) << 48;
+        state.rng = Rng::new(seed);
+        state.seeded = true;
+    }
+    let armed_with = state.armed_with;
+    // The countdown left, less this allocation's overshoot (`left` ≤ 0): `COUNTDOWN`
+    // holds a chunk of it at most, `rest` the others.
+    let remaining = state.rest.saturating_add(left.get());
+    if armed_with == mean && remaining > 0 {
+        // Only a chunk ran out: count down the next one, nothing sampled.
+        let chunk = remaining.min(RECHECK_BYTES);
+        state.rest = remaining - chunk;
+        left.set(chunk);
+        cell.set(state);
+        return None;
+    }
+    // Sampled when the countdown itself ran out; one drawn with another mean (the
+    // setting changed) that had not is dropped, and the new mean's starts here.
+    let crossed = armed_with != 0 && remaining <= 0;
+    state.armed_with = mean;
+    let countdown = next_countdown(&mut state.rng, mean);
+    let chunk = countdown.min(RECHECK_BYTES);
+    state.rest = countdown - chunk;
+    left.set(chunk);
     // The scan's rule for CPU: an unregistered thread of the crate's or the SDK's is
     // telemetry, its allocations no sample of the service's.
-    if slot.is_none() && crate::sampler::adopt::excluded_here() {
-        return;
+    let slot = crate::sampler::own_slot();
+    let sampled =
+        crossed && size > 0 && !(slot.is_none() && crate::sampler::adopt::excluded_here());
+    state.busy = sampled;
+    cell.set(state);
+    sampled.then_some(Pending {
+        size,
+        mean: armed_with,
+    })
+}
+
+/// An allocation the countdown picked, to be recorded once it is made (its thread is
+/// busy until then: a nested allocation passes through).
+pub(super) struct Pending {
+    size: u64,
+    mean: u64,
+}
+
+impl Pending {
+    /// Records the sample: its stack from here, the local root running now, and the
+    /// object `tracked` if it is tracked for in-use memory.
+    #[inline(never)]
+    pub(super) fn record(self, tracked: Option<Tracked>) {
+        record_sample(self.size, self.mean, tracked);
     }
+}
+
+impl Drop for Pending {
+    fn drop(&mut self) {
+        let _ = STATE.try_with(|cell| {
+            let mut state = cell.get();
+            state.busy = false;
+            cell.set(state);
+        });
+    }
+}
+
+/// Takes one allocation sample of `size` bytes, drawn at `mean` (the hook's entry: the
+/// encoder cuts allocation stacks at the allocator's frame, or after this one).
+#[inline(never)]
+fn record_sample(size: u64, mean: u64, tracked: Option<Tracked>) {
+    let slot = crate::sampler::own_slot();
     let (bytes, objects) = weights(size, mean);
     SAMPLES.fetch_add(1, Ordering::Relaxed);
     // The root's totals first: whatever happens to the sample (no ring, a full one),
@@ -177,6 +218,7 @@ fn record(size: u64, mean: u64) {
         bytes,
         objects,
         root,
+        tracked,
     };
     let Some(slot) = slot else {
         record_unregistered(sample);
@@ -229,6 +271,7 @@ struct Sample {
     bytes: f64,
     objects: f64,
     root: Option<RootLabel>,
+    tracked: Option<Tracked>,
 }
 
 impl Sample {
@@ -241,6 +284,7 @@ impl Sample {
     ) -> (WalkEnd, bool) {
         record.bytes = self.bytes;
         record.objects = self.objects;
+        record.tracked = self.tracked;
         record.stack.root = self.root;
         record.stack.weight = 1;
         walk(&mut record.stack)

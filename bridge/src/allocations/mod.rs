@@ -32,6 +32,7 @@
 
 mod allocator;
 mod hook;
+pub(crate) mod inuse;
 mod unregistered;
 
 pub(crate) use hook::exclude_current_thread;
@@ -96,6 +97,8 @@ pub(crate) struct AllocRecord {
     pub(crate) bytes: f64,
     /// Estimated allocations (`1 / p`).
     pub(crate) objects: f64,
+    /// The object, when it is tracked for in-use memory.
+    pub(crate) tracked: Option<inuse::Tracked>,
 }
 
 impl crate::sampler::ring::RingRecord for AllocRecord {
@@ -103,6 +106,7 @@ impl crate::sampler::ring::RingRecord for AllocRecord {
         stack: SampleRecord::EMPTY,
         bytes: 0.0,
         objects: 0.0,
+        tracked: None,
     };
 }
 
@@ -134,6 +138,18 @@ pub struct AllocationStats {
     /// Bytes of the allocation rings allocated now, and of the buffer (and stack copies)
     /// shared by the threads that never registered.
     pub ring_bytes: u64,
+    /// Whether new samples are tracked for in-use memory
+    /// ([`ProfilerBuilder::allocation_inuse`](crate::ProfilerBuilder::allocation_inuse)).
+    pub inuse: bool,
+    /// Sampled objects tracked as alive now (arena cells and large slots).
+    pub inuse_tracked: u64,
+    /// Samples that could not be tracked (their size class and the two above it full,
+    /// the large slots full, or an alignment above 4 KiB): in the allocation profile,
+    /// missing from in-use.
+    pub inuse_untracked: u64,
+    /// Bytes of address space the in-use arena reserves (0 until tracking first starts;
+    /// pages are backed only where tracked objects are or were).
+    pub inuse_arena_bytes: u64,
 }
 
 /// The process's allocation sampling counters.
@@ -143,6 +159,7 @@ pub struct AllocationStats {
 /// assert_eq!(stats.samples, 0, "no ProfilingAllocator in this doctest");
 /// ```
 pub fn stats() -> AllocationStats {
+    let inuse_stats = inuse::stats();
     AllocationStats {
         installed: INSTALLED.load(Ordering::Relaxed),
         sample_bytes: MEAN.load(Ordering::Relaxed),
@@ -157,12 +174,20 @@ pub fn stats() -> AllocationStats {
             .slots()
             .alloc_ring_bytes()
             + shared().map_or(0, |shared| shared.bytes() as u64),
+        inuse: inuse::tracking(),
+        inuse_tracked: inuse_stats.tracked,
+        inuse_untracked: inuse_stats.untracked,
+        inuse_arena_bytes: inuse_stats.arena_bytes,
     }
 }
 
 /// Starts sampling allocations every `mean` bytes on average (0: off), for threads that
-/// register from now on (each gets an allocation ring). Called by the profiler's setup.
-pub(crate) fn start(mean: u64) {
+/// register from now on (each gets an allocation ring), tracking sampled objects until
+/// they are freed if `inuse`. Called by the profiler's setup; `Err`: the in-use arena
+/// could not be mapped.
+pub(crate) fn start(mean: u64, inuse: bool) -> std::io::Result<()> {
+    // Only with our allocator installed: another allocator's frees never reach the arena.
+    inuse::set_tracking(inuse && mean > 0 && INSTALLED.load(Ordering::Relaxed))?;
     if mean > 0 {
         allocate_shared();
     }
@@ -174,6 +199,7 @@ pub(crate) fn start(mean: u64) {
     if mean > 0 {
         LAST_MEAN.store(mean, Ordering::Relaxed);
     }
+    Ok(())
 }
 
 /// Whether allocations are being sampled now: a [`ProfilingAllocator`] is the global
@@ -199,6 +225,7 @@ pub(crate) fn set_mean(mean: u64) {
 
 /// Stops sampling: the hook passes through again.
 pub(crate) fn stop() {
+    let _ = inuse::set_tracking(false);
     MEAN.store(0, Ordering::Relaxed);
     RING_CAPACITY.store(0, Ordering::Relaxed);
 }

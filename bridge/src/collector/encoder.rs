@@ -14,8 +14,8 @@ use std::sync::Arc;
 use std::time::{Duration, Instant, SystemTime};
 
 use super::{
-    sample_labels, AllocTotals, BlockedTotals, CollectorConfig, CollectorStats, EncodedProfile,
-    FlushBoard, LabelKey, ProfileKind, ProfileSink, Totals, AGGREGATION_FULL_FRAME,
+    inuse::InuseTotals, sample_labels, AllocTotals, BlockedTotals, CollectorConfig, CollectorStats,
+    EncodedProfile, FlushBoard, LabelKey, ProfileKind, ProfileSink, Totals, AGGREGATION_FULL_FRAME,
     AGGREGATION_FULL_STACK, ALLOCATION_NOT_WALKED_FRAME, NO_SPANS_WARNING,
 };
 use crate::pprof::{self, FrameLine, ProfileBuilder, SymbolizedFrame};
@@ -34,6 +34,9 @@ pub(super) struct Interval {
     pub(super) blocked: Totals<BlockedTotals>,
     /// Allocation samples by (stack, labels).
     pub(super) allocs: Totals<AllocTotals>,
+    /// In-use memory at the hand-over by (stack, labels) (`None`: not tracked; the
+    /// allocation profile keeps its two types).
+    pub(super) inuse: Option<Totals<InuseTotals>>,
     /// The last flush ticket this interval answers (0: none), written once its
     /// profiles reached the sinks.
     pub(super) flush: u64,
@@ -66,6 +69,7 @@ enum Totalled {
     Cpu(u64),
     Blocked(BlockedTotals),
     Alloc(AllocTotals),
+    Inuse(InuseTotals),
 }
 
 /// Names the stacks of `totals` and gives each to `each`, in batches of at most
@@ -117,8 +121,9 @@ fn name_in_batches<V>(
 /// (the sampling, the walk, inlined or not, which differ between builds) are left out,
 /// so the innermost frame is `ProfilingAllocator`'s `alloc`, `alloc_zeroed` or
 /// `realloc`; without inlined names (no debug info), the `__rust_alloc` family that
-/// calls it, or else the frame the hook's `cold` returns to (the allocator and its
-/// callers inlined into it). A stack where none of these is named is kept whole.
+/// calls it, or else the first frame out of the hook's entry (`record_sample`) and the
+/// allocator's own out-of-line paths (the allocator and its callers inlined into it).
+/// A stack where none of these is named is kept whole.
 fn from_the_allocator(stack: &[SymbolizedFrame]) -> Vec<SymbolizedFrame> {
     // Its name with full debug info, and as `line-tables-only` names it inlined (the
     // module path and the bare method name, see `symbolize/qualify.rs`).
@@ -135,7 +140,16 @@ fn from_the_allocator(stack: &[SymbolizedFrame]) -> Vec<SymbolizedFrame> {
             .any(|shim| f.ends_with(shim))
     };
     // The hook's entry, a function of its own in every build (`#[inline(never)]`).
-    let hook = "otel_profiling::allocations::hook::cold";
+    let hook = "otel_profiling::allocations::hook::record_sample";
+    // The allocator's out-of-line paths (`alloc_sampled`, ...) and the hook's frames
+    // between its entry and them.
+    let is_ours = |frame: &SymbolizedFrame| {
+        frame.lines.iter().all(|l| {
+            l.function.starts_with("otel_profiling::allocations::")
+                || l.function
+                    .starts_with("<otel_profiling::allocations::allocator::ProfilingAllocator")
+        })
+    };
     for is_cut in [&is_wrapper as &dyn Fn(&str) -> bool, &is_shim] {
         for (i, frame) in stack.iter().enumerate() {
             if let Some(j) = frame.lines.iter().position(|l| is_cut(&l.function)) {
@@ -153,7 +167,11 @@ fn from_the_allocator(stack: &[SymbolizedFrame]) -> Vec<SymbolizedFrame> {
         .iter()
         .position(|frame| frame.lines.iter().any(|l| &*l.function == hook))
     {
-        Some(i) if i + 1 < stack.len() => stack[i + 1..].to_vec(),
+        Some(i) if stack[i + 1..].iter().any(|f| !is_ours(f)) => stack[i + 1..]
+            .iter()
+            .skip_while(|f| is_ours(f))
+            .cloned()
+            .collect(),
         // Only the hook's own frames: the sample's pc, kept when the stack could not be
         // walked (too little left, the copy refused, no unwinder yet).
         _ if !stack.is_empty()
@@ -235,6 +253,7 @@ impl Encoder {
             counts,
             blocked,
             allocs,
+            inuse,
             flush,
         } = interval;
         let naming = Instant::now();
@@ -245,9 +264,12 @@ impl Encoder {
         let mut cpu = ProfileBuilder::new(self.period_ns, start, duration);
         let mut block = ProfileBuilder::blocked(start, duration);
         let mean = crate::allocations::last_mean();
-        let mut alloc =
-            ProfileBuilder::allocations(i64::try_from(mean).unwrap_or(i64::MAX), start, duration);
-        let (mut samples, mut looks, mut alloc_samples) = (0u64, 0u64, 0u64);
+        let mean = i64::try_from(mean).unwrap_or(i64::MAX);
+        let mut alloc = match inuse {
+            Some(_) => ProfileBuilder::heap(mean, start, duration),
+            None => ProfileBuilder::allocations(mean, start, duration),
+        };
+        let (mut samples, mut looks, mut alloc_samples, mut held) = (0u64, 0u64, 0u64, 0u64);
         let all = counts
             .into_iter()
             .map(|(key, count)| (key, Totalled::Cpu(count)))
@@ -260,6 +282,12 @@ impl Encoder {
                 allocs
                     .into_iter()
                     .map(|(key, totals)| (key, Totalled::Alloc(totals))),
+            )
+            .chain(
+                inuse
+                    .into_iter()
+                    .flatten()
+                    .map(|(key, totals)| (key, Totalled::Inuse(totals))),
             );
         let config = &self.config;
         name_in_batches(symbolizer, all, |stack, key, value| {
@@ -281,6 +309,12 @@ impl Encoder {
                     let stack = from_the_allocator(stack);
                     alloc.add_allocations(&stack, &labels, objects, bytes);
                     alloc_samples += totals.samples;
+                }
+                Totalled::Inuse(totals) => {
+                    let objects = totals.objects.round() as u64;
+                    let bytes = totals.bytes.round() as u64;
+                    alloc.add_inuse(&from_the_allocator(stack), &labels, objects, bytes);
+                    held += 1;
                 }
             }
         });
@@ -317,7 +351,9 @@ impl Encoder {
                 .blocked_in_profiles
                 .fetch_add(looks, Ordering::Relaxed);
         }
-        if alloc_samples > 0 {
+        // In-use memory is reported while it is held, even in an interval that sampled
+        // no allocation.
+        if alloc_samples > 0 || held > 0 {
             self.export(ProfileKind::Alloc, alloc, start, duration, alloc_samples);
             self.stats
                 .alloc_samples_in_profiles
@@ -419,9 +455,14 @@ mod tests {
         let hook = frame(
             1,
             &[
-                "otel_profiling::allocations::hook::record",
-                "otel_profiling::allocations::hook::cold",
+                "otel_profiling::allocations::hook::walk_here",
+                "otel_profiling::allocations::hook::record_sample",
             ],
+        );
+        let pending = frame(4, &["otel_profiling::allocations::hook::Pending::record"]);
+        let sampled_path = frame(
+            5,
+            &["<otel_profiling::allocations::allocator::ProfilingAllocator<A>>::alloc_sampled"],
         );
         let caller = frame(3, &["shop::render"]);
         for wrapper in [
@@ -430,9 +471,15 @@ mod tests {
         ] {
             let shim = frame(
                 2,
-                &["otel_profiling::allocations::hook::on_alloc", wrapper, "__rustc::__rust_realloc"],
+                &[wrapper, "__rustc::__rust_realloc"],
             );
-            let kept = from_the_allocator(&[hook.clone(), shim, caller.clone()]);
+            let kept = from_the_allocator(&[
+                hook.clone(),
+                pending.clone(),
+                sampled_path.clone(),
+                shim,
+                caller.clone(),
+            ]);
             assert_eq!(
                 names(&kept),
                 [vec![wrapper.to_owned(), "__rustc::__rust_realloc".to_owned()], vec!["shop::render".to_owned()]]
@@ -454,8 +501,14 @@ mod tests {
             &["otel_profiling::allocations::hook::walk_copied"],
         )]);
         assert_eq!(names(&kept), [vec![ALLOCATION_NOT_WALKED_FRAME.to_owned()]]);
-        // Neither: what follows the hook's entry.
-        let kept = from_the_allocator(&[hook, frame(2, &["alloc::alloc::alloc"]), caller]);
+        // Neither: what follows the hook's entry and the allocator's own paths.
+        let kept = from_the_allocator(&[
+            hook,
+            pending,
+            sampled_path,
+            frame(2, &["alloc::alloc::alloc"]),
+            caller,
+        ]);
         assert_eq!(
             names(&kept),
             [
@@ -516,6 +569,7 @@ mod tests {
             counts,
             blocked: Totals::default(),
             allocs: Totals::default(),
+            inuse: None,
             flush: 0,
         });
         assert_eq!(flush, 0);

@@ -30,6 +30,7 @@
 
 mod coverage;
 mod encoder;
+mod inuse;
 pub(crate) use coverage::{is_own_thread, own_thread};
 pub(crate) mod symbolize;
 
@@ -444,6 +445,7 @@ impl Collector {
             counts: Aggregation::new(config.max_keys),
             blocked: Aggregation::new(config.max_keys),
             allocs: Aggregation::new(config.max_keys),
+            live: inuse::LiveObjects::default(),
             config,
             stats: stats.clone(),
             interval_start: SystemTime::now(),
@@ -725,6 +727,8 @@ struct State {
     blocked: Aggregation<BlockedTotals>,
     /// Allocation samples by (stack, labels).
     allocs: Aggregation<AllocTotals>,
+    /// The sampled objects tracked for in-use memory, still alive when last looked at.
+    live: inuse::LiveObjects,
     interval_start: SystemTime,
     /// Where flushes wait; the encoder tells them.
     flushes: Arc<FlushBoard>,
@@ -925,6 +929,7 @@ impl State {
         }
         let (counts, mut folded, mut drained) = (&mut self.counts, 0u64, 0u64);
         let (allocs, mut alloc_folded) = (&mut self.allocs, 0u64);
+        let live = &mut self.live;
         sampler::SamplerState::global().drain_both(
             |record: &SampleRecord| {
                 // Weighted: a signal standing for several periods (rates above the kernel
@@ -948,6 +953,7 @@ impl State {
                 if added == Added::Folded {
                     alloc_folded += 1;
                 }
+                live.add(record);
             },
         );
         sampler::check_handler();
@@ -1025,6 +1031,7 @@ impl State {
             counts: self.counts.take(),
             blocked: self.blocked.take(),
             allocs: self.allocs.take(),
+            inuse: self.live.totals(),
             flush: std::mem::take(&mut self.flush_pending),
         }
     }

@@ -116,6 +116,9 @@ enum Shape {
     /// `alloc_objects`/`count`, `alloc_space`/`bytes`, period type `space`/`bytes` (the
     /// allocation half of Go's heap profile).
     Alloc,
+    /// Go's whole heap profile: `Alloc`'s two types, then `inuse_objects`/`count`,
+    /// `inuse_space`/`bytes`.
+    Heap,
 }
 
 /// A deduplicated sample: values are multiplied by the period only in `build`.
@@ -127,6 +130,8 @@ struct PendingSample {
     count: u64,
     /// Blocked nanoseconds (blocked profiles), bytes (allocation profiles).
     delay_ns: u64,
+    /// In-use (objects, bytes) (heap profiles).
+    inuse: (u64, u64),
 }
 
 /// A location before `build` numbers it: its address and (provisional function id, line)
@@ -178,6 +183,44 @@ impl ProfileBuilder {
         }
     }
 
+    /// Starts an empty heap profile: an allocation profile that also holds in-use memory
+    /// (Go's heap profile: `alloc_objects`, `alloc_space`, `inuse_objects`, `inuse_space`).
+    ///
+    /// ```
+    /// use otel_profiling::pprof::{FrameLine, ProfileBuilder, SampleLabels, SymbolizedFrame};
+    /// use std::time::{Duration, SystemTime};
+    ///
+    /// let mut heap = ProfileBuilder::heap(512 * 1024, SystemTime::now(), Duration::from_secs(10));
+    /// let line = FrameLine { function: "shop::cache::fill".into(), file: None, line: None };
+    /// let stack = [SymbolizedFrame { address: 0x1000, lines: vec![line] }];
+    /// let labels = SampleLabels { span_id: Some(7), ..SampleLabels::default() };
+    /// heap.add_allocations(&stack, &labels, 4, 4096);
+    /// // Still held: the same sample, its in-use values set.
+    /// heap.add_inuse(&stack, &labels, 1, 1024);
+    /// assert_eq!(heap.build().sample_count(), 1);
+    /// ```
+    pub fn heap(mean_bytes: i64, start: SystemTime, duration: Duration) -> ProfileBuilder {
+        ProfileBuilder {
+            shape: Shape::Heap,
+            ..ProfileBuilder::new(mean_bytes, start, duration)
+        }
+    }
+
+    /// Adds `objects` sampled allocations of `bytes` in all, still alive, under `stack` to
+    /// a heap profile. Nothing is added when both are zero.
+    pub fn add_inuse(
+        &mut self,
+        stack: &[SymbolizedFrame],
+        labels: &SampleLabels,
+        objects: u64,
+        bytes: u64,
+    ) {
+        if objects == 0 && bytes == 0 {
+            return;
+        }
+        self.add_values(stack, labels, 0, 0, (objects, bytes));
+    }
+
     /// Adds `objects` allocations of `bytes` in all under `stack` to an allocation
     /// profile. Nothing is added when both are zero.
     pub fn add_allocations(
@@ -227,12 +270,25 @@ impl ProfileBuilder {
     }
 
     fn add(&mut self, stack: &[SymbolizedFrame], labels: &SampleLabels, count: u64, delay: u64) {
+        self.add_values(stack, labels, count, delay, (0, 0));
+    }
+
+    fn add_values(
+        &mut self,
+        stack: &[SymbolizedFrame],
+        labels: &SampleLabels,
+        count: u64,
+        delay: u64,
+        inuse: (u64, u64),
+    ) {
         let location_ids: Vec<u64> = stack.iter().map(|f| self.location_id(f)).collect();
         match self.sample_index.entry((location_ids, labels.clone())) {
             Entry::Occupied(entry) => {
                 let sample = &mut self.samples[*entry.get()];
                 sample.count = sample.count.saturating_add(count);
                 sample.delay_ns = sample.delay_ns.saturating_add(delay);
+                sample.inuse.0 = sample.inuse.0.saturating_add(inuse.0);
+                sample.inuse.1 = sample.inuse.1.saturating_add(inuse.1);
             }
             Entry::Vacant(entry) => {
                 let (location_ids, labels) = entry.key().clone();
@@ -242,6 +298,7 @@ impl ProfileBuilder {
                     labels,
                     count,
                     delay_ns: delay,
+                    inuse,
                 });
             }
         }
@@ -272,12 +329,19 @@ impl ProfileBuilder {
                 let delay = value_type("delay", "nanoseconds");
                 (vec![contentions.clone(), delay], contentions)
             }
-            Shape::Alloc => {
-                // The allocation half of Go's heap profile, as Pyroscope names its series
-                // (`memory:alloc_space:bytes:space:bytes`).
-                let objects = value_type("alloc_objects", "count");
-                let space = value_type("alloc_space", "bytes");
-                (vec![objects, space], value_type("space", "bytes"))
+            Shape::Alloc | Shape::Heap => {
+                // Go's heap profile (its allocation half without in-use tracking), as
+                // Pyroscope names its series (`memory:alloc_space:bytes:space:bytes`,
+                // `memory:inuse_space:bytes:space:bytes`).
+                let mut types = vec![
+                    value_type("alloc_objects", "count"),
+                    value_type("alloc_space", "bytes"),
+                ];
+                if self.shape == Shape::Heap {
+                    types.push(value_type("inuse_objects", "count"));
+                    types.push(value_type("inuse_space", "bytes"));
+                }
+                (types, value_type("space", "bytes"))
             }
             Shape::Cpu => {
                 let cpu = value_type("cpu", "nanoseconds");
@@ -352,6 +416,10 @@ impl ProfileBuilder {
                         i64::try_from(s.count).unwrap_or(i64::MAX),
                         i64::try_from(s.delay_ns).unwrap_or(i64::MAX),
                     ],
+                    Shape::Heap => [s.count, s.delay_ns, s.inuse.0, s.inuse.1]
+                        .iter()
+                        .map(|&v| i64::try_from(v).unwrap_or(i64::MAX))
+                        .collect(),
                     Shape::Cpu => vec![sample_value(s.count, self.period_ns)],
                 },
                 label: labels(&mut strings, &s.labels),

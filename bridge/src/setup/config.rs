@@ -27,6 +27,7 @@
 //! | `OTEL_PROFILING_MAX_LIVE_ROOTS` | the most local roots labelled at once; past it a root's samples carry no span labels, counted (default 262144; see [`crate::set_max_live_roots`]) | 1 to 8388608 |
 //! | `OTEL_PROFILING_OUTPUT_MAX_BYTES` | bound on our files in the local directory, oldest removed first (default 256 MiB; the standalone `ProfilerBuilder` reads it too) | bytes, or `64KiB`, `256MiB`, `1GiB`; `0` for no bound at all (the explicit opt-out: the directory then grows without end) |
 //! | `OTEL_PROFILING_ALLOC_SAMPLE_BYTES` | mean bytes between two allocation samples, per thread, with a `ProfilingAllocator` as the global allocator (default 512 KiB; `ProfilerBuilder::allocation_sample_bytes` wins) | bytes, or `64KiB`, `1MiB`; `0` switches allocation sampling off; at most 1 TiB |
+//! | `OTEL_PROFILING_ALLOC_INUSE` | track sampled allocations until they are freed, for in-use memory by span (`inuse_objects`, `inuse_space`; default off; `ProfilerBuilder::allocation_inuse` wins; see `docs/allocations.md`) | `true` or `false` |
 //! | `OTEL_PROFILING_BLOCKED_THRESHOLD` | how long a thread must be held inside one poll of a span, off-CPU in a system call, before its stack goes into the blocked-in-poll profile (default 10ms; see `docs/blocked-in-poll.md`) | `10ms`, `50ms`, `1s` (1 ms to 60 s), or `off` (no watchdog) |
 //! | `OTEL_PROFILING_PROFILES_EXPORTER` | where profiles go: Pyroscope's push API, OTLP profiles, or both. Unset: `otlp` when `OTEL_EXPORTER_OTLP_PROFILES_ENDPOINT` is set (`both` if `PYROSCOPE_SERVER_ADDRESS` is set too), else Pyroscope when configured | `pyroscope`, `otlp` or `both` |
 //! | `OTEL_EXPORTER_OTLP_PROFILES_ENDPOINT` | OTLP profiles receiver, used as given; else `OTEL_EXPORTER_OTLP_ENDPOINT` + `/v1development/profiles` (HTTP) | `http://localhost:4040/v1development/profiles` (Pyroscope), `http://localhost:4318/v1development/profiles` (Collector) |
@@ -984,6 +985,18 @@ pub(crate) fn alloc_sample_bytes_variable(
                  switches allocation sampling off",
             )
         })
+}
+
+/// `OTEL_PROFILING_ALLOC_INUSE`: whether sampled allocations are tracked until freed
+/// (`None` when unset or blank).
+pub(crate) fn alloc_inuse_variable(
+    get: impl Fn(&str) -> Option<String>,
+) -> Result<Option<bool>, ConfigError> {
+    const NAME: &str = "OTEL_PROFILING_ALLOC_INUSE";
+    get(NAME)
+        .filter(|v| !v.trim().is_empty())
+        .map(|v| parse_bool(NAME, &v))
+        .transpose()
 }
 
 /// `10s`, `500ms`, `1m`, `2h`, or a bare number of seconds; surrounding blanks are

@@ -164,6 +164,7 @@ pub struct Telemetry {
     trace_id_label: Option<bool>,
     blocked_threshold: Option<Option<Duration>>,
     alloc_sample_bytes: Option<u64>,
+    alloc_inuse: Option<bool>,
     thread_context: Option<bool>,
     scope: ProfileIdScope,
     unsampled: UnsampledTraces,
@@ -388,6 +389,14 @@ impl Telemetry {
         self
     }
 
+    /// Whether sampled allocations are tracked until freed, for in-use memory by span
+    /// (default off; wins over `OTEL_PROFILING_ALLOC_INUSE`). See
+    /// [`ProfilerBuilder::allocation_inuse`](crate::ProfilerBuilder::allocation_inuse).
+    pub fn allocation_inuse(mut self, on: bool) -> Self {
+        self.alloc_inuse = Some(on);
+        self
+    }
+
     /// Whether to publish each thread's running local root span for profilers outside
     /// the process (the OpenTelemetry eBPF profiler, Datadog's agent): the OTEP 4947
     /// thread context and the OTEP 4719 process context with this resource (default
@@ -578,6 +587,9 @@ impl Telemetry {
         }
         if let Some(bytes) = self.alloc_sample_bytes {
             profiler = profiler.allocation_sample_bytes(bytes);
+        }
+        if let Some(on) = self.alloc_inuse {
+            profiler = profiler.allocation_inuse(on);
         }
         let mut pyroscope_stats = None;
         if let Some((target, _)) = pyroscope {

@@ -150,6 +150,9 @@ pub struct ProfilerBuilder {
     blocked: Option<Option<WatchdogConfig>>,
     /// Mean bytes between allocation samples (`None`: the variable, else the default).
     alloc_sample_bytes: Option<u64>,
+    /// Whether sampled allocations are tracked until freed (`None`: the variable, else
+    /// off).
+    alloc_inuse: Option<bool>,
 }
 
 impl std::fmt::Debug for ProfilerBuilder {
@@ -186,6 +189,30 @@ impl ProfilerBuilder {
     /// as the `#[global_allocator]`: allocation profiles then sit beside the CPU ones.
     pub fn allocation_sample_bytes(mut self, bytes: u64) -> Self {
         self.alloc_sample_bytes = Some(bytes);
+        self
+    }
+
+    /// Whether sampled allocations are tracked until they are freed (default off, or
+    /// `OTEL_PROFILING_ALLOC_INUSE`): allocation profiles then also hold in-use memory,
+    /// `inuse_objects` and `inuse_space`, by span — which requests' allocations the
+    /// program still holds. Sampled objects up to 64 KiB are then served from a 20 MiB
+    /// reserved arena (pages backed only where they are used), so that a free is told by
+    /// its address; larger ones are tracked in 512 slots. What finds no room is profiled
+    /// but not tracked, counted in
+    /// [`AllocationStats::inuse_untracked`](crate::allocations::AllocationStats::inuse_untracked).
+    /// See `docs/allocations.md`.
+    ///
+    /// ```no_run
+    /// # fn main() -> Result<(), otel_profiling::ProfilerError> {
+    /// let profiler = otel_profiling::Profiler::builder()
+    ///     .allocation_inuse(true)
+    ///     .start()?;
+    /// # drop(profiler);
+    /// # Ok(())
+    /// # }
+    /// ```
+    pub fn allocation_inuse(mut self, on: bool) -> Self {
+        self.alloc_inuse = Some(on);
         self
     }
 
@@ -349,6 +376,11 @@ impl ProfilerBuilder {
             None => crate::config::alloc_sample_bytes_variable(|name| std::env::var(name).ok())?
                 .unwrap_or(crate::allocations::DEFAULT_SAMPLE_BYTES),
         };
+        let alloc_inuse = match self.alloc_inuse {
+            Some(on) => on,
+            None => crate::config::alloc_inuse_variable(|name| std::env::var(name).ok())?
+                .unwrap_or(false),
+        };
         let period_ns = 1_000_000_000 / i64::from(self.sampler.frequency_hz.max(1));
         let sampler = Sampler::start(self.sampler)?;
         let collector =
@@ -359,7 +391,10 @@ impl ProfilerBuilder {
                 }
             })?;
         // Before any registration of this run: each gets its allocation ring.
-        crate::allocations::start(alloc_mean);
+        crate::allocations::start(alloc_mean, alloc_inuse).map_err(|source| ProfilerError::Io {
+            what: "reserving the in-use allocation arena (profiler.allocation_inuse)".into(),
+            source,
+        })?;
         let _ = sampler.register_current_thread();
         let watchdog = match self
             .blocked
