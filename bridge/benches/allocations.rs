@@ -3,16 +3,18 @@
 //! * `pair`: one 64-byte allocation and its free, through the system allocator and
 //!   through a `ProfilingAllocator` wrapping it, called directly in alternating batches,
 //!   with allocation sampling off (the wrapper's pass-through) and on at the default
-//!   mean (512 KiB: the countdown, and one sample in about 8,000 pairs): target ≤ 5 ns
-//!   more than the system allocator;
+//!   mean (512 KiB: the countdown, and one sample in about 8,000 pairs), and on with
+//!   in-use tracking (the sampled blocks in arena cells; every free's address check is
+//!   paid in all three): target ≤ 5 ns more than the system allocator;
 //! * `json`: a JSON round trip (serde_json's `Value`: ~90 allocations of mixed sizes)
 //!   through the system allocator and through the wrapper, sampling off and on at the
-//!   default mean (this binary's global allocator switches between them at run time):
-//!   target ≤ 2 % throughput lost against the system allocator;
+//!   default mean, and on with in-use tracking (this binary's global allocator switches
+//!   between them at run time): target ≤ 2 % throughput lost against the system
+//!   allocator;
 //! * `sampled`: one allocation that is sampled (the mean set to 1 byte), 8, 16 and 48
 //!   frames below the bench's `main`, timed one by one: p50, p90 and p99 (target p99 ≤
-//!   2 µs); and 16 frames down on a thread that never registered (its stack copied
-//!   before the walk);
+//!   2 µs); 16 frames down with in-use tracking on (a cell taken too); and 16 frames
+//!   down on a thread that never registered (its stack copied before the walk);
 //! * instructions per `pair` (valgrind's callgrind, when installed): a figure that does
 //!   not move with the machine's load.
 //!
@@ -36,8 +38,11 @@ struct Switch;
 /// Whether [`Switch`] sends allocations through [`WRAPPED`].
 static THROUGH_WRAPPER: AtomicBool = AtomicBool::new(true);
 
-// SAFETY: every call goes to `System` or to the wrapper around `System`, whose blocks
-// are `System`'s: a block either allocated may be freed or grown by either.
+// SAFETY: every call goes to `System` or to the wrapper around `System`. The wrapper's
+// blocks are `System`'s except the in-use arena's cells, which only sampled allocations
+// made through the wrapper with tracking on get: each of those is freed or grown while
+// the switch still points at the wrapper (the bench's own collections are allocated in
+// full before any round), and the wrapper frees `System`'s blocks as `System` does.
 unsafe impl GlobalAlloc for Switch {
     unsafe fn alloc(&self, layout: Layout) -> *mut u8 {
         // SAFETY: the caller's contract, passed on.
@@ -61,7 +66,13 @@ unsafe impl GlobalAlloc for Switch {
     }
     unsafe fn dealloc(&self, ptr: *mut u8, layout: Layout) {
         // SAFETY: the caller's contract, passed on.
-        unsafe { System.dealloc(ptr, layout) }
+        unsafe {
+            if THROUGH_WRAPPER.load(Ordering::Relaxed) {
+                WRAPPED.dealloc(ptr, layout)
+            } else {
+                System.dealloc(ptr, layout)
+            }
+        }
     }
     unsafe fn realloc(&self, ptr: *mut u8, layout: Layout, new_size: usize) -> *mut u8 {
         // SAFETY: the caller's contract, passed on.
@@ -223,11 +234,12 @@ fn callgrind_run(setup: &str) {
     let profiler = (setup != "system").then(|| {
         otel_profiling::Profiler::builder()
             .output_dir(&dir)
-            .allocation_sample_bytes(if setup == "on" {
-                DEFAULT_SAMPLE_BYTES
-            } else {
+            .allocation_sample_bytes(if setup == "off" {
                 0
+            } else {
+                DEFAULT_SAMPLE_BYTES
             })
+            .allocation_inuse(setup == "inuse")
             .start()
             .expect("profiler")
     });
@@ -265,18 +277,25 @@ fn main() {
     let order = order();
     let per_pair = f64::from(PAIRS_PER_BATCH);
     let per_json = f64::from(JSON_PER_BATCH);
-    let (mut off_extra, mut on_extra, mut system_ns) = (Vec::new(), Vec::new(), Vec::new());
-    let mut json_ratio = Vec::new();
-    let mut json_off_ratio = Vec::new();
-    let mut json_ns = Vec::new();
+    // Allocated in full now: no push below grows them (see `Switch`).
+    let series = || Vec::with_capacity(rounds);
+    let (mut off_extra, mut on_extra, mut inuse_extra) = (series(), series(), series());
+    let mut system_ns = series();
+    let (mut json_ratio, mut json_off_ratio, mut json_inuse_ratio) = (series(), series(), series());
+    let mut json_ns = series();
+    // Set-ups: 0 System, 1 the wrapper sampling off, 2 on, 3 on with in-use tracking.
+    let set_up = |which: usize| {
+        profiler
+            .set_allocation_sample_bytes(if which >= 2 { DEFAULT_SAMPLE_BYTES } else { 0 })
+            .expect("mean");
+        profiler.set_allocation_inuse(which == 3).expect("in-use");
+    };
     for round in 0..rounds {
-        // Each round: system, wrapper off, wrapper on, in an order rotated by the round.
-        let mut ns = [0f64; 3];
-        for k in 0..3 {
-            let which = (k + round) % 3;
-            profiler
-                .set_allocation_sample_bytes(if which == 2 { DEFAULT_SAMPLE_BYTES } else { 0 })
-                .expect("mean");
+        // Each round: the four set-ups, in an order rotated by the round.
+        let mut ns = [0f64; 4];
+        for k in 0..4 {
+            let which = (k + round) % 4;
+            set_up(which);
             ns[which] = match which {
                 0 => time(|| pairs(&System, PAIRS_PER_BATCH)),
                 _ => time(|| pairs(&WRAPPED, PAIRS_PER_BATCH)),
@@ -285,22 +304,22 @@ fn main() {
         system_ns.push(ns[0]);
         off_extra.push(ns[1] - ns[0]);
         on_extra.push(ns[2] - ns[0]);
-        // The JSON round trip through the system allocator, the wrapper with sampling
-        // off, and on.
-        let mut json = [0f64; 3];
-        for k in 0..3 {
-            let which = (k + round) % 3;
+        inuse_extra.push(ns[3] - ns[0]);
+        // The JSON round trip through the four set-ups.
+        let mut json = [0f64; 4];
+        for k in 0..4 {
+            let which = (k + round) % 4;
             THROUGH_WRAPPER.store(which > 0, Ordering::Relaxed);
-            profiler
-                .set_allocation_sample_bytes(if which == 2 { DEFAULT_SAMPLE_BYTES } else { 0 })
-                .expect("mean");
+            set_up(which);
             json[which] = time(|| json_round_trips(&order, JSON_PER_BATCH)) / per_json;
         }
         THROUGH_WRAPPER.store(true, Ordering::Relaxed);
         json_ns.push(json[0]);
         json_ratio.push(json[0] / json[2]);
         json_off_ratio.push(json[0] / json[1]);
+        json_inuse_ratio.push(json[0] / json[3]);
     }
+    profiler.set_allocation_inuse(false).expect("in-use");
     // Sampled allocations, one by one, 48 frames below here: 32 at a time (half a
     // thread's buffer), then a pause for the collector to drain it.
     profiler.set_allocation_sample_bytes(1).expect("mean");
@@ -317,6 +336,13 @@ fn main() {
             )
         })
         .collect();
+    // With in-use tracking: a cell taken for each sampled block.
+    profiler.set_allocation_inuse(true).expect("in-use");
+    sampled_by_depth.push((
+        "16 frames below the bench, in-use tracking on".into(),
+        sampled_runs(16),
+    ));
+    profiler.set_allocation_inuse(false).expect("in-use");
     // On a thread that never registers: the shared buffer, the walk over a copy.
     let unregistered = std::thread::spawn(|| {
         drop(black_box(Vec::<u8>::with_capacity(64 << 20)));
@@ -342,6 +368,8 @@ fn main() {
     println!("  wrapper, sampling off:  +{m:.2} ns a pair [{q1:.2}, {q3:.2}]");
     let (q1, m, q3) = summary(on_extra);
     println!("  wrapper, sampling on (512 KiB mean): +{m:.2} ns a pair [{q1:.2}, {q3:.2}]");
+    let (q1, m, q3) = summary(inuse_extra);
+    println!("    and in-use tracking on: +{m:.2} ns a pair [{q1:.2}, {q3:.2}]");
     let (_, json, _) = summary(json_ns);
     let (q1, m, q3) = summary(json_off_ratio);
     println!(
@@ -350,6 +378,8 @@ fn main() {
     );
     let (q1, m, q3) = summary(json_ratio);
     println!("    sampling on (512 KiB mean) / System {m:.4} [{q1:.4}, {q3:.4}]");
+    let (q1, m, q3) = summary(json_inuse_ratio);
+    println!("    and in-use tracking on / System {m:.4} [{q1:.4}, {q3:.4}]");
     for (what, (all, taken, dropped, truncated)) in sampled_by_depth {
         // The first allocation after each pause runs on cold caches (the thread slept
         // 150 ms, other work ran): told apart, as a service's first allocation after idle.
@@ -386,7 +416,7 @@ fn main() {
         println!("  instructions: skipped (valgrind is not installed)");
         return;
     }
-    let counts: Vec<(&str, Result<f64, String>)> = ["system", "off", "on"]
+    let counts: Vec<(&str, Result<f64, String>)> = ["system", "off", "on", "inuse"]
         .into_iter()
         .map(|setup| (setup, instructions(setup)))
         .collect();

@@ -3,6 +3,9 @@
 //! are not the child's) until a profiler is set up there, which samples again, through
 //! registered and unregistered threads alike. Children are forked while parent threads
 //! are inside the hook, registered and not; each is given 10 s (a hang fails the test).
+//! The parent tracks in-use memory: a child frees the parent's tracked blocks (arena
+//! cells, by address, as in the parent) with their contents intact, and tracks its own
+//! once its profiler asks it to.
 
 mod common;
 
@@ -26,6 +29,7 @@ fn profiler(dir: &std::path::Path, mean: u64) -> Profiler {
     Profiler::builder()
         .output_dir(dir)
         .allocation_sample_bytes(mean)
+        .allocation_inuse(true)
         .interval(Duration::from_millis(200))
         .start()
         .expect("profiler")
@@ -39,11 +43,23 @@ fn allocate() {
 }
 
 /// What a child checks; its exit code says which check failed.
-fn child(dir: &std::path::Path) -> i32 {
+fn child(dir: &std::path::Path, held: Vec<Vec<u8>>) -> i32 {
     let before = otel_profiling::allocations::stats();
     if before.sample_bytes != 0 {
         return 2; // the inherited mean still in effect
     }
+    if before.inuse {
+        return 9; // tracking inherited
+    }
+    // The parent's blocks, many of them tracked in cells: intact, and freed here.
+    if !held
+        .iter()
+        .enumerate()
+        .all(|(i, b)| b.iter().all(|&x| x == i as u8))
+    {
+        return 10;
+    }
+    drop(held);
     allocate();
     let after = otel_profiling::allocations::stats();
     if after.samples != before.samples {
@@ -76,6 +92,13 @@ fn child(dir: &std::path::Path) -> i32 {
     if in_profiles < taken || in_profiles > now.samples - after.samples {
         return 8;
     }
+    // Its own tracked blocks: some kept now.
+    let kept: Vec<Vec<u8>> = (0..100).map(|_| vec![1u8; 4_096]).collect();
+    let tracked = otel_profiling::allocations::stats().inuse_tracked;
+    drop(kept);
+    if tracked == 0 {
+        return 11;
+    }
     0
 }
 
@@ -102,15 +125,24 @@ fn children_pass_through_until_they_profile_again() {
         })
         .collect();
     std::thread::sleep(Duration::from_millis(200));
+    // 400 KiB the parent keeps, about a hundred blocks of it tracked.
+    let held: Vec<Vec<u8>> = (0..100).map(|i| vec![i as u8; 4_096]).collect();
+    assert!(otel_profiling::allocations::stats().inuse_tracked > 0);
     for i in 0..8 {
         let dir = dir.join(format!("child-{i}"));
-        let code = common::run_child(move || child(&dir));
+        let held = &held;
+        let code = common::run_child(move || {
+            // SAFETY: the child's own copy of the parent's `held`, taken over here: the
+            // child never touches the original again (it leaves with `_exit`).
+            let held = unsafe { std::ptr::read(held) };
+            child(&dir, held)
+        });
         assert_eq!(
             code,
             Some(0),
             "child {i}: 2 inherited mean, 3 sampled before setup, 4 shutdown failed, 5 too few \
-             samples, 6 unregistered thread not sampled, 7 dropped, 8 not all in profiles, None \
-             hung"
+             samples, 6 unregistered thread not sampled, 7 dropped, 8 not all in profiles, 9 \
+             tracking inherited, 10 a parent's block damaged, 11 nothing tracked, None hung"
         );
     }
     stop.store(true, Ordering::Relaxed);

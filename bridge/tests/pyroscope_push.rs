@@ -19,6 +19,7 @@ use otel_profiling::export::pyroscope::{
     PyroscopeBackoff, PyroscopeConfig, PyroscopeExporter, PyroscopeSnapshot, PyroscopeStats,
     ALLOC_OBJECTS_PROFILE_TYPE_ID, ALLOC_PROFILE_NAME, ALLOC_SPACE_PROFILE_TYPE_ID,
     BLOCK_CONTENTIONS_PROFILE_TYPE_ID, BLOCK_DELAY_PROFILE_TYPE_ID, BLOCK_PROFILE_NAME,
+    INUSE_OBJECTS_PROFILE_TYPE_ID, INUSE_SPACE_PROFILE_TYPE_ID,
 };
 use otel_profiling::pprof::{self, FrameLine, ProfileBuilder, SampleLabels, SymbolizedFrame};
 use otel_profiling::test_support::push_v1::PushRequest;
@@ -390,6 +391,56 @@ fn allocation_profiles_are_pushed_as_the_memory_type_not_cumulative() {
     );
     assert_eq!(decoded.sample[0].value, [120, 9_437_184]);
     assert!(sample_labels(&raw).contains(&("span_id".into(), format!("{SPAN_ID:016x}"))));
+
+    // With in-use tracking: Go's whole heap profile, four series of one push.
+    let mut heap = ProfileBuilder::heap(524_288, start, Duration::from_secs(10));
+    let frame = SymbolizedFrame {
+        address: 0x1000,
+        lines: vec![FrameLine {
+            function: "app::cache_order".into(),
+            file: None,
+            line: None,
+        }],
+    };
+    let span_labels = SampleLabels {
+        span_id: Some(SPAN_ID),
+        trace_id: Some(TRACE_ID),
+        span_name: Some("POST /orders".into()),
+    };
+    heap.add_allocations(std::slice::from_ref(&frame), &span_labels, 120, 9_437_184);
+    heap.add_inuse(&[frame], &span_labels, 30, 2_097_152);
+    let heap = EncodedProfile {
+        gzip_pprof: pprof::encode_gzip(&heap.build()).expect("encode"),
+        ..alloc
+    };
+    exporter.export(&heap).expect("heap");
+    let requests = receiver.wait_for(3, Duration::from_secs(5));
+    let pushed = requests[2].push().remove(0).labels;
+    assert_eq!(label(&pushed, "__delta__").as_deref(), Some("false"));
+    let (raw, _) = only_sample(&requests[2]);
+    let decoded = otel_profiling_pprof::decode(&raw).expect("pprof");
+    let s = |i: i64| decoded.string_table[i as usize].clone();
+    let ids: Vec<String> = decoded
+        .sample_type
+        .iter()
+        .map(|t| {
+            format!(
+                "{ALLOC_PROFILE_NAME}:{}:{}:{period}",
+                s(t.r#type),
+                s(t.unit)
+            )
+        })
+        .collect();
+    assert_eq!(
+        ids,
+        [
+            ALLOC_OBJECTS_PROFILE_TYPE_ID,
+            ALLOC_SPACE_PROFILE_TYPE_ID,
+            INUSE_OBJECTS_PROFILE_TYPE_ID,
+            INUSE_SPACE_PROFILE_TYPE_ID
+        ]
+    );
+    assert_eq!(decoded.sample[0].value, [120, 9_437_184, 30, 2_097_152]);
 }
 
 #[test]

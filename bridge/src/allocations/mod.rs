@@ -52,14 +52,14 @@ pub const DEFAULT_SAMPLE_BYTES: u64 = 512 * 1024;
 /// stays far inside an `i64`.
 pub const MAX_SAMPLE_BYTES: u64 = 1 << 40;
 
-/// Allocation samples each registered thread buffers between two drains (1,120 bytes
-/// each, 70 KiB a thread; the collector drains every 100 ms): at the default mean a
+/// Allocation samples each registered thread buffers between two drains (1,136 bytes
+/// each, 71 KiB a thread; the collector drains every 100 ms): at the default mean a
 /// thread allocating up to ~330 MB/s fits, one allocating more drops samples from the
 /// profile (counted; its roots' totals still get them).
 pub const ALLOC_RING_CAPACITY: usize = 64;
 
 /// Allocation samples buffered between two drains for all the threads that never
-/// registered together (~140 KiB): at the default mean, ~640 MB/s of allocation spread
+/// registered together (~143 KiB): at the default mean, ~640 MB/s of allocation spread
 /// over such threads.
 pub const UNREGISTERED_CAPACITY: usize = 128;
 
@@ -186,8 +186,7 @@ pub fn stats() -> AllocationStats {
 /// they are freed if `inuse`. Called by the profiler's setup; `Err`: the in-use arena
 /// could not be mapped.
 pub(crate) fn start(mean: u64, inuse: bool) -> std::io::Result<()> {
-    // Only with our allocator installed: another allocator's frees never reach the arena.
-    inuse::set_tracking(inuse && mean > 0 && INSTALLED.load(Ordering::Relaxed))?;
+    set_inuse(inuse)?;
     if mean > 0 {
         allocate_shared();
     }
@@ -221,6 +220,14 @@ pub(crate) fn set_mean(mean: u64) {
         LAST_MEAN.store(mean, Ordering::Relaxed);
     }
     MEAN.store(mean, Ordering::Relaxed);
+}
+
+/// Starts or stops tracking sampled objects until they are freed (in-use memory).
+/// `Err`: the arena could not be mapped (tracking stays off).
+pub(crate) fn set_inuse(on: bool) -> std::io::Result<()> {
+    // Only with our allocator installed: another allocator's frees never reach the arena
+    // (and the arena is never mapped in a process that cannot use it).
+    inuse::set_tracking(on && INSTALLED.load(Ordering::Relaxed))
 }
 
 /// Stops sampling: the hook passes through again.
@@ -300,4 +307,14 @@ pub(crate) fn count_dropped_totals(samples: u64, bytes: f64) {
 pub(crate) fn count_dropped(record: &AllocRecord) {
     DROPPED.fetch_add(1, Ordering::Relaxed);
     DROPPED_BYTES.fetch_add(record.bytes as u64, Ordering::Relaxed);
+}
+
+#[cfg(all(test, not(loom)))]
+mod tests {
+    /// The record's size, as `docs/bounds.md` and [`ALLOC_RING_CAPACITY`] state it (a
+    /// ring is 64 of them: 71 KiB).
+    #[test]
+    fn a_record_is_1136_bytes() {
+        assert_eq!(std::mem::size_of::<super::AllocRecord>(), 1_136);
+    }
 }

@@ -21,7 +21,7 @@ pub(super) struct InuseTotals {
 }
 
 struct Live {
-    generation: u64,
+    tracked: Tracked,
     frames: Box<[u64]>,
     labels: LabelKey,
     objects: f64,
@@ -31,7 +31,7 @@ struct Live {
 /// The live tracked objects, by entry.
 #[derive(Default)]
 pub(super) struct LiveObjects {
-    objects: HashMap<u32, Live>,
+    objects: HashMap<usize, Live>,
 }
 
 impl LiveObjects {
@@ -43,11 +43,10 @@ impl LiveObjects {
         if !inuse::alive(tracked) {
             return;
         }
-        let Tracked { index, generation } = tracked;
         self.objects.insert(
-            index,
+            tracked.index(),
             Live {
-                generation,
+                tracked,
                 frames: Box::from(record.stack.frames()),
                 labels: label_key(record.stack.root),
                 objects: record.objects,
@@ -60,12 +59,7 @@ impl LiveObjects {
     /// while tracking is off and nothing tracked is alive (the profile keeps its
     /// allocation-only shape).
     pub(super) fn totals(&mut self) -> Option<Totals<InuseTotals>> {
-        self.objects.retain(|&index, live| {
-            inuse::alive(Tracked {
-                index,
-                generation: live.generation,
-            })
-        });
+        self.objects.retain(|_, live| inuse::alive(live.tracked));
         if self.objects.is_empty() && !inuse::tracking() {
             return None;
         }

@@ -460,6 +460,29 @@ impl Profiler {
         self.collector.as_ref().is_some_and(|c| c.flush(timeout))
     }
 
+    /// Starts or stops tracking sampled allocations until they are freed while the
+    /// profiler runs (see
+    /// [`ProfilerBuilder::allocation_inuse`](crate::ProfilerBuilder::allocation_inuse)):
+    /// in-use memory for an hour while a leak is looked for, say. Objects tracked before
+    /// it is switched off stay tracked until freed; only new samples are not.
+    ///
+    /// ```no_run
+    /// # fn main() -> Result<(), otel_profiling::ProfilerError> {
+    /// let profiler = otel_profiling::Profiler::builder().start()?;
+    /// profiler.set_allocation_inuse(true)?;
+    /// # Ok(())
+    /// # }
+    /// ```
+    pub fn set_allocation_inuse(&self, on: bool) -> Result<(), ProfilerError> {
+        if self.sampler.is_some() {
+            crate::allocations::set_inuse(on).map_err(|source| ProfilerError::Io {
+                what: "reserving the in-use allocation arena (profiler.allocation_inuse)".into(),
+                source,
+            })?;
+        }
+        Ok(())
+    }
+
     /// Changes the mean bytes between allocation samples while the profiler runs (0
     /// pauses allocation sampling; at most
     /// [`MAX_SAMPLE_BYTES`](crate::allocations::MAX_SAMPLE_BYTES)). A profiler started

@@ -681,6 +681,29 @@ mod tests {
         assert_eq!(space.values().sum::<i64>(), 13_107_200);
     }
 
+    /// In-use tracking on: Go's heap layout, four profiles; the in-use ones hold what
+    /// each span's allocations still hold.
+    #[test]
+    fn heap_profile_becomes_four_profiles() {
+        let start = UNIX_EPOCH + Duration::from_secs(1_700_000_000);
+        let mut b = ProfileBuilder::heap(524_288, start, Duration::from_secs(10));
+        let stack = [frame(0x10, "app::cache")];
+        b.add_allocations(&stack, &labels(0xaa, 0x1111, "GET /"), 9_000, 4_718_592);
+        b.add_inuse(&stack, &labels(0xaa, 0x1111, "GET /"), 10, 1_048_576);
+        b.add_inuse(&stack, &labels(0xbb, 0x2222, "GET /"), 1, 8_388_608);
+        let request = convert_profile(&b.build_proto(), &resource()).expect("converts");
+        let profiles = &request.resource_profiles[0].scope_profiles[0].profiles;
+        assert_eq!(profiles.len(), 4);
+        let (kind, objects) = sums(&request, 2);
+        assert_eq!(kind, "inuse_objects/count");
+        assert_eq!(objects.values().sum::<i64>(), 11);
+        let (kind, space) = sums(&request, 3);
+        assert_eq!(kind, "inuse_space/bytes");
+        assert_eq!(space.values().sum::<i64>(), 9_437_184);
+        let (_, allocated) = sums(&request, 1);
+        assert_eq!(allocated.values().sum::<i64>(), 4_718_592);
+    }
+
     #[test]
     fn bad_indices_are_errors_not_panics() {
         let mut pprof = ProfileBuilder::new(1, UNIX_EPOCH, Duration::from_secs(1)).build_proto();

@@ -125,7 +125,9 @@ pub const BLOCK_PROFILE_NAME: &str = "block";
 /// Value of the `__name__` series label of allocation profiles
 /// ([`ProfileKind::Alloc`](crate::collector::ProfileKind::Alloc)): the name of Go's heap
 /// profile, whose allocation sample types they carry (`alloc_objects`/`count`,
-/// `alloc_space`/`bytes`, period type `space`/`bytes`). Pushed with `__delta__="false"`:
+/// `alloc_space`/`bytes`, period type `space`/`bytes`; with in-use tracking on,
+/// `inuse_objects`/`count` and `inuse_space`/`bytes` too, a snapshot at the profile's
+/// end). Pushed with `__delta__="false"`:
 /// Pyroscope's ingester otherwise takes `memory` allocation series as cumulative and
 /// subtracts each profile from the next (`pkg/pprof` in its source: the delta only a
 /// series without that label gets). Span selection (`span_id`) works for every type
@@ -137,6 +139,13 @@ pub const ALLOC_SPACE_PROFILE_TYPE_ID: &str = "memory:alloc_space:bytes:space:by
 
 /// The profile type id of the allocations made.
 pub const ALLOC_OBJECTS_PROFILE_TYPE_ID: &str = "memory:alloc_objects:count:space:bytes";
+
+/// The profile type id of the bytes still held (in-use tracking on: see
+/// [`ProfilerBuilder::allocation_inuse`](crate::ProfilerBuilder::allocation_inuse)).
+pub const INUSE_SPACE_PROFILE_TYPE_ID: &str = "memory:inuse_space:bytes:space:bytes";
+
+/// The profile type id of the allocations still held (in-use tracking on).
+pub const INUSE_OBJECTS_PROFILE_TYPE_ID: &str = "memory:inuse_objects:count:space:bytes";
 
 /// The profile type id of the blocked time (wall nanoseconds blocked inside a poll).
 pub const BLOCK_DELAY_PROFILE_TYPE_ID: &str = "block:delay:nanoseconds:contentions:count";
