@@ -56,6 +56,10 @@ pub struct Input {
     /// `ProfilingAllocator`): `cpu_ns` holds the estimated bytes allocated
     /// (`alloc_space`), `count` the samples, not CPU.
     pub allocated: Vec<Sample>,
+    /// What the sampled allocations still held at the end of the newest allocation
+    /// profile of each directory that tracked in-use memory (`inuse_space`: a snapshot,
+    /// never summed over profiles): `cpu_ns` holds the estimated bytes held.
+    pub held: Vec<Sample>,
     /// Number of profile files read.
     pub profile_files: usize,
     /// Number of span files read.
@@ -171,11 +175,25 @@ impl Input {
                     .blocked
                     .extend(pprof::read_profile_value(path, BLOCKED_VALUE)?.samples);
             }
+            // Sorted by start time: the last in-use snapshot read is the newest.
+            let mut newest_held = None;
             for path in &allocated {
-                input
-                    .allocated
-                    .extend(pprof::read_profile_value(path, ALLOC_VALUE)?.samples);
+                let profile = pprof::decode_file(path)?;
+                let allocated = pprof::resolve_value(&profile, ALLOC_VALUE).samples;
+                // A heap profile's sample may hold only in-use values (allocated in an
+                // earlier interval).
+                input.allocated.extend(
+                    allocated
+                        .into_iter()
+                        .filter(|s| s.cpu_ns > 0 || s.count > 0),
+                );
+                if pprof::has_value(&profile, HELD_VALUE) {
+                    newest_held = Some(pprof::resolve_value(&profile, HELD_VALUE).samples);
+                }
             }
+            input
+                .held
+                .extend(newest_held.into_iter().flatten().filter(|s| s.cpu_ns > 0));
             for path in &span_files {
                 for span in otlp::read_spans(path)? {
                     if seen_spans.insert((span.trace_id, span.span_id)) {
@@ -238,6 +256,11 @@ impl Input {
         by_span_id(&self.allocated)
     }
 
+    /// The newest in-use samples by `span_id` label (bytes held in `cpu_ns`).
+    pub fn held_by_span_id(&self) -> HashMap<SpanId, Vec<&Sample>> {
+        by_span_id(&self.held)
+    }
+
     /// What the sampling could have seen, to explain spans without samples.
     pub fn sampling(&self) -> Sampling {
         Sampling {
@@ -293,6 +316,9 @@ const BLOCKED_VALUE: &str = "delay";
 pub use otel_profiling::local_sink::ALLOC_PROFILE_SUFFIX as ALLOC_SUFFIX;
 /// The sample type of an allocation profile that holds the estimated bytes.
 const ALLOC_VALUE: &str = "alloc_space";
+/// The sample type of an allocation profile (in-use tracking on) that holds the
+/// estimated bytes still held at its end.
+const HELD_VALUE: &str = "inuse_space";
 
 /// The CPU profiles, blocked-in-poll profiles, allocation profiles and span files of
 /// `dir`, each sorted.
@@ -362,6 +388,64 @@ mod tests {
             alloc_bytes: None,
             alloc_count: None,
         }
+    }
+
+    /// A heap profile: its allocation samples are read as allocations (a sample holding
+    /// only in-use values, allocated in an earlier interval, is none), and the in-use
+    /// values of the newest such profile alone as what is held.
+    #[test]
+    fn the_newest_heap_profile_says_what_is_held() {
+        use otel_profiling::pprof::{FrameLine, ProfileBuilder, SampleLabels, SymbolizedFrame};
+        use std::time::{Duration, SystemTime};
+        let dir = tempfile::tempdir().expect("dir");
+        let start = SystemTime::UNIX_EPOCH + Duration::from_secs(1_700_000_000);
+        let cpu = ProfileBuilder::new(10_000_000, start, Duration::from_secs(10));
+        std::fs::write(
+            dir.path().join(format!("a{PROFILE_SUFFIX}")),
+            cpu.build().encode_gzip().expect("encode"),
+        )
+        .expect("write");
+        let stack = |name: &str, address: u64| {
+            vec![SymbolizedFrame {
+                address,
+                lines: vec![FrameLine {
+                    function: name.into(),
+                    file: None,
+                    line: None,
+                }],
+            }]
+        };
+        let labels = SampleLabels {
+            span_id: Some(7),
+            ..SampleLabels::default()
+        };
+        for (file, held) in [("1", 4_000u64), ("2", 1_000)] {
+            let mut heap = ProfileBuilder::heap(1024, start, Duration::from_secs(10));
+            heap.add_allocations(&stack("fill", 0x10), &labels, 2, 8_192);
+            heap.add_inuse(&stack("cache", 0x20), &labels, 1, held);
+            std::fs::write(
+                dir.path().join(format!("{file}{ALLOC_SUFFIX}")),
+                heap.build().encode_gzip().expect("encode"),
+            )
+            .expect("write");
+        }
+        let input = Input::load(&[dir.path().to_path_buf()]).expect("load");
+        let names = |samples: &[Sample]| -> Vec<(String, u64)> {
+            samples
+                .iter()
+                .map(|s| {
+                    (
+                        s.frames.last().map(|f| f.to_string()).unwrap_or_default(),
+                        s.cpu_ns,
+                    )
+                })
+                .collect()
+        };
+        assert_eq!(
+            names(&input.allocated),
+            [("fill".to_owned(), 8_192), ("fill".to_owned(), 8_192)]
+        );
+        assert_eq!(names(&input.held), [("cache".to_owned(), 1_000)]);
     }
 
     /// Read from a backend (names only) with no `main` on the span's stacks: the crates

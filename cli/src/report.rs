@@ -140,6 +140,11 @@ pub struct GroupAllocations {
     /// The user's functions allocating most (innermost frame of the user's code; bytes in
     /// `cpu_ns`), most first; the innermost frames when the user's code is not known.
     pub top: Vec<FunctionCpu>,
+    /// Bytes these spans' sampled allocations still held at the end of the newest
+    /// allocation profile with in-use tracking (0: none held, or not tracked).
+    pub held_bytes: u64,
+    /// The user's functions whose allocations are held most, most first.
+    pub held_top: Vec<FunctionCpu>,
 }
 
 impl GroupAllocations {
@@ -197,6 +202,7 @@ impl SpanReport {
         let by_id = input.samples_by_span_id();
         let blocked_by_id = input.blocked_by_span_id();
         let allocated_by_id = input.allocated_by_span_id();
+        let held_by_id = input.held_by_span_id();
         let roots = input.local_roots();
         let children = ChildIndex::new(&input.spans);
         let owners = input.ownership();
@@ -236,6 +242,7 @@ impl SpanReport {
                     by_id: &by_id,
                     blocked_by_id: &blocked_by_id,
                     allocated_by_id: &allocated_by_id,
+                    held_by_id: &held_by_id,
                     sampling,
                     children: &children,
                     samples: &input.samples,
@@ -281,11 +288,13 @@ impl SpanGroup {
         let by_id = input.samples_by_span_id();
         let blocked_by_id = input.blocked_by_span_id();
         let allocated_by_id = input.allocated_by_span_id();
+        let held_by_id = input.held_by_span_id();
         let children = ChildIndex::new(&input.spans);
         let sources = GroupSources {
             by_id: &by_id,
             blocked_by_id: &blocked_by_id,
             allocated_by_id: &allocated_by_id,
+            held_by_id: &held_by_id,
             sampling: input.sampling(),
             children: &children,
             samples: &input.samples,
@@ -304,6 +313,8 @@ struct GroupSources<'a> {
     blocked_by_id: &'a HashMap<SpanId, Vec<&'a crate::input::Sample>>,
     /// Allocation samples by span id.
     allocated_by_id: &'a HashMap<SpanId, Vec<&'a crate::input::Sample>>,
+    /// In-use samples of the newest allocation profile by span id.
+    held_by_id: &'a HashMap<SpanId, Vec<&'a crate::input::Sample>>,
     sampling: Sampling,
     children: &'a ChildIndex<'a>,
     /// Every CPU sample (for the concurrent activity).
@@ -489,10 +500,27 @@ fn group_allocations(spans: &[&Span], sources: &GroupSources<'_>) -> Option<Grou
     if out.top.is_empty() {
         out.top = functions.top_self(TOP_FUNCTIONS);
     }
-    (out.spans > 0 || out.profile_samples > 0).then_some(out)
+    let mut held = FunctionTotals::with_owners(sources.owners.clone());
+    for sample in spans
+        .iter()
+        .filter_map(|s| sources.held_by_id.get(&s.span_id))
+        .flatten()
+    {
+        out.held_bytes += sample.cpu_ns;
+        held.add(sample);
+    }
+    out.held_top = held.top_user_self(TOP_HELD_FUNCTIONS);
+    if out.held_top.is_empty() {
+        out.held_top = held.top_self(TOP_HELD_FUNCTIONS);
+    }
+    (out.spans > 0 || out.profile_samples > 0 || out.held_bytes > 0).then_some(out)
 }
 
-/// One line: what a group allocated a span, and where.
+/// Functions named for the memory a group's allocations still hold.
+const TOP_HELD_FUNCTIONS: usize = 3;
+
+/// One line: what a group allocated a span, and where (and what it still holds, with
+/// in-use tracking).
 pub(crate) fn describe_allocations(a: &GroupAllocations, count: usize) -> String {
     let per_span = a.bytes_per_span(count);
     let mut line = if a.spans > 0 {
@@ -525,6 +553,18 @@ pub(crate) fn describe_allocations(a: &GroupAllocations, count: usize) -> String
         line.push_str(&format!(
             "; where (allocation profile, {} in all): {}",
             crate::format::bytes(a.profile_bytes),
+            functions.join(", ")
+        ));
+    }
+    if a.held_bytes > 0 {
+        let functions: Vec<String> = a
+            .held_top
+            .iter()
+            .map(|t| format!("{} {}", t.function, crate::format::bytes(t.cpu_ns)))
+            .collect();
+        line.push_str(&format!(
+            "; still held at the end of the newest profile (inuse_space): {} in all ({})",
+            crate::format::bytes(a.held_bytes),
             functions.join(", ")
         ));
     }

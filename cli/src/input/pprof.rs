@@ -56,15 +56,29 @@ pub fn read_profile(path: &Path) -> Result<ProfileFile, ReportError> {
 /// Reads one pprof file, taking each sample's value of sample type `value` (the first one
 /// when none has that name) into [`Sample::cpu_ns`].
 pub fn read_profile_value(path: &Path, value: &str) -> Result<ProfileFile, ReportError> {
+    Ok(resolve_value(&decode_file(path)?, value))
+}
+
+/// The profile in the pprof file at `path` (gzipped or not).
+pub fn decode_file(path: &Path) -> Result<proto::Profile, ReportError> {
     let bytes = std::fs::read(path).map_err(|source| ReportError::Io {
         path: path.to_path_buf(),
         source,
     })?;
-    let profile = proto::decode(&bytes).map_err(|e| ReportError::CorruptProfile {
+    proto::decode(&bytes).map_err(|e| ReportError::CorruptProfile {
         path: path.to_path_buf(),
         message: e.to_string(),
-    })?;
-    Ok(resolve_value(&profile, value))
+    })
+}
+
+/// Whether `profile` has a sample type named `value`.
+pub fn has_value(profile: &proto::Profile, value: &str) -> bool {
+    profile.sample_type.iter().any(|t| {
+        usize::try_from(t.r#type)
+            .ok()
+            .and_then(|i| profile.string_table.get(i))
+            .is_some_and(|name| name == value)
+    })
 }
 
 /// Turns location and function ids into names, and label string indexes into strings.

@@ -734,11 +734,13 @@ fn write_blocked_checkout(dir: &Path, spans: &[FixtureSpan]) {
 /// `ProfilingAllocator` installed): each carries `profiling.alloc.bytes` 2,500,000 and
 /// `profiling.alloc.count` 1,200, and the allocation profile holds, per span, 2 MB under
 /// `render_page` (through `Vec` growth and the allocator's frame) and 0.5 MB under
-/// `parse_query`.
+/// `parse_query`. In-use tracking was on: at the profile's end each span's allocations
+/// still hold 1 MB under `render_page` (a cache it fills), and 0.5 MB under `warm_cache`
+/// allocated in an earlier profile's interval (in use here, allocated nothing here).
 pub fn routes_with_allocations() -> tempfile::TempDir {
     let dir = routes_with_active_time();
     let start = SystemTime::UNIX_EPOCH + Duration::from_secs(1_700_000_000);
-    let mut profile = ProfileBuilder::allocations(512 * 1024, start, Duration::from_secs(10));
+    let mut profile = ProfileBuilder::heap(512 * 1024, start, Duration::from_secs(10));
     let mut addresses = HashMap::new();
     let rendering: Stack = &[
         "main",
@@ -762,6 +764,9 @@ pub fn routes_with_allocations() -> tempfile::TempDir {
         };
         profile.add_allocations(&frames(rendering, &mut addresses), &labels, 800, 2_000_000);
         profile.add_allocations(&frames(parsing, &mut addresses), &labels, 400, 500_000);
+        profile.add_inuse(&frames(rendering, &mut addresses), &labels, 100, 1_000_000);
+        let warming: Stack = &["main", "handler", "warm_cache"];
+        profile.add_inuse(&frames(warming, &mut addresses), &labels, 50, 500_000);
     }
     let bytes = encode_gzip(&profile.build()).expect("encode allocation profile");
     std::fs::write(
