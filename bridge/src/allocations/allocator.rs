@@ -232,18 +232,29 @@ impl<A: GlobalAlloc> ProfilingAllocator<A> {
             }
             return new;
         }
-        if let Some(slot) = inuse::find_large(ptr) {
-            if new_size <= layout.size() && new_size > inuse::CELL_MAX {
-                // SAFETY: the caller's contract, passed on.
-                let new = unsafe { self.inner.realloc(ptr, layout, new_size) };
-                if !new.is_null() {
-                    inuse::move_large(slot, new);
-                }
-                return new;
-            }
+        let Some(slot) = inuse::find_large(ptr) else {
+            // SAFETY: the caller's contract, passed on.
+            return unsafe { self.realloc_untracked(ptr, layout, new_size) };
+        };
+        // The inner allocator may free `ptr` before it returns, and another thread take
+        // that address and free it: meanwhile the slot names no address.
+        inuse::moving_large(slot);
+        let stays_tracked = new_size <= layout.size() && new_size > inuse::CELL_MAX;
+        let new = if stays_tracked {
+            // SAFETY: the caller's contract, passed on.
+            unsafe { self.inner.realloc(ptr, layout, new_size) }
+        } else {
+            // SAFETY: the caller's contract, passed on.
+            unsafe { self.realloc_untracked(ptr, layout, new_size) }
+        };
+        if new.is_null() {
+            // The old block stays, tracked.
+            inuse::move_large(slot, ptr);
+        } else if stays_tracked {
+            inuse::move_large(slot, new);
+        } else {
             inuse::release_large(slot);
         }
-        // SAFETY: the caller's contract, passed on.
-        unsafe { self.realloc_untracked(ptr, layout, new_size) }
+        new
     }
 }

@@ -100,10 +100,14 @@ pub(crate) const ENTRIES: usize = CELL_ENTRIES + LARGE_SLOTS;
 /// The arena's base address; until one is mapped, an address no user pointer has (the
 /// top of the address space), so that the range check is one load, a subtraction and a
 /// comparison whether or not tracking was ever on.
-static ARENA_BASE: std::sync::atomic::AtomicUsize =
-    std::sync::atomic::AtomicUsize::new(0usize.wrapping_sub(ARENA_BYTES));
+static ARENA_BASE: std::sync::atomic::AtomicUsize = std::sync::atomic::AtomicUsize::new(UNSET_BASE);
+/// [`ARENA_BASE`] until the arena is mapped.
+const UNSET_BASE: usize = 0usize.wrapping_sub(ARENA_BYTES);
 /// Large slots live now: frees of large objects look at the slots only when some are.
 static LARGE_LIVE: std::sync::atomic::AtomicUsize = std::sync::atomic::AtomicUsize::new(0);
+/// Large slots live now whose object a `realloc` moved out of the slot's probe window:
+/// while some are, a free not found in its window looks at every slot.
+static LARGE_FAR: std::sync::atomic::AtomicUsize = std::sync::atomic::AtomicUsize::new(0);
 /// Whether new samples are tracked (set by a profiler started with tracking on).
 static TRACKING: std::sync::atomic::AtomicBool = std::sync::atomic::AtomicBool::new(false);
 /// Samples that could not be tracked (no free cell or slot, alignment over a page).
@@ -113,6 +117,8 @@ static UNTRACKED: std::sync::atomic::AtomicU64 = std::sync::atomic::AtomicU64::n
 pub(crate) struct Entries {
     states: [AtomicU64; ENTRIES],
     large: [AtomicUsize; LARGE_SLOTS],
+    /// Whether a large slot's object is outside the slot's probe window (its holder's).
+    far: [AtomicUsize; LARGE_SLOTS],
 }
 
 impl Entries {
@@ -121,6 +127,7 @@ impl Entries {
         Entries {
             states: [const { AtomicU64::new(0) }; ENTRIES],
             large: [const { AtomicUsize::new(0) }; LARGE_SLOTS],
+            far: [const { AtomicUsize::new(0) }; LARGE_SLOTS],
         }
     }
 
@@ -129,6 +136,7 @@ impl Entries {
         Entries {
             states: std::array::from_fn(|_| AtomicU64::new(0)),
             large: std::array::from_fn(|_| AtomicUsize::new(0)),
+            far: std::array::from_fn(|_| AtomicUsize::new(0)),
         }
     }
 }
@@ -148,8 +156,8 @@ const INDEX_BITS: u32 = 13;
 const _: () = assert!(ENTRIES < 1 << INDEX_BITS);
 
 /// A tracked object, as its sample names it: its entry and the generation it took, in one
-/// word (the sample record stays 8 bytes larger, not 24). A generation has 51 bits: a cell
-/// taken a million times a second would wrap it in 71 years.
+/// word (a sample record grows by that word alone). A generation keeps 51 bits: a cell
+/// taken a million times a second would wrap them in 71 years.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
 pub(crate) struct Tracked(std::num::NonZeroU64);
 
@@ -243,7 +251,13 @@ pub(crate) fn take_cell(size: usize, align: usize, zeroed: bool) -> Option<(*mut
         UNTRACKED.fetch_add(1, Ordering::Relaxed);
         return None;
     };
-    let base = ARENA_BASE.load(Ordering::Relaxed);
+    // Acquire, and checked: seeing `TRACKING` set does not order this load after the
+    // mapping's publication (a thread could still read the unset base just after
+    // tracking first starts, and hand out an address at the top of the address space).
+    let base = ARENA_BASE.load(Ordering::Acquire);
+    if base == UNSET_BASE {
+        return None;
+    }
     let entries = &table().states;
     for class in class..(class + 1 + SPILL_CLASSES).min(CLASSES) {
         let first = first_entry(class);
@@ -321,28 +335,62 @@ pub(crate) fn track_large(ptr: *mut u8) -> Option<Tracked> {
     None
 }
 
-/// The large slot tracking `ptr`, if one does.
+/// The large slot tracking `ptr`, if one does: in its probe window, or (while some object
+/// was moved out of its window) anywhere.
 #[cold]
 pub(crate) fn find_large(ptr: *mut u8) -> Option<usize> {
     let home = large_home(ptr);
     let table = table();
+    let holds = |slot: &usize| {
+        table.large[*slot].load(Ordering::Relaxed) == ptr as usize
+            && table.states[CELL_ENTRIES + *slot].load(Ordering::Relaxed) & 1 == 1
+    };
     (0..LARGE_PROBE)
         .map(|probe| (home + probe) % LARGE_SLOTS)
-        .find(|&slot| {
-            table.large[slot].load(Ordering::Relaxed) == ptr as usize
-                && table.states[CELL_ENTRIES + slot].load(Ordering::Relaxed) & 1 == 1
+        .find(holds)
+        .or_else(|| {
+            (LARGE_FAR.load(Ordering::Relaxed) != 0)
+                .then(|| (0..LARGE_SLOTS).find(holds))
+                .flatten()
         })
 }
 
-/// The tracked large object in `slot` moved to `ptr` (a `realloc` that kept it large).
+/// What a large slot's pointer reads while its object is inside the inner allocator's
+/// `realloc`: no block's address, so that a free of the old address (reused by then)
+/// finds nothing here.
+const MOVING: usize = usize::MAX;
+
+/// The tracked large object in `slot` is being reallocated: until [`move_large`], its
+/// slot matches no address (the inner allocator may free the old one before it returns).
+pub(crate) fn moving_large(slot: usize) {
+    table().large[slot].store(MOVING, Ordering::Relaxed);
+}
+
+/// The tracked large object in `slot` is at `ptr` (after a `realloc`: the new address, or
+/// the old one if it failed). Only the slot's holder writes its pointer.
 pub(crate) fn move_large(slot: usize, ptr: *mut u8) {
-    table().large[slot].store(ptr as usize, Ordering::Relaxed);
+    let table = table();
+    let far = (slot + LARGE_SLOTS - large_home(ptr)) % LARGE_SLOTS >= LARGE_PROBE;
+    let was_far = table.far[slot].swap(usize::from(far), Ordering::Relaxed) != 0;
+    match (was_far, far) {
+        (false, true) => {
+            LARGE_FAR.fetch_add(1, Ordering::Relaxed);
+        }
+        (true, false) => {
+            LARGE_FAR.fetch_sub(1, Ordering::Relaxed);
+        }
+        _ => {}
+    }
+    table.large[slot].store(ptr as usize, Ordering::Relaxed);
 }
 
 /// Frees the large slot `slot` (its object freed).
 pub(crate) fn release_large(slot: usize) {
     let table = table();
     table.large[slot].store(0, Ordering::Relaxed);
+    if table.far[slot].swap(0, Ordering::Relaxed) != 0 {
+        LARGE_FAR.fetch_sub(1, Ordering::Relaxed);
+    }
     release(&table.states[CELL_ENTRIES + slot]);
     LARGE_LIVE.fetch_sub(1, Ordering::Relaxed);
 }
@@ -367,7 +415,7 @@ pub(crate) fn alive(tracked: Tracked) -> bool {
 /// Starts (or stops) tracking new samples. Starting maps the arena, once, if our
 /// allocator is installed; `Err`: the mapping failed (tracking stays off).
 pub(crate) fn set_tracking(on: bool) -> std::io::Result<()> {
-    if on && ARENA_BASE.load(Ordering::Acquire) == 0usize.wrapping_sub(ARENA_BYTES) {
+    if on && ARENA_BASE.load(Ordering::Acquire) == UNSET_BASE {
         map_arena()?;
     }
     TRACKING.store(on, Ordering::Relaxed);
@@ -390,9 +438,13 @@ fn map_arena() -> std::io::Result<()> {
     if base == libc::MAP_FAILED {
         return Err(std::io::Error::last_os_error());
     }
-    let unset = 0usize.wrapping_sub(ARENA_BYTES);
     if ARENA_BASE
-        .compare_exchange(unset, base as usize, Ordering::AcqRel, Ordering::Acquire)
+        .compare_exchange(
+            UNSET_BASE,
+            base as usize,
+            Ordering::AcqRel,
+            Ordering::Acquire,
+        )
         .is_err()
     {
         // Another setup mapped one first.
@@ -415,7 +467,7 @@ pub(crate) struct InuseStats {
 }
 
 pub(crate) fn stats() -> InuseStats {
-    let mapped = ARENA_BASE.load(Ordering::Relaxed) != 0usize.wrapping_sub(ARENA_BYTES);
+    let mapped = ARENA_BASE.load(Ordering::Relaxed) != UNSET_BASE;
     InuseStats {
         tracked: if mapped {
             table()
@@ -455,6 +507,35 @@ mod tests {
         assert_eq!(class_of(CELL_MAX, 8), Some(CLASSES - 1));
         assert_eq!(class_of(CELL_MAX + 1, 8), None);
         assert_eq!(class_of(100, 8192), None);
+    }
+
+    /// A large object being reallocated names no address: a free of its old address (the
+    /// inner allocator may have freed and handed it out again) must not find it.
+    #[test]
+    fn a_large_slot_follows_its_object_across_a_realloc() {
+        set_tracking(true).expect("arena");
+        let (old, new) = (
+            0x7f00_dead_0000usize as *mut u8,
+            0x7f00_beef_0000usize as *mut u8,
+        );
+        let tracked = track_large(old).expect("a slot");
+        let slot = find_large(old).expect("tracked");
+        assert_eq!(slot + CELL_ENTRIES, tracked.index());
+        assert!(alive(tracked) && large_tracked());
+        moving_large(slot);
+        assert_eq!(find_large(old), None, "moving: the old address is not ours");
+        // Moved out of the slot's probe window (the slot's home is the old address's):
+        // found all the same, by the scan of every slot.
+        move_large(slot, new);
+        assert_eq!(find_large(new), Some(slot));
+        assert_eq!(LARGE_FAR.load(Ordering::Relaxed), 1);
+        forget_large(new);
+        assert_eq!(find_large(new), None);
+        assert_eq!(LARGE_FAR.load(Ordering::Relaxed), 0);
+        assert!(!alive(tracked));
+        // No arena pointer comes from an unset base.
+        assert!(!in_arena(UNSET_BASE.wrapping_sub(1) as *mut u8));
+        set_tracking(false).expect("off");
     }
 
     #[test]

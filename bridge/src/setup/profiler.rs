@@ -200,7 +200,9 @@ impl ProfilerBuilder {
     /// its address; larger ones are tracked in 512 slots. What finds no room is profiled
     /// but not tracked, counted in
     /// [`AllocationStats::inuse_untracked`](crate::allocations::AllocationStats::inuse_untracked).
-    /// See `docs/allocations.md`.
+    /// A block must be freed by the allocator that made it (Rust's rule): with tracking
+    /// on, a sampled block handed to C and freed with C's `free()` aborts there. See
+    /// `docs/allocations.md`.
     ///
     /// ```no_run
     /// # fn main() -> Result<(), otel_profiling::ProfilerError> {
