@@ -6,27 +6,21 @@
 //! allocator's tracked paths keep every byte: shrinking in place, growing out of a cell,
 //! large blocks followed across `realloc`, frees after the profiler stopped.
 
+mod common;
+
 use std::collections::HashMap;
 use std::hint::black_box;
 use std::path::Path;
 use std::time::Duration;
 
-use opentelemetry::trace::{SpanId, TraceId};
-use otel_profiling::{LocalRoot, ProfilingAllocator, SpanContextGuard, SpanName};
+use common::{function_names, span_label, test_root as root};
+use otel_profiling::{ProfilingAllocator, SpanContextGuard};
 
 #[global_allocator]
 static ALLOC: ProfilingAllocator = ProfilingAllocator::system();
 
 /// The mean bytes between samples here: small enough for tight estimates in a short test.
 const MEAN: u64 = 16 * 1024;
-
-fn root(span: u64, name: &str) -> LocalRoot {
-    LocalRoot::new(
-        SpanId::from(span),
-        TraceId::from(u128::from(span) << 64 | 1),
-        Some(SpanName::intern(name)),
-    )
-}
 
 /// `count` blocks of `size` bytes, filled, with a 20 ms pause after each 64 KiB (about
 /// 4 samples: the thread's buffer, 64 samples drained every 100 ms, never fills).
@@ -80,31 +74,14 @@ fn newest_inuse(dir: &Path) -> HashMap<String, (i64, i64)> {
         ],
         "Go's heap profile layout"
     );
-    let names = |id: u64| -> Vec<String> {
-        let location = profile.location.iter().find(|l| l.id == id);
-        location
-            .map(|l| {
-                l.line
-                    .iter()
-                    .filter_map(|line| profile.function.iter().find(|f| f.id == line.function_id))
-                    .map(|f| s(f.name))
-                    .collect()
-            })
-            .unwrap_or_default()
-    };
     let mut by_span = HashMap::new();
     for sample in &profile.sample {
-        let span = sample
-            .label
-            .iter()
-            .find(|l| s(l.key) == "span_id")
-            .map(|l| s(l.str))
-            .unwrap_or_default();
+        let span = span_label(&profile, sample);
         if span == format!("{:016x}", 1) && sample.value[3] > 0 {
             let stack: Vec<String> = sample
                 .location_id
                 .iter()
-                .flat_map(|&id| names(id))
+                .flat_map(|&id| function_names(&profile, id))
                 .collect();
             assert!(
                 stack.iter().any(|f| f.ends_with("alloc_inuse::hold")),

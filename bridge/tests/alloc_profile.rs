@@ -5,12 +5,14 @@
 //! is profiled too (its samples through the buffer such threads share, its stack walked
 //! over a copy), unlabelled.
 
+mod common;
+
 use std::collections::HashMap;
 use std::hint::black_box;
 use std::time::Duration;
 
-use opentelemetry::trace::{SpanId, TraceId};
-use otel_profiling::{LocalRoot, ProfilingAllocator, SpanContextGuard, SpanName};
+use common::{function_names, span_label, test_root as root};
+use otel_profiling::{ProfilingAllocator, SpanContextGuard};
 
 #[global_allocator]
 static ALLOC: ProfilingAllocator = ProfilingAllocator::system();
@@ -27,14 +29,6 @@ const UNREGISTERED: &str = "unregistered thread";
 
 /// The mean bytes between samples here: small enough for tight estimates in a short test.
 const MEAN: u64 = 16 * 1024;
-
-fn root(span: u64, name: &str) -> LocalRoot {
-    LocalRoot::new(
-        SpanId::from(span),
-        TraceId::from(u128::from(span) << 64 | 1),
-        Some(SpanName::intern(name)),
-    )
-}
 
 /// `count` allocations of `size` bytes, each freed at once; a 20 ms pause every
 /// `pace_every`, so that the thread's buffer (64 samples, drained every 100 ms) never
@@ -140,20 +134,7 @@ fn totals(dir: &std::path::Path) -> HashMap<String, (i64, i64)> {
             ("space".into(), "bytes".into())
         );
         assert_eq!(profile.period, MEAN as i64);
-        let function_names = |location_id: u64| -> Vec<String> {
-            let location = profile.location.iter().find(|l| l.id == location_id);
-            location
-                .map(|l| {
-                    l.line
-                        .iter()
-                        .filter_map(|line| {
-                            profile.function.iter().find(|f| f.id == line.function_id)
-                        })
-                        .map(|f| s(f.name))
-                        .collect()
-                })
-                .unwrap_or_default()
-        };
+        let function_names = |id: u64| function_names(&profile, id);
         for sample in &profile.sample {
             // The hook's own frames are dropped: the innermost is the allocator's call
             // (inlined names included), and the test's `allocate` is on the stack.
@@ -199,12 +180,7 @@ fn totals(dir: &std::path::Path) -> HashMap<String, (i64, i64)> {
                     "the allocating function is on the stack: {stack:?}"
                 );
             }
-            let span = sample
-                .label
-                .iter()
-                .find(|l| s(l.key) == "span_id")
-                .map(|l| s(l.str))
-                .unwrap_or_default();
+            let span = span_label(&profile, sample);
             assert!(!sample.location_id.is_empty(), "every sample has a stack");
             assert!(
                 !stack

@@ -119,15 +119,9 @@ fn decode_with_python(request: &[u8], n: usize) -> Option<serde_json::Value> {
 
 /// Per span id (hex; "" for none) sum of the pprof's first value.
 fn pprof_sums(profile: &otel_profiling_pprof::Profile) -> HashMap<String, i64> {
-    let s = |i: i64| profile.string_table[i as usize].clone();
     let mut sums = HashMap::new();
     for sample in &profile.sample {
-        let span = sample
-            .label
-            .iter()
-            .find(|l| s(l.key) == "span_id")
-            .map(|l| s(l.str))
-            .unwrap_or_default();
+        let span = common::span_label(profile, sample);
         *sums.entry(span).or_insert(0) += sample.value[0];
     }
     sums

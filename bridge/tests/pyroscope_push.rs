@@ -333,12 +333,12 @@ fn allocation_profiles_are_pushed_as_the_memory_type_not_cumulative() {
             line: None,
         }],
     };
-    let labels = SampleLabels {
+    let span_labels = SampleLabels {
         span_id: Some(SPAN_ID),
         trace_id: Some(TRACE_ID),
         span_name: Some("POST /orders".into()),
     };
-    builder.add_allocations(&[frame], &labels, 120, 9_437_184);
+    builder.add_allocations(std::slice::from_ref(&frame), &span_labels, 120, 9_437_184);
     let alloc = EncodedProfile {
         kind: ProfileKind::Alloc,
         start,
@@ -370,43 +370,16 @@ fn allocation_profiles_are_pushed_as_the_memory_type_not_cumulative() {
     let names: Vec<&str> = labels[1].iter().map(|(n, _)| n.as_str()).collect();
     assert!(names.windows(2).all(|w| w[0] <= w[1]), "sorted: {names:?}");
     let (raw, _) = only_sample(&requests[1]);
-    let decoded = otel_profiling_pprof::decode(&raw).expect("pprof");
-    let s = |i: i64| decoded.string_table[i as usize].clone();
-    let period = decoded.period_type.as_ref().expect("period type");
-    let period = format!("{}:{}", s(period.r#type), s(period.unit));
-    let ids: Vec<String> = decoded
-        .sample_type
-        .iter()
-        .map(|t| {
-            format!(
-                "{ALLOC_PROFILE_NAME}:{}:{}:{period}",
-                s(t.r#type),
-                s(t.unit)
-            )
-        })
-        .collect();
+    let (ids, values) = memory_type_ids(&raw);
     assert_eq!(
         ids,
         [ALLOC_OBJECTS_PROFILE_TYPE_ID, ALLOC_SPACE_PROFILE_TYPE_ID]
     );
-    assert_eq!(decoded.sample[0].value, [120, 9_437_184]);
+    assert_eq!(values, [120, 9_437_184]);
     assert!(sample_labels(&raw).contains(&("span_id".into(), format!("{SPAN_ID:016x}"))));
 
     // With in-use tracking: Go's whole heap profile, four series of one push.
     let mut heap = ProfileBuilder::heap(524_288, start, Duration::from_secs(10));
-    let frame = SymbolizedFrame {
-        address: 0x1000,
-        lines: vec![FrameLine {
-            function: "app::cache_order".into(),
-            file: None,
-            line: None,
-        }],
-    };
-    let span_labels = SampleLabels {
-        span_id: Some(SPAN_ID),
-        trace_id: Some(TRACE_ID),
-        span_name: Some("POST /orders".into()),
-    };
     heap.add_allocations(std::slice::from_ref(&frame), &span_labels, 120, 9_437_184);
     heap.add_inuse(&[frame], &span_labels, 30, 2_097_152);
     let heap = EncodedProfile {
@@ -418,9 +391,27 @@ fn allocation_profiles_are_pushed_as_the_memory_type_not_cumulative() {
     let pushed = requests[2].push().remove(0).labels;
     assert_eq!(label(&pushed, "__delta__").as_deref(), Some("false"));
     let (raw, _) = only_sample(&requests[2]);
-    let decoded = otel_profiling_pprof::decode(&raw).expect("pprof");
+    let (ids, values) = memory_type_ids(&raw);
+    assert_eq!(
+        ids,
+        [
+            ALLOC_OBJECTS_PROFILE_TYPE_ID,
+            ALLOC_SPACE_PROFILE_TYPE_ID,
+            INUSE_OBJECTS_PROFILE_TYPE_ID,
+            INUSE_SPACE_PROFILE_TYPE_ID
+        ]
+    );
+    assert_eq!(values, [120, 9_437_184, 30, 2_097_152]);
+}
+
+/// The Pyroscope profile type ids of a pushed `memory` pprof's sample types, and its first
+/// sample's values.
+fn memory_type_ids(raw: &[u8]) -> (Vec<String>, Vec<i64>) {
+    let decoded = otel_profiling_pprof::decode(raw).expect("pprof");
     let s = |i: i64| decoded.string_table[i as usize].clone();
-    let ids: Vec<String> = decoded
+    let period = decoded.period_type.as_ref().expect("period type");
+    let period = format!("{}:{}", s(period.r#type), s(period.unit));
+    let ids = decoded
         .sample_type
         .iter()
         .map(|t| {
@@ -431,16 +422,7 @@ fn allocation_profiles_are_pushed_as_the_memory_type_not_cumulative() {
             )
         })
         .collect();
-    assert_eq!(
-        ids,
-        [
-            ALLOC_OBJECTS_PROFILE_TYPE_ID,
-            ALLOC_SPACE_PROFILE_TYPE_ID,
-            INUSE_OBJECTS_PROFILE_TYPE_ID,
-            INUSE_SPACE_PROFILE_TYPE_ID
-        ]
-    );
-    assert_eq!(decoded.sample[0].value, [120, 9_437_184, 30, 2_097_152]);
+    (ids, decoded.sample[0].value.clone())
 }
 
 #[test]

@@ -299,3 +299,42 @@ pub fn spans_of_file(text: &str) -> Vec<serde_json::Value> {
     }
     spans
 }
+
+/// A local root with span id `span` (its trace id derived from it) named `name`.
+pub fn test_root(span: u64, name: &str) -> otel_profiling::LocalRoot {
+    use opentelemetry::trace::{SpanId, TraceId};
+    otel_profiling::LocalRoot::new(
+        SpanId::from(span),
+        TraceId::from(u128::from(span) << 64 | 1),
+        Some(otel_profiling::SpanName::intern(name)),
+    )
+}
+
+/// The function names of location `id` of `profile`, innermost first.
+pub fn function_names(profile: &otel_profiling_pprof::Profile, id: u64) -> Vec<String> {
+    let s = |i: i64| profile.string_table[i as usize].clone();
+    let location = profile.location.iter().find(|l| l.id == id);
+    location
+        .map(|l| {
+            l.line
+                .iter()
+                .filter_map(|line| profile.function.iter().find(|f| f.id == line.function_id))
+                .map(|f| s(f.name))
+                .collect()
+        })
+        .unwrap_or_default()
+}
+
+/// The `span_id` label of `sample` ("" for none).
+pub fn span_label(
+    profile: &otel_profiling_pprof::Profile,
+    sample: &otel_profiling_pprof::Sample,
+) -> String {
+    let s = |i: i64| profile.string_table[i as usize].clone();
+    sample
+        .label
+        .iter()
+        .find(|l| s(l.key) == "span_id")
+        .map(|l| s(l.str))
+        .unwrap_or_default()
+}
