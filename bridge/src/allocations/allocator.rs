@@ -126,10 +126,7 @@ impl<A: GlobalAlloc> ProfilingAllocator<A> {
         // SAFETY: the caller's contract, passed on.
         let ptr = unsafe { self.inner_alloc(layout, zeroed) };
         if !ptr.is_null() {
-            let tracked = (layout.size() > inuse::CELL_MAX)
-                .then(|| inuse::track_large(ptr))
-                .flatten();
-            pending.record(tracked);
+            pending.record(inuse::track_if_large(ptr, layout.size()));
         }
         ptr
     }
@@ -188,10 +185,7 @@ impl<A: GlobalAlloc> ProfilingAllocator<A> {
         // SAFETY: the caller's contract, passed on.
         let new = unsafe { self.inner.realloc(ptr, layout, new_size) };
         if !new.is_null() {
-            let tracked = (new_size > inuse::CELL_MAX)
-                .then(|| inuse::track_large(new))
-                .flatten();
-            pending.record(tracked);
+            pending.record(inuse::track_if_large(new, new_size));
         }
         new
     }

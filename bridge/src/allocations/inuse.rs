@@ -90,6 +90,40 @@ const fn first_entry(class: usize) -> usize {
     index
 }
 
+/// A size class's place in the arena and the entries.
+#[derive(Clone, Copy)]
+struct Class {
+    /// Where its cells start in the arena.
+    offset: usize,
+    /// The entry of its first cell.
+    first: usize,
+    /// Its cells.
+    cells: usize,
+    /// Bytes a cell.
+    size: usize,
+}
+
+/// Every class's geometry, computed once, at compile time (the allocator's paths read it).
+const GEOMETRY: [Class; CLASSES] = {
+    let mut out = [Class {
+        offset: 0,
+        first: 0,
+        cells: 0,
+        size: 0,
+    }; CLASSES];
+    let mut class = 0;
+    while class < CLASSES {
+        out[class] = Class {
+            offset: region_offset(class),
+            first: first_entry(class),
+            cells: cells(class),
+            size: cell_size(class),
+        };
+        class += 1;
+    }
+    out
+};
+
 /// Bytes of the arena (20 MiB less 8 KiB).
 pub(crate) const ARENA_BYTES: usize = region_offset(0) + cells(0) * cell_size(0);
 /// Entries of cells.
@@ -259,19 +293,19 @@ pub(crate) fn take_cell(size: usize, align: usize, zeroed: bool) -> Option<(*mut
         return None;
     }
     let entries = &table().states;
-    for class in class..(class + 1 + SPILL_CLASSES).min(CLASSES) {
-        let first = first_entry(class);
-        let Some(states) = entries.get(first..first + cells(class)) else {
+    for class in &GEOMETRY[class..(class + 1 + SPILL_CLASSES).min(CLASSES)] {
+        let Some(states) = entries.get(class.first..class.first + class.cells) else {
             continue;
         };
         if let Some((cell, word)) = take_first_free(states) {
-            let ptr = (base + region_offset(class) + cell * cell_size(class)) as *mut u8;
+            let ptr = (base + class.offset + cell * class.size) as *mut u8;
             if zeroed {
                 // SAFETY: the cell is ours (taken above) and at least `size` bytes long.
                 unsafe { std::ptr::write_bytes(ptr, 0, size) };
             }
-            // A generation is never 0 (a take bumps it), so neither is the name.
-            if let Some(tracked) = Tracked::new(first + cell, word >> 1) {
+            // The name is zero only for entry 0 at a generation whose kept 51 bits are all
+            // zero (once in 2^51 takes): that take gives the cell back, untracked.
+            if let Some(tracked) = Tracked::new(class.first + cell, word >> 1) {
                 return Some((ptr, tracked));
             }
             release(&states[cell]);
@@ -285,14 +319,11 @@ pub(crate) fn take_cell(size: usize, align: usize, zeroed: bool) -> Option<(*mut
 /// size.
 fn cell_at(ptr: *mut u8) -> Option<(usize, usize)> {
     let offset = (ptr as usize).wrapping_sub(ARENA_BASE.load(Ordering::Relaxed));
-    (0..CLASSES).rev().find_map(|class| {
-        let start = region_offset(class);
-        let len = cells(class) * cell_size(class);
-        let within = offset.checked_sub(start).filter(|&o| o < len)?;
-        Some((
-            first_entry(class) + within / cell_size(class),
-            cell_size(class),
-        ))
+    GEOMETRY.iter().find_map(|class| {
+        let within = offset
+            .checked_sub(class.offset)
+            .filter(|&o| o < class.cells * class.size)?;
+        Some((class.first + within / class.size, class.size))
     })
 }
 
@@ -333,6 +364,16 @@ pub(crate) fn track_large(ptr: *mut u8) -> Option<Tracked> {
     }
     UNTRACKED.fetch_add(1, Ordering::Relaxed);
     None
+}
+
+/// Tracks the sampled object of `size` bytes at `ptr` if it is over [`CELL_MAX`] (a
+/// cell holds the others); see [`track_large`].
+pub(crate) fn track_if_large(ptr: *mut u8, size: usize) -> Option<Tracked> {
+    if size > CELL_MAX {
+        track_large(ptr)
+    } else {
+        None
+    }
 }
 
 /// The large slot tracking `ptr`, if one does: in its probe window, or (while some object
